@@ -1,0 +1,74 @@
+"""`ForgetRequest`: what a user asks the model to forget."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+RequestKind = Literal["samples", "class", "experience"]
+_KINDS: tuple[RequestKind, ...] = ("samples", "class", "experience")
+
+
+@dataclass(frozen=True)
+class ForgetRequest:
+    """A forget request at one of three granularities.
+
+    Build one with :meth:`samples`, :meth:`of_class` or :meth:`of_experience`. The request
+    only *names* data; which sample ids it covers is decided against what was actually learned
+    (:meth:`SampleCatalog.resolve`), so a request for data never learned fails there, loudly.
+    """
+
+    kind: RequestKind
+    sample_ids: tuple[int, ...] = ()
+    target: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise ValueError(f"ForgetRequest kind must be one of {_KINDS}, got {self.kind!r}")
+        if self.kind == "samples":
+            if self.target is not None:
+                raise ValueError("a 'samples' ForgetRequest takes sample_ids, not a target")
+            if len(self.sample_ids) == 0:
+                raise ValueError("empty ForgetRequest: no sample ids given")
+            if len(set(self.sample_ids)) != len(self.sample_ids):
+                seen: set[int] = set()
+                dup = sorted({i for i in self.sample_ids if i in seen or seen.add(i)})
+                raise ValueError(f"ForgetRequest names sample ids more than once: {dup[:10]}")
+        else:
+            if self.sample_ids:
+                raise ValueError(f"a {self.kind!r} ForgetRequest takes a target, not sample_ids")
+            if not isinstance(self.target, int) or isinstance(self.target, bool) or self.target < 0:
+                raise ValueError(f"{self.kind} of a ForgetRequest must be a non-negative int, got {self.target!r}")
+
+    @classmethod
+    def samples(cls, ids: Iterable[int] | torch.Tensor) -> ForgetRequest:
+        """Forget these sample ids (the ids the dataset yields, see :class:`IndexedDataset`)."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.flatten().tolist()
+        return cls("samples", tuple(int(i) for i in ids))
+
+    @classmethod
+    def of_class(cls, label: int) -> ForgetRequest:
+        """Forget every still-learned sample of class ``label``."""
+        return cls("class", target=label)
+
+    @classmethod
+    def of_experience(cls, experience: int) -> ForgetRequest:
+        """Forget every still-learned sample of one experience (task)."""
+        return cls("experience", target=experience)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "sample_ids": list(self.sample_ids), "target": self.target}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ForgetRequest:
+        return cls(d["kind"], tuple(d.get("sample_ids", ())), d.get("target"))
+
+    def __str__(self) -> str:
+        if self.kind == "samples":
+            shown = ", ".join(map(str, self.sample_ids[:5])) + (", ..." if len(self.sample_ids) > 5 else "")
+            return f"samples[{len(self.sample_ids)}]({shown})"
+        return f"{self.kind}={self.target}"
