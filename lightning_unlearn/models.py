@@ -70,3 +70,48 @@ class AnalyticClassifier(L.LightningModule):
 def mlp_backbone(in_features: int, hidden: int = 128, out_features: int = 64) -> nn.Sequential:
     """A small MLP used as a stand-in pre-trained backbone in examples and tests."""
     return nn.Sequential(nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, out_features), nn.ReLU())
+
+
+class SupervisedClassifier(L.LightningModule):
+    """A network trained by plain mini-batch SGD on ``mean CE + (l2/2) ||theta||^2``.
+
+    The regulariser is part of the objective (not optimizer weight decay), so the loss the
+    certified methods reason about is exactly :meth:`objective`. Used by the gradient-based
+    methods (HF, certified CL, the baselines).
+
+    Args:
+        net: maps inputs to logits.
+        lr: SGD step size.
+        l2: ridge coefficient ``lambda`` of ``(lambda/2)||theta||^2``.
+        momentum: SGD momentum (keep 0 for methods that replay the SGD trajectory).
+    """
+
+    def __init__(self, net: nn.Module, lr: float = 0.1, l2: float = 0.0, momentum: float = 0.0) -> None:
+        super().__init__()
+        self.net = net
+        self.lr, self.l2, self.momentum = lr, l2, momentum
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def sample_losses(self, x: Tensor, y: Tensor) -> Tensor:
+        """Per-sample cross-entropy (no regulariser)."""
+        return nn.functional.cross_entropy(self(x), y.long(), reduction="none")
+
+    def regulariser(self) -> Tensor:
+        return 0.5 * self.l2 * sum(p.pow(2).sum() for p in self.parameters() if p.requires_grad)
+
+    def objective(self, x: Tensor, y: Tensor) -> Tensor:
+        return self.sample_losses(x, y).mean() + self.regulariser()
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        loss = self.objective(batch[0], batch[1])
+        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch[1]))
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch[0], batch[1]
+        self.log("val_acc", (self(x).argmax(-1) == y).float().mean(), prog_bar=True, batch_size=len(y))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=self.lr, momentum=self.momentum)
