@@ -58,7 +58,7 @@ class AnalyticRecorder(RecorderCallback):
 
     def begin_experience(self, module: nn.Module) -> None:
         head = self.head_of(module)
-        trainable = [n for n, p in module.named_parameters() if p.requires_grad]
+        trainable = [n for n, p in module.named_parameters() if p.requires_grad and not n.startswith("head.")]
         if trainable:
             raise ValueError(f"ACU needs a frozen backbone, but these parameters are trainable: {trainable[:5]}")
         d_F, d_C = head.in_features, head.out_features
