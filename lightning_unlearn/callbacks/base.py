@@ -1,7 +1,9 @@
 """`RecorderCallback`: the shared plumbing of every recording callback.
 
 A recorder sees each training batch once, keyed by sample id, and stages what it records for
-the current fit; the staged block is committed at the end of the fit's first epoch. Under DDP
+the current fit; the staged block is committed at the end of the fit's first epoch (the first
+epoch *this* fit runs, so a fit resumed from a checkpoint records too, skipping the samples
+its experience had already committed). Under DDP
 every rank all-gathers each batch, so all ranks hold the same statistics, and ids repeated by
 ``DistributedSampler`` padding are counted once. An exception during fit drops the staged block,
 so statistics only ever reflect whole experiences.
@@ -33,6 +35,7 @@ class RecorderCallback(L.Callback):
         self.catalog = SampleCatalog()
         self.experience: int | None = None
         self._fit_experience = 0
+        self._first_epoch = 0
         self._staged_ids: list[Tensor] = []
         self._staged_labels: list[Tensor] = []
         self._staged_seen: set[int] = set()
@@ -55,12 +58,19 @@ class RecorderCallback(L.Callback):
             return
         keep = torch.tensor(fresh, device=ids.device)
         ids, y, x = ids[keep], y[keep], x[keep]
-        known = [i for i in ids.tolist() if i in self.catalog]
-        if known:
-            raise ValueError(
-                f"{type(self).__name__}: sample ids {known[:10]} were already learned in an earlier experience; "
-                "each sample may be learned once (give every sample a unique id)"
-            )
+        known = torch.tensor([i in self.catalog for i in ids.tolist()], dtype=torch.bool, device=ids.device)
+        if bool(known.any()):
+            earlier = self.catalog.experiences_of(ids[known].cpu()) != self._fit_experience
+            if bool(earlier.any()):
+                raise ValueError(
+                    f"{type(self).__name__}: sample ids {ids[known][earlier][:10].tolist()} were already learned "
+                    "in an earlier experience; each sample may be learned once (give every sample a unique id)"
+                )
+            # a fit resumed from a checkpoint of this experience: those samples are already in
+            keep = (~known).nonzero().flatten()
+            ids, y, x, outputs = ids[keep], y[keep], x[keep], _select(outputs, keep)
+            if not len(ids):
+                return
         self._record(module, x, y, ids, _select(outputs, keep))
         self._staged_seen.update(ids.tolist())
         self._staged_ids.append(ids.cpu())
@@ -76,13 +86,15 @@ class RecorderCallback(L.Callback):
         self._drop_staged()
 
     # -- Lightning hooks -------------------------------------------------------------------------
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # after checkpoint restore: a resumed fit starts at a later epoch and records from there
+        self._first_epoch = trainer.current_epoch
         self.begin_experience(pl_module)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if trainer.current_epoch > 0 and not self.records_every_epoch:
+        if trainer.current_epoch > self._first_epoch and not self.records_every_epoch:
             return
         x, y, ids = unpack_batch(batch)
         if trainer.world_size > 1:
@@ -91,7 +103,7 @@ class RecorderCallback(L.Callback):
         self.record(pl_module, x, y, ids, outputs)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.current_epoch == 0 and not self.records_every_epoch:
+        if trainer.current_epoch == self._first_epoch and not self.records_every_epoch:
             self.end_experience(pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -1,0 +1,43 @@
+"""Small deterministic data and models shared by the tests."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_unlearn import AnalyticClassifier, AnalyticRecorder, IndexedDataset
+from lightning_unlearn.models import mlp_backbone
+
+N_FEATURES, N_CLASSES = 12, 4
+
+
+def toy_tensors(n: int = 400, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gaussian blobs, one per class, so that accuracies are well above chance."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % N_CLASSES
+    centers = torch.randn(N_CLASSES, N_FEATURES, generator=torch.Generator().manual_seed(123)) * 2
+    return centers[y] + torch.randn(n, N_FEATURES, generator=g), y
+
+
+def toy_dataset(n: int = 400, seed: int = 0, id_offset: int = 0) -> IndexedDataset:
+    x, y = toy_tensors(n, seed)
+    return IndexedDataset(TensorDataset(x, y), ids=torch.arange(n) + id_offset)
+
+
+def analytic_model(expansion_dim: int = 48) -> AnalyticClassifier:
+    torch.manual_seed(7)
+    return AnalyticClassifier(mlp_backbone(N_FEATURES, 32, 16), 16, N_CLASSES, expansion_dim=expansion_dim, seed=3)
+
+
+def quiet_trainer(callbacks: list[L.Callback], **kwargs) -> L.Trainer:
+    opts = dict(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    return L.Trainer(callbacks=callbacks, **{**opts, **kwargs})
+
+
+def fit_analytic(datasets: list, gamma: float = 0.5, batch_size: int = 32, **trainer_kwargs) -> tuple[AnalyticClassifier, AnalyticRecorder]:
+    """Learn each dataset as one experience with an AnalyticRecorder."""
+    model, recorder = analytic_model(), AnalyticRecorder(gamma=gamma)
+    for ds in datasets:
+        quiet_trainer([recorder], **trainer_kwargs).fit(model, DataLoader(ds, batch_size=batch_size, shuffle=True))
+    return model, recorder
