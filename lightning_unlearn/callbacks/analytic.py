@@ -77,10 +77,9 @@ class AnalyticRecorder(RecorderCallback):
         f = outputs.get("features") if isinstance(outputs, dict) else None
         F = (f.detach() if f is not None else self.features(module, x)).to(self.dtype).cpu()
         Y = acu.one_hot(y.cpu(), self.Q.shape[1], self.dtype)
-        zero_R, zero_Q = torch.zeros_like(self.R), torch.zeros_like(self.Q)
-        self._dR, self._dQ = acu.accumulate(
-            self._dR if self._dR is not None else zero_R, self._dQ if self._dQ is not None else zero_Q, F, Y
-        )
+        if self._dR is None:
+            self._dR, self._dQ = torch.zeros_like(self.R), torch.zeros_like(self.Q)
+        self._dR, self._dQ = acu.accumulate(self._dR, self._dQ, F, Y)
 
     def _commit(self, module: nn.Module) -> None:
         R, Q = self.R + self._dR, self.Q + self._dQ
