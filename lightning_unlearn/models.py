@@ -117,3 +117,74 @@ class SupervisedClassifier(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=self.lr, momentum=self.momentum)
+
+
+class ProximalClassifier(SupervisedClassifier):
+    """A :class:`SupervisedClassifier` whose objective adds paper 004's continual-learning regulariser.
+
+    ``objective = mean CE + (l2/2)||theta||^2 + (reg_lambda/2)||theta - anchor||^2`` (004 Eq. (1), with
+    the mean task loss of its Section 5.1, spec B5.1). The per-sample loss of 004 is
+    ``CE + (l2/2)||theta||^2``, so ``l2`` is its strong-convexity constant ``mu`` (for a linear net).
+    The ``anchor`` is the previous task's solution: at the start of every fresh fit it is set to
+    the current parameters, except for the first task, whose anchor is ``w_0 = 0`` (spec B5.2: the
+    first task is regularised too, so that "retrain without task s" uniformly skips step s).
+    A fit resumed from a checkpoint keeps its saved anchor. 004 assumes each task is solved
+    exactly (B5.3): ``optimizer="lbfgs"`` with full-batch loaders does that for convex models.
+
+    Args:
+        net: maps inputs to logits.
+        lr: step size (SGD) or initial step (L-BFGS).
+        l2: ridge coefficient of the per-sample loss.
+        reg_lambda: 004's ``lambda`` (> 0).
+        optimizer: ``"sgd"`` or ``"lbfgs"``.
+        lbfgs_iters: L-BFGS iterations per training step.
+    """
+
+    def __init__(
+        self, net: nn.Module, lr: float = 0.1, l2: float = 0.0, reg_lambda: float = 1.0, optimizer: str = "sgd", lbfgs_iters: int = 200
+    ) -> None:
+        super().__init__(net, lr=lr, l2=l2, momentum=0.0)
+        if reg_lambda <= 0:
+            raise ValueError(f"ProximalClassifier reg_lambda must be positive, got {reg_lambda}")
+        if optimizer not in ("sgd", "lbfgs"):
+            raise ValueError(f"optimizer must be 'sgd' or 'lbfgs', got {optimizer!r}")
+        self.reg_lambda, self.optimizer_name, self.lbfgs_iters = float(reg_lambda), optimizer, lbfgs_iters
+        for name, p in self.net.named_parameters():
+            self.register_buffer(_anchor_name(name), torch.zeros_like(p))
+        self.register_buffer("tasks_learned", torch.zeros(1, dtype=torch.long))
+
+    def trainable(self) -> list[Tensor]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def anchors(self) -> list[Tensor]:
+        """The anchor of each trainable parameter, in ``named_parameters`` order."""
+        return [getattr(self, _anchor_name(n[len("net.") :])) for n, p in self.named_parameters() if p.requires_grad]
+
+    def on_train_start(self) -> None:
+        if self.trainer.global_step > 0:  # resumed mid-task: keep the saved anchor
+            return
+        with torch.no_grad():
+            for name, p in self.net.named_parameters():
+                anchor = getattr(self, _anchor_name(name))
+                anchor.copy_(p.detach() if int(self.tasks_learned) > 0 else torch.zeros_like(p))
+
+    def on_train_end(self) -> None:
+        self.tasks_learned += 1
+
+    def proximal(self) -> Tensor:
+        return 0.5 * self.reg_lambda * sum((p - a).pow(2).sum() for p, a in zip(self.trainable(), self.anchors()))
+
+    def objective(self, x: Tensor, y: Tensor) -> Tensor:
+        return super().objective(x, y) + self.proximal()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        params = self.trainable()
+        if self.optimizer_name == "lbfgs":
+            return torch.optim.LBFGS(
+                params, lr=self.lr, max_iter=self.lbfgs_iters, tolerance_grad=1e-12, tolerance_change=1e-15, line_search_fn="strong_wolfe"
+            )
+        return torch.optim.SGD(params, lr=self.lr)
+
+
+def _anchor_name(param_name: str) -> str:
+    return "anchor_" + param_name.replace(".", "_")

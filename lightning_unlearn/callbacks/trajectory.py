@@ -1,0 +1,306 @@
+"""`TrajectoryRecorder`: HF's per-sample statistic vectors, updated along the SGD trajectory during fit."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor, nn
+
+from lightning_unlearn.callbacks.base import RecorderCallback, _gather
+from lightning_unlearn.data import unpack_batch
+from lightning_unlearn.functional import hf
+
+_STATE_KEYS = ("catalog", "A", "row_ids", "active", "lrs", "batch_sizes", "occ_rows", "occ_steps", "grad_max", "smoothness", "l2")
+
+
+class TrajectoryRecorder(RecorderCallback):
+    """Keeps, for every tracked training sample ``u``, HF's approximator ``a^{-u}`` (Eq. (10)-(11)).
+
+    Before every SGD step ``t`` (``on_train_batch_start``, at ``w_t``) it applies the canonical
+    forward recursion of spec A2.1 to all stored vectors, in one batched call::
+
+        a_u <- (I - eta_t H_t) a_u + 1[u in B_t] (eta_t / |B_t|) grad l(w_t; u)
+
+    with ``H_t`` the mean Hessian of the step's batch objective (HVPs via ``torch.func``:
+    ``vmap`` over vectors of ``jvp(grad)``, or one dense Hessian when ``d`` is small), the
+    actual learning rate and batch size. After fit, ``w + a_u`` approximates the model retrained
+    without ``u`` with the same initialisation and batch order (Eqs. (4)-(5), (11)).
+
+    Continual learning (design decision): the recursion runs over the concatenated SGD
+    trajectory of all experiences of the module's own objective ``mean CE + (l2/2)||theta||^2``
+    (``SupervisedClassifier``; no previous-task penalty), never reset: earlier samples' vectors
+    keep contracting during later experiences, new samples start at 0 (spec A2.5 [derived]).
+    Statistics of deleted samples are zeroed and no longer propagated.
+
+    Memory: ``n_tracked * d * bytes(dtype)`` for the vectors (``d`` = trainable parameters;
+    e.g. 10k samples x 1e5 parameters = 4 GB in float32, 2 GB in float16) plus the step log
+    (``O(#steps * |B|)`` integers). ``store="mmap"`` keeps the vectors in a memory-mapped file
+    (``torch.from_file``) of ``capacity`` rows; ``track`` restricts the vectors to a
+    forgettable subset (spec A3). Float16 storage rounds every step (the recursion itself
+    runs in the parameters' dtype); use it only when memory forces it.
+
+    Requirements (checked at fit start, ``ValueError`` otherwise): plain SGD (one param group,
+    no momentum / weight decay / Nesterov), no gradient accumulation or clipping, no
+    BatchNorm or Dropout, a module with ``l2`` and no ``reg_lambda`` penalty. Lightning fits
+    only: the recursion needs ``w_t`` before each step, which Avalanche's plugin hook does not
+    offer. A checkpoint saved mid-experience cannot be restored (the recursion is not
+    resumable mid-fit); an exception during fit invalidates the statistics.
+
+    Args:
+        dtype: storage dtype of the vectors (float32 or float16; float64 for verification).
+        store: ``"memory"`` or ``"mmap"``.
+        path: file of the memory map (``store="mmap"``).
+        capacity: rows to allocate for ``store="mmap"``.
+        track: sample ids to keep vectors for (``None``: all).
+        hessian: ``"hvp"``, ``"dense"`` or ``"auto"`` (dense when ``d <= 2048`` and there are
+            more vectors than parameters).
+        chunk_size: ``vmap`` chunk size for HVPs and per-sample gradients (bounds peak memory).
+        power_iters: power-iteration steps per SGD step to estimate ``M = ||H_t||`` (warm-started).
+    """
+
+    records_every_epoch = True
+
+    def __init__(
+        self,
+        dtype: torch.dtype = torch.float32,
+        store: str = "memory",
+        path: str | Path | None = None,
+        capacity: int | None = None,
+        track: Collection[int] | None = None,
+        hessian: str = "auto",
+        chunk_size: int | None = None,
+        power_iters: int = 2,
+    ) -> None:
+        super().__init__()
+        if dtype not in (torch.float16, torch.float32, torch.float64):
+            raise ValueError(f"TrajectoryRecorder dtype must be float16, float32 or float64, got {dtype}")
+        if store not in ("memory", "mmap"):
+            raise ValueError(f"store must be 'memory' or 'mmap', got {store!r}")
+        if store == "mmap" and (path is None or not capacity):
+            raise ValueError("store='mmap' needs a file path and a capacity (maximum number of tracked samples)")
+        if hessian not in ("auto", "hvp", "dense"):
+            raise ValueError(f"hessian must be 'auto', 'hvp' or 'dense', got {hessian!r}")
+        self.dtype, self.store, self.path, self.capacity = dtype, store, path, capacity
+        self.track = None if track is None else {int(i) for i in track}
+        self.hessian, self.chunk_size, self.power_iters = hessian, chunk_size, power_iters
+        self.A: Tensor | None = None  # (rows allocated, d) approximators
+        self.n_rows = 0
+        self.row_of: dict[int, int] = {}
+        self.row_ids: list[int] = []
+        self.active = torch.zeros(0, dtype=torch.bool)
+        self.lrs: list[float] = []
+        self.batch_sizes: list[int] = []
+        self._occ_rows: list[Tensor] = []
+        self._occ_steps: list[Tensor] = []
+        self.grad_max = 0.0  # observed max ||grad l(w_t; u)|| over tracked u (estimate of G, Lemma 2)
+        self.smoothness = 0.0  # observed max ||H_t|| (estimate of M, Assumption 1)
+        self.l2: float | None = None
+        self._eig: Tensor | None = None
+        self._in_fit = False
+        self._interrupted = False
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(dtype=str(self.dtype), track=None if self.track is None else len(self.track))
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.lrs)
+
+    def memory_bytes(self) -> int:
+        """Bytes of the stored vectors: ``n_tracked * d * itemsize``."""
+        return 0 if self.A is None else self.n_rows * self.A.shape[1] * self.A.element_size()
+
+    # -- checks -------------------------------------------------------------------------------------
+    @staticmethod
+    def check_module(module: nn.Module) -> float:
+        """``module.l2`` if the module fits HF's assumptions, else ``ValueError`` naming the problem."""
+        if not hasattr(module, "l2") or not hasattr(module, "objective"):
+            raise ValueError("TrajectoryRecorder needs a SupervisedClassifier-like module (objective, l2)")
+        if getattr(module, "reg_lambda", 0):
+            raise ValueError("TrajectoryRecorder follows mean CE + (l2/2)||theta||^2; a previous-task penalty (reg_lambda) is not supported")
+        bad = [n for n, m in module.named_modules() if isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.Dropout))]
+        if bad:
+            raise ValueError(f"HF needs deterministic per-sample losses: remove BatchNorm/Dropout modules {bad[:5]}")
+        return float(module.l2)
+
+    @staticmethod
+    def check_trainer(trainer: L.Trainer) -> None:
+        opts = trainer.optimizers
+        if len(opts) != 1 or type(opts[0]) is not torch.optim.SGD or len(opts[0].param_groups) != 1:
+            raise ValueError(f"HF follows plain SGD: need one torch.optim.SGD with one param group, got {opts}")
+        g = opts[0].param_groups[0]
+        if g["momentum"] or g["weight_decay"] or g["nesterov"]:
+            raise ValueError("HF follows plain SGD: momentum, weight_decay and nesterov must be 0 (put the ridge in the loss, l2)")
+        if trainer.accumulate_grad_batches != 1 or trainer.gradient_clip_val:
+            raise ValueError("HF follows plain SGD: no gradient accumulation or clipping")
+
+    def require_fitted(self) -> None:
+        super().require_fitted()
+        if self._interrupted:
+            raise ValueError("TrajectoryRecorder statistics are invalid: a fit was interrupted mid-trajectory")
+
+    # -- Lightning hooks ----------------------------------------------------------------------------
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        l2 = self.check_module(pl_module)
+        self.check_trainer(trainer)
+        if self.l2 is not None and l2 != self.l2:
+            raise ValueError(f"module l2={l2} differs from the l2={self.l2} of the recorded trajectory")
+        self.l2 = l2
+        super().on_train_start(trainer, pl_module)
+        self._in_fit = True
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        x, y, ids = unpack_batch(batch)
+        if trainer.world_size > 1:  # the DDP step averages all ranks' batches: gather every occurrence
+            x, y, ids = (_gather(pl_module, t) for t in (x, y, ids))
+        super().record(pl_module, x, y, ids)
+        self._step(pl_module, x, y, ids, float(trainer.optimizers[0].param_groups[0]["lr"]))
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Nothing: the recursion step ran before the optimizer step."""
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        self._in_fit = False
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        super().on_exception(trainer, pl_module, exception)
+        if self._in_fit and self.n_steps:
+            self._interrupted = True
+        self._in_fit = False
+
+    def record(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any = None) -> None:
+        raise ValueError(
+            "TrajectoryRecorder must see w_t before every SGD step: use it as a Lightning callback "
+            "(Trainer(callbacks=[...]) or fit_stream), not through UnlearningPlugin"
+        )
+
+    # -- recording ----------------------------------------------------------------------------------
+    def _record(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any) -> None:
+        new = [i for i in ids.tolist() if (self.track is None or i in self.track) and i not in self.row_of]
+        if new:
+            self._allocate(new, hf.flat_params(module).numel())
+
+    def _allocate(self, new_ids: list[int], dim: int) -> None:
+        need = self.n_rows + len(new_ids)
+        if self.A is None:
+            if self.store == "mmap":
+                self.A = torch.from_file(str(self.path), shared=True, size=self.capacity * dim, dtype=self.dtype).view(self.capacity, dim)
+                self.A.zero_()
+            else:
+                self.A = torch.zeros(max(need, 64), dim, dtype=self.dtype)
+        if self.A.shape[1] != dim:
+            raise ValueError(f"module has {dim} trainable parameters but the recorded vectors have {self.A.shape[1]}")
+        if need > self.A.shape[0]:
+            if self.store == "mmap":
+                raise ValueError(f"TrajectoryRecorder mmap capacity {self.capacity} exceeded ({need} tracked samples)")
+            self.A = torch.cat([self.A, torch.zeros(max(need, 2 * self.A.shape[0]) - self.A.shape[0], dim, dtype=self.dtype)])
+        for i in new_ids:
+            self.row_of[i] = self.n_rows
+            self.row_ids.append(i)
+            self.n_rows += 1
+        self.active = torch.cat([self.active, torch.ones(len(new_ids), dtype=torch.bool)])
+
+    def _commit(self, module: nn.Module) -> None:
+        """Nothing to fold in: the vectors were updated in place at every step."""
+
+    def _step(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, lr: float) -> None:
+        """One recursion step at ``w_t`` (spec A2.1; :func:`hf.recursion_step`)."""
+        theta = hf.flat_params(module)
+        loss = hf.sample_loss_fn(module, self.l2)  # type: ignore[arg-type]
+        x, y = x.detach(), y.detach()
+        live = self.active.nonzero().flatten()
+        pos = torch.full((max(self.n_rows, 1),), -1, dtype=torch.long)
+        pos[live] = torch.arange(live.numel())
+        batch_rows = torch.tensor([self.row_of.get(i, -1) for i in ids.tolist()], dtype=torch.long)
+        tracked = batch_rows >= 0
+        tracked[tracked.clone()] = self.active[batch_rows[tracked]]
+        grads = hf.per_sample_grads(loss, theta, x[tracked], y[tracked], self.chunk_size)
+        A = self.A[live].to(theta.dtype) if live.numel() else theta.new_zeros(0, theta.numel())
+        dense = self.hessian == "dense" or (self.hessian == "auto" and theta.numel() <= 2048 and live.numel() > theta.numel())
+        if dense:
+            H = hf.batch_hessian(loss, theta, x, y)
+            AH, apply_h = A @ H, (lambda v: H @ v)
+        else:
+            AH = hf.hvps(loss, theta, x, y, A, self.chunk_size) if live.numel() else A
+            apply_h = lambda v: hf.hvps(loss, theta, x, y, v.unsqueeze(0))[0]  # noqa: E731
+        new = hf.recursion_step(A, AH, lr, pos[batch_rows[tracked]], grads, batch_size=len(ids))
+        if live.numel():
+            self.A[live] = new.to(self.dtype)
+        if self.power_iters:
+            start = self._eig if self._eig is not None else torch.ones_like(theta)
+            value, self._eig = hf.top_eigenvalue(apply_h, start.to(theta), self.power_iters)
+            self.smoothness = max(self.smoothness, value)
+        if grads.numel():
+            self.grad_max = max(self.grad_max, float(grads.norm(dim=1).max()))
+        self._occ_rows.append(batch_rows[tracked])
+        self._occ_steps.append(torch.full((int(tracked.sum()),), self.n_steps, dtype=torch.long))
+        self.lrs.append(lr)
+        self.batch_sizes.append(len(ids))
+
+    # -- access for the strategy ----------------------------------------------------------------------
+    def rows_for(self, ids: Tensor) -> Tensor:
+        """Rows of ``ids``; ``ValueError`` for ids without a live vector (untracked or deleted)."""
+        missing = [i for i in ids.tolist() if i not in self.row_of]
+        if missing:
+            raise ValueError(f"no HF statistics for sample ids {missing[:10]} (not tracked by this TrajectoryRecorder)")
+        rows = torch.tensor([self.row_of[i] for i in ids.tolist()], dtype=torch.long)
+        dead = rows[~self.active[rows]]
+        if dead.numel():
+            raise ValueError(f"HF statistics of sample ids {[self.row_ids[r] for r in dead.tolist()][:10]} were already deleted")
+        return rows
+
+    def occurrences(self) -> tuple[Tensor, Tensor]:
+        """``(rows, steps)``: every step at which each tracked sample was in the batch."""
+        if not self._occ_rows:
+            return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+        return torch.cat(self._occ_rows), torch.cat(self._occ_steps)
+
+    def delete_rows(self, rows: Tensor) -> None:
+        """Free the statistics of deleted samples (Alg. 1 line 13: "Delete unlearning statistics")."""
+        self.A[rows] = 0
+        self.active[rows] = False
+
+    # -- state ----------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        rows, steps = self.occurrences()
+        return {
+            **super().state_dict(),
+            "A": None if self.A is None else self.A[: self.n_rows].clone(),
+            "row_ids": torch.tensor(self.row_ids, dtype=torch.long),
+            "active": self.active.clone(),
+            "lrs": torch.tensor(self.lrs, dtype=torch.float64),
+            "batch_sizes": torch.tensor(self.batch_sizes, dtype=torch.long),
+            "occ_rows": rows,
+            "occ_steps": steps,
+            "grad_max": self.grad_max,
+            "smoothness": self.smoothness,
+            "l2": self.l2,
+            "mid_fit": self._in_fit,
+            "interrupted": self._interrupted,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        missing = [k for k in _STATE_KEYS if state_dict.get(k) is None]
+        if missing:
+            raise ValueError(f"TrajectoryRecorder state lacks recorded statistics {missing}")
+        if state_dict.get("mid_fit"):
+            raise ValueError("this checkpoint was saved mid-experience; HF statistics can only be restored between experiences")
+        A = state_dict["A"]
+        if A.shape[0] != state_dict["row_ids"].numel() or state_dict["active"].numel() != A.shape[0]:
+            raise ValueError(f"inconsistent TrajectoryRecorder state: {A.shape[0]} vectors, {state_dict['row_ids'].numel()} ids")
+        super().load_state_dict(state_dict)
+        self.A, self.n_rows, self.row_of, self.row_ids, self.active = None, 0, {}, [], torch.zeros(0, dtype=torch.bool)
+        self._allocate(state_dict["row_ids"].tolist(), A.shape[1])
+        self.A[: A.shape[0]] = A.to(self.dtype)
+        self.active = state_dict["active"].clone().bool()
+        self.lrs = state_dict["lrs"].tolist()
+        self.batch_sizes = state_dict["batch_sizes"].tolist()
+        self._occ_rows, self._occ_steps = [state_dict["occ_rows"].clone()], [state_dict["occ_steps"].clone()]
+        self.grad_max, self.smoothness, self.l2 = float(state_dict["grad_max"]), float(state_dict["smoothness"]), float(state_dict["l2"])
+        self._interrupted = bool(state_dict.get("interrupted", False))

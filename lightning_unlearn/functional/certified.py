@@ -1,0 +1,184 @@
+"""Certified unlearning in continual learning (paper 004) and the shared Gaussian mechanism, pure torch.
+
+Equation numbers refer to "Machine Unlearning Meets Continuous Learning: A Theoretical Foundation"
+(``shared/papers/certified_unlearning_in_continual_learning.txt``, called 004) and to the spec
+``specs/hf_and_certified_cl.md`` (sections B1-B5). Tasks are indexed ``0..t-1`` in learning order.
+Each task ``i`` is solved as ``w_i = argmin mean_{z in D_i} l(w; z) + (lambda/2)||w - w_{i-1}||^2``
+(Eq. (1), mean form per B5.1) from the anchor ``start_i`` (``w_0 = 0`` for the first task, B5.2);
+``H_i`` is the mean Hessian of ``l`` (which includes the ``l2`` ridge, so ``mu = l2``) at ``end_i``.
+
+Task status for a request: ``"kept"``, ``"deleted"`` (the whole task) or ``"partial"`` (some of
+its samples; [derived] spec B2.5, 004 gives no formula).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+# -- Gaussian mechanism (shared by HF and 004) ---------------------------------------------------
+def _phi(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2))
+
+
+def classical_sigma(sensitivity: float, epsilon: float, delta: float) -> float:
+    """``sigma = gamma sqrt(2 ln(1.25/delta)) / epsilon`` (HF Alg. 1 line 13, 004 Alg. 1 line 12), epsilon <= 1."""
+    return sensitivity * math.sqrt(2 * math.log(1.25 / delta)) / epsilon
+
+
+def analytic_sigma(sensitivity: float, epsilon: float, delta: float, iters: int = 200) -> float:
+    """Smallest sigma of the analytic Gaussian mechanism (Balle & Wang 2018, Thm. 8), valid for any epsilon.
+
+    ``delta(sigma) = Phi(s/(2 sigma) - eps sigma/s) - e^eps Phi(-s/(2 sigma) - eps sigma/s)`` is
+    decreasing in sigma; bisection on ``log sigma``.
+    """
+    def excess(sigma: float) -> float:
+        a, b = sensitivity / (2 * sigma), epsilon * sigma / sensitivity
+        return _phi(a - b) - math.exp(epsilon) * _phi(-a - b) - delta
+
+    lo, hi = math.log(sensitivity) - 20, math.log(sensitivity) + 20
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if excess(math.exp(mid)) <= 0 else (mid, hi)
+    return math.exp(hi)
+
+
+def gaussian_sigma(sensitivity: float, epsilon: float, delta: float) -> float:
+    """Noise std for an (epsilon, delta) guarantee given an L2 bound ``sensitivity`` on ``||approx - retrain||``.
+
+    Classical mechanism for ``epsilon <= 1`` (both papers' formula); the analytic Gaussian
+    mechanism for ``epsilon > 1`` (HF Sec. 2 note, spec A5.4 / C.3). ``N(0, sigma I)`` in the papers
+    is read as standard deviation sigma (spec A5.1, B5.7).
+    """
+    if not (epsilon > 0 and math.isfinite(epsilon)):
+        raise ValueError(f"epsilon must be positive and finite, got {epsilon}")
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must lie in (0, 1), got {delta}")
+    if sensitivity < 0 or not math.isfinite(sensitivity):
+        raise ValueError(f"noise sensitivity (bound) must be finite and >= 0, got {sensitivity}")
+    if sensitivity == 0:
+        return 0.0
+    return classical_sigma(sensitivity, epsilon, delta) if epsilon <= 1 else analytic_sigma(sensitivity, epsilon, delta)
+
+
+# -- 004: tasks, transport and the Hessian-based correction ---------------------------------------
+@dataclass
+class TaskStatus:
+    """What a request leaves of task ``i``: ``n`` samples learned, ``m`` forgotten (by now, incl. this request)."""
+
+    n: int
+    m: int
+
+    @property
+    def kind(self) -> str:
+        return "kept" if self.m == 0 else "deleted" if self.m >= self.n else "partial"
+
+
+def retained_after(status: Sequence[TaskStatus], a: int) -> int:
+    """``kappa_t(a)``: number of tasks after ``a`` (up to the latest) that are not fully deleted (spec B2.1)."""
+    return sum(1 for s in status[a + 1 :] if s.kind != "deleted")
+
+
+def transport(solve: Callable[[Tensor], Tensor], lam: float, v: Tensor) -> Tensor:
+    """``P_i v = (H_i + lambda I)^{-1} lambda v`` (the operator of Eq. (13)); ``solve`` applies ``(H_i + lambda I)^{-1}``."""
+    return lam * solve(v)
+
+
+def partial_step(
+    solve: Callable[[Tensor], Tensor], lam: float, n: int, m: int, grad_sum: Tensor, delta_i: Tensor
+) -> Tensor:
+    """[derived, spec B2.5] Linearised change of a task's solution when ``m`` of its ``n`` samples go:
+
+    ``delta_i = (H_i + lambda I)^{-1} [ (1/(n-m)) sum_{u in U} grad l(w_i; u) - (m/(n-m)) lambda Delta_i ]``
+    (``H_i^{-U}`` approximated by ``H_i``).
+    """
+    return solve(grad_sum / (n - m) - (m / (n - m)) * lam * delta_i)
+
+
+def hessian_correction(
+    status: Sequence[TaskStatus],
+    starts: Sequence[Tensor],
+    ends: Sequence[Tensor],
+    current: Tensor,
+    solves: Sequence[Callable[[Tensor], Tensor] | None],
+    grad_sums: Sequence[Tensor | None],
+    lam: float,
+) -> Tensor:
+    """Corrected Eq. (13) in Horner form (spec B2.3 [interp], index fix ``i not in S_<=t``).
+
+    Runs the linearised error recursion ``e_i = retrain_i - end_i`` over all tasks:
+    a kept task maps ``e <- P_i (e - D_{i-1})``, a deleted task ``e <- e - D_{i-1} + Delta_i``, and
+    a partially deleted one ``e <- P_i (e - D_{i-1}) + delta_i`` ([derived], B2.5), where
+    ``D_{i-1} = start_i - end_{i-1}`` is what was actually done to the model between tasks (the
+    previous unlearning updates ``Delta-bar_tau`` of Eq. (13), measured from the recorded chain
+    rather than stored, so it stays exact whatever was published) and ``Delta_i = start_i - end_i``.
+    Returns the update to add to ``current`` (the model now) so that it approximates retraining.
+    """
+    e = torch.zeros_like(current)
+    prev_end = torch.zeros_like(current)  # end_{-1} = w_0 = start_0 for the first task
+    for i, s in enumerate(status):
+        e = e - (starts[i] - prev_end)
+        if s.kind == "deleted":
+            e = e + (starts[i] - ends[i])
+        else:
+            e = transport(solves[i], lam, e)  # type: ignore[arg-type]
+            if s.kind == "partial":
+                e = e + partial_step(solves[i], lam, s.n, s.m, grad_sums[i], starts[i] - ends[i])  # type: ignore[arg-type]
+        prev_end = ends[i]
+    return e - (current - prev_end)
+
+
+# -- 004: noise bounds -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CLConstants:
+    """Assumption 2.1 constants: ``lipschitz`` L, ``smoothness`` M, ``strong_convexity`` mu; and 004's ``reg_lambda``."""
+
+    lipschitz: float
+    smoothness: float
+    strong_convexity: float
+    reg_lambda: float
+
+    @property
+    def rho(self) -> float:
+        """``rho = lambda / (mu + lambda)`` (Theorem 3.1)."""
+        return self.reg_lambda / (self.strong_convexity + self.reg_lambda)
+
+    def injection(self, s: TaskStatus) -> float:
+        """Bound on the perturbation a deleted task injects: ``||Delta_s|| <= L/lambda`` (proof of Thm. 4.1),
+        or for a partial task [derived, B2.5] ``2 m L / ((n - m)(mu + lambda))``."""
+        if s.kind == "deleted":
+            return self.lipschitz / self.reg_lambda
+        return 2 * s.m * self.lipschitz / ((s.n - s.m) * (self.strong_convexity + self.reg_lambda))
+
+
+def gamma_natural_forgetting(status: Sequence[TaskStatus], c: CLConstants) -> dict[str, float]:
+    """``gamma^NF = sum_{s in S_<=t} rho^{kappa_t(s)} ||injection_s||`` (Theorem 4.1, Eq. (9), with the
+    conservative exponent ``kappa_t(s)`` of spec B2.1 and the [derived] partial-task injection)."""
+    total = sum(c.rho ** retained_after(status, i) * c.injection(s) for i, s in enumerate(status) if s.kind != "kept")
+    return {"gamma": total, "rho": c.rho}
+
+
+def gamma_hessian(status: Sequence[TaskStatus], c: CLConstants) -> dict[str, float]:
+    """Bound on ``||retrain - (model + Eq. (13) correction)||`` (spec B2.3 [interp, derived], via Lemma D.2).
+
+    Each deleted/partial task contributes ``kappa rho^kappa (M - mu)/(mu + lambda) * injection``
+    (the product-of-transports mismatch; 0 when nothing is transported) and a partial task also
+    its own Newton error ``rho^kappa (M - mu)/(mu + lambda) * injection`` [derived]. Because the
+    correction is recomputed from the recorded chain at every request, earlier corrections
+    ``Delta-bar_tau`` carry no separate term. With ``mu = 0`` (no ridge) rho = 1 and nothing decays.
+    """
+    ratio = max(c.smoothness - c.strong_convexity, 0.0) / (c.strong_convexity + c.reg_lambda)
+    transport_term = newton_term = 0.0
+    for i, s in enumerate(status):
+        if s.kind == "kept":
+            continue
+        kappa = retained_after(status, i)
+        transport_term += kappa * c.rho**kappa * ratio * c.injection(s)
+        if s.kind == "partial":
+            newton_term += c.rho**kappa * ratio * c.injection(s)
+    return {"gamma": transport_term + newton_term, "transport_term": transport_term, "newton_term": newton_term, "rho": c.rho}

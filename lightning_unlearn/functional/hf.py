@@ -1,0 +1,165 @@
+"""Hessian-Free online certified unlearning (HF), pure torch.
+
+Equation numbers refer to Qiao et al., "Hessian-Free Online Certified Unlearning"
+(``shared/papers/hessian_free_online_certified_unlearning.txt``) and the implementation spec
+``specs/hf_and_certified_cl.md`` (sections A2.1-A2.7). Parameters are handled as one flat vector
+``theta`` of length ``d`` (trainable parameters of a module, in ``named_parameters`` order); the
+per-sample loss is ``l(theta; z) = CE(f_theta(x), y) + (l2/2)||theta||^2``, whose batch mean is
+exactly the objective SGD follows (:class:`lightning_unlearn.models.SupervisedClassifier`).
+
+Everything is batched with ``torch.func``: per-sample gradients are ``vmap(grad(l))`` and the
+Hessian-vector products of the recursion are ``vmap`` over vectors of ``jvp(grad(F_B))``
+(forward-over-reverse), or one dense Hessian for small models. No Python loop runs per sample.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad, jvp, vmap
+
+SampleLoss = Callable[[Tensor, Tensor, Tensor], Tensor]
+ParamSpec = list[tuple[str, torch.Size]]
+
+
+# -- flat parameters ------------------------------------------------------------------------------
+def param_spec(module: nn.Module) -> ParamSpec:
+    """Names and shapes of the trainable parameters, in ``named_parameters`` order."""
+    return [(n, p.shape) for n, p in module.named_parameters() if p.requires_grad]
+
+
+def unflatten(theta: Tensor, spec: ParamSpec) -> dict[str, Tensor]:
+    """Split a flat vector into named parameter tensors (views; works under ``vmap``)."""
+    out, start = {}, 0
+    for name, shape in spec:
+        size = math.prod(shape)
+        out[name] = theta[start : start + size].view(shape)
+        start += size
+    if start != theta.shape[-1]:
+        raise ValueError(f"flat vector has {theta.shape[-1]} entries but the parameters need {start}")
+    return out
+
+
+def flat_params(module: nn.Module) -> Tensor:
+    """The trainable parameters as one detached flat vector."""
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters() if p.requires_grad])
+
+
+def set_flat_params(module: nn.Module, theta: Tensor) -> None:
+    """Write a flat vector into the module's trainable parameters (in place)."""
+    params = unflatten(theta, param_spec(module))
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.requires_grad:
+                p.copy_(params[name].to(p))
+
+
+def sample_loss_fn(module: nn.Module, l2: float) -> SampleLoss:
+    """``l(theta; x, y) = CE(f_theta(x), y) + (l2/2)||theta||^2`` for ONE sample (HF's loss of Eq. (2))."""
+    spec = param_spec(module)
+
+    def loss(theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        logits = functional_call(module, unflatten(theta, spec), (x.unsqueeze(0),))
+        ce = nn.functional.cross_entropy(logits, y.reshape(1).long())
+        return ce + 0.5 * l2 * theta.pow(2).sum()
+
+    return loss
+
+
+def batch_mean_loss(loss: SampleLoss, x: Tensor, y: Tensor) -> Callable[[Tensor], Tensor]:
+    """``F_B(theta) = (1/|B|) sum_{i in B} l(theta; z_i)``, the objective of one SGD step (Eq. (3))."""
+    return lambda theta: vmap(loss, in_dims=(None, 0, 0))(theta, x, y).mean()
+
+
+# -- batched derivatives ---------------------------------------------------------------------------
+def per_sample_grads(loss: SampleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = None) -> Tensor:
+    """``(n, d)`` matrix of ``grad l(theta; z_i)``, one ``vmap`` over samples."""
+    return vmap(grad(loss), in_dims=(None, 0, 0), chunk_size=chunk_size)(theta, x, y)
+
+
+def hvps(loss: SampleLoss, theta: Tensor, x: Tensor, y: Tensor, V: Tensor, chunk_size: int | None = None) -> Tensor:
+    """``V H_B`` for the rows of ``V`` (``H_B`` the mean batch Hessian of Eq. (8), symmetric).
+
+    Forward-over-reverse (``jvp`` of ``grad``), ``vmap``-ed over the vectors (Appendix B.3:
+    each product costs about one gradient).
+    """
+    g = grad(batch_mean_loss(loss, x, y))
+    return vmap(lambda v: jvp(g, (theta,), (v,))[1], chunk_size=chunk_size)(V)
+
+
+def batch_hessian(loss: SampleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = 256) -> Tensor:
+    """Dense ``(d, d)`` mean batch Hessian, built column-block by column-block from HVPs."""
+    eye = torch.eye(theta.numel(), dtype=theta.dtype, device=theta.device)
+    H = hvps(loss, theta, x, y, eye, chunk_size)
+    return 0.5 * (H + H.T)
+
+
+def top_eigenvalue(apply_h: Callable[[Tensor], Tensor], v: Tensor, iters: int) -> tuple[float, Tensor]:
+    """Power iteration for ``|lambda_max(H)|`` (warm-started from ``v``); an estimate of M (Assumption 1)."""
+    v = v / v.norm().clamp_min(1e-30)
+    value = 0.0
+    for _ in range(iters):
+        hv = apply_h(v)
+        value = float(hv.norm())
+        v = hv / max(value, 1e-30)
+    return value, v
+
+
+# -- the recursion ---------------------------------------------------------------------------------
+def recursion_step(A: Tensor, AH: Tensor, lr: float, rows: Tensor, grads: Tensor, batch_size: int) -> Tensor:
+    """One step of the canonical forward recursion (spec A2.1, equal to Eq. (10)):
+
+    ``a_{t+1} = (I - eta_t H_t) a_t + 1[u in B_t] (eta_t/|B_t|) grad l(w_t; u)``
+
+    ``AH`` is ``A H_t`` (H_t symmetric); ``rows`` indexes into ``A`` the occurrence of each batch
+    element (a row repeated in the batch injects once per occurrence, footnote 5), ``grads`` are
+    their per-sample gradients at ``w_t``. The injection is NOT multiplied by this step's own
+    ``(I - eta_t H_t)`` (Eq. (9)). Returns the new ``A``.
+    """
+    if grads.shape != (rows.numel(), A.shape[1]):
+        raise ValueError(f"{rows.numel()} batch rows but per-sample gradients of shape {tuple(grads.shape)}")
+    out = A - lr * AH
+    return out.index_add(0, rows, grads.to(out.dtype), alpha=lr / batch_size)
+
+
+# -- noise calibration (Algorithm 1 line 13, Eqs. (12)-(13), (56)) --------------------------------
+def per_sample_bound(
+    occurrences: Tensor, lrs: Tensor, batch_sizes: Tensor, grad_bound: float, rho: float
+) -> tuple[float, float]:
+    """The two terms of the per-sample bound on ``||Delta^{-u}||`` (sum form before Eq. (56)).
+
+    ``C_1 = 2 eta^2 G/(1-q) sum_{k<T} rho^{T-k-1}(q^k - q^{2k})`` (Taylor remainder, Eq. (53); for
+    constant step size, q = 1, the limit ``2 eta^2 G sum_k k rho^{T-1-k}``) and
+    ``C_2 = sum_{t in occ(u)} (2 eta G/|B_t|) rho^{T-t-1} q^t`` (gradient mismatch, Eq. (54)).
+    [interp] ``eta = lrs[0]``, ``q`` is the largest observed step-size ratio (1 if the rate ever
+    grows, e.g. when a new experience restarts its schedule), and ``C_2`` sums over the steps
+    where u actually occurred (the paper's ``e B + b(u)``), with the actual ``|B_t|``.
+    """
+    T = int(lrs.numel())
+    eta = float(lrs[0])
+    ratios = lrs[1:] / lrs[:-1] if T > 1 else lrs.new_ones(1)
+    q = min(1.0, float(ratios.max()))
+    k = torch.arange(T, dtype=torch.float64)
+    decay = torch.tensor(rho, dtype=torch.float64) ** (T - k - 1)
+    growth = k if q >= 1.0 else (q**k - q ** (2 * k)) / (1 - q)
+    c1 = 2 * eta**2 * grad_bound * float((decay * growth).sum())
+    t = occurrences.double()
+    c2 = float((2 * eta * grad_bound / batch_sizes[occurrences].double() * rho ** (T - t - 1) * q**t).sum())
+    return c1, c2
+
+
+def contraction_factor(lrs: Tensor, strong_convexity: float, smoothness: float) -> float:
+    """Lemma 3: ``rho = max_t max{|1 - eta_t lambda|, |1 - eta_t M|}`` (spec A2.6 item 2, conservative)."""
+    lrs = lrs.double()
+    return float(torch.maximum((1 - lrs * strong_convexity).abs(), (1 - lrs * smoothness).abs()).max())
+
+
+def deletion_capacity(epsilon: float, delta: float, lr: float, dim: int, rho: float, steps: int) -> float:
+    """Eq. (21), ``m = O(eps / (eta sqrt(ln(1/delta)) sqrt(d) rho^n))`` with the O-constant taken as 1
+    and ``rho^n`` read as ``rho^T`` (``rho^{nE/|B|}`` in Eq. (14)) [interp]; ``inf`` if ``rho < 1`` makes
+    the denominator underflow."""
+    denom = lr * math.sqrt(math.log(1 / delta)) * math.sqrt(dim) * rho**steps
+    return math.inf if denom == 0 else epsilon / denom

@@ -1,0 +1,196 @@
+"""Certified unlearning in continual learning (paper 004): Hessian-based (Alg. 2) and gradient-based (Alg. 1)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lightning_unlearn.callbacks.hessian import HessianRecorder, TaskDeltaRecorder
+from lightning_unlearn.core.certificate import Certificate
+from lightning_unlearn.core.ledger import Ledger
+from lightning_unlearn.data import select_by_ids
+from lightning_unlearn.functional import certified as cl
+from lightning_unlearn.functional import hf
+from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy
+
+
+def _is_linear(module: nn.Module) -> bool:
+    layers = [m for m in module.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
+    return len(layers) == 1 and isinstance(layers[0], nn.Linear)
+
+
+class _ContinualCertified(UnlearningStrategy):
+    """Shared parts: task status of a request, Assumption 2.1 constants, publishing with noise.
+
+    The internal (noise-free) model is :meth:`clean_parameters`; the module receives
+    ``internal + N(0, sigma^2 I)`` (Alg. 1 lines 12-13, Alg. 2 lines 14-15). To continue learning
+    from the internal model as the algorithms prescribe, call :meth:`restore_internal` before the
+    next experience (otherwise training continues from the published model; the Hessian strategy
+    stays consistent either way because it measures the chain of recorded starts and ends).
+    Constants: ``lipschitz`` L and ``smoothness`` M default to the :class:`HessianRecorder`'s
+    observed maxima at the task solutions (estimates, not proofs; a :class:`TaskDeltaRecorder`
+    alone needs them given); mu is the module's ``l2``. 004 states no deletion capacity (spec
+    B2.6); with ``l2 = 0`` (rho = 1) or a non-linear network the certificate is vacuous or
+    heuristic and a warning says so.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        recorder: TaskDeltaRecorder,
+        ledger: Ledger | None = None,
+        epsilon: float = 1.0,
+        delta: float = 1e-5,
+        lipschitz: float | None = None,
+        smoothness: float | None = None,
+        noise: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__(module, recorder, ledger)
+        cl.gaussian_sigma(1.0, epsilon, delta)  # validates epsilon, delta
+        self.recorder: TaskDeltaRecorder = recorder
+        self.epsilon, self.delta = float(epsilon), float(delta)
+        self.lipschitz, self.smoothness = lipschitz, smoothness
+        self.noise, self.generator = noise, generator
+        self._internal: Tensor | None = None
+        self._internal_end: Tensor | None = None
+
+    def clean_parameters(self) -> Tensor:
+        """The noise-free internal model after the last request (flat); the module's weights if none."""
+        rec = self.recorder
+        if self._internal is None or not torch.equal(self._internal_end, rec.ends[-1]):
+            return hf.flat_params(self.module)
+        return self._internal.clone()
+
+    def restore_internal(self) -> None:
+        """Write the noise-free internal model into the module (before learning the next task)."""
+        hf.set_flat_params(self.module, self.clean_parameters())
+
+    def constants(self) -> cl.CLConstants:
+        rec = self.recorder
+        L = self.lipschitz if self.lipschitz is not None else getattr(rec, "lipschitz", None)
+        M = self.smoothness if self.smoothness is not None else getattr(rec, "smoothness", None)
+        if L is None or M is None:
+            raise ValueError(f"{self.method} needs lipschitz= and smoothness= (a TaskDeltaRecorder does not estimate them)")
+        return cl.CLConstants(lipschitz=float(L), smoothness=float(M), strong_convexity=float(rec.l2), reg_lambda=float(rec.reg_lambda))
+
+    def task_status(self, ids: Tensor) -> list[cl.TaskStatus]:
+        """``(n_i, m_i)`` per recorded task once ``ids`` are forgotten too."""
+        rec, cat = self.recorder, self.catalog
+        requested = cat.experiences_of(ids) if ids.numel() else torch.zeros(0, dtype=torch.long)
+        status = []
+        for e, n in zip(rec.experience_ids, rec.sizes):
+            m = int((cat.forgotten & (cat.experiences == e)).sum()) + int((requested == e).sum())
+            status.append(cl.TaskStatus(n=n, m=m))
+        return status
+
+    def _warn_assumptions(self, c: cl.CLConstants) -> None:
+        if c.strong_convexity == 0:
+            warnings.warn("l2 = 0: mu = 0 so rho = 1 and the 004 bound does not decay (certificate vacuous, spec B5.12)", stacklevel=4)
+        if not _is_linear(self.module):
+            warnings.warn("non-linear network: Assumption 2.1 (strong convexity) fails, the 004 certificate is heuristic", stacklevel=4)
+
+    def _publish(self, internal: Tensor, bounds: dict[str, float], c: cl.CLConstants, statement: str) -> tuple[Certificate, dict[str, Any]]:
+        """Commit ``internal`` and publish it with Gaussian noise calibrated on ``bounds["gamma"]``."""
+        self._warn_assumptions(c)
+        sigma = cl.gaussian_sigma(bounds["gamma"], self.epsilon, self.delta)
+        noise = sigma * torch.randn(internal.shape, generator=self.generator, dtype=internal.dtype) if self.noise else torch.zeros_like(internal)
+        if not torch.isfinite(internal + noise).all():
+            raise ValueError(f"{self.method} update is not finite")
+        hf.set_flat_params(self.module, internal + noise)
+        self._internal, self._internal_end = internal, self.recorder.ends[-1]
+        bounds = {**bounds, "sigma_formula": sigma, "lipschitz": c.lipschitz, "smoothness": c.smoothness,
+                  "strong_convexity": c.strong_convexity, "reg_lambda": c.reg_lambda}
+        certificate = Certificate(
+            method=self.method, exact=False,
+            epsilon=self.epsilon if self.noise else None, delta=self.delta if self.noise else None,
+            sigma=sigma if self.noise else None, bounds=bounds,
+            statement=statement + ("" if self.noise else "; NOISE DISABLED: not certified"),
+        )
+        return certificate, {"noise_norm": float(noise.norm())}
+
+
+class GradientCertifiedStrategy(_ContinualCertified):
+    """004 Alg. 1 (natural forgetting, the gradient-based adaptation): weights unchanged, noise only.
+
+    Stores nothing beyond the catalog and task sizes. ``sigma = gamma^NF sqrt(2 ln(1.25/delta))/eps``
+    with ``gamma^NF = sum_{s deleted} rho^{kappa_t(s)} L/lambda`` (Theorem 4.1, Eq. (9) with the
+    conservative exponent of spec B2.1), and for sample-level requests the [derived] partial-task
+    injection ``2 m L / ((n - m)(mu + lambda))`` (spec B2.5). The internal model is the last
+    trained one, so its pre-noise weights are the original weights by design.
+    """
+
+    method = "gradient_cl"
+
+    def _forget(self, ids: Tensor, data: ForgetData) -> tuple[Certificate, dict[str, Any]]:
+        rec = self.recorder
+        c = self.constants()
+        bounds = cl.gamma_natural_forgetting(self.task_status(ids), c)
+        internal = rec.ends[-1].clone()
+        cert, extra = self._publish(internal, bounds, c, "004 Alg. 1 / Theorem 4.1: ||w_retrain - w_t|| <= gamma^NF; Gaussian mechanism")
+        return cert, {**extra, "n_forgotten": int(ids.numel())}
+
+
+class HessianCertifiedStrategy(_ContinualCertified):
+    """004 Alg. 2: the Newton-style correction of the corrected Eq. (13), then noise.
+
+    The correction runs the linearised error recursion over all recorded tasks
+    (:func:`cl.hessian_correction`): kept tasks transport the error by
+    ``P_i = (H_i + lambda I)^{-1} lambda``, deleted tasks add their ``Delta_i``, and partially
+    deleted tasks (sample-level requests, [derived] spec B2.5) add the Newton step of their own
+    solution, which needs ``sum_{u in U} grad l(end_i; u)``: from the recorder's stored per-sample
+    gradients or from ``data`` (the samples to forget), kept per task as a running sum. Noise:
+    ``gamma^H`` of spec B2.3 ([interp, derived], :func:`cl.gamma_hessian`).
+    """
+
+    method = "hessian_cl"
+
+    def __init__(self, module: nn.Module, recorder: HessianRecorder, ledger: Ledger | None = None, **kwargs: Any) -> None:
+        if not isinstance(recorder, HessianRecorder):
+            raise ValueError(f"HessianCertifiedStrategy needs a HessianRecorder, got {type(recorder).__name__}")
+        super().__init__(module, recorder, ledger, **kwargs)
+        self.recorder: HessianRecorder = recorder
+
+    def _gradient_sums(self, ids: Tensor, data: ForgetData, status: list[cl.TaskStatus]) -> list[Tensor | None]:
+        """Running ``sum grad l(end_i; u)`` per partially deleted task, including ``ids``."""
+        rec = self.recorder
+        sums: list[Tensor | None] = list(rec.forgotten_grad_sums)
+        exps = self.catalog.experiences_of(ids)
+        partial = [i for i, s in enumerate(status) if s.kind == "partial" and bool((exps == rec.experience_ids[i]).any())]
+        if not partial:
+            return sums
+        if all(int(u) in rec.sample_grads for u in ids.tolist()):
+            x = y = None
+        elif data is None:
+            raise ValueError("sample-level Hessian unlearning needs the samples to forget (data=...) or HessianRecorder(store_sample_gradients=True)")
+        else:
+            x, y = select_by_ids(data, ids)
+            self._labels_checked(ids, y)
+        for i in partial:
+            mine = exps == rec.experience_ids[i]
+            if x is None:
+                g = torch.stack([rec.sample_grads[int(u)] for u in ids[mine].tolist()]).sum(0)
+            else:
+                helper = self.module
+                theta = rec.ends[i].to(hf.flat_params(helper))
+                loss = hf.sample_loss_fn(helper, rec.l2)  # type: ignore[arg-type]
+                g = hf.per_sample_grads(loss, theta, x[mine].to(theta.device), y[mine].to(theta.device)).sum(0)
+            sums[i] = g if sums[i] is None else sums[i] + g
+        return sums
+
+    def _forget(self, ids: Tensor, data: ForgetData) -> tuple[Certificate, dict[str, Any]]:
+        rec = self.recorder
+        c = self.constants()
+        status = self.task_status(ids)
+        sums = self._gradient_sums(ids, data, status)
+        solves = [None if s.kind == "deleted" else rec.inverse_solver(i, c.reg_lambda) for i, s in enumerate(status)]
+        current = rec.ends[-1]
+        e = cl.hessian_correction(status, rec.starts, rec.ends, current, solves, sums, c.reg_lambda)  # Eq. (13)
+        internal = current + e
+        bounds = cl.gamma_hessian(status, c)
+        cert, extra = self._publish(internal, bounds, c, "004 Alg. 2 / Prop. 5.1 (Lemma D.2 bound gamma^H): Newton correction + Gaussian mechanism")
+        rec.forgotten_grad_sums = sums  # commit after everything was computed
+        return cert, {**extra, "n_forgotten": int(ids.numel()), "correction_norm": float(e.norm())}
