@@ -1,0 +1,54 @@
+"""Fit a TrajectoryRecorder (HF) and a HessianRecorder (004) with DDP on 2 CPU processes (gloo), save their states.
+
+Usage: python ddp_trajectory.py OUT.pt [DEVICES]. Run by tests/test_certified_ddp.py in a subprocess
+(Lightning's "ddp" strategy relaunches this script for the other rank). With DEVICES=2 each rank
+loads every other sample of each global batch (per-rank batch 8, Lightning's sampler replaced by
+``range(rank, n, 2)``), which is the same global batch as one process with batch 16 over
+``range(n)``, so the SGD trajectories are identical.
+"""
+
+import os
+import sys
+import warnings
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0] + "/..")
+from helpers_certified import blobs, cl_tasks, proximal_model, sgd_model  # noqa: E402
+
+from lightning_unlearn.callbacks import HessianRecorder, TrajectoryRecorder  # noqa: E402
+
+warnings.filterwarnings("ignore")
+
+
+def trainer(devices: int, callbacks: list, epochs: int) -> L.Trainer:
+    return L.Trainer(
+        strategy="ddp" if devices > 1 else "auto", accelerator="cpu", devices=devices, max_epochs=epochs, callbacks=callbacks,
+        use_distributed_sampler=False,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )
+
+
+def loader(ds, devices: int) -> DataLoader:
+    rank = int(os.environ.get("LOCAL_RANK", 0))  # set by Lightning for the relaunched rank
+    return DataLoader(ds, batch_size=16 // devices, sampler=list(range(rank, len(ds), devices)))
+
+
+def main(out: str, devices: int) -> None:
+    traj = TrajectoryRecorder(dtype=torch.float64)
+    tr = trainer(devices, [traj], epochs=2)
+    tr.fit(sgd_model(), loader(blobs(96, seed=0), devices))
+    hess = HessianRecorder()
+    model = proximal_model()
+    model.optimizer_name = "sgd"  # L-BFGS line searches would differ between ranks
+    for k, ds in enumerate(cl_tasks(n=48)[:2]):
+        hess.experience = k
+        trainer(devices, [hess], epochs=3).fit(model, loader(ds, devices))
+    rank = tr.global_rank
+    torch.save({"trajectory": traj.state_dict(), "hessian": hess.state_dict()}, out.replace(".pt", f".rank{rank}.pt"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 2)
