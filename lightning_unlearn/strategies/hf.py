@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -113,6 +114,11 @@ class HFStrategy(UnlearningStrategy):
         dim = rec.A.shape[1]
         bounds["capacity"] = self._check_capacity(int(all_rows.numel()), bounds, dim)
         bounds["deleted_total"] = float(all_rows.numel())
+        if bounds["rho"] >= 1:
+            warnings.warn(f"HF contraction factor rho = {bounds['rho']:.4g} >= 1 (Lemma 3 needs eta < 2/(M + lambda) and lambda > 0): "
+                          "the bound does not decay", stacklevel=4)
+        if not math.isfinite(bounds["gamma"]):
+            raise ValueError(f"HF noise bound is infinite (rho = {bounds['rho']:.4g} over {rec.n_steps} steps): step size too large for M")
         sigma = gaussian_sigma(bounds["gamma"], self.epsilon, self.delta)
         internal = self.clean_parameters()
         update = rec.A[rows].to(internal.dtype).sum(0)  # a^{-U} = sum_u a^{-u} (Theorem 1)
