@@ -168,26 +168,34 @@ class HessianRecorder(TaskDeltaRecorder):
         loss = hf.sample_loss_fn(module, self.l2)  # type: ignore[arg-type]
         dense = self.hessian == "exact" or (self.hessian == "auto" and theta.numel() <= self.max_exact_dim)
         H = self._dense_hessian(loss, theta, x, y) if dense else self._diagonal_hessian(loss, theta, x, y)
-        grads = hf.per_sample_grads(loss, theta, x, y, self.chunk_size)
+        grad_max, grads = 0.0, {}
+        for k, xb, yb in self._chunks(x, y):
+            g = hf.per_sample_grads(loss, theta, xb, yb)
+            grad_max = max(grad_max, float(g.norm(dim=1).max()))
+            if self.store_sample_gradients:
+                grads.update({int(i): gi.cpu() for i, gi in zip(ids[k : k + len(xb)].tolist(), g)})
         super()._commit(module)
         self.hessians.append(H.cpu())
-        self.lipschitz = max(self.lipschitz, float(grads.norm(dim=1).max()))
+        self.lipschitz = max(self.lipschitz, grad_max)
         self.smoothness = max(self.smoothness, float(torch.linalg.eigvalsh(H).abs().max() if dense else H.abs().max()))
-        if self.store_sample_gradients:
-            self.sample_grads.update({int(i): g.cpu() for i, g in zip(ids.tolist(), grads)})
+        self.sample_grads.update(grads)
+
+    def _chunks(self, x: Tensor, y: Tensor) -> list[tuple[int, Tensor, Tensor]]:
+        """Sample blocks of ``chunk_size`` (bounds the memory of the batched derivatives)."""
+        step = self.chunk_size or len(x)
+        return [(k, x[k : k + step], y[k : k + step]) for k in range(0, len(x), step)]
 
     def _dense_hessian(self, loss: hf.SampleLoss, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
         H = torch.zeros(theta.numel(), theta.numel(), dtype=theta.dtype)
-        step = self.chunk_size or len(x)
-        for k in range(0, len(x), step):
-            xb, yb = x[k : k + step], y[k : k + step]
+        for _, xb, yb in self._chunks(x, y):
             H += hf.batch_hessian(loss, theta, xb, yb, self.chunk_size) * (len(xb) / len(x))
         return H
 
     def _diagonal_hessian(self, loss: hf.SampleLoss, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
         g = torch.Generator().manual_seed(self.seed + len(self.hessians))
         Z = (torch.randint(0, 2, (self.n_probes, theta.numel()), generator=g) * 2 - 1).to(theta.dtype)
-        return (Z * hf.hvps(loss, theta, x, y, Z, self.chunk_size)).mean(0).clamp_min(self.l2)  # type: ignore[arg-type]
+        HZ = sum(hf.hvps(loss, theta, xb, yb, Z, chunk_size=8) * (len(xb) / len(x)) for _, xb, yb in self._chunks(x, y))
+        return (Z * HZ).mean(0).clamp_min(self.l2)  # type: ignore[arg-type]
 
     def inverse_solver(self, i: int, lam: float) -> Any:
         """A function applying ``(H_i + lambda I)^{-1}`` (Cholesky for dense ``H_i``)."""

@@ -220,7 +220,10 @@ class TrajectoryRecorder(RecorderCallback):
         batch_rows = torch.tensor([self.row_of.get(i, -1) for i in ids.tolist()], dtype=torch.long)
         tracked = batch_rows >= 0
         tracked[tracked.clone()] = self.active[batch_rows[tracked]]
-        grads = hf.per_sample_grads(loss, theta, x[tracked], y[tracked], self.chunk_size)
+        if tracked.any():
+            grads = hf.per_sample_grads(loss, theta, x[tracked], y[tracked], self.chunk_size)
+        else:
+            grads = theta.new_zeros(0, theta.numel())
         A = self.A[live].to(theta.dtype) if live.numel() else theta.new_zeros(0, theta.numel())
         dense = self.hessian == "dense" or (self.hessian == "auto" and theta.numel() <= 2048 and live.numel() > theta.numel())
         if dense:

@@ -21,7 +21,6 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, jvp, vmap
 
-SampleLoss = Callable[[Tensor, Tensor, Tensor], Tensor]
 ParamSpec = list[tuple[str, torch.Size]]
 
 
@@ -57,21 +56,35 @@ def set_flat_params(module: nn.Module, theta: Tensor) -> None:
                 p.copy_(params[name].to(p))
 
 
-def sample_loss_fn(module: nn.Module, l2: float) -> SampleLoss:
-    """``l(theta; x, y) = CE(f_theta(x), y) + (l2/2)||theta||^2`` for ONE sample (HF's loss of Eq. (2))."""
-    spec = param_spec(module)
+class ModuleLoss:
+    """HF's per-sample loss ``l(theta; x, y) = CE(f_theta(x), y) + (l2/2)||theta||^2`` (Eq. (2)) of a module.
 
-    def loss(theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        logits = functional_call(module, unflatten(theta, spec), (x.unsqueeze(0),))
-        ce = nn.functional.cross_entropy(logits, y.reshape(1).long())
-        return ce + 0.5 * l2 * theta.pow(2).sum()
+    Calling it evaluates ONE sample (for ``vmap(grad(.))``); :meth:`mean` evaluates the batch mean
+    ``F_B(theta)`` with one batched forward (the objective of an SGD step, Eq. (3)).
+    """
 
-    return loss
+    def __init__(self, module: nn.Module, l2: float) -> None:
+        self.module, self.l2, self.spec = module, float(l2), param_spec(module)
+
+    def mean(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        logits = functional_call(self.module, unflatten(theta, self.spec), (x,))
+        return nn.functional.cross_entropy(logits, y.reshape(-1).long()) + 0.5 * self.l2 * theta.pow(2).sum()
+
+    def __call__(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        return self.mean(theta, x.unsqueeze(0), y.reshape(1))
 
 
-def batch_mean_loss(loss: SampleLoss, x: Tensor, y: Tensor) -> Callable[[Tensor], Tensor]:
+SampleLoss = ModuleLoss
+
+
+def sample_loss_fn(module: nn.Module, l2: float) -> ModuleLoss:
+    """The module's per-sample loss (see :class:`ModuleLoss`)."""
+    return ModuleLoss(module, l2)
+
+
+def batch_mean_loss(loss: ModuleLoss, x: Tensor, y: Tensor) -> Callable[[Tensor], Tensor]:
     """``F_B(theta) = (1/|B|) sum_{i in B} l(theta; z_i)``, the objective of one SGD step (Eq. (3))."""
-    return lambda theta: vmap(loss, in_dims=(None, 0, 0))(theta, x, y).mean()
+    return lambda theta: loss.mean(theta, x, y)
 
 
 # -- batched derivatives ---------------------------------------------------------------------------
