@@ -79,6 +79,11 @@ def fit_tasks(tasks: list, recorder: TaskDeltaRecorder | None = None, model: Pro
     return model
 
 
+def concat_indexed(a: IndexedDataset, b: IndexedDataset) -> IndexedDataset:
+    (xa, ya), (xb, yb) = a.dataset.tensors, b.dataset.tensors
+    return IndexedDataset(TensorDataset(torch.cat([xa, xb]), torch.cat([ya, yb])), ids=torch.cat([a.ids, b.ids]))
+
+
 def without(ds: IndexedDataset, ids: set[int]) -> IndexedDataset:
     keep = torch.tensor([i not in ids for i in ds.ids.tolist()])
     x, y = ds.dataset.tensors

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from helpers_certified import D_IN, N_CLASSES, blobs, fit_hf, recorded, replay, same_state, sgd_model, trainer
+from helpers_certified import D_IN, N_CLASSES, blobs, concat_indexed, fit_hf, recorded, replay, same_state, sgd_model, trainer
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -147,12 +147,16 @@ def test_vmap_statistics_equal_slow_loop_on_tiny_mlp(hessian):
 def test_checkpoint_roundtrip_and_mmap_float16_store(tmp_path):
     ds = blobs(48, seed=1)
     model, rec = sgd_model(), TrajectoryRecorder()
-    tr = trainer([rec], max_epochs=2)
+    tr = trainer([rec], max_epochs=2, enable_checkpointing=True, default_root_dir=tmp_path)
     tr.fit(model, DataLoader(ds, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(1)))
     tr.save_checkpoint(tmp_path / "hf.ckpt")
-    restored = TrajectoryRecorder()
-    restored.load_from_checkpoint(tmp_path / "hf.ckpt")
-    assert same_state(recorded(restored), recorded(rec)) and restored.catalog.ids.tolist() == rec.catalog.ids.tolist()
+    (epoch_end,) = (tmp_path / "checkpoints").glob("*.ckpt")  # saved by ModelCheckpoint inside the fit
+    for path in (tmp_path / "hf.ckpt", epoch_end):
+        restored = TrajectoryRecorder()
+        restored.load_from_checkpoint(path)
+        assert torch.equal(restored.A[: restored.n_rows], rec.A[: rec.n_rows]) and restored.lrs == rec.lrs
+        assert sorted(restored.catalog.ids.tolist()) == sorted(rec.catalog.ids.tolist()) == list(range(48))
+    assert same_state(recorded(restored), recorded(rec))
 
     mm = TrajectoryRecorder(dtype=torch.float16, store="mmap", path=tmp_path / "a.bin", capacity=64)
     trainer([mm], max_epochs=2).fit(sgd_model(), DataLoader(ds, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(1)))
@@ -202,3 +206,19 @@ def test_untracked_samples_and_unsupported_training_are_errors():
         fit_hf(momentum, ds, TrajectoryRecorder(), epochs=1)
     with pytest.raises(ValueError, match="Lightning callback"):
         rec.record(model, *ds.dataset.tensors, ds.ids)
+
+
+def test_recursion_continues_across_experiences():
+    """Two fits (experiences) on one recorder: an experience-0 sample forgotten after experience 1."""
+    first, second = blobs(48, seed=5), blobs(48, seed=6, shift=0.5, id_offset=100)
+    model, rec = sgd_model(), TrajectoryRecorder(dtype=torch.float64)
+    w0 = fit_hf(model, first, rec, epochs=2)
+    fit_hf(model, second, rec, epochs=2)
+    assert rec.catalog.experiences.unique().tolist() == [0, 1] and rec.n_steps == 12
+    both = concat_indexed(first, second)
+    assert torch.allclose(replay(model, rec, w0, both, set()), hf.flat_params(model), atol=1e-12)
+    w, w_retrain = hf.flat_params(model), replay(model, rec, w0, both, {7, 120})
+    strategy = HFStrategy(model, rec, noise=False)
+    strategy.forget(ForgetRequest.samples([7, 120]))
+    assert float((strategy.clean_parameters() - w_retrain).norm()) <= 0.1 * float((w - w_retrain).norm())
+

@@ -47,8 +47,10 @@ class TrajectoryRecorder(RecorderCallback):
     no momentum / weight decay / Nesterov), no gradient accumulation or clipping, no
     BatchNorm or Dropout, a module with ``l2`` and no ``reg_lambda`` penalty. Lightning fits
     only: the recursion needs ``w_t`` before each step, which Avalanche's plugin hook does not
-    offer. A checkpoint saved mid-experience cannot be restored (the recursion is not
-    resumable mid-fit); an exception during fit invalidates the statistics.
+    offer. A checkpoint saved mid-fit (``ModelCheckpoint`` at an epoch or step end) holds the
+    trajectory up to that step, consistent with the weights it saves, and registers the
+    samples seen so far; resuming from it (``ckpt_path``, with ``experience`` set) continues the
+    recursion. An exception during fit invalidates the statistics.
 
     Args:
         dtype: storage dtype of the vectors (float32 or float16; float64 for verification).
@@ -284,20 +286,25 @@ class TrajectoryRecorder(RecorderCallback):
             "grad_max": self.grad_max,
             "smoothness": self.smoothness,
             "l2": self.l2,
-            "mid_fit": self._in_fit,
             "interrupted": self._interrupted,
+            # mid-fit (e.g. a ModelCheckpoint at epoch end): the samples of the running experience,
+            # whose vectors are already in A, so that the checkpoint is a complete trajectory prefix
+            "staged_ids": torch.cat(self._staged_ids) if self._staged_ids else torch.zeros(0, dtype=torch.long),
+            "staged_labels": torch.cat(self._staged_labels) if self._staged_labels else torch.zeros(0, dtype=torch.long),
+            "staged_experience": self._fit_experience,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         missing = [k for k in _STATE_KEYS if state_dict.get(k) is None]
         if missing:
             raise ValueError(f"TrajectoryRecorder state lacks recorded statistics {missing}")
-        if state_dict.get("mid_fit"):
-            raise ValueError("this checkpoint was saved mid-experience; HF statistics can only be restored between experiences")
         A = state_dict["A"]
         if A.shape[0] != state_dict["row_ids"].numel() or state_dict["active"].numel() != A.shape[0]:
             raise ValueError(f"inconsistent TrajectoryRecorder state: {A.shape[0]} vectors, {state_dict['row_ids'].numel()} ids")
         super().load_state_dict(state_dict)
+        staged = state_dict.get("staged_ids")
+        if staged is not None and staged.numel():
+            self.catalog.add(staged, state_dict["staged_labels"], int(state_dict["staged_experience"]))
         self.A, self.n_rows, self.row_of, self.row_ids, self.active = None, 0, {}, [], torch.zeros(0, dtype=torch.bool)
         self._allocate(state_dict["row_ids"].tolist(), A.shape[1])
         self.A[: A.shape[0]] = A.to(self.dtype)
