@@ -12,7 +12,7 @@ from lightning_unlearn import ForgetRequest
 from lightning_unlearn.callbacks import HessianRecorder, TaskDeltaRecorder
 from lightning_unlearn.functional import hf
 from lightning_unlearn.functional.certified import gaussian_sigma
-from lightning_unlearn.models import SupervisedClassifier
+from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.strategies import GradientCertifiedStrategy, HessianCertifiedStrategy
 
 EPS, DELTA = 1.0, 1e-5
@@ -146,6 +146,10 @@ def test_bad_input_changes_nothing(trained):
         with pytest.raises(ValueError, match=msg):
             strategy.forget(request, data=data)
         assert torch.equal(hf.flat_params(model), w) and same_state(recorded(rec), stats) and len(strategy.ledger) == n_ledger
+    wider = ProximalClassifier(nn.Linear(6, 4).double(), l2=0.05)
+    with pytest.raises(ValueError, match="trainable parameters"):
+        HessianCertifiedStrategy(wider, rec).forget(ForgetRequest.of_experience(0))
+    assert same_state(recorded(rec), stats) and int(rec.catalog.forgotten.sum()) == 60
 
 
 def test_task_delta_recorder_needs_the_proximal_regulariser_and_diagonal_mode_runs():

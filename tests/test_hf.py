@@ -187,6 +187,10 @@ def test_bad_input_changes_nothing(fitted):
             strategy.forget(ForgetRequest.samples(ids))
         assert torch.equal(hf.flat_params(model), before_w) and same_state(recorded(rec), before_stats)
         assert len(strategy.ledger) == before_ledger and int(rec.catalog.forgotten.sum()) == 2
+    other = sgd_model(nn.Linear(D_IN, N_CLASSES + 1).double())
+    with pytest.raises(ValueError, match="trainable parameters"):
+        HFStrategy(other, rec).forget(ForgetRequest.samples([2]))
+    assert same_state(recorded(rec), before_stats) and int(rec.catalog.forgotten.sum()) == 2
     with pytest.warns(UserWarning, match="capacity exceeded"):
         HFStrategy(model, rec, max_deletions=1).forget(ForgetRequest.samples([2]))
 

@@ -77,6 +77,12 @@ class _ContinualCertified(UnlearningStrategy):
             raise ValueError(f"{self.method} needs lipschitz= and smoothness= (a TaskDeltaRecorder does not estimate them)")
         return cl.CLConstants(lipschitz=float(L), smoothness=float(M), strong_convexity=float(rec.l2), reg_lambda=float(rec.reg_lambda))
 
+    def check_shapes(self) -> None:
+        """``ValueError`` if the module's parameters do not match the recorded task vectors."""
+        d, recorded = hf.flat_params(self.module).numel(), self.recorder.ends[-1].numel()
+        if d != recorded:
+            raise ValueError(f"module has {d} trainable parameters but the recorded task vectors have {recorded}")
+
     def task_status(self, ids: Tensor) -> list[cl.TaskStatus]:
         """``(n_i, m_i)`` per recorded task once ``ids`` are forgotten too."""
         rec, cat = self.recorder, self.catalog
@@ -127,6 +133,7 @@ class GradientCertifiedStrategy(_ContinualCertified):
 
     def _forget(self, ids: Tensor, data: ForgetData) -> tuple[Certificate, dict[str, Any]]:
         rec = self.recorder
+        self.check_shapes()
         c = self.constants()
         bounds = cl.gamma_natural_forgetting(self.task_status(ids), c)
         internal = rec.ends[-1].clone()
@@ -183,6 +190,7 @@ class HessianCertifiedStrategy(_ContinualCertified):
 
     def _forget(self, ids: Tensor, data: ForgetData) -> tuple[Certificate, dict[str, Any]]:
         rec = self.recorder
+        self.check_shapes()
         c = self.constants()
         status = self.task_status(ids)
         sums = self._gradient_sums(ids, data, status)

@@ -107,12 +107,14 @@ class HFStrategy(UnlearningStrategy):
 
     def _forget(self, ids: Tensor, data: ForgetData) -> tuple[Certificate, dict[str, Any]]:
         rec = self.recorder
+        d = hf.flat_params(self.module).numel()
+        if rec.A is None or rec.A.shape[1] != d:
+            raise ValueError(f"module has {d} trainable parameters but the HF statistics have {None if rec.A is None else rec.A.shape[1]}")
         rows = rec.rows_for(ids)
         deleted = (~rec.active[: rec.n_rows]).nonzero().flatten()
         all_rows = torch.cat([deleted, rows])
         bounds = self.bound_terms(all_rows)
-        dim = rec.A.shape[1]
-        bounds["capacity"] = self._check_capacity(int(all_rows.numel()), bounds, dim)
+        bounds["capacity"] = self._check_capacity(int(all_rows.numel()), bounds, d)
         bounds["deleted_total"] = float(all_rows.numel())
         if bounds["rho"] >= 1:
             warnings.warn(f"HF contraction factor rho = {bounds['rho']:.4g} >= 1 (Lemma 3 needs eta < 2/(M + lambda) and lambda > 0): "
