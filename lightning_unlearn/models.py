@@ -163,12 +163,23 @@ class ProximalClassifier(SupervisedClassifier):
     def on_train_start(self) -> None:
         if self.trainer.global_step > 0:  # resumed mid-task: keep the saved anchor
             return
+        self.start_task()
+
+    def start_task(self) -> None:
+        """Anchor the regulariser at the current parameters (``w_0 = 0`` before the first task).
+
+        Lightning fits call it at the start of every fresh fit; other training loops (an
+        Avalanche strategy) must call it before each experience, and :meth:`end_task` after.
+        """
         with torch.no_grad():
             for name, p in self.net.named_parameters():
                 anchor = getattr(self, _anchor_name(name))
                 anchor.copy_(p.detach() if int(self.tasks_learned) > 0 else torch.zeros_like(p))
 
     def on_train_end(self) -> None:
+        self.end_task()
+
+    def end_task(self) -> None:
         self.tasks_learned += 1
 
     def proximal(self) -> Tensor:

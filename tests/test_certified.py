@@ -44,6 +44,7 @@ def test_recorded_tasks_follow_the_chain(trained):
     assert torch.equal(rec.ends[-1], hf.flat_params(model))
     assert rec.hessians[0].shape == (21, 21) and torch.allclose(rec.hessians[0], rec.hessians[0].T)
     assert torch.linalg.eigvalsh(rec.hessians[0]).min() >= 0.05 - 1e-9  # the l2 ridge: mu = l2
+    assert max(rec.stationarity) < 1e-6  # L-BFGS solved each task of Eq. (1) exactly (spec B5.3)
 
 
 def test_task_level_newton_closer_to_retrain_and_within_bound(trained):
@@ -153,6 +154,9 @@ def test_bad_input_changes_nothing(trained):
 
 
 def test_task_delta_recorder_needs_the_proximal_regulariser_and_diagonal_mode_runs():
+    with pytest.warns(UserWarning, match="not solved exactly"):  # one SGD epoch is far from the minimiser
+        sgd = ProximalClassifier(nn.Linear(6, 3).double(), lr=0.01, l2=0.05)
+        trainer([HessianRecorder()]).fit(sgd, DataLoader(TASKS[0], batch_size=20))
     plain = SupervisedClassifier(nn.Linear(6, 3).double(), lr=0.1, l2=0.1)
     with pytest.raises(ValueError, match="ProximalClassifier"):
         trainer([TaskDeltaRecorder()]).fit(plain, DataLoader(TASKS[0], batch_size=20))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -123,7 +124,8 @@ class HessianRecorder(TaskDeltaRecorder):
     at the solution, then dropped. The recorder also keeps the largest per-sample gradient
     norm and Hessian norm seen at the solutions (estimates of L and M for the certificate)
     and, with ``store_sample_gradients``, each sample's ``grad l(end_i; u)`` by id (``n d``
-    floats) so sample-level requests need no data.
+    floats) so sample-level requests need no data. It logs how exactly each task was solved,
+    ``||mean grad l(end_i) + lambda (end_i - start_i)||`` (spec B5.3), and warns above ``tolerance``.
     """
 
     def __init__(
@@ -134,6 +136,7 @@ class HessianRecorder(TaskDeltaRecorder):
         store_sample_gradients: bool = False,
         chunk_size: int | None = 256,
         seed: int = 0,
+        tolerance: float = 1e-3,
     ) -> None:
         super().__init__()
         if hessian not in ("auto", "exact", "diagonal"):
@@ -141,6 +144,8 @@ class HessianRecorder(TaskDeltaRecorder):
         self.hessian, self.max_exact_dim, self.n_probes = hessian, max_exact_dim, n_probes
         self.store_sample_gradients, self.chunk_size, self.seed = store_sample_gradients, chunk_size, seed
         self.hessians: list[Tensor] = []  # (d, d) or (d,) diagonal
+        self.stationarity: list[float] = []  # ||grad of Eq. (1) at end_i||: how exactly each task was solved
+        self.tolerance = tolerance
         self.lipschitz = 0.0
         self.smoothness = 0.0
         self.sample_grads: dict[int, Tensor] = {}
@@ -168,13 +173,20 @@ class HessianRecorder(TaskDeltaRecorder):
         loss = hf.sample_loss_fn(module, self.l2)  # type: ignore[arg-type]
         dense = self.hessian == "exact" or (self.hessian == "auto" and theta.numel() <= self.max_exact_dim)
         H = self._dense_hessian(loss, theta, x, y) if dense else self._diagonal_hessian(loss, theta, x, y)
-        grad_max, grads = 0.0, {}
+        grad_max, grads, grad_sum = 0.0, {}, torch.zeros_like(theta)
         for k, xb, yb in self._chunks(x, y):
             g = hf.per_sample_grads(loss, theta, xb, yb)
             grad_max = max(grad_max, float(g.norm(dim=1).max()))
+            grad_sum += g.sum(0)
             if self.store_sample_gradients:
                 grads.update({int(i): gi.cpu() for i, gi in zip(ids[k : k + len(xb)].tolist(), g)})
+        anchor = torch.cat([a.detach().reshape(-1) for a in module.anchors()])
+        stationarity = float((grad_sum / len(x) + self.reg_lambda * (theta - anchor)).norm())  # type: ignore[operator]
+        if stationarity > self.tolerance:
+            warnings.warn(f"task {self._fit_experience} is not solved exactly: ||grad of Eq. (1)|| = {stationarity:.3g} > "
+                          f"{self.tolerance:g}; 004's identities assume the exact minimiser (spec B5.3)", stacklevel=2)
         super()._commit(module)
+        self.stationarity.append(stationarity)
         self.hessians.append(H.cpu())
         self.lipschitz = max(self.lipschitz, grad_max)
         self.smoothness = max(self.smoothness, float(torch.linalg.eigvalsh(H).abs().max() if dense else H.abs().max()))
@@ -215,6 +227,7 @@ class HessianRecorder(TaskDeltaRecorder):
         return {
             **super().state_dict(),
             "hessians": [H.clone() for H in self.hessians],
+            "stationarity": torch.tensor(self.stationarity, dtype=torch.float64),
             "lipschitz": self.lipschitz,
             "smoothness": self.smoothness,
             "sample_grad_ids": torch.tensor(ids, dtype=torch.long),
@@ -226,6 +239,7 @@ class HessianRecorder(TaskDeltaRecorder):
             raise ValueError("HessianRecorder state lacks recorded Hessians (one per experience)")
         super().load_state_dict(state_dict)
         self.hessians = [H.clone() for H in state_dict["hessians"]]
+        self.stationarity = state_dict["stationarity"].tolist()
         self.lipschitz, self.smoothness = float(state_dict["lipschitz"]), float(state_dict["smoothness"])
         grads = state_dict.get("sample_grads")
         self.sample_grads = {} if grads is None else dict(zip(state_dict["sample_grad_ids"].tolist(), grads.clone()))
