@@ -25,10 +25,9 @@ import logging
 import warnings
 from time import perf_counter
 
-import lightning as L
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Subset, TensorDataset
+from torch.utils.data import Subset, TensorDataset
 
 from lightning_unlearn import ForgetRequest, IndexedDataset
 from lightning_unlearn.avalanche import class_incremental_benchmark, fit_stream
