@@ -1,10 +1,27 @@
-"""lightning-unlearn: continual learning with certified and exact unlearning for PyTorch Lightning."""
+"""lightning-unlearn: continual learning with certified and exact unlearning for PyTorch Lightning.
 
-from lightning_unlearn.callbacks import AnalyticRecorder, RecorderCallback
+Avalanche integration lives in :mod:`lightning_unlearn.avalanche` (imported on demand: Avalanche
+is slow to import).
+"""
+
+from lightning_unlearn.callbacks import (
+    AnalyticRecorder,
+    HessianRecorder,
+    RecorderCallback,
+    TaskDeltaRecorder,
+    TrajectoryRecorder,
+)
 from lightning_unlearn.core import Certificate, ForgetRequest, Ledger, LedgerEntry, SampleCatalog
 from lightning_unlearn.data import IndexedDataset
-from lightning_unlearn.models import AnalyticClassifier, RandomExpansion
-from lightning_unlearn.strategies import ACUStrategy, UnlearningResult, UnlearningStrategy
+from lightning_unlearn.models import AnalyticClassifier, ProximalClassifier, RandomExpansion, SupervisedClassifier
+from lightning_unlearn.strategies import (
+    ACUStrategy,
+    GradientCertifiedStrategy,
+    HessianCertifiedStrategy,
+    HFStrategy,
+    UnlearningResult,
+    UnlearningStrategy,
+)
 
 __all__ = [
     "ACUStrategy",
@@ -12,12 +29,20 @@ __all__ = [
     "AnalyticRecorder",
     "Certificate",
     "ForgetRequest",
+    "GradientCertifiedStrategy",
+    "HFStrategy",
+    "HessianCertifiedStrategy",
+    "HessianRecorder",
     "IndexedDataset",
     "Ledger",
     "LedgerEntry",
+    "ProximalClassifier",
     "RandomExpansion",
     "RecorderCallback",
     "SampleCatalog",
+    "SupervisedClassifier",
+    "TaskDeltaRecorder",
+    "TrajectoryRecorder",
     "UnlearningResult",
     "UnlearningStrategy",
 ]
