@@ -178,3 +178,26 @@ def test_task_delta_recorder_needs_the_proximal_regulariser_and_diagonal_mode_ru
     strategy.forget(ForgetRequest.of_experience(0))
     # a diagonal Hessian is only an approximation: closer than the original, with a loose tolerance
     assert float((strategy.clean_parameters() - w_retrain).norm()) < float((w - w_retrain).norm())
+
+
+def test_requests_between_experiences_follow_the_recorded_chain():
+    """Alg. 2 over time: forget task 0 after 2 tasks, continue from the internal model, forget task 1 after task 2."""
+    rec = HessianRecorder()
+    model = fit_tasks(TASKS[:2], rec)
+    strategy = HessianCertifiedStrategy(model, rec, generator=torch.Generator().manual_seed(0))
+    first = strategy.forget(ForgetRequest.of_experience(0)).certificate
+    assert first.bounds["chain_term"] == 0.0
+    strategy.restore_internal()  # Alg. 2: the next task starts from the noise-free internal model
+    internal = strategy.clean_parameters()
+    rec.experience = 2
+    trainer([rec], max_epochs=2).fit(model, DataLoader(TASKS[2], batch_size=60))
+    w = hf.flat_params(model)
+    w_retrain = hf.flat_params(fit_tasks([TASKS[2]]))
+    cert = HessianCertifiedStrategy(model, rec, noise=False).forget(ForgetRequest.of_experience(1)).certificate
+    assert torch.equal(rec.starts[2], internal)
+    gap = float((rec.starts[2] - rec.ends[1]).norm())  # the first correction, measured from the chain
+    lam, mu, M = 1.0, 0.05, rec.smoothness
+    rho = lam / (mu + lam)
+    assert cert.bounds["chain_term"] == pytest.approx(1 * rho * (M - mu) / (mu + lam) * gap, rel=1e-12)  # kappa = 1 (task 2)
+    final = hf.flat_params(model)  # noise disabled: the published model is the internal one
+    assert float((final - w_retrain).norm()) <= 0.2 * float((w - w_retrain).norm())

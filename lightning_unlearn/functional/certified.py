@@ -156,21 +156,35 @@ class CLConstants:
         return 2 * s.m * self.lipschitz / ((s.n - s.m) * (self.strong_convexity + self.reg_lambda))
 
 
-def gamma_natural_forgetting(status: Sequence[TaskStatus], c: CLConstants) -> dict[str, float]:
+def _gap_kappas(status: Sequence[TaskStatus], gaps: Sequence[float]) -> list[tuple[int, float]]:
+    """``(kappa, ||D||)`` for the gap before each task: it is transported by the retained tasks from that task on."""
+    return [(retained_after(status, i - 1), g) for i, g in enumerate(gaps) if g > 0]
+
+
+def gamma_natural_forgetting(status: Sequence[TaskStatus], c: CLConstants, gaps: Sequence[float] = ()) -> dict[str, float]:
     """``gamma^NF = sum_{s in S_<=t} rho^{kappa_t(s)} ||injection_s||`` (Theorem 4.1, Eq. (9), with the
-    conservative exponent ``kappa_t(s)`` of spec B2.1 and the [derived] partial-task injection)."""
-    total = sum(c.rho ** retained_after(status, i) * c.injection(s) for i, s in enumerate(status) if s.kind != "kept")
-    return {"gamma": total, "rho": c.rho}
+    conservative exponent ``kappa_t(s)`` of spec B2.1 and the [derived] partial-task injection).
+
+    ``gaps[i] = ||start_i - end_{i-1}||``: what was done to the model between tasks (earlier
+    published noise, if training continued from it). [derived] Each is transported like a
+    deletion, adding ``rho^kappa ||gap||`` (data-dependent; 0 when training continued from the
+    internal model, as Alg. 1 prescribes).
+    """
+    deletions = sum(c.rho ** retained_after(status, i) * c.injection(s) for i, s in enumerate(status) if s.kind != "kept")
+    chain = sum(c.rho**k * g for k, g in _gap_kappas(status, gaps))
+    return {"gamma": deletions + chain, "deletion_term": deletions, "chain_term": chain, "rho": c.rho}
 
 
-def gamma_hessian(status: Sequence[TaskStatus], c: CLConstants) -> dict[str, float]:
+def gamma_hessian(status: Sequence[TaskStatus], c: CLConstants, gaps: Sequence[float] = ()) -> dict[str, float]:
     """Bound on ``||retrain - (model + Eq. (13) correction)||`` (spec B2.3 [interp, derived], via Lemma D.2).
 
     Each deleted/partial task contributes ``kappa rho^kappa (M - mu)/(mu + lambda) * injection``
     (the product-of-transports mismatch; 0 when nothing is transported) and a partial task also
-    its own Newton error ``rho^kappa (M - mu)/(mu + lambda) * injection`` [derived]. Because the
-    correction is recomputed from the recorded chain at every request, earlier corrections
-    ``Delta-bar_tau`` carry no separate term. With ``mu = 0`` (no ridge) rho = 1 and nothing decays.
+    its own Newton error ``rho^kappa (M - mu)/(mu + lambda) * injection`` [derived]. The spec's
+    ``Delta-bar_tau`` terms become the measured gaps ``||start_i - end_{i-1}||`` between tasks
+    (earlier corrections plus any published noise training continued from), each adding
+    ``kappa rho^kappa (M - mu)/(mu + lambda) ||gap||`` [derived, data-dependent: the spec's
+    data-independent ``B-bar_tau`` cannot cover noise]. With ``mu = 0`` rho = 1 and nothing decays.
     """
     ratio = max(c.smoothness - c.strong_convexity, 0.0) / (c.strong_convexity + c.reg_lambda)
     transport_term = newton_term = 0.0
@@ -181,4 +195,6 @@ def gamma_hessian(status: Sequence[TaskStatus], c: CLConstants) -> dict[str, flo
         transport_term += kappa * c.rho**kappa * ratio * c.injection(s)
         if s.kind == "partial":
             newton_term += c.rho**kappa * ratio * c.injection(s)
-    return {"gamma": transport_term + newton_term, "transport_term": transport_term, "newton_term": newton_term, "rho": c.rho}
+    chain = sum(k * c.rho**k * ratio * g for k, g in _gap_kappas(status, gaps))
+    return {"gamma": transport_term + newton_term + chain, "transport_term": transport_term, "newton_term": newton_term,
+            "chain_term": chain, "rho": c.rho}

@@ -83,6 +83,12 @@ class _ContinualCertified(UnlearningStrategy):
         if d != recorded:
             raise ValueError(f"module has {d} trainable parameters but the recorded task vectors have {recorded}")
 
+    def chain_gaps(self) -> list[float]:
+        """``||start_i - end_{i-1}||`` per task (``end_{-1} = w_0 = 0``): what happened to the model between tasks."""
+        rec = self.recorder
+        previous = [torch.zeros_like(rec.ends[0])] + rec.ends[:-1]
+        return [float((s - p).norm()) for s, p in zip(rec.starts, previous)]
+
     def task_status(self, ids: Tensor) -> list[cl.TaskStatus]:
         """``(n_i, m_i)`` per recorded task once ``ids`` are forgotten too."""
         rec, cat = self.recorder, self.catalog
@@ -125,8 +131,9 @@ class GradientCertifiedStrategy(_ContinualCertified):
     Stores nothing beyond the catalog and task sizes. ``sigma = gamma^NF sqrt(2 ln(1.25/delta))/eps``
     with ``gamma^NF = sum_{s deleted} rho^{kappa_t(s)} L/lambda`` (Theorem 4.1, Eq. (9) with the
     conservative exponent of spec B2.1), and for sample-level requests the [derived] partial-task
-    injection ``2 m L / ((n - m)(mu + lambda))`` (spec B2.5). The internal model is the last
-    trained one, so its pre-noise weights are the original weights by design.
+    injection ``2 m L / ((n - m)(mu + lambda))`` (spec B2.5), plus ``rho^kappa ||gap||`` for any
+    change between tasks (training continued from a published, noised model; [derived]). The
+    internal model is the last trained one, so its pre-noise weights are the original weights by design.
     """
 
     method = "gradient_cl"
@@ -135,7 +142,7 @@ class GradientCertifiedStrategy(_ContinualCertified):
         rec = self.recorder
         self.check_shapes()
         c = self.constants()
-        bounds = cl.gamma_natural_forgetting(self.task_status(ids), c)
+        bounds = cl.gamma_natural_forgetting(self.task_status(ids), c, self.chain_gaps())
         internal = rec.ends[-1].clone()
         cert, extra = self._publish(internal, bounds, c, "004 Alg. 1 / Theorem 4.1: ||w_retrain - w_t|| <= gamma^NF; Gaussian mechanism")
         return cert, {**extra, "n_forgotten": int(ids.numel())}
@@ -198,7 +205,7 @@ class HessianCertifiedStrategy(_ContinualCertified):
         current = rec.ends[-1]
         e = cl.hessian_correction(status, rec.starts, rec.ends, current, solves, sums, c.reg_lambda)  # Eq. (13)
         internal = current + e
-        bounds = cl.gamma_hessian(status, c)
+        bounds = cl.gamma_hessian(status, c, self.chain_gaps())
         cert, extra = self._publish(internal, bounds, c, "004 Alg. 2 / Prop. 5.1 (Lemma D.2 bound gamma^H): Newton correction + Gaussian mechanism")
         rec.forgotten_grad_sums = sums  # commit after everything was computed
         return cert, {**extra, "n_forgotten": int(ids.numel()), "correction_norm": float(e.norm())}
