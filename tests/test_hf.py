@@ -226,3 +226,22 @@ def test_recursion_continues_across_experiences():
     strategy.forget(ForgetRequest.samples([7, 120]))
     assert float((strategy.clean_parameters() - w_retrain).norm()) <= 0.1 * float((w - w_retrain).norm())
 
+
+
+def test_sum_form_bound_equals_closed_form_eq56_with_decaying_step():
+    """With eta_t = eta q^t, |B| constant and u at step e B + b of every epoch, the sum form equals Eq. (56)."""
+    eta, q, rho, G, B, E, bsz, b = 0.1, 0.97, 0.99, 3.0, 5, 4, 8, 2
+    T = E * B
+    lrs = eta * q ** torch.arange(T, dtype=torch.float64)
+    occ = torch.tensor([e * B + b for e in range(E)])
+    c1, c2 = hf.per_sample_bound(occ, lrs, torch.full((T,), bsz), G, rho)
+    closed1 = 2 * eta**2 * G / (1 - q) * ((rho**T - q**T) / (rho - q) - (rho**T - q ** (2 * T)) / (rho - q**2))
+    closed2 = 2 * eta * G / bsz * (rho**T - q**T) / (rho**B - q**B) * rho ** (B - b - 1) * q**b
+    assert c1 == pytest.approx(closed1, rel=1e-10) and c2 == pytest.approx(closed2, rel=1e-10)
+
+
+def test_gaussian_mechanism_rejects_bad_privacy_parameters(fitted):
+    ds, model, rec, _ = fitted
+    for eps, delta in ((0.0, 1e-5), (1.0, 0.0), (1.0, 1.5), (float("inf"), 1e-5)):
+        with pytest.raises(ValueError, match="epsilon|delta"):
+            HFStrategy(model, rec, epsilon=eps, delta=delta)
