@@ -212,41 +212,50 @@ class TrajectoryRecorder(RecorderCallback):
         """Nothing to fold in: the vectors were updated in place at every step."""
 
     def _step(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, lr: float) -> None:
-        """One recursion step at ``w_t`` (spec A2.1; :func:`hf.recursion_step`)."""
+        """One recursion step at ``w_t`` (spec A2.1; :func:`hf.recursion_step`) on all live vectors."""
         theta = hf.flat_params(module)
         loss = hf.sample_loss_fn(module, self.l2)  # type: ignore[arg-type]
         x, y = x.detach(), y.detach()
         live = self.active.nonzero().flatten()
-        pos = torch.full((max(self.n_rows, 1),), -1, dtype=torch.long)
-        pos[live] = torch.arange(live.numel())
-        batch_rows = torch.tensor([self.row_of.get(i, -1) for i in ids.tolist()], dtype=torch.long)
-        tracked = batch_rows >= 0
-        tracked[tracked.clone()] = self.active[batch_rows[tracked]]
-        if tracked.any():
-            grads = hf.per_sample_grads(loss, theta, x[tracked], y[tracked], self.chunk_size)
-        else:
-            grads = theta.new_zeros(0, theta.numel())
+        rows, in_batch = self._live_rows(ids)
+        grads = hf.per_sample_grads(loss, theta, x[in_batch], y[in_batch], self.chunk_size) if in_batch.any() else theta.new_zeros(0, theta.numel())
         A = self.A[live].to(theta.dtype) if live.numel() else theta.new_zeros(0, theta.numel())
-        dense = self.hessian == "dense" or (self.hessian == "auto" and theta.numel() <= 2048 and live.numel() > theta.numel())
-        if dense:
-            H = hf.batch_hessian(loss, theta, x, y)
-            AH, apply_h = A @ H, (lambda v: H @ v)
-        else:
-            AH = hf.hvps(loss, theta, x, y, A, self.chunk_size) if live.numel() else A
-            apply_h = lambda v: hf.hvps(loss, theta, x, y, v.unsqueeze(0))[0]  # noqa: E731
-        new = hf.recursion_step(A, AH, lr, pos[batch_rows[tracked]], grads, batch_size=len(ids))
+        AH, apply_h = self._hessian_products(loss, theta, x, y, A)
+        position = torch.full((max(self.n_rows, 1),), -1, dtype=torch.long)
+        position[live] = torch.arange(live.numel())
+        new = hf.recursion_step(A, AH, lr, position[rows], grads, batch_size=len(ids))
         if live.numel():
             self.A[live] = new.to(self.dtype)
+        self._update_estimates(apply_h, theta, grads)
+        self._occ_rows.append(rows)
+        self._occ_steps.append(torch.full((rows.numel(),), self.n_steps, dtype=torch.long))
+        self.lrs.append(lr)
+        self.batch_sizes.append(len(ids))
+
+    def _live_rows(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """Rows of the batch elements that have a live vector (one per occurrence), and their mask in the batch."""
+        rows = torch.tensor([self.row_of.get(i, -1) for i in ids.tolist()], dtype=torch.long)
+        in_batch = rows >= 0
+        in_batch[in_batch.clone()] = self.active[rows[in_batch]]
+        return rows[in_batch], in_batch
+
+    def _hessian_products(self, loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, A: Tensor) -> tuple[Tensor, Any]:
+        """``A H_t`` and a function ``v -> H_t v``: one dense Hessian, or batched HVPs (``jvp`` of ``grad``)."""
+        dense = self.hessian == "dense" or (self.hessian == "auto" and theta.numel() <= 2048 and A.shape[0] > theta.numel())
+        if dense:
+            H = hf.batch_hessian(loss, theta, x, y)
+            return A @ H, lambda v: H @ v
+        AH = hf.hvps(loss, theta, x, y, A, self.chunk_size) if A.shape[0] else A
+        return AH, lambda v: hf.hvps(loss, theta, x, y, v.unsqueeze(0))[0]
+
+    def _update_estimates(self, apply_h: Any, theta: Tensor, grads: Tensor) -> None:
+        """Running maxima of ``||H_t||`` (warm-started power iteration; M) and ``||grad l(w_t; u)||`` (G)."""
         if self.power_iters:
             start = self._eig if self._eig is not None else torch.ones_like(theta)
             value, self._eig = hf.top_eigenvalue(apply_h, start.to(theta), self.power_iters)
             self.smoothness = max(self.smoothness, value)
         if grads.numel():
             self.grad_max = max(self.grad_max, float(grads.norm(dim=1).max()))
-        self._occ_rows.append(batch_rows[tracked])
-        self._occ_steps.append(torch.full((int(tracked.sum()),), self.n_steps, dtype=torch.long))
-        self.lrs.append(lr)
-        self.batch_sizes.append(len(ids))
 
     # -- access for the strategy ----------------------------------------------------------------------
     def rows_for(self, ids: Tensor) -> Tensor:
