@@ -201,3 +201,27 @@ def test_requests_between_experiences_follow_the_recorded_chain():
     assert cert.bounds["chain_term"] == pytest.approx(1 * rho * (M - mu) / (mu + lam) * gap, rel=1e-12)  # kappa = 1 (task 2)
     final = hf.flat_params(model)  # noise disabled: the published model is the internal one
     assert float((final - w_retrain).norm()) <= 0.2 * float((w - w_retrain).norm())
+
+
+def test_lowrank_lanczos_hessian_of_full_rank_equals_exact(trained):
+    model, exact = copy_of(trained)
+    lowrank = HessianRecorder(hessian="lowrank", rank=21)
+    fit_tasks(TASKS, lowrank)
+    values, vectors = lowrank.hessians[0]["values"], lowrank.hessians[0]["vectors"]
+    # the Krylov space stops at the distinct eigenvalues; the rest of the spectrum of softmax-LR is the
+    # ridge l2 (the class-shift null space), which is exactly the floor the approximation gives it
+    approx = vectors @ torch.diag(values) @ vectors.T + 0.05 * (torch.eye(21, dtype=vectors.dtype) - vectors @ vectors.T)
+    assert torch.allclose(approx, exact.hessians[0], atol=1e-8)
+    a = HessianCertifiedStrategy(model, exact, noise=False)
+    a.forget(ForgetRequest.of_experience(0))
+    m2 = fit_tasks([], model=None)
+    m2.load_state_dict(trained[0].state_dict())
+    b = HessianCertifiedStrategy(m2, lowrank, noise=False)
+    b.forget(ForgetRequest.of_experience(0))
+    assert torch.allclose(a.clean_parameters(), b.clean_parameters(), atol=1e-8)
+    small = HessianRecorder(hessian="lowrank", rank=4)
+    fit_tasks(TASKS[:1], small)
+    assert small.hessians[0]["vectors"].shape == (21, 4)
+    restored = HessianRecorder(hessian="lowrank", rank=4)
+    restored.load_state_dict(small.state_dict())
+    assert torch.equal(restored.hessians[0]["vectors"], small.hessians[0]["vectors"])

@@ -9,7 +9,12 @@ import torch
 from torch import Tensor, nn
 
 from lightning_unlearn.callbacks.base import RecorderCallback
+from lightning_unlearn.functional import certified as cl
 from lightning_unlearn.functional import hf
+
+
+def _clone(H: Any) -> Any:
+    return {k: v.clone() for k, v in H.items()} if isinstance(H, dict) else H.clone()
 
 
 def _proximal_lambda(module: nn.Module) -> float:
@@ -119,7 +124,9 @@ class HessianRecorder(TaskDeltaRecorder):
     ``hessian="exact"`` stores the dense ``d x d`` matrix (``d**2`` floats per task: use up to
     ~1e4 parameters); ``"diagonal"`` stores a Hutchinson estimate ``mean_k z_k * (H z_k)`` with
     ``n_probes`` Rademacher probes, clamped below at ``l2`` [approximation, not in the paper;
-    ``d`` floats per task]; ``"auto"`` picks exact up to ``max_exact_dim``.
+    ``d`` floats per task]; ``"lowrank"`` stores the top ``rank`` eigenpairs from Lanczos on HVPs,
+    the complement given curvature ``l2`` [approximation, not in the paper; ``rank * d`` floats];
+    ``"auto"`` picks exact up to ``max_exact_dim`` parameters, diagonal above.
     The task's samples are held (CPU) only until the end of the experience, to evaluate ``H_i``
     at the solution, then dropped. The recorder also keeps the largest per-sample gradient
     norm and Hessian norm seen at the solutions (estimates of L and M for the certificate)
@@ -133,17 +140,18 @@ class HessianRecorder(TaskDeltaRecorder):
         hessian: str = "auto",
         max_exact_dim: int = 10_000,
         n_probes: int = 64,
+        rank: int = 32,
         store_sample_gradients: bool = False,
         chunk_size: int | None = 256,
         seed: int = 0,
         tolerance: float = 1e-3,
     ) -> None:
         super().__init__()
-        if hessian not in ("auto", "exact", "diagonal"):
-            raise ValueError(f"hessian must be 'auto', 'exact' or 'diagonal', got {hessian!r}")
-        self.hessian, self.max_exact_dim, self.n_probes = hessian, max_exact_dim, n_probes
+        if hessian not in ("auto", "exact", "diagonal", "lowrank"):
+            raise ValueError(f"hessian must be 'auto', 'exact', 'diagonal' or 'lowrank', got {hessian!r}")
+        self.hessian, self.max_exact_dim, self.n_probes, self.rank = hessian, max_exact_dim, n_probes, rank
         self.store_sample_gradients, self.chunk_size, self.seed = store_sample_gradients, chunk_size, seed
-        self.hessians: list[Tensor] = []  # (d, d) or (d,) diagonal
+        self.hessians: list[Any] = []  # (d, d), (d,) diagonal, or {"values": (k,), "vectors": (d, k)}
         self.stationarity: list[float] = []  # ||grad of Eq. (1) at end_i||: how exactly each task was solved
         self.tolerance = tolerance
         self.lipschitz = 0.0
@@ -171,8 +179,8 @@ class HessianRecorder(TaskDeltaRecorder):
         theta = hf.flat_params(module)
         x, y, ids = torch.cat(self._x).to(theta.device), torch.cat(self._y).to(theta.device), torch.cat(self._staged_ids)
         loss = hf.sample_loss_fn(module, self.l2)  # type: ignore[arg-type]
-        dense = self.hessian == "exact" or (self.hessian == "auto" and theta.numel() <= self.max_exact_dim)
-        H = self._dense_hessian(loss, theta, x, y) if dense else self._diagonal_hessian(loss, theta, x, y)
+        kind = self.hessian if self.hessian != "auto" else "exact" if theta.numel() <= self.max_exact_dim else "diagonal"
+        H = {"exact": self._dense_hessian, "diagonal": self._diagonal_hessian, "lowrank": self._lowrank_hessian}[kind](loss, theta, x, y)
         grad_max, grads, grad_sum = 0.0, {}, torch.zeros_like(theta)
         for k, xb, yb in self._chunks(x, y):
             g = hf.per_sample_grads(loss, theta, xb, yb)
@@ -187,9 +195,10 @@ class HessianRecorder(TaskDeltaRecorder):
                           f"{self.tolerance:g}; 004's identities assume the exact minimiser (spec B5.3)", stacklevel=2)
         super()._commit(module)
         self.stationarity.append(stationarity)
-        self.hessians.append(H.cpu())
+        self.hessians.append(H if isinstance(H, dict) else H.cpu())
         self.lipschitz = max(self.lipschitz, grad_max)
-        self.smoothness = max(self.smoothness, float(torch.linalg.eigvalsh(H).abs().max() if dense else H.abs().max()))
+        top = H["values"] if kind == "lowrank" else torch.linalg.eigvalsh(H) if kind == "exact" else H
+        self.smoothness = max(self.smoothness, float(top.abs().max()))
         self.sample_grads.update(grads)
 
     def _chunks(self, x: Tensor, y: Tensor) -> list[tuple[int, Tensor, Tensor]]:
@@ -209,9 +218,19 @@ class HessianRecorder(TaskDeltaRecorder):
         HZ = sum(hf.hvps(loss, theta, xb, yb, Z, chunk_size=8) * (len(xb) / len(x)) for _, xb, yb in self._chunks(x, y))
         return (Z * HZ).mean(0).clamp_min(self.l2)  # type: ignore[arg-type]
 
+    def _lowrank_hessian(self, loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -> dict[str, Tensor]:
+        def apply_h(v: Tensor) -> Tensor:
+            return sum(hf.hvps(loss, theta, xb, yb, v[None])[0] * (len(xb) / len(x)) for _, xb, yb in self._chunks(x, y))
+
+        g = torch.Generator().manual_seed(self.seed + len(self.hessians))
+        values, vectors = cl.lanczos(apply_h, theta.numel(), min(self.rank, theta.numel()), theta.dtype, g)
+        return {"values": values.cpu(), "vectors": vectors.cpu()}
+
     def inverse_solver(self, i: int, lam: float) -> Any:
         """A function applying ``(H_i + lambda I)^{-1}`` (Cholesky for dense ``H_i``)."""
         H = self.hessians[i]
+        if isinstance(H, dict):
+            return cl.lowrank_inverse(H["values"], H["vectors"], self.l2, lam)  # type: ignore[arg-type]
         if H.ndim == 1:
             return lambda v: v / (H.to(v) + lam)
         chol = torch.linalg.cholesky(H + lam * torch.eye(H.shape[0], dtype=H.dtype))
@@ -226,7 +245,7 @@ class HessianRecorder(TaskDeltaRecorder):
         ids = sorted(self.sample_grads)
         return {
             **super().state_dict(),
-            "hessians": [H.clone() for H in self.hessians],
+            "hessians": [_clone(H) for H in self.hessians],
             "stationarity": torch.tensor(self.stationarity, dtype=torch.float64),
             "lipschitz": self.lipschitz,
             "smoothness": self.smoothness,
@@ -238,7 +257,7 @@ class HessianRecorder(TaskDeltaRecorder):
         if state_dict.get("hessians") is None or len(state_dict["hessians"]) != len(state_dict.get("ends") or []):
             raise ValueError("HessianRecorder state lacks recorded Hessians (one per experience)")
         super().load_state_dict(state_dict)
-        self.hessians = [H.clone() for H in state_dict["hessians"]]
+        self.hessians = [_clone(H) for H in state_dict["hessians"]]
         self.stationarity = state_dict["stationarity"].tolist()
         self.lipschitz, self.smoothness = float(state_dict["lipschitz"]), float(state_dict["smoothness"])
         grads = state_dict.get("sample_grads")

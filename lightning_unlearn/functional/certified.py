@@ -198,3 +198,39 @@ def gamma_hessian(status: Sequence[TaskStatus], c: CLConstants, gaps: Sequence[f
     chain = sum(k * c.rho**k * ratio * g for k, g in _gap_kappas(status, gaps))
     return {"gamma": transport_term + newton_term + chain, "transport_term": transport_term, "newton_term": newton_term,
             "chain_term": chain, "rho": c.rho}
+
+
+# -- low-rank Hessian approximation (not in the paper) ------------------------------------------------
+def lanczos(apply_h: Callable[[Tensor], Tensor], dim: int, rank: int, dtype: torch.dtype, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Top of the spectrum of a symmetric operator from ``rank`` HVPs: Lanczos with full
+    reorthogonalisation. Returns Ritz values ``(k,)`` and orthonormal Ritz vectors ``(d, k)``.
+    [approximation, not in 004] Used by ``HessianRecorder(hessian="lowrank")``.
+    """
+    Q = torch.zeros(rank + 1, dim, dtype=dtype)
+    q = torch.randn(dim, generator=generator, dtype=dtype)
+    Q[0] = q / q.norm()
+    alphas, betas = [], []
+    for j in range(rank):
+        w = apply_h(Q[j]) - (betas[-1] * Q[j - 1] if betas else 0)
+        alphas.append(float(w @ Q[j]))
+        w = w - Q[: j + 1].T @ (Q[: j + 1] @ w)  # full reorthogonalisation (twice is enough)
+        w = w - Q[: j + 1].T @ (Q[: j + 1] @ w)
+        beta = float(w.norm())
+        if beta < 1e-10 * max(abs(a) for a in alphas) or j == rank - 1:
+            break
+        betas.append(beta)
+        Q[j + 1] = w / beta
+    k = len(alphas)
+    T = torch.diag(torch.tensor(alphas, dtype=dtype)) + torch.diag(torch.tensor(betas[: k - 1], dtype=dtype), 1) + torch.diag(torch.tensor(betas[: k - 1], dtype=dtype), -1)
+    values, vectors = torch.linalg.eigh(T)
+    return values, Q[:k].T @ vectors
+
+
+def lowrank_inverse(values: Tensor, vectors: Tensor, floor: float, lam: float) -> Callable[[Tensor], Tensor]:
+    """``(H + lambda I)^{-1}`` for ``H ~ V diag(values) V^T + floor (I - V V^T)`` (the complement of the
+    Ritz space is given the smallest curvature ``floor = mu``, the ridge's strong convexity)."""
+    def solve(v: Tensor) -> Tensor:
+        coeff = vectors.T.to(v) @ v
+        return vectors.to(v) @ (coeff / (values.to(v) + lam)) + (v - vectors.to(v) @ coeff) / (floor + lam)
+
+    return solve
