@@ -2,7 +2,15 @@
 
 from lightning_unlearn.strategies.acu import ACUStrategy
 from lightning_unlearn.strategies.base import UnlearningResult, UnlearningStrategy
+from lightning_unlearn.strategies.baselines import (
+    FinetuneStrategy,
+    NegGradPlusStrategy,
+    NegGradStrategy,
+    RandomLabelStrategy,
+    RetrainStrategy,
+)
 from lightning_unlearn.strategies.certified import GradientCertifiedStrategy, HessianCertifiedStrategy
 from lightning_unlearn.strategies.hf import HFStrategy
 
-__all__ = ["GradientCertifiedStrategy", "HFStrategy", "HessianCertifiedStrategy", "ACUStrategy", "UnlearningResult", "UnlearningStrategy"]
+__all__ = ["GradientCertifiedStrategy", "HFStrategy", "HessianCertifiedStrategy", "ACUStrategy", "UnlearningResult", "UnlearningStrategy",
+           "FinetuneStrategy", "NegGradStrategy", "NegGradPlusStrategy", "RandomLabelStrategy", "RetrainStrategy"]

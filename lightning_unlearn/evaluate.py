@@ -1,0 +1,335 @@
+"""Evaluation harness: one protocol over all unlearning methods (ACU paper, Section 4.1, App. E.1-E.2).
+
+For each :class:`Method` the harness learns the benchmark's ``train_stream`` with
+:func:`~lightning_unlearn.avalanche.fit_stream` (one Lightning fit per experience), then executes
+the K requests of a :class:`~lightning_unlearn.schedule.Schedule` in order. After every request
+the module is compared with its gold standard: the method's ``reference`` (a retrain-from-scratch
+:class:`Method` of the same model family), run on its own through the same protocol. Per request
+it records :func:`~lightning_unlearn.metrics.evaluate_unlearning` on the retained set, the union of
+all forgotten sets (App. E.2) and the test set, plus the request's wall time; the summary is the
+Table 1 row of each method: mean over requests of ``||theta - theta_retrain||``, of the retain,
+forget and test accuracy gaps (percentage points) and of the MIA gap (a fraction), and the mean
+time per request. :meth:`Report.write` saves both as CSV and plots the accuracies over requests.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+
+from lightning_unlearn.core.catalog import SampleCatalog
+from lightning_unlearn.data import IndexedDataset, unpack_batch
+from lightning_unlearn.metrics import evaluate_unlearning
+from lightning_unlearn.schedule import Schedule, validate_schedule
+from lightning_unlearn.strategies.base import UnlearningStrategy
+
+#: summary columns (paper Table 1 plus time) and the per-request metric each averages, with its scale
+TABLE1 = {
+    "l2_to_retrain": ("l2_to_retrain", 1.0),
+    "retain_gap_pp": ("retain_acc_gap", 100.0),
+    "forget_gap_pp": ("forget_acc_gap", 100.0),
+    "test_gap_pp": ("test_acc_gap", 100.0),
+    "mia_gap": ("mia_gap", 1.0),
+    "time_per_request_s": ("time_s", 1.0),
+}
+
+
+@dataclass(frozen=True)
+class BenchmarkInfo:
+    """What a method needs to build its model for a benchmark, and the data the harness evaluates on.
+
+    ``train`` yields ``(x, y, sample_id)`` for every training sample of the stream; ``ids``,
+    ``labels`` and ``experiences`` say what each experience teaches. ``backbone`` is a frozen
+    pre-trained feature extractor (methods copy it) with output width ``backbone_dim``.
+    ``epochs``, ``lr`` and ``batch_size`` are the continual-learning recipe of gradient-trained
+    models (retraining replays it).
+    """
+
+    benchmark: Any
+    train: IndexedDataset
+    test: Dataset
+    ids: Tensor
+    labels: Tensor
+    experiences: Tensor
+    num_classes: int
+    backbone: nn.Module
+    backbone_dim: int
+    seed: int = 0
+    epochs: int = 1
+    lr: float = 0.1
+    batch_size: int = 64
+
+    def catalog(self) -> SampleCatalog:
+        """A fresh catalog of everything the stream teaches (nothing forgotten)."""
+        cat = SampleCatalog()
+        for e in self.experiences.unique().tolist():
+            rows = self.experiences == e
+            cat.add(self.ids[rows], self.labels[rows], int(e))
+        return cat
+
+
+def describe_benchmark(
+    benchmark: Any,
+    *,
+    backbone: nn.Module | None = None,
+    backbone_dim: int | None = None,
+    seed: int = 0,
+    epochs: int = 1,
+    lr: float = 0.1,
+    batch_size: int = 64,
+) -> BenchmarkInfo:
+    """Read an Avalanche benchmark whose training items carry sample ids (e.g. built with
+    :func:`~lightning_unlearn.avalanche.class_incremental_benchmark`) into a :class:`BenchmarkInfo`.
+
+    Without a ``backbone`` the inputs themselves (flattened) are the features.
+    """
+    xs, ys, ids, exps = [], [], [], []
+    for experience in benchmark.train_stream:
+        for batch in DataLoader(experience.dataset, batch_size=1024):
+            x, y, i = unpack_batch(batch)
+            xs.append(x), ys.append(y.long()), ids.append(i)
+            exps.append(torch.full_like(i, experience.current_experience))
+    test = [b for exp in benchmark.test_stream for b in DataLoader(exp.dataset, batch_size=1024)]
+    x, y, i = torch.cat(xs), torch.cat(ys), torch.cat(ids)
+    if backbone is None:
+        backbone, backbone_dim = nn.Flatten(), int(x[0].numel())
+    elif backbone_dim is None:
+        raise ValueError("give the backbone's output width as backbone_dim")
+    return BenchmarkInfo(
+        benchmark=benchmark,
+        train=IndexedDataset(TensorDataset(x, y), ids=i),
+        test=TensorDataset(torch.cat([b[0] for b in test]), torch.cat([torch.as_tensor(b[1]) for b in test]).long()),
+        ids=i,
+        labels=y,
+        experiences=torch.cat(exps),
+        num_classes=int(benchmark.n_classes),
+        backbone=backbone,
+        backbone_dim=int(backbone_dim),  # type: ignore[arg-type]
+        seed=seed,
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+    )
+
+
+@dataclass
+class Built:
+    """A method's model for one benchmark: the module, the callbacks that learn the stream with it
+    (its recorder among them), the strategy factory (called after learning), and the Trainer
+    options of its continual-learning fits (e.g. ``{"max_epochs": 5}``)."""
+
+    module: L.LightningModule
+    callbacks: list[L.Callback]
+    strategy: Callable[[], UnlearningStrategy]
+    trainer_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Method:
+    """A named unlearning method: ``build(info)`` makes a fresh :class:`Built` for a benchmark.
+
+    ``reference`` is the gold standard it is measured against (retraining from scratch on the
+    retained data, for the same model family); ``None`` means the method *is* its family's gold
+    standard. The harness always runs the reference separately, so a retrain method is checked
+    against an independent retrain.
+    """
+
+    name: str
+    build: Callable[[BenchmarkInfo], Built]
+    reference: Method | None = None
+
+
+@dataclass
+class Report:
+    """Per-request metrics of every method (``rows``) and of the references (``reference_rows``)."""
+
+    schedule: Schedule
+    rows: list[dict[str, Any]]
+    reference_rows: list[dict[str, Any]]
+
+    @property
+    def k(self) -> int:
+        return len(self.schedule)
+
+    def methods(self) -> list[str]:
+        return list(dict.fromkeys(r["method"] for r in self.rows))
+
+    def table(self, method: str) -> list[dict[str, Any]]:
+        """The per-request rows of one method."""
+        return [r for r in self.rows if r["method"] == method]
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Paper Table 1 row per method: mean over requests of each gap, and time per request."""
+        out = {}
+        for m in self.methods():
+            rows = self.table(m)
+            out[m] = {col: scale * sum(float(r[key]) for r in rows) / len(rows) for col, (key, scale) in TABLE1.items()}
+        return out
+
+    def format(self) -> str:
+        """The summary as an aligned plain-text table."""
+        head = ["method", "dParams(L2)", "dRetain(pp)", "dForget(pp)", "dTest(pp)", "dMIA", "s/request", "guarantee"]
+        body = [
+            [m, *(f"{s[c]:.4g}" if c == "time_per_request_s" else f"{s[c]:.2f}" for c in TABLE1), self._guarantee(m)]
+            for m, s in self.summary().items()
+        ]
+        return format_table(head, body, title=f"K = {self.k} requests ({_describe(self.schedule)}); gaps to retraining from scratch")
+
+    def _guarantee(self, method: str) -> str:
+        certs = {r["certificate"] for r in self.table(method)}
+        return certs.pop() if len(certs) == 1 else "/".join(sorted(certs))
+
+    def write(self, out_dir: str | Path, stem: str = "") -> list[Path]:
+        """Write ``<stem>requests.csv`` (every row), ``<stem>summary.csv`` and ``<stem>accuracies.png``."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = [out / f"{stem}requests.csv", out / f"{stem}summary.csv", out / f"{stem}accuracies.png"]
+        _write_csv(paths[0], self.rows + self.reference_rows)
+        _write_csv(paths[1], [{"method": m, "k": self.k, **s} for m, s in self.summary().items()])
+        self.plot(paths[2])
+        return paths
+
+    def plot(self, path: str | Path) -> None:
+        """Retain, forget and test accuracy over the requests, one line per method (references dashed)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), sharey=True)
+        for ax, key in zip(axes, ("retain_acc", "forget_acc", "test_acc")):
+            for m in self.methods():
+                rows = self.table(m)
+                ax.plot([r["request"] for r in rows], [r[key] for r in rows], "o-", ms=3, label=m)
+            for ref in dict.fromkeys(r["method"] for r in self.reference_rows):
+                rows = [r for r in self.reference_rows if r["method"] == ref]
+                ax.plot([r["request"] for r in rows], [r[key] for r in rows], "k--", lw=1, label=ref)
+            ax.set_title(key.replace("_", " "))
+            ax.set_xlabel("forget request")
+            ax.set_ylim(-0.05, 1.05)
+        axes[0].set_ylabel("accuracy")
+        axes[-1].legend(fontsize=7)
+        fig.suptitle(f"Continual unlearning, K = {self.k}")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+
+
+def evaluate(
+    methods: Sequence[Method],
+    info: BenchmarkInfo,
+    schedule: Schedule,
+    *,
+    out_dir: str | Path | None = None,
+    progress: bool = False,
+) -> Report:
+    """Run continual learning then the schedule's requests for every method; compare each with its reference.
+
+    The schedule is validated against what the stream teaches before anything is trained
+    (``ValueError`` naming the faulty request). Every run starts from ``info.seed`` (module
+    initialisation and data order), with the global RNG state restored afterwards. With
+    ``out_dir`` the report is written there (:meth:`Report.write`).
+    """
+    if not methods:
+        raise ValueError("evaluate needs at least one Method")
+    names = [m.name for m in methods]
+    if len(set(names)) != len(names):
+        raise ValueError(f"method names must be unique, got {names}")
+    validate_schedule(schedule.requests, info.catalog())
+    references = list({ref.name: ref for ref in (m.reference or m for m in methods)}.values())
+    bar = _progress(len(references) + len(methods), len(info.experiences.unique()) + len(schedule), progress)
+    snapshots = {ref.name: _run(ref, info, schedule, bar) for ref in references}
+    report = Report(schedule, [], [])
+    for ref in references:
+        report.reference_rows += [
+            {"method": f"{ref.name} (reference)", **_request_fields(i, res), **_metrics(mod, None, info, res.removed_ids, cat)}
+            for i, (mod, res, cat) in enumerate(snapshots[ref.name])
+        ]
+    for method in methods:
+        ref_steps = snapshots[(method.reference or method).name]
+        for i, (module, result, catalog) in enumerate(_run(method, info, schedule, bar)):
+            ref_module, ref_result, _ = ref_steps[i]
+            if not torch.equal(result.removed_ids.sort().values, ref_result.removed_ids.sort().values):
+                raise ValueError(f"{method.name} removed other samples than its reference at request {i}")
+            report.rows.append({"method": method.name, **_request_fields(i, result), **_metrics(module, ref_module, info, result.removed_ids, catalog)})
+    bar.close()
+    if out_dir is not None:
+        report.write(out_dir, stem=f"k{len(schedule)}_")
+    return report
+
+
+def _run(method: Method, info: BenchmarkInfo, schedule: Schedule, bar: Any) -> list[tuple[nn.Module, Any, SampleCatalog]]:
+    """Learn the stream, then execute the requests; a copy of (module, result, catalog) after each."""
+    from lightning_unlearn.avalanche import fit_stream  # imports Avalanche (slow); only when a run starts
+
+    with torch.random.fork_rng():
+        torch.manual_seed(info.seed)
+        built = method.build(info)
+        kwargs = {"enable_progress_bar": False, **built.trainer_kwargs}
+        fit_stream(built.module, info.benchmark.train_stream, callbacks=built.callbacks, trainer_kwargs=kwargs,
+                   batch_size=info.batch_size, after_experience=lambda *_: bar.update())
+        strategy = built.strategy()
+        steps = []
+        for request in schedule:
+            result = strategy.forget(request, info.train)
+            bar.update()
+            steps.append((copy.deepcopy(built.module), result, copy.deepcopy(strategy.catalog)))
+    return steps
+
+
+def _request_fields(i: int, result: Any) -> dict[str, Any]:
+    return {
+        "request": i + 1,
+        "kind": result.request.kind,
+        "forget_request": str(result.request),
+        "n_removed": int(result.removed_ids.numel()),
+        "time_s": result.wall_time_s,
+        "certificate": "exact" if result.certificate.exact else ("certified" if result.certificate.certified else "none"),
+    }
+
+
+def _metrics(module: nn.Module, reference: nn.Module | None, info: BenchmarkInfo, removed: Tensor, catalog: SampleCatalog) -> dict[str, float]:
+    rows = {int(i): r for r, i in enumerate(info.ids.tolist())}
+    retain = Subset(info.train, [rows[i] for i in catalog.active_ids().tolist()])
+    forget = Subset(info.train, [rows[i] for i in catalog.ids[catalog.forgotten].tolist()])
+    return evaluate_unlearning(module, retain=retain, forget=forget, test=info.test, num_classes=info.num_classes, reference=reference)
+
+
+def _progress(runs: int, steps_per_run: int, enabled: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=runs * steps_per_run, disable=not enabled, desc="learn + forget", unit="step")
+
+
+def _describe(schedule: Schedule) -> str:
+    kinds = "/".join(dict.fromkeys(r.kind for r in schedule))
+    seed = f", seed {schedule.seed}" if schedule.seed is not None else ""
+    return f"{kinds}{seed}"
+
+
+def format_table(head: Sequence[str], body: Sequence[Sequence[str]], title: str = "") -> str:
+    """Columns padded to their widest cell: the first left-aligned, the others right-aligned."""
+    widths = [max(len(str(row[c])) for row in [head, *body]) for c in range(len(head))]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(str(v).ljust(w) if c == 0 else str(v).rjust(w) for c, (v, w) in enumerate(zip(row, widths)))
+
+    rule = "-" * len(line(head))
+    return "\n".join([*([title] if title else []), line(head), rule, *(line(r) for r in body)])
+
+
+def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)

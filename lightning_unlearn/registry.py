@@ -1,0 +1,161 @@
+"""Method registry: the names the CLI and the harness know, each mapped to a :class:`Method` factory.
+
+Adding a method is a few lines::
+
+    def my_method(epsilon: float = 1.0) -> Method:
+        def build(info: BenchmarkInfo) -> Built:
+            module, recorder = supervised_module(info), MyRecorder()
+            return Built(module, [recorder], lambda: MyStrategy(module, recorder, epsilon=epsilon), {"max_epochs": info.epochs})
+        return Method("mine", build, reference=supervised_retrain())
+
+    register("mine", my_method)
+
+Model families, each with its gold standard (retraining from scratch on the retained data):
+
+* ``"analytic"``: the frozen backbone + ridge head of ACU (:class:`AnalyticClassifier`), learned
+  with an :class:`AnalyticRecorder`; its retrain is a fresh analytic fit on the retained set.
+  ACU's protocol (Section 4.1: "all baselines are updated starting from the same base model")
+  runs the baselines on this model too, so they default to it.
+* ``"supervised"``: the backbone (trainable copy) + a linear layer trained by SGD
+  (:class:`SupervisedClassifier`, ``info.epochs`` epochs per experience at ``info.lr``); its
+  retrain replays that recipe on the retained samples.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+from torch import nn
+
+from lightning_unlearn.callbacks.analytic import AnalyticRecorder
+from lightning_unlearn.callbacks.base import RecorderCallback
+from lightning_unlearn.callbacks.samples import SampleRecorder
+from lightning_unlearn.evaluate import BenchmarkInfo, Built, Method
+from lightning_unlearn.models import AnalyticClassifier, SupervisedClassifier
+from lightning_unlearn.strategies.acu import ACUStrategy
+from lightning_unlearn.strategies.baselines import (
+    FinetuneStrategy,
+    NegGradPlusStrategy,
+    NegGradStrategy,
+    RandomLabelStrategy,
+    RetrainStrategy,
+)
+
+MethodFactory = Callable[..., Method]
+_METHODS: dict[str, MethodFactory] = {}
+FAMILIES = ("analytic", "supervised")
+
+#: ACU's ridge regulariser and random-expansion width used by the analytic family
+GAMMA, EXPANSION_DIM = 1.0, 512
+
+
+def register(name: str, factory: MethodFactory, *, replace: bool = False) -> None:
+    """Make ``factory(**options) -> Method`` available as ``name`` (to the CLI's ``--methods``)."""
+    if name in _METHODS and not replace:
+        raise ValueError(f"method {name!r} is already registered; pass replace=True to override it")
+    _METHODS[name] = factory
+
+
+def available_methods() -> list[str]:
+    return sorted(_METHODS)
+
+
+def get_method(name: str, **options: Any) -> Method:
+    """The registered method ``name`` built with ``options``; ``ValueError`` for unknown names or options."""
+    if name not in _METHODS:
+        raise ValueError(f"unknown method {name!r}; registered methods: {', '.join(available_methods())}")
+    try:
+        return _METHODS[name](**options)
+    except TypeError as err:
+        raise ValueError(f"bad options {options} for method {name!r}: {err}") from None
+
+
+# -- model families ------------------------------------------------------------------------------
+def analytic_module(info: BenchmarkInfo, expansion_dim: int = EXPANSION_DIM) -> AnalyticClassifier:
+    """A copy of the frozen backbone, a seeded random expansion and a zero ridge head (eq. 1)."""
+    return AnalyticClassifier(copy.deepcopy(info.backbone), info.backbone_dim, info.num_classes, expansion_dim=expansion_dim, seed=info.seed)
+
+
+def supervised_module(info: BenchmarkInfo) -> SupervisedClassifier:
+    """A trainable copy of the backbone and a linear layer, trained by SGD at ``info.lr``."""
+    net = nn.Sequential(copy.deepcopy(info.backbone).requires_grad_(True), nn.Linear(info.backbone_dim, info.num_classes))
+    return SupervisedClassifier(net, lr=info.lr)
+
+
+def _family(info: BenchmarkInfo, family: str, gamma: float, expansion_dim: int) -> tuple[L.LightningModule, RecorderCallback, dict[str, Any]]:
+    """(module, recorder, continual-learning Trainer options) of a model family."""
+    if family == "analytic":
+        return analytic_module(info, expansion_dim), AnalyticRecorder(gamma), {"max_epochs": 1}
+    if family == "supervised":
+        return supervised_module(info), SampleRecorder(), {"max_epochs": info.epochs}
+    raise ValueError(f"unknown model family {family!r}; one of {FAMILIES}")
+
+
+def retrain(family: str = "analytic", gamma: float = GAMMA, expansion_dim: int = EXPANSION_DIM) -> Method:
+    """The gold standard of a family: :class:`RetrainStrategy` replaying its recipe on the retained data."""
+
+    def build(info: BenchmarkInfo) -> Built:
+        module, recorder, trainer_kwargs = _family(info, family, gamma, expansion_dim)
+        initial = {k: v.detach().clone() for k, v in module.state_dict().items()}
+        refit = (lambda: [AnalyticRecorder(gamma)]) if family == "analytic" else list
+
+        def strategy() -> RetrainStrategy:
+            return RetrainStrategy(module, recorder, info.train, initial, fit_callbacks=refit, trainer_kwargs=trainer_kwargs,
+                                   batch_size=info.batch_size, seed=info.seed)
+
+        return Built(module, [recorder], strategy, trainer_kwargs)
+
+    _family_check(family)
+    default = family == "analytic" and (gamma, expansion_dim) == (GAMMA, EXPANSION_DIM)
+    return Method("retrain" if default else f"retrain[{family},gamma={gamma:g},d={expansion_dim}]", build)
+
+
+def supervised_retrain() -> Method:
+    """Reference for methods on the supervised family (e.g. HF, certified continual learning)."""
+    return retrain("supervised")
+
+
+def acu(gamma: float = GAMMA, expansion_dim: int = EXPANSION_DIM) -> Method:
+    """ACU (exact, Theorem 1) on the analytic family."""
+
+    def build(info: BenchmarkInfo) -> Built:
+        module, recorder = analytic_module(info, expansion_dim), AnalyticRecorder(gamma)
+        return Built(module, [recorder], lambda: ACUStrategy(module, recorder), {"max_epochs": 1})
+
+    return Method("acu", build, reference=retrain("analytic", gamma, expansion_dim))
+
+
+def _baseline(name: str, cls: type, needs_train: bool) -> MethodFactory:
+    """Factory of a trained baseline: options are the strategy's hyperparameters, plus the model family."""
+
+    def factory(family: str = "analytic", gamma: float = GAMMA, expansion_dim: int = EXPANSION_DIM, **hyper: Any) -> Method:
+        _family_check(family)
+        placeholders = {"module": None, "recorder": None, **({"train": None} if needs_train else {})}
+        inspect.signature(cls).bind(**placeholders, seed=0, **hyper)  # TypeError now, not after learning the stream
+
+        def build(info: BenchmarkInfo) -> Built:
+            module, recorder, trainer_kwargs = _family(info, family, gamma, expansion_dim)
+            data = {"train": info.train} if needs_train else {}
+            return Built(module, [recorder], lambda: cls(module, recorder, **data, seed=info.seed, **hyper), trainer_kwargs)
+
+        return Method(name if family == "analytic" else f"{name}[{family}]", build, reference=retrain(family, gamma, expansion_dim))
+
+    factory.__doc__ = f"{cls.__name__} (defaults of ACU App. E.3) on a model family."
+    return factory
+
+
+def _family_check(family: str) -> None:
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}; one of {FAMILIES}")
+
+
+register("acu", acu)
+register("retrain", retrain)
+register("finetune", _baseline("finetune", FinetuneStrategy, needs_train=True))
+register("neggrad", _baseline("neggrad", NegGradStrategy, needs_train=False))
+register("neggrad_plus", _baseline("neggrad_plus", NegGradPlusStrategy, needs_train=True))
+register("randomlabel", _baseline("randomlabel", RandomLabelStrategy, needs_train=True))
