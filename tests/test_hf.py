@@ -245,3 +245,12 @@ def test_gaussian_mechanism_rejects_bad_privacy_parameters(fitted):
     for eps, delta in ((0.0, 1e-5), (1.0, 0.0), (1.0, 1.5), (float("inf"), 1e-5)):
         with pytest.raises(ValueError, match="epsilon|delta"):
             HFStrategy(model, rec, epsilon=eps, delta=delta)
+
+
+def test_sigma_override_is_reported_as_uncertified(fitted):
+    ds, model, rec, _ = fresh_copy(fitted)
+    strategy = HFStrategy(model, rec, sigma_override=0.01, generator=torch.Generator().manual_seed(0))
+    cert = strategy.forget(ForgetRequest.samples([8])).certificate
+    assert cert.epsilon is None and not cert.certified and cert.sigma == 0.01 and cert.bounds["sigma_formula"] > 0.01
+    noise = hf.flat_params(model) - strategy.clean_parameters()
+    assert torch.allclose(noise, 0.01 * torch.randn(noise.shape, generator=torch.Generator().manual_seed(0), dtype=noise.dtype))

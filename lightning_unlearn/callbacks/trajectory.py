@@ -43,6 +43,10 @@ class TrajectoryRecorder(RecorderCallback):
     forgettable subset (spec A3). Float16 storage rounds every step (the recursion itself
     runs in the parameters' dtype); use it only when memory forces it.
 
+    DDP: each step's global batch is all-gathered, ``DistributedSampler`` padding duplicates
+    included (they do enter the averaged gradient, so they inject once per occurrence); all
+    ranks hold identical statistics.
+
     Requirements (checked at fit start, ``ValueError`` otherwise): plain SGD (one param group,
     no momentum / weight decay / Nesterov), no gradient accumulation or clipping, no
     BatchNorm or Dropout, a module with ``l2`` and no ``reg_lambda`` penalty. Lightning fits

@@ -66,6 +66,15 @@ def gaussian_sigma(sensitivity: float, epsilon: float, delta: float) -> float:
     return classical_sigma(sensitivity, epsilon, delta) if epsilon <= 1 else analytic_sigma(sensitivity, epsilon, delta)
 
 
+def uncertified_note(noise: bool, sigma_override: float | None) -> str:
+    """Statement suffix for releases without a calibrated (epsilon, delta) guarantee (spec C.3)."""
+    if not noise:
+        return "; NOISE DISABLED: not certified"
+    if sigma_override is not None:
+        return f"; fixed noise std {sigma_override:g} (sigma_override): not certified"
+    return ""
+
+
 # -- 004: tasks, transport and the Hessian-based correction ---------------------------------------
 @dataclass
 class TaskStatus:

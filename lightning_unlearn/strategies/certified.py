@@ -34,7 +34,8 @@ class _ContinualCertified(UnlearningStrategy):
     observed maxima at the task solutions (estimates, not proofs; a :class:`TaskDeltaRecorder`
     alone needs them given); mu is the module's ``l2``. 004 states no deletion capacity (spec
     B2.6); with ``l2 = 0`` (rho = 1) or a non-linear network the certificate is vacuous or
-    heuristic and a warning says so.
+    heuristic and a warning says so. ``noise=False`` or a fixed ``sigma_override`` give an
+    uncertified certificate (``epsilon=None``), the bound terms still reported.
     """
 
     def __init__(
@@ -47,6 +48,7 @@ class _ContinualCertified(UnlearningStrategy):
         lipschitz: float | None = None,
         smoothness: float | None = None,
         noise: bool = True,
+        sigma_override: float | None = None,
         generator: torch.Generator | None = None,
     ) -> None:
         super().__init__(module, recorder, ledger)
@@ -54,7 +56,7 @@ class _ContinualCertified(UnlearningStrategy):
         self.recorder: TaskDeltaRecorder = recorder
         self.epsilon, self.delta = float(epsilon), float(delta)
         self.lipschitz, self.smoothness = lipschitz, smoothness
-        self.noise, self.generator = noise, generator
+        self.noise, self.generator, self.sigma_override = noise, generator, sigma_override
         self._internal: Tensor | None = None
         self._internal_end: Tensor | None = None
 
@@ -109,7 +111,9 @@ class _ContinualCertified(UnlearningStrategy):
         """Commit ``internal`` and publish it with Gaussian noise calibrated on ``bounds["gamma"]``."""
         self._warn_assumptions(c)
         sigma = cl.gaussian_sigma(bounds["gamma"], self.epsilon, self.delta)
-        noise = sigma * torch.randn(internal.shape, generator=self.generator, dtype=internal.dtype) if self.noise else torch.zeros_like(internal)
+        std = sigma if self.sigma_override is None else self.sigma_override
+        noise = std * torch.randn(internal.shape, generator=self.generator, dtype=internal.dtype) if self.noise else torch.zeros_like(internal)
+        certified = self.noise and self.sigma_override is None
         if not torch.isfinite(internal + noise).all():
             raise ValueError(f"{self.method} update is not finite")
         hf.set_flat_params(self.module, internal + noise)
@@ -118,9 +122,9 @@ class _ContinualCertified(UnlearningStrategy):
                   "strong_convexity": c.strong_convexity, "reg_lambda": c.reg_lambda}
         certificate = Certificate(
             method=self.method, exact=False,
-            epsilon=self.epsilon if self.noise else None, delta=self.delta if self.noise else None,
-            sigma=sigma if self.noise else None, bounds=bounds,
-            statement=statement + ("" if self.noise else "; NOISE DISABLED: not certified"),
+            epsilon=self.epsilon if certified else None, delta=self.delta if certified else None,
+            sigma=std if self.noise else None, bounds=bounds,
+            statement=statement + cl.uncertified_note(self.noise, self.sigma_override),
         )
         return certificate, {"noise_norm": float(noise.norm())}
 

@@ -13,7 +13,7 @@ from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.functional import hf
-from lightning_unlearn.functional.certified import gaussian_sigma
+from lightning_unlearn.functional.certified import gaussian_sigma, uncertified_note
 from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy
 
 
@@ -40,6 +40,10 @@ class HFStrategy(UnlearningStrategy):
     ``max_deletions``. Exceeding it warns (``capacity="warn"``, documented: the guarantee is
     then outside the paper's capacity) or raises ``ValueError`` and changes nothing
     (``capacity="error"``).
+
+    ``noise=False`` (pre-noise weights) or ``sigma_override`` (a fixed std, as the paper's
+    ResNet experiments used) give an uncertified certificate (``epsilon=None``); the bound terms
+    and the formula's sigma stay in ``bounds``.
     """
 
     method = "hf"
@@ -55,6 +59,7 @@ class HFStrategy(UnlearningStrategy):
         smoothness: float | None = None,
         grad_bound: float | None = None,
         noise: bool = True,
+        sigma_override: float | None = None,
         capacity: str = "warn",
         max_deletions: int | None = None,
         generator: torch.Generator | None = None,
@@ -67,6 +72,7 @@ class HFStrategy(UnlearningStrategy):
         self.epsilon, self.delta = float(epsilon), float(delta)
         self.strong_convexity, self.smoothness, self.grad_bound = strong_convexity, smoothness, grad_bound
         self.noise, self.capacity, self.max_deletions = noise, capacity, max_deletions
+        self.sigma_override = sigma_override
         self.generator = generator
         self._internal: Tensor | None = None
         self._internal_step = -1
@@ -125,7 +131,9 @@ class HFStrategy(UnlearningStrategy):
         internal = self.clean_parameters()
         update = rec.A[rows].to(internal.dtype).sum(0)  # a^{-U} = sum_u a^{-u} (Theorem 1)
         internal = internal + update  # Alg. 1 line 13
-        noise = sigma * torch.randn(internal.shape, generator=self.generator, dtype=internal.dtype) if self.noise else torch.zeros_like(internal)
+        std = sigma if self.sigma_override is None else self.sigma_override
+        noise = std * torch.randn(internal.shape, generator=self.generator, dtype=internal.dtype) if self.noise else torch.zeros_like(internal)
+        certified = self.noise and self.sigma_override is None
         if not torch.isfinite(internal + noise).all():
             raise ValueError("HF update is not finite (diverged trajectory statistics?)")
         # commit: nothing above changed the module or the recorder
@@ -135,13 +143,13 @@ class HFStrategy(UnlearningStrategy):
         certificate = Certificate(
             method=self.method,
             exact=False,
-            epsilon=self.epsilon if self.noise else None,
-            delta=self.delta if self.noise else None,
-            sigma=sigma if self.noise else None,
+            epsilon=self.epsilon if certified else None,
+            delta=self.delta if certified else None,
+            sigma=std if self.noise else None,
             bounds={**bounds, "sigma_formula": sigma},
             statement=(
                 "HF Alg. 1 + Theorem 4: ||w_retrain - (w + a^{-U})|| <= gamma (sum form of Eq. (56), estimated "
-                "constants), Gaussian mechanism" + ("" if self.noise else "; NOISE DISABLED: not certified")
+                "constants), Gaussian mechanism" + uncertified_note(self.noise, self.sigma_override)
             ),
         )
         return certificate, {"n_forgotten": int(ids.numel()), "noise_norm": float(noise.norm()), "update_norm": float(update.norm())}
