@@ -333,3 +333,27 @@ def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
         writer = csv.DictWriter(fh, fieldnames=keys)
         writer.writeheader()
         writer.writerows(rows)
+
+
+def digits_benchmark(
+    n_experiences: int = 5, *, seed: int = 0, pretrain_epochs: int = 30, epochs: int = 5, lr: float = 0.05, batch_size: int = 64
+) -> BenchmarkInfo:
+    """scikit-learn's real handwritten digits (no download) as a class-incremental stream (ACU App. E.1).
+
+    An MLP pre-trained for ``pretrain_epochs`` on the disjoint ``base`` split is the frozen
+    backbone; the ``train`` split is learned in ``n_experiences`` experiences of whole classes.
+    """
+    from lightning_unlearn.avalanche import class_incremental_benchmark
+    from lightning_unlearn.datasets import digits_splits
+    from lightning_unlearn.models import SupervisedClassifier, mlp_backbone
+
+    splits = digits_splits(seed=seed)
+    (xb, yb), (x, y), (xt, yt) = splits["base"], splits["train"], splits["test"]
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        backbone = mlp_backbone(x.shape[1], 128, 64)
+        net = nn.Sequential(backbone, nn.Linear(64, 10))
+        trainer = L.Trainer(max_epochs=pretrain_epochs, logger=False, enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False)
+        trainer.fit(SupervisedClassifier(net, lr=0.1), DataLoader(TensorDataset(xb, yb), batch_size=32, shuffle=True))
+    bm = class_incremental_benchmark(x, y, xt, yt, n_experiences=n_experiences, seed=seed)
+    return describe_benchmark(bm, backbone=backbone.requires_grad_(False), backbone_dim=64, seed=seed, epochs=epochs, lr=lr, batch_size=batch_size)

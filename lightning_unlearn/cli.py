@@ -1,0 +1,115 @@
+"""``lightning-unlearn``: compare unlearning methods on a continual stream from the terminal.
+
+    lightning-unlearn compare --methods acu,finetune,neggrad,retrain --requests 5,25
+    lightning-unlearn methods
+
+``compare`` learns scikit-learn's digits as a class-incremental stream (no download), executes
+K seeded forget requests with every method, and prints the paper-000 Table 1 columns (gaps to
+retraining from scratch) per K; with ``--out`` it also writes CSVs and a PNG plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import logging
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning_unlearn.registry import available_methods, get_method
+from lightning_unlearn.schedule import make_schedule
+
+_NOISE = (".*does not have many workers.*", ".*no `val_dataloader`.*", ".*module\\(s\\) in eval mode.*",
+          ".*smaller than the logging interval.*", ".*LeafSpec.*", ".*`training_step` returns `None`.*")
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _options(pairs: Sequence[str], methods: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``METHOD.KEY=VALUE`` strings as ``{method: {key: value}}`` (values parsed as Python literals)."""
+    out: dict[str, dict[str, Any]] = {m: {} for m in methods}
+    for pair in pairs:
+        target, sep, raw = pair.partition("=")
+        method, dot, key = target.partition(".")
+        if not sep or not dot or not key:
+            raise ValueError(f"--option takes METHOD.KEY=VALUE, got {pair!r}")
+        if method not in out:
+            raise ValueError(f"--option {pair!r} names method {method!r}, which is not among --methods {list(methods)}")
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw
+        out[method][key] = value
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lightning-unlearn", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("methods", help="list the registered methods")
+    c = sub.add_parser("compare", help="run the evaluation harness and print the Table 1 gaps")
+    c.add_argument("--methods", default="acu,retrain,finetune,neggrad,neggrad_plus,randomlabel", help="comma-separated registered names")
+    c.add_argument("--requests", type=_ints, default=[5], help="K, the number of forget requests; several: 5,25")
+    c.add_argument("--kinds", default="samples", help="request kinds, cycled: samples, class, experience (comma-separated)")
+    c.add_argument("--samples-per-request", type=int, default=None,
+                   help="size of a sample request (default: a quarter of the learned samples split over the K requests, App. E.1)")
+    c.add_argument("--experiences", type=int, default=5, help="experiences of the class-incremental digits stream")
+    c.add_argument("--epochs", type=int, default=5, help="epochs per experience of gradient-trained models")
+    c.add_argument("--pretrain-epochs", type=int, default=30, help="epochs to pre-train the frozen backbone on the base split")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--option", action="append", default=[], metavar="METHOD.KEY=VALUE", help="a method option, e.g. finetune.epochs=2")
+    c.add_argument("--out", type=Path, default=None, help="directory for CSVs and the PNG plot")
+    c.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return parser
+
+
+def compare(args: argparse.Namespace) -> str:
+    """Run the harness for each K and return the printed tables."""
+    from lightning_unlearn.evaluate import digits_benchmark, evaluate
+
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    options = _options(args.option, names)
+    methods = [get_method(name, **options[name]) for name in names]
+    kinds = tuple(k.strip() for k in args.kinds.split(","))
+    info = digits_benchmark(args.experiences, seed=args.seed, pretrain_epochs=args.pretrain_epochs, epochs=args.epochs)
+    catalog = info.catalog()
+    tables = []
+    for k in args.requests:
+        n = args.samples_per_request or max(1, len(catalog) // (4 * k))
+        schedule = make_schedule(catalog, k, kinds=kinds, samples_per_request=n, seed=args.seed)  # type: ignore[arg-type]
+        report = evaluate(methods, info, schedule, out_dir=args.out, progress=not args.no_progress)
+        tables.append(report.format())
+        print("\n" + tables[-1], flush=True)
+    if args.out is not None:
+        print(f"\nwrote CSVs and plots to {args.out}")
+    return "\n\n".join(tables)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "methods":
+        print("\n".join(available_methods()))
+        return 0
+    for noise in _NOISE:
+        warnings.filterwarnings("ignore", noise)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    try:
+        compare(args)
+    except ValueError as err:
+        parser.error(str(err))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

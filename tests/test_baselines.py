@@ -1,0 +1,132 @@
+"""Baseline strategies: what each trains on, that NegGrad forgets, that retraining is the exact gold standard."""
+
+import pytest
+import torch
+from helpers import N_CLASSES, N_FEATURES, analytic_model, fit_analytic, quiet_trainer, toy_dataset
+from torch.utils.data import DataLoader, Subset
+
+from lightning_unlearn import ACUStrategy, AnalyticRecorder, ForgetRequest
+from lightning_unlearn.callbacks import SampleRecorder
+from lightning_unlearn.metrics import accuracy, parameter_distance
+from lightning_unlearn.models import SupervisedClassifier
+from lightning_unlearn.strategies import (
+    FinetuneStrategy,
+    NegGradPlusStrategy,
+    NegGradStrategy,
+    RandomLabelStrategy,
+    RetrainStrategy,
+)
+
+FORGET = list(range(40))
+
+
+def trained(train, epochs: int = 4):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(N_FEATURES, 32), torch.nn.ReLU(), torch.nn.Linear(32, N_CLASSES))
+    model, rec = SupervisedClassifier(net, lr=0.1), SampleRecorder()
+    quiet_trainer([rec], max_epochs=epochs).fit(model, DataLoader(train, batch_size=32, shuffle=True))
+    return model, rec
+
+
+def weights(module):
+    return {k: v.clone() for k, v in module.state_dict().items()}
+
+
+def test_sample_recorder_catalogs_what_was_learned():
+    train = toy_dataset(120, id_offset=1000)
+    _, rec = trained(train, epochs=2)
+    assert sorted(rec.catalog.ids.tolist()) == list(range(1000, 1120))
+    assert torch.equal(rec.catalog.labels_of(torch.tensor([1000, 1001])), torch.tensor([0, 1]))
+
+
+def test_neggrad_drives_forget_accuracy_down_and_is_uncertified():
+    train = toy_dataset(200)
+    model, rec = trained(train)
+    forget = Subset(train, FORGET)
+    before = accuracy(model, forget, N_CLASSES)
+    assert before > 0.9
+    result = NegGradStrategy(model, rec, epochs=5, lr=0.5, batch_size=16).forget(ForgetRequest.samples(FORGET), train)
+    assert accuracy(model, forget, N_CLASSES) <= before - 0.4
+    assert not result.certificate.certified and result.certificate.method == "neggrad"
+    assert rec.catalog.forgotten.sum() == len(FORGET)
+
+
+@pytest.mark.parametrize("cls", [FinetuneStrategy, NegGradPlusStrategy, RandomLabelStrategy])
+def test_retained_set_excludes_the_request_and_earlier_forgotten_samples(cls):
+    train = toy_dataset(200)
+    model, rec = trained(train, epochs=2)
+    strategy = cls(model, rec, train, epochs=1, lr=0.05)
+    first = strategy.forget(ForgetRequest.samples(FORGET[:10]), train)
+    second = strategy.forget(ForgetRequest.of_class(3), train)
+    assert first.extra["n_retained"] == 190
+    # class 3 holds 50 samples (labels are id % 4); ids 3 and 7 went with the first request
+    assert second.removed_ids.numel() == 48
+    assert second.extra["n_retained"] == 190 - 48
+    assert not second.certificate.certified
+
+
+def test_random_label_and_neggrad_plus_lower_forget_accuracy():
+    train = toy_dataset(200)
+    forget = Subset(train, FORGET)
+    accs = {}
+    for cls, kw in ((RandomLabelStrategy, {"lr": 0.5}), (NegGradPlusStrategy, {"lr": 0.5, "alpha": 0.5})):
+        model, rec = trained(train)
+        cls(model, rec, train, epochs=5, batch_size=16, **kw).forget(ForgetRequest.samples(FORGET), train)
+        accs[cls.method] = accuracy(model, forget, N_CLASSES)
+    assert accs["randomlabel"] < 0.6 and accs["neggrad_plus"] < 0.6, accs
+
+
+def test_retrain_equals_acu_and_a_fresh_fit_on_the_retained_data():
+    a, b = toy_dataset(120), toy_dataset(120, seed=1, id_offset=120)
+    model, rec = analytic_model(), AnalyticRecorder(gamma=0.5)
+    initial = weights(model)
+    for ds in (a, b):
+        quiet_trainer([rec]).fit(model, DataLoader(ds, batch_size=32))
+    acu_model, acu_rec = fit_analytic([a, b])
+    both = torch.utils.data.ConcatDataset([a, b])
+    retrain = RetrainStrategy(model, rec, both, initial, fit_callbacks=lambda: [AnalyticRecorder(gamma=0.5)], batch_size=32)
+    result = retrain.forget(ForgetRequest.of_class(2), both)
+    ACUStrategy(acu_model, acu_rec).forget(ForgetRequest.of_class(2), both)
+    assert result.certificate.exact and "retrained from scratch" in result.certificate.statement
+    assert parameter_distance(model, acu_model) < 1e-8
+    fresh, _ = fit_analytic([Subset(a, torch.nonzero(a.dataset.tensors[1] != 2).flatten().tolist()),
+                             Subset(b, torch.nonzero(b.dataset.tensors[1] != 2).flatten().tolist())])
+    assert parameter_distance(model, fresh) < 1e-8
+
+
+def test_retrain_of_a_trained_network_is_reproducible():
+    train = toy_dataset(160)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model, rec = trained(train, epochs=1)
+        torch.manual_seed(123)  # a different global RNG state must not matter
+        init = weights(SupervisedClassifier(torch.nn.Sequential(torch.nn.Linear(N_FEATURES, 32), torch.nn.ReLU(), torch.nn.Linear(32, N_CLASSES))))
+        RetrainStrategy(model, rec, train, init, trainer_kwargs={"max_epochs": 2}, seed=5).forget(ForgetRequest.samples(FORGET), train)
+        runs.append(model)
+    assert parameter_distance(*runs) == 0.0
+
+
+def test_bad_input_raises_and_changes_nothing():
+    train = toy_dataset(120)
+    model, rec = trained(train, epochs=1)
+    before = weights(model)
+    with pytest.raises(ValueError, match="needs the samples to forget"):
+        NegGradStrategy(model, rec).forget(ForgetRequest.samples([1, 2]))
+    with pytest.raises(ValueError, match="no retained samples"):
+        FinetuneStrategy(model, rec, train, epochs=1).forget(ForgetRequest.samples(range(120)), train)
+    with pytest.raises(ValueError, match="training data lacks"):
+        FinetuneStrategy(model, rec, Subset(train, list(range(60))), epochs=1).forget(ForgetRequest.samples([1]), train)
+    with pytest.raises(ValueError, match="diverg|loss became"):
+        NegGradStrategy(model, rec, epochs=50, lr=1e6, batch_size=8).forget(ForgetRequest.samples(FORGET), train)
+    with pytest.raises(ValueError, match="class 9 was never learned"):
+        FinetuneStrategy(model, rec, train).forget(ForgetRequest.of_class(9), train)
+    for k, v in weights(model).items():
+        assert torch.equal(v, before[k]), k
+    assert rec.catalog.n_active == 120
+    with pytest.raises(ValueError, match="alpha"):
+        NegGradPlusStrategy(model, rec, train, alpha=1.5)
+    with pytest.raises(ValueError, match="lr > 0"):
+        FinetuneStrategy(model, rec, train, lr=0.0)
+    with pytest.raises(ValueError, match="initial_state keys"):
+        RetrainStrategy(model, rec, train, {"w": torch.zeros(1)})
