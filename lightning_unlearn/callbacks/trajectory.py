@@ -66,6 +66,7 @@ class TrajectoryRecorder(RecorderCallback):
             more vectors than parameters).
         chunk_size: ``vmap`` chunk size for HVPs and per-sample gradients (bounds peak memory).
         power_iters: power-iteration steps per SGD step to estimate ``M = ||H_t||`` (warm-started).
+        row_block: vectors processed at a time (peak memory ``row_block * d`` besides the store).
     """
 
     records_every_epoch = True
@@ -80,6 +81,7 @@ class TrajectoryRecorder(RecorderCallback):
         hessian: str = "auto",
         chunk_size: int | None = None,
         power_iters: int = 2,
+        row_block: int = 4096,
     ) -> None:
         super().__init__()
         if dtype not in (torch.float16, torch.float32, torch.float64):
@@ -92,7 +94,7 @@ class TrajectoryRecorder(RecorderCallback):
             raise ValueError(f"hessian must be 'auto', 'hvp' or 'dense', got {hessian!r}")
         self.dtype, self.store, self.path, self.capacity = dtype, store, path, capacity
         self.track = None if track is None else {int(i) for i in track}
-        self.hessian, self.chunk_size, self.power_iters = hessian, chunk_size, power_iters
+        self.hessian, self.chunk_size, self.power_iters, self.row_block = hessian, chunk_size, power_iters, row_block
         self.A: Tensor | None = None  # (rows allocated, d) approximators
         self.n_rows = 0
         self.row_of: dict[int, int] = {}
@@ -216,20 +218,22 @@ class TrajectoryRecorder(RecorderCallback):
         """Nothing to fold in: the vectors were updated in place at every step."""
 
     def _step(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, lr: float) -> None:
-        """One recursion step at ``w_t`` (spec A2.1; :func:`hf.recursion_step`) on all live vectors."""
+        """One recursion step at ``w_t`` (spec A2.1; :func:`hf.recursion_step`) on all live vectors,
+        ``row_block`` rows at a time (bounded memory for a memory-mapped store)."""
         theta = hf.flat_params(module)
         loss = hf.sample_loss_fn(module, self.l2)  # type: ignore[arg-type]
         x, y = x.detach(), y.detach()
         live = self.active.nonzero().flatten()
         rows, in_batch = self._live_rows(ids)
         grads = hf.per_sample_grads(loss, theta, x[in_batch], y[in_batch], self.chunk_size) if in_batch.any() else theta.new_zeros(0, theta.numel())
-        A = self.A[live].to(theta.dtype) if live.numel() else theta.new_zeros(0, theta.numel())
-        AH, apply_h = self._hessian_products(loss, theta, x, y, A)
+        times_h, apply_h = self._hessian_operator(loss, theta, x, y, live.numel())
         position = torch.full((max(self.n_rows, 1),), -1, dtype=torch.long)
-        position[live] = torch.arange(live.numel())
-        new = hf.recursion_step(A, AH, lr, position[rows], grads, batch_size=len(ids))
-        if live.numel():
-            self.A[live] = new.to(self.dtype)
+        for block in live.split(self.row_block):
+            A = self.A[block].to(theta.dtype)
+            position[block] = torch.arange(block.numel())
+            mine = position[rows] >= 0
+            self.A[block] = hf.recursion_step(A, times_h(A), lr, position[rows][mine], grads[mine], batch_size=len(ids)).to(self.dtype)
+            position[block] = -1
         self._update_estimates(apply_h, theta, grads)
         self._occ_rows.append(rows)
         self._occ_steps.append(torch.full((rows.numel(),), self.n_steps, dtype=torch.long))
@@ -243,14 +247,13 @@ class TrajectoryRecorder(RecorderCallback):
         in_batch[in_batch.clone()] = self.active[rows[in_batch]]
         return rows[in_batch], in_batch
 
-    def _hessian_products(self, loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, A: Tensor) -> tuple[Tensor, Any]:
-        """``A H_t`` and a function ``v -> H_t v``: one dense Hessian, or batched HVPs (``jvp`` of ``grad``)."""
-        dense = self.hessian == "dense" or (self.hessian == "auto" and theta.numel() <= 2048 and A.shape[0] > theta.numel())
+    def _hessian_operator(self, loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, n_live: int) -> tuple[Any, Any]:
+        """Functions ``A -> A H_t`` and ``v -> H_t v``: one dense Hessian, or batched HVPs (``jvp`` of ``grad``)."""
+        dense = self.hessian == "dense" or (self.hessian == "auto" and theta.numel() <= 2048 and n_live > theta.numel())
         if dense:
             H = hf.batch_hessian(loss, theta, x, y)
-            return A @ H, lambda v: H @ v
-        AH = hf.hvps(loss, theta, x, y, A, self.chunk_size) if A.shape[0] else A
-        return AH, lambda v: hf.hvps(loss, theta, x, y, v.unsqueeze(0))[0]
+            return (lambda A: A @ H), (lambda v: H @ v)
+        return (lambda A: hf.hvps(loss, theta, x, y, A, self.chunk_size)), (lambda v: hf.hvps(loss, theta, x, y, v.unsqueeze(0))[0])
 
     def _update_estimates(self, apply_h: Any, theta: Tensor, grads: Tensor) -> None:
         """Running maxima of ``||H_t||`` (warm-started power iteration; M) and ``||grad l(w_t; u)||`` (G)."""
