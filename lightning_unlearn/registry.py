@@ -134,8 +134,9 @@ def _baseline(name: str, cls: type, needs_train: bool) -> MethodFactory:
 
     def factory(family: str = "analytic", gamma: float = GAMMA, expansion_dim: int = EXPANSION_DIM, **hyper: Any) -> Method:
         _family_check(family)
-        placeholders = {"module": None, "recorder": None, **({"train": None} if needs_train else {})}
-        inspect.signature(cls).bind(**placeholders, seed=0, **hyper)  # TypeError now, not after learning the stream
+        unknown = sorted(set(hyper) - _hyperparameters(cls))
+        if unknown:  # caught now, not after learning the stream
+            raise ValueError(f"{cls.__name__} takes no option(s) {unknown}; its options: {sorted(_hyperparameters(cls))}")
 
         def build(info: BenchmarkInfo) -> Built:
             module, recorder, trainer_kwargs = _family(info, family, gamma, expansion_dim)
@@ -146,6 +147,19 @@ def _baseline(name: str, cls: type, needs_train: bool) -> MethodFactory:
 
     factory.__doc__ = f"{cls.__name__} (defaults of ACU App. E.3) on a model family."
     return factory
+
+
+def _hyperparameters(cls: type) -> set[str]:
+    """Keyword options of a strategy's constructor, following ``**kwargs`` up to its base classes."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(klass.__init__).parameters.values()
+        names |= {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            break
+    return names - {"seed", "ledger"}
 
 
 def _family_check(family: str) -> None:

@@ -1,0 +1,116 @@
+"""Evaluation harness and schedules: gaps to retraining, reproducible schedules, clear errors for bad ones."""
+
+import csv
+
+import pytest
+import torch
+from helpers_eval import tiny_info
+
+from lightning_unlearn import ForgetRequest
+from lightning_unlearn.evaluate import TABLE1, evaluate
+from lightning_unlearn.registry import available_methods, get_method, register
+from lightning_unlearn.schedule import Schedule, make_schedule, validate_schedule
+
+
+@pytest.fixture(scope="module")
+def info():
+    return tiny_info()
+
+
+@pytest.fixture(scope="module")
+def report(info, tmp_path_factory):
+    schedule = make_schedule(info.catalog(), 3, kinds=("samples", "class"), samples_per_request=8, seed=1)
+    methods = [get_method("acu", expansion_dim=48), get_method("retrain", expansion_dim=48),
+               get_method("neggrad", expansion_dim=48, epochs=3, lr=1.0, batch_size=8),
+               get_method("retrain", family="supervised")]
+    out = tmp_path_factory.mktemp("report")
+    return evaluate(methods, info, schedule, out_dir=out), out
+
+
+def test_retrain_has_zero_gap_to_an_independent_retrain(report):
+    rep, _ = report
+    for name in ("retrain[analytic,gamma=1,d=48]", "retrain[supervised,gamma=1,d=512]"):
+        rows = rep.table(name)
+        assert len(rows) == 3
+        assert all(r["l2_to_retrain"] == 0.0 and r["certificate"] == "exact" for r in rows), name
+        assert all(r[f"{k}_gap"] == 0.0 for r in rows for k in ("retain_acc", "forget_acc", "test_acc", "mia"))
+
+
+def test_acu_gaps_are_zero_up_to_floating_point(report):
+    rep, _ = report
+    s = rep.summary()["acu"]
+    assert s["l2_to_retrain"] < 1e-8
+    assert s["retain_gap_pp"] == s["forget_gap_pp"] == s["test_gap_pp"] == s["mia_gap"] == 0.0
+
+
+def test_neggrad_drives_forget_accuracy_down_and_has_gaps(report):
+    rep, _ = report
+    rows = rep.table("neggrad")
+    # retraining without them still classifies the forgotten samples of learned classes (they generalise);
+    # gradient ascent pushes them to be misclassified
+    assert rep.table("acu")[0]["forget_acc"] > 0.8
+    assert rows[0]["forget_acc"] < rep.table("acu")[0]["forget_acc"] - 0.4
+    assert rep.summary()["neggrad"]["l2_to_retrain"] > 0.1
+    assert all(r["certificate"] == "none" for r in rows)
+
+
+def test_report_rows_csv_plot_and_table(report):
+    rep, out = report
+    assert [r["kind"] for r in rep.table("acu")] == ["samples", "class", "samples"]
+    assert [r["n_removed"] for r in rep.table("acu")] == [8, 40 - sum(1 for i in rep.schedule.requests[0].sample_ids if i % 4 == 1), 8]
+    with (out / "k3_summary.csv").open() as fh:
+        summary = list(csv.DictReader(fh))
+    assert [r["method"] for r in summary] == rep.methods() and set(TABLE1) <= set(summary[0])
+    with (out / "k3_requests.csv").open() as fh:
+        assert len(list(csv.DictReader(fh))) == 4 * 3 + 2 * 3  # methods and references, 3 requests each
+    assert (out / "k3_accuracies.png").stat().st_size > 10_000
+    text = rep.format()
+    assert "K = 3" in text and "neggrad" in text and "dParams(L2)" in text
+    assert len({len(line) for line in text.splitlines()[1:]}) == 1  # aligned columns
+
+
+def test_schedule_is_reproducible_from_its_seed(info):
+    cat = info.catalog()
+    a = make_schedule(cat, 4, kinds=("samples", "class", "experience"), samples_per_request=5, seed=3)
+    b = make_schedule(cat, 4, kinds=("samples", "class", "experience"), samples_per_request=5, seed=3)
+    c = make_schedule(cat, 4, kinds=("samples", "class", "experience"), samples_per_request=5, seed=4)
+    assert a == b and a != c
+    assert [r.kind for r in a] == ["samples", "class", "experience", "samples"] and a.seed == 3
+    ids = validate_schedule(a.requests, cat)
+    flat = torch.cat(ids)
+    assert flat.unique().numel() == flat.numel()  # disjoint
+
+
+def test_bad_schedules_give_clear_errors(info):
+    cat = info.catalog()
+    with pytest.raises(ValueError, match=r"request 1 \(class=7\): class 7 was never learned"):
+        validate_schedule([ForgetRequest.samples([0]), ForgetRequest.of_class(7)], cat)
+    with pytest.raises(ValueError, match=r"forget requests 0 \(class=1\) and 1 .* overlap in 1 sample ids, e.g. \[5\]"):
+        validate_schedule([ForgetRequest.of_class(1), ForgetRequest.samples([0, 5])], cat)
+    with pytest.raises(ValueError, match="experience 3 was never learned"):
+        validate_schedule([ForgetRequest.of_experience(3)], cat)
+    with pytest.raises(ValueError, match="sample ids never learned: \\[9999\\]"):
+        validate_schedule([ForgetRequest.samples([9999])], cat)
+    with pytest.raises(ValueError, match="nothing would be retained"):
+        validate_schedule([ForgetRequest.of_experience(0), ForgetRequest.of_experience(1)], cat)
+    with pytest.raises(ValueError, match="every learned class shares samples"):
+        make_schedule(cat, 5, kinds=("class",))
+    with pytest.raises(ValueError, match="kinds"):
+        make_schedule(cat, 2, kinds=("users",))
+    bad = Schedule((ForgetRequest.of_class(0), ForgetRequest.of_class(0)))
+    with pytest.raises(ValueError, match="overlap"):  # raised before any training
+        evaluate([get_method("acu")], info, bad)
+
+
+def test_registry_names_and_errors():
+    assert {"acu", "retrain", "finetune", "neggrad", "neggrad_plus", "randomlabel"} <= set(available_methods())
+    with pytest.raises(ValueError, match="unknown method 'hf'; registered methods: acu"):
+        get_method("hf")
+    with pytest.raises(ValueError, match=r"FinetuneStrategy takes no option\(s\) \['epocs'\]; its options: \['batch_size', 'epochs'"):
+        get_method("finetune", epocs=3)
+    with pytest.raises(ValueError, match="bad options .* 'acu'"):
+        get_method("acu", lr=0.1)
+    with pytest.raises(ValueError, match="already registered"):
+        register("acu", lambda: None)
+    with pytest.raises(ValueError, match="unknown model family"):
+        get_method("neggrad", family="cnn")
