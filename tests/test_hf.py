@@ -204,6 +204,9 @@ def test_untracked_samples_and_unsupported_training_are_errors():
     with pytest.raises(ValueError, match="not tracked"):
         HFStrategy(model, rec).forget(ForgetRequest.samples([20]))
     assert torch.equal(hf.flat_params(model), w) and not bool(rec.catalog.forgotten.any())
+    late = TrajectoryRecorder(track=range(24, 32))  # the first batches hold no tracked sample
+    trainer([late]).fit(sgd_model(), DataLoader(ds, batch_size=8))
+    assert late.n_rows == 8 and late.n_steps == 4 and bool(late.A[:8].abs().sum(1).gt(0).all())
     with pytest.raises(ValueError, match="momentum"):
         momentum = sgd_model()
         momentum.momentum = 0.9

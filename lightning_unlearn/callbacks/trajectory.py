@@ -228,7 +228,7 @@ class TrajectoryRecorder(RecorderCallback):
         grads = hf.per_sample_grads(loss, theta, x[in_batch], y[in_batch], self.chunk_size) if in_batch.any() else theta.new_zeros(0, theta.numel())
         times_h, apply_h = self._hessian_operator(loss, theta, x, y, live.numel())
         position = torch.full((max(self.n_rows, 1),), -1, dtype=torch.long)
-        for block in live.split(self.row_block):
+        for block in live.split(self.row_block) if live.numel() else ():
             A = self.A[block].to(theta.dtype)
             position[block] = torch.arange(block.numel())
             mine = position[rows] >= 0
