@@ -1,0 +1,57 @@
+"""`lightning-unlearn` CLI: the compare table, output files, and errors that name the bad argument."""
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from lightning_unlearn.cli import main
+
+QUICK = ["compare", "--experiences", "2", "--pretrain-epochs", "1", "--epochs", "1", "--no-progress"]
+
+
+def test_methods_lists_the_registry(capsys):
+    assert main(["methods"]) == 0
+    names = capsys.readouterr().out.split()
+    assert {"acu", "retrain", "finetune", "neggrad", "neggrad_plus", "randomlabel"} <= set(names)
+
+
+def test_compare_prints_an_aligned_table_per_k_and_writes_files(capsys, tmp_path):
+    argv = [*QUICK, "--methods", "acu,neggrad", "--requests", "2,3", "--out", str(tmp_path),
+            "--option", "neggrad.epochs=1", "--option", "neggrad.expansion_dim=64", "--option", "acu.expansion_dim=64"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    for k in (2, 3):
+        assert f"K = {k} requests (samples, seed 0)" in out
+        assert (tmp_path / f"k{k}_summary.csv").exists() and (tmp_path / f"k{k}_accuracies.png").exists()
+    table = out.split("K = 2")[1].split("K = 3")[0].strip().splitlines()
+    header, rule, acu_row, neggrad_row = table[1:5]
+    assert header.split()[:3] == ["method", "dParams(L2)", "dRetain(pp)"] and set(rule) == {"-"}
+    assert acu_row.split()[0] == "acu" and acu_row.split()[1:6] == ["0.00"] * 5 and acu_row.split()[-1] == "exact"
+    assert neggrad_row.split()[0] == "neggrad" and neggrad_row.split()[-1] == "none"
+    assert len(header) == len(acu_row) == len(neggrad_row)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--methods", "acu,hf"], "unknown method 'hf'; registered methods:"),
+        (["--methods", "acu", "--option", "acu.gamma"], "--option takes METHOD.KEY=VALUE"),
+        (["--methods", "acu", "--option", "finetune.epochs=2"], "names method 'finetune', which is not among --methods"),
+        (["--methods", "finetune", "--option", "finetune.epocs=2"], "takes no option"),
+        (["--requests", "0"], "expected positive integers"),
+    ],
+)
+def test_bad_arguments_exit_with_a_clear_message(capsys, extra, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*QUICK, *extra])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_console_script_is_installed():
+    script = shutil.which("lightning-unlearn", path=str(__import__("pathlib").Path(sys.executable).parent))
+    assert script is not None
+    done = subprocess.run([script, "methods"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "neggrad_plus" in done.stdout
