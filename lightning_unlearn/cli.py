@@ -81,6 +81,8 @@ def compare(args: argparse.Namespace) -> str:
     options = _options(args.option, names)
     methods = [get_method(name, **options[name]) for name in names]
     kinds = tuple(k.strip() for k in args.kinds.split(","))
+    if not set(kinds) <= {"samples", "class", "experience"}:
+        raise ValueError(f"--kinds takes samples, class and/or experience, got {args.kinds!r}")
     info = digits_benchmark(args.experiences, seed=args.seed, pretrain_epochs=args.pretrain_epochs, epochs=args.epochs)
     catalog = info.catalog()
     tables = []

@@ -96,7 +96,9 @@ def describe_benchmark(
     for experience in benchmark.train_stream:
         for batch in DataLoader(experience.dataset, batch_size=1024):
             x, y, i = unpack_batch(batch)
-            xs.append(x), ys.append(y.long()), ids.append(i)
+            xs.append(x)
+            ys.append(y.long())
+            ids.append(i)
             exps.append(torch.full_like(i, experience.current_experience))
     test = [b for exp in benchmark.test_stream for b in DataLoader(exp.dataset, batch_size=1024)]
     x, y, i = torch.cat(xs), torch.cat(ys), torch.cat(ids)

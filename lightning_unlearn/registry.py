@@ -95,23 +95,46 @@ def _family(info: BenchmarkInfo, family: str, gamma: float, expansion_dim: int) 
     raise ValueError(f"unknown model family {family!r}; one of {FAMILIES}")
 
 
-def retrain(family: str = "analytic", gamma: float = GAMMA, expansion_dim: int = EXPANSION_DIM) -> Method:
-    """The gold standard of a family: :class:`RetrainStrategy` replaying its recipe on the retained data."""
+def retrain_method(
+    name: str,
+    module: Callable[[BenchmarkInfo], L.LightningModule],
+    trainer_kwargs: Callable[[BenchmarkInfo], dict[str, Any]],
+    refit: Callable[[], list[L.Callback]] = list,
+) -> Method:
+    """A gold standard: :class:`RetrainStrategy` replaying a model's continual recipe on the retained data.
+
+    ``module(info)`` builds the model (the harness seeds the RNG first, so two builds are equal),
+    ``trainer_kwargs(info)`` gives its continual-learning Trainer options and ``refit()`` the
+    callbacks that learn with it (e.g. a fresh :class:`AnalyticRecorder` for an analytic head).
+    Give methods on a model of your own a reference built the same way.
+    """
 
     def build(info: BenchmarkInfo) -> Built:
-        module, recorder, trainer_kwargs = _family(info, family, gamma, expansion_dim)
-        initial = {k: v.detach().clone() for k, v in module.state_dict().items()}
-        refit = (lambda: [AnalyticRecorder(gamma)]) if family == "analytic" else list
+        model, recorder, kwargs = module(info), SampleRecorder(), trainer_kwargs(info)
+        refits = refit()
+        initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
         def strategy() -> RetrainStrategy:
-            return RetrainStrategy(module, recorder, info.train, initial, fit_callbacks=refit, trainer_kwargs=trainer_kwargs,
+            return RetrainStrategy(model, recorder, info.train, initial, fit_callbacks=refit, trainer_kwargs=kwargs,
                                    batch_size=info.batch_size, seed=info.seed)
 
-        return Built(module, [recorder], strategy, trainer_kwargs)
+        return Built(model, [recorder, *refits], strategy, kwargs)
 
+    return Method(name, build)
+
+
+def retrain(family: str = "analytic", gamma: float = GAMMA, expansion_dim: int = EXPANSION_DIM) -> Method:
+    """The gold standard of a model family (a fresh analytic fit, or the SGD recipe replayed)."""
     _family_check(family)
-    default = family == "analytic" and (gamma, expansion_dim) == (GAMMA, EXPANSION_DIM)
-    return Method("retrain" if default else f"retrain[{family},gamma={gamma:g},d={expansion_dim}]", build)
+    if family == "supervised":
+        return retrain_method("retrain[supervised]", supervised_module, lambda info: {"max_epochs": info.epochs})
+    default = (gamma, expansion_dim) == (GAMMA, EXPANSION_DIM)
+    return retrain_method(
+        "retrain" if default else f"retrain[analytic,gamma={gamma:g},d={expansion_dim}]",
+        lambda info: analytic_module(info, expansion_dim),
+        lambda info: {"max_epochs": 1},
+        refit=lambda: [AnalyticRecorder(gamma)],
+    )
 
 
 def supervised_retrain() -> Method:

@@ -41,6 +41,7 @@ def test_compare_prints_an_aligned_table_per_k_and_writes_files(capsys, tmp_path
         (["--methods", "acu", "--option", "finetune.epochs=2"], "names method 'finetune', which is not among --methods"),
         (["--methods", "finetune", "--option", "finetune.epocs=2"], "takes no option"),
         (["--requests", "0"], "expected positive integers"),
+        (["--methods", "acu", "--kinds", "users"], "--kinds takes samples, class and/or experience"),
     ],
 )
 def test_bad_arguments_exit_with_a_clear_message(capsys, extra, message):

@@ -6,14 +6,14 @@ heuristics: their :class:`Certificate` has ``exact=False`` and no ``epsilon``. E
 a short Lightning ``Trainer.fit`` on an objective built around the module (the module's own
 ``training_step`` is not used), with plain SGD. Defaults are the App. E.3 settings:
 
-========== ======= ======== ==========================================================
-method     epochs  lr       data and loss
-========== ======= ======== ==========================================================
-finetune   10      1e-2     retained set, cross-entropy
-neggrad    5       1e-3     forget set, minus cross-entropy (gradient ascent)
-neggrad+   10      1e-3     both: ``0.95 CE_retain - 0.05 CE_forget`` (Kurmanji et al.)
-randomlabel 10     1e-3     retained set + forget set with random wrong labels, CE
-========== ======= ======== ==========================================================
+============ ======= ====== ==========================================================
+method       epochs  lr     data and loss
+============ ======= ====== ==========================================================
+finetune     10      1e-2   retained set, cross-entropy
+neggrad      5       1e-3   forget set, minus cross-entropy (gradient ascent)
+neggrad_plus 10      1e-3   both: ``0.95 CE_retain - 0.05 CE_forget`` (Kurmanji et al.)
+randomlabel  10      1e-3   retained set + forget set with random wrong labels, CE
+============ ======= ====== ==========================================================
 
 E.3 names only epochs and learning rate; momentum defaults to 0 and the batch size to 256
 (the batch size of App. E.1). Strategies that need the retained data take the training data in
