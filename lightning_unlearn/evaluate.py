@@ -152,7 +152,11 @@ class Method:
 
 @dataclass
 class Report:
-    """Per-request metrics of every method (``rows``) and of the references (``reference_rows``)."""
+    """Per-request metrics of every method (``rows``) and of the references (``reference_rows``).
+
+    Each row holds the method, the request (counted from 1), its kind, size, wall time and
+    guarantee, and the :func:`evaluate_unlearning` metrics after it (with the gaps to the reference).
+    """
 
     schedule: Schedule
     rows: list[dict[str, Any]]
@@ -253,7 +257,7 @@ def evaluate(
     report = Report(schedule, [], [])
     for ref in references:
         report.reference_rows += [
-            {"method": f"{ref.name} (reference)", **_request_fields(i, res), **_metrics(mod, None, info, res.removed_ids, cat)}
+            {"method": f"{ref.name} (reference)", **_request_fields(i, res), **_metrics(mod, None, info, cat)}
             for i, (mod, res, cat) in enumerate(snapshots[ref.name])
         ]
     for method in methods:
@@ -261,8 +265,8 @@ def evaluate(
         for i, (module, result, catalog) in enumerate(_run(method, info, schedule, bar)):
             ref_module, ref_result, _ = ref_steps[i]
             if not torch.equal(result.removed_ids.sort().values, ref_result.removed_ids.sort().values):
-                raise ValueError(f"{method.name} removed other samples than its reference at request {i}")
-            report.rows.append({"method": method.name, **_request_fields(i, result), **_metrics(module, ref_module, info, result.removed_ids, catalog)})
+                raise ValueError(f"{method.name} removed other samples than its reference {ref_result.request} did (request {i + 1})")
+            report.rows.append({"method": method.name, **_request_fields(i, result), **_metrics(module, ref_module, info, catalog)})
     bar.close()
     if out_dir is not None:
         report.write(out_dir, stem=f"k{len(schedule)}_")
@@ -299,7 +303,8 @@ def _request_fields(i: int, result: Any) -> dict[str, Any]:
     }
 
 
-def _metrics(module: nn.Module, reference: nn.Module | None, info: BenchmarkInfo, removed: Tensor, catalog: SampleCatalog) -> dict[str, float]:
+def _metrics(module: nn.Module, reference: nn.Module | None, info: BenchmarkInfo, catalog: SampleCatalog) -> dict[str, float]:
+    """App. E.2 metrics on the retained set, all samples forgotten so far, and the test set."""
     rows = {int(i): r for r, i in enumerate(info.ids.tolist())}
     retain = Subset(info.train, [rows[i] for i in catalog.active_ids().tolist()])
     forget = Subset(info.train, [rows[i] for i in catalog.ids[catalog.forgotten].tolist()])

@@ -3,6 +3,7 @@
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -52,7 +53,7 @@ def test_bad_arguments_exit_with_a_clear_message(capsys, extra, message):
 
 
 def test_console_script_is_installed():
-    script = shutil.which("lightning-unlearn", path=str(__import__("pathlib").Path(sys.executable).parent))
+    script = shutil.which("lightning-unlearn", path=str(Path(sys.executable).parent))
     assert script is not None
     done = subprocess.run([script, "methods"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "neggrad_plus" in done.stdout
