@@ -123,13 +123,13 @@ class ProximalClassifier(SupervisedClassifier):
     """A :class:`SupervisedClassifier` whose objective adds paper 004's continual-learning regulariser.
 
     ``objective = mean CE + (l2/2)||theta||^2 + (reg_lambda/2)||theta - anchor||^2`` (004 Eq. (1), with
-    the mean task loss of its Section 5.1, spec B5.1). The per-sample loss of 004 is
+    the mean task loss of its Section 5.1). The per-sample loss of 004 is
     ``CE + (l2/2)||theta||^2``, so ``l2`` is its strong-convexity constant ``mu`` (for a linear net).
     The ``anchor`` is the previous task's solution: at the start of every fresh fit it is set to
-    the current parameters, except for the first task, whose anchor is ``w_0 = 0`` (spec B5.2: the
+    the current parameters, except for the first task, whose anchor is ``w_0 = 0`` (the
     first task is regularised too, so that "retrain without task s" uniformly skips step s).
     A fit resumed from a checkpoint keeps its saved anchor. 004 assumes each task is solved
-    exactly (B5.3): ``optimizer="lbfgs"`` with full-batch loaders does that for convex models.
+    exactly: ``optimizer="lbfgs"`` with full-batch loaders does that for convex models.
 
     Args:
         net: maps inputs to logits.

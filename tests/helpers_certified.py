@@ -44,7 +44,7 @@ def fit_hf(model: SupervisedClassifier, ds: IndexedDataset, recorder: Trajectory
 
 def replay(model: nn.Module, recorder: TrajectoryRecorder, w0: Tensor, ds: IndexedDataset, removed: set[int]) -> Tensor:
     """Retrain from ``w0`` with the recorded batches and step sizes, the removed samples' gradients
-    zeroed and the denominators ``|B_t|`` kept (HF's retraining reference, spec A5.5)."""
+    zeroed and the denominators ``|B_t|`` kept (HF's retraining reference)."""
     x_all, y_all = ds.dataset.tensors
     row_of_id = {int(i): k for k, i in enumerate(ds.ids.tolist())}
     loss = hf.sample_loss_fn(model, recorder.l2)

@@ -38,13 +38,13 @@ def copy_of(trained):
 def test_recorded_tasks_follow_the_chain(trained):
     model, rec = trained
     assert rec.experience_ids == [0, 1, 2] and rec.sizes == [60, 60, 60]
-    assert torch.count_nonzero(rec.starts[0]) == 0  # w_0 = 0 (spec B5.2)
+    assert torch.count_nonzero(rec.starts[0]) == 0  # w_0 = 0
     for i in (1, 2):
         assert torch.equal(rec.starts[i], rec.ends[i - 1])  # each task is anchored at the previous solution
     assert torch.equal(rec.ends[-1], hf.flat_params(model))
     assert rec.hessians[0].shape == (21, 21) and torch.allclose(rec.hessians[0], rec.hessians[0].T)
     assert torch.linalg.eigvalsh(rec.hessians[0]).min() >= 0.05 - 1e-9  # the l2 ridge: mu = l2
-    assert max(rec.stationarity) < 1e-6  # L-BFGS solved each task of Eq. (1) exactly (spec B5.3)
+    assert max(rec.stationarity) < 1e-6  # L-BFGS solved each task of Eq. (1) exactly
 
 
 def test_task_level_newton_closer_to_retrain_and_within_bound(trained):
@@ -87,7 +87,7 @@ def test_hessian_sigma_matches_formula(trained):
     cert = HessianCertifiedStrategy(model, rec, epsilon=EPS, delta=DELTA, lipschitz=2.0, smoothness=3.0).forget(ForgetRequest.of_experience(0)).certificate
     lam, mu, L, M = 1.0, 0.05, 2.0, 3.0
     rho, kappa = lam / (mu + lam), 2
-    gamma = kappa * rho**kappa * (M - mu) / (mu + lam) * L / lam  # spec B2.3 gamma^H, one deleted task
+    gamma = kappa * rho**kappa * (M - mu) / (mu + lam) * L / lam  # gamma^H, one deleted task
     assert cert.bounds["gamma"] == pytest.approx(gamma, rel=1e-12)
     assert cert.sigma == pytest.approx(gamma * math.sqrt(2 * math.log(1.25 / DELTA)) / EPS, rel=1e-12)
     assert cert.sigma == pytest.approx(gaussian_sigma(gamma, EPS, DELTA), rel=1e-12)

@@ -104,7 +104,7 @@ def test_analytic_gaussian_for_epsilon_above_one(fitted):
 
 
 def slow_recursion(model: nn.Module, rec: TrajectoryRecorder, w0: torch.Tensor, ds) -> torch.Tensor:
-    """Spec A2.1 with one autograd HVP / gradient per sample and per step (no vmap)."""
+    """The recursion of Eq. (10) with one autograd HVP / gradient per sample and per step (no vmap)."""
     x_all, y_all = ds.dataset.tensors
     spec = hf.param_spec(model)
 

@@ -32,7 +32,7 @@ class TaskDeltaRecorder(RecorderCallback):
     Storage: ``2 d`` floats per experience (``start`` and ``end``; the paper stores ``Delta_t``
     and ``Delta-bar_tau``, d each). Recording the chain of actual starts and ends makes the
     corrections between tasks (Eq. (13)'s ``Delta-bar_tau``) measurable, whatever was published.
-    Privacy caveat (spec B3): ``Delta_s`` of deleted tasks must be kept for later requests.
+    Privacy caveat: ``Delta_s`` of deleted tasks must be kept for later requests.
     Enough for task-level forgetting by :class:`GradientCertifiedStrategy` (which uses only sizes)
     and as the base of :class:`HessianRecorder`.
     """
@@ -132,7 +132,7 @@ class HessianRecorder(TaskDeltaRecorder):
     norm and Hessian norm seen at the solutions (estimates of L and M for the certificate)
     and, with ``store_sample_gradients``, each sample's ``grad l(end_i; u)`` by id (``n d``
     floats) so sample-level requests need no data. It logs how exactly each task was solved,
-    ``||mean grad l(end_i) + lambda (end_i - start_i)||`` (spec B5.3), and warns above ``tolerance``.
+    ``||mean grad l(end_i) + lambda (end_i - start_i)||``, and warns above ``tolerance``.
     """
 
     def __init__(
@@ -192,7 +192,7 @@ class HessianRecorder(TaskDeltaRecorder):
         stationarity = float((grad_sum / len(x) + self.reg_lambda * (theta - anchor)).norm())  # type: ignore[operator]
         if stationarity > self.tolerance:
             warnings.warn(f"task {self._fit_experience} is not solved exactly: ||grad of Eq. (1)|| = {stationarity:.3g} > "
-                          f"{self.tolerance:g}; 004's identities assume the exact minimiser (spec B5.3)", stacklevel=2)
+                          f"{self.tolerance:g}; 004's identities assume the exact minimiser", stacklevel=2)
         super()._commit(module)
         self.stationarity.append(stationarity)
         self.hessians.append(H if isinstance(H, dict) else H.cpu())

@@ -21,7 +21,7 @@ class TrajectoryRecorder(RecorderCallback):
     """Keeps, for every tracked training sample ``u``, HF's approximator ``a^{-u}`` (Eq. (10)-(11)).
 
     Before every SGD step ``t`` (``on_train_batch_start``, at ``w_t``) it applies the canonical
-    forward recursion of spec A2.1 to all stored vectors, in one batched call::
+    forward recursion (Eq. (10)) to all stored vectors, in one batched call::
 
         a_u <- (I - eta_t H_t) a_u + 1[u in B_t] (eta_t / |B_t|) grad l(w_t; u)
 
@@ -33,14 +33,14 @@ class TrajectoryRecorder(RecorderCallback):
     Continual learning (design decision): the recursion runs over the concatenated SGD
     trajectory of all experiences of the module's own objective ``mean CE + (l2/2)||theta||^2``
     (``SupervisedClassifier``; no previous-task penalty), never reset: earlier samples' vectors
-    keep contracting during later experiences, new samples start at 0 (spec A2.5 [derived]).
+    keep contracting during later experiences, new samples start at 0 ([derived]).
     Statistics of deleted samples are zeroed and no longer propagated.
 
     Memory: ``n_tracked * d * bytes(dtype)`` for the vectors (``d`` = trainable parameters;
     e.g. 10k samples x 1e5 parameters = 4 GB in float32, 2 GB in float16) plus the step log
     (``O(#steps * |B|)`` integers). ``store="mmap"`` keeps the vectors in a memory-mapped file
     (``torch.from_file``) of ``capacity`` rows; ``track`` restricts the vectors to a
-    forgettable subset (spec A3). Float16 storage rounds every step (the recursion itself
+    forgettable subset. Float16 storage rounds every step (the recursion itself
     runs in the parameters' dtype); use it only when memory forces it.
 
     DDP: each step's global batch is all-gathered, ``DistributedSampler`` padding duplicates
@@ -218,7 +218,7 @@ class TrajectoryRecorder(RecorderCallback):
         """Nothing to fold in: the vectors were updated in place at every step."""
 
     def _step(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, lr: float) -> None:
-        """One recursion step at ``w_t`` (spec A2.1; :func:`hf.recursion_step`) on all live vectors,
+        """One recursion step at ``w_t`` (Eq. (10); :func:`hf.recursion_step`) on all live vectors,
         ``row_block`` rows at a time (bounded memory for a memory-mapped store)."""
         theta = hf.flat_params(module)
         loss = hf.sample_loss_fn(module, self.l2)  # type: ignore[arg-type]

@@ -1,14 +1,13 @@
 """Certified unlearning in continual learning (paper 004) and the shared Gaussian mechanism, pure torch.
 
 Equation numbers refer to "Machine Unlearning Meets Continuous Learning: A Theoretical Foundation"
-(``shared/papers/certified_unlearning_in_continual_learning.txt``, called 004) and to the spec
-``specs/hf_and_certified_cl.md`` (sections B1-B5). Tasks are indexed ``0..t-1`` in learning order.
+(``shared/papers/certified_unlearning_in_continual_learning.txt``, called 004). Tasks are indexed ``0..t-1`` in learning order.
 Each task ``i`` is solved as ``w_i = argmin mean_{z in D_i} l(w; z) + (lambda/2)||w - w_{i-1}||^2``
-(Eq. (1), mean form per B5.1) from the anchor ``start_i`` (``w_0 = 0`` for the first task, B5.2);
+(Eq. (1), with the mean task loss of 004 Sec. 5.1) from the anchor ``start_i`` (``w_0 = 0`` for the first task);
 ``H_i`` is the mean Hessian of ``l`` (which includes the ``l2`` ridge, so ``mu = l2``) at ``end_i``.
 
 Task status for a request: ``"kept"``, ``"deleted"`` (the whole task) or ``"partial"`` (some of
-its samples; [derived] spec B2.5, 004 gives no formula).
+its samples; [derived]: 004 gives no formula).
 """
 
 from __future__ import annotations
@@ -52,8 +51,8 @@ def gaussian_sigma(sensitivity: float, epsilon: float, delta: float) -> float:
     """Noise std for an (epsilon, delta) guarantee given an L2 bound ``sensitivity`` on ``||approx - retrain||``.
 
     Classical mechanism for ``epsilon <= 1`` (both papers' formula); the analytic Gaussian
-    mechanism for ``epsilon > 1`` (HF Sec. 2 note, spec A5.4 / C.3). ``N(0, sigma I)`` in the papers
-    is read as standard deviation sigma (spec A5.1, B5.7).
+    mechanism for ``epsilon > 1`` (HF Sec. 2 note). ``N(0, sigma I)`` in the papers
+    is read as standard deviation sigma.
     """
     if not (epsilon > 0 and math.isfinite(epsilon)):
         raise ValueError(f"epsilon must be positive and finite, got {epsilon}")
@@ -67,7 +66,7 @@ def gaussian_sigma(sensitivity: float, epsilon: float, delta: float) -> float:
 
 
 def uncertified_note(noise: bool, sigma_override: float | None) -> str:
-    """Statement suffix for releases without a calibrated (epsilon, delta) guarantee (spec C.3)."""
+    """Statement suffix for releases without a calibrated (epsilon, delta) guarantee (HF App. C.3)."""
     if not noise:
         return "; NOISE DISABLED: not certified"
     if sigma_override is not None:
@@ -89,7 +88,7 @@ class TaskStatus:
 
 
 def retained_after(status: Sequence[TaskStatus], a: int) -> int:
-    """``kappa_t(a)``: number of tasks after ``a`` (up to the latest) that are not fully deleted (spec B2.1)."""
+    """``kappa_t(a)``: number of tasks after ``a`` (up to the latest) that are not fully deleted."""
     return sum(1 for s in status[a + 1 :] if s.kind != "deleted")
 
 
@@ -101,7 +100,7 @@ def transport(solve: Callable[[Tensor], Tensor], lam: float, v: Tensor) -> Tenso
 def partial_step(
     solve: Callable[[Tensor], Tensor], lam: float, n: int, m: int, grad_sum: Tensor, delta_i: Tensor
 ) -> Tensor:
-    """[derived, spec B2.5] Linearised change of a task's solution when ``m`` of its ``n`` samples go:
+    """[derived] Linearised change of a task's solution when ``m`` of its ``n`` samples go:
 
     ``delta_i = (H_i + lambda I)^{-1} [ (1/(n-m)) sum_{u in U} grad l(w_i; u) - (m/(n-m)) lambda Delta_i ]``
     (``H_i^{-U}`` approximated by ``H_i``).
@@ -118,11 +117,11 @@ def hessian_correction(
     grad_sums: Sequence[Tensor | None],
     lam: float,
 ) -> Tensor:
-    """Corrected Eq. (13) in Horner form (spec B2.3 [interp], index fix ``i not in S_<=t``).
+    """Corrected Eq. (13) in Horner form ([interp], index fix ``i not in S_<=t``).
 
     Runs the linearised error recursion ``e_i = retrain_i - end_i`` over all tasks:
     a kept task maps ``e <- P_i (e - D_{i-1})``, a deleted task ``e <- e - D_{i-1} + Delta_i``, and
-    a partially deleted one ``e <- P_i (e - D_{i-1}) + delta_i`` ([derived], B2.5), where
+    a partially deleted one ``e <- P_i (e - D_{i-1}) + delta_i`` ([derived]), where
     ``D_{i-1} = start_i - end_{i-1}`` is what was actually done to the model between tasks (the
     previous unlearning updates ``Delta-bar_tau`` of Eq. (13), measured from the recorded chain
     rather than stored, so it stays exact whatever was published) and ``Delta_i = start_i - end_i``.
@@ -159,7 +158,7 @@ class CLConstants:
 
     def injection(self, s: TaskStatus) -> float:
         """Bound on the perturbation a deleted task injects: ``||Delta_s|| <= L/lambda`` (proof of Thm. 4.1),
-        or for a partial task [derived, B2.5] ``2 m L / ((n - m)(mu + lambda))``."""
+        or for a partial task [derived] ``2 m L / ((n - m)(mu + lambda))``."""
         if s.kind == "deleted":
             return self.lipschitz / self.reg_lambda
         return 2 * s.m * self.lipschitz / ((s.n - s.m) * (self.strong_convexity + self.reg_lambda))
@@ -172,7 +171,7 @@ def _gap_kappas(status: Sequence[TaskStatus], gaps: Sequence[float]) -> list[tup
 
 def gamma_natural_forgetting(status: Sequence[TaskStatus], c: CLConstants, gaps: Sequence[float] = ()) -> dict[str, float]:
     """``gamma^NF = sum_{s in S_<=t} rho^{kappa_t(s)} ||injection_s||`` (Theorem 4.1, Eq. (9), with the
-    conservative exponent ``kappa_t(s)`` of spec B2.1 and the [derived] partial-task injection).
+    conservative exponent ``kappa_t(s)`` and the [derived] partial-task injection).
 
     ``gaps[i] = ||start_i - end_{i-1}||``: what was done to the model between tasks (earlier
     published noise, if training continued from it). [derived] Each is transported like a
@@ -185,14 +184,14 @@ def gamma_natural_forgetting(status: Sequence[TaskStatus], c: CLConstants, gaps:
 
 
 def gamma_hessian(status: Sequence[TaskStatus], c: CLConstants, gaps: Sequence[float] = ()) -> dict[str, float]:
-    """Bound on ``||retrain - (model + Eq. (13) correction)||`` (spec B2.3 [interp, derived], via Lemma D.2).
+    """Bound on ``||retrain - (model + Eq. (13) correction)||`` ([interp, derived], via Lemma D.2).
 
     Each deleted/partial task contributes ``kappa rho^kappa (M - mu)/(mu + lambda) * injection``
     (the product-of-transports mismatch; 0 when nothing is transported) and a partial task also
-    its own Newton error ``rho^kappa (M - mu)/(mu + lambda) * injection`` [derived]. The spec's
+    its own Newton error ``rho^kappa (M - mu)/(mu + lambda) * injection`` [derived]. 004's
     ``Delta-bar_tau`` terms become the measured gaps ``||start_i - end_{i-1}||`` between tasks
     (earlier corrections plus any published noise training continued from), each adding
-    ``kappa rho^kappa (M - mu)/(mu + lambda) ||gap||`` [derived, data-dependent: the spec's
+    ``kappa rho^kappa (M - mu)/(mu + lambda) ||gap||`` [derived, data-dependent: 004's
     data-independent ``B-bar_tau`` cannot cover noise]. With ``mu = 0`` rho = 1 and nothing decays.
     """
     ratio = max(c.smoothness - c.strong_convexity, 0.0) / (c.strong_convexity + c.reg_lambda)

@@ -1,8 +1,7 @@
 """Hessian-Free online certified unlearning (HF), pure torch.
 
 Equation numbers refer to Qiao et al., "Hessian-Free Online Certified Unlearning"
-(``shared/papers/hessian_free_online_certified_unlearning.txt``) and the implementation spec
-``specs/hf_and_certified_cl.md`` (sections A2.1-A2.7). Parameters are handled as one flat vector
+(``shared/papers/hessian_free_online_certified_unlearning.txt``). Parameters are handled as one flat vector
 ``theta`` of length ``d`` (trainable parameters of a module, in ``named_parameters`` order); the
 per-sample loss is ``l(theta; z) = CE(f_theta(x), y) + (l2/2)||theta||^2``, whose batch mean is
 exactly the objective SGD follows (:class:`lightning_unlearn.models.SupervisedClassifier`).
@@ -123,7 +122,7 @@ def top_eigenvalue(apply_h: Callable[[Tensor], Tensor], v: Tensor, iters: int) -
 
 # -- the recursion ---------------------------------------------------------------------------------
 def recursion_step(A: Tensor, AH: Tensor, lr: float, rows: Tensor, grads: Tensor, batch_size: int) -> Tensor:
-    """One step of the canonical forward recursion (spec A2.1, equal to Eq. (10)):
+    """One step of the canonical forward recursion (equal to Eq. (10)):
 
     ``a_{t+1} = (I - eta_t H_t) a_t + 1[u in B_t] (eta_t/|B_t|) grad l(w_t; u)``
 
@@ -165,7 +164,7 @@ def per_sample_bound(
 
 
 def contraction_factor(lrs: Tensor, strong_convexity: float, smoothness: float) -> float:
-    """Lemma 3: ``rho = max_t max{|1 - eta_t lambda|, |1 - eta_t M|}`` (spec A2.6 item 2, conservative)."""
+    """Lemma 3: ``rho = max_t max{|1 - eta_t lambda|, |1 - eta_t M|}`` (conservative)."""
     lrs = lrs.double()
     return float(torch.maximum((1 - lrs * strong_convexity).abs(), (1 - lrs * smoothness).abs()).max())
 

@@ -32,8 +32,8 @@ class _ContinualCertified(UnlearningStrategy):
     stays consistent either way because it measures the chain of recorded starts and ends).
     Constants: ``lipschitz`` L and ``smoothness`` M default to the :class:`HessianRecorder`'s
     observed maxima at the task solutions (estimates, not proofs; a :class:`TaskDeltaRecorder`
-    alone needs them given); mu is the module's ``l2``. 004 states no deletion capacity (spec
-    B2.6); with ``l2 = 0`` (rho = 1) or a non-linear network the certificate is vacuous or
+    alone needs them given); mu is the module's ``l2``. 004 states no deletion capacity;
+    with ``l2 = 0`` (rho = 1) or a non-linear network the certificate is vacuous or
     heuristic and a warning says so. ``noise=False`` or a fixed ``sigma_override`` give an
     uncertified certificate (``epsilon=None``), the bound terms still reported.
     """
@@ -103,7 +103,7 @@ class _ContinualCertified(UnlearningStrategy):
 
     def _warn_assumptions(self, c: cl.CLConstants) -> None:
         if c.strong_convexity == 0:
-            warnings.warn("l2 = 0: mu = 0 so rho = 1 and the 004 bound does not decay (certificate vacuous, spec B5.12)", stacklevel=4)
+            warnings.warn("l2 = 0: mu = 0 so rho = 1 and the 004 bound does not decay (certificate vacuous)", stacklevel=4)
         if not _is_linear(self.module):
             warnings.warn("non-linear network: Assumption 2.1 (strong convexity) fails, the 004 certificate is heuristic", stacklevel=4)
 
@@ -134,8 +134,8 @@ class GradientCertifiedStrategy(_ContinualCertified):
 
     Stores nothing beyond the catalog and task sizes. ``sigma = gamma^NF sqrt(2 ln(1.25/delta))/eps``
     with ``gamma^NF = sum_{s deleted} rho^{kappa_t(s)} L/lambda`` (Theorem 4.1, Eq. (9) with the
-    conservative exponent of spec B2.1), and for sample-level requests the [derived] partial-task
-    injection ``2 m L / ((n - m)(mu + lambda))`` (spec B2.5), plus ``rho^kappa ||gap||`` for any
+    conservative exponent), and for sample-level requests the [derived] partial-task
+    injection ``2 m L / ((n - m)(mu + lambda))``, plus ``rho^kappa ||gap||`` for any
     change between tasks (training continued from a published, noised model; [derived]). The
     internal model is the last trained one, so its pre-noise weights are the original weights by design.
     """
@@ -158,10 +158,10 @@ class HessianCertifiedStrategy(_ContinualCertified):
     The correction runs the linearised error recursion over all recorded tasks
     (:func:`cl.hessian_correction`): kept tasks transport the error by
     ``P_i = (H_i + lambda I)^{-1} lambda``, deleted tasks add their ``Delta_i``, and partially
-    deleted tasks (sample-level requests, [derived] spec B2.5) add the Newton step of their own
+    deleted tasks (sample-level requests, [derived]) add the Newton step of their own
     solution, which needs ``sum_{u in U} grad l(end_i; u)``: from the recorder's stored per-sample
     gradients or from ``data`` (the samples to forget), kept per task as a running sum. Noise:
-    ``gamma^H`` of spec B2.3 ([interp, derived], :func:`cl.gamma_hessian`).
+    ``gamma^H`` ([interp, derived], :func:`cl.gamma_hessian`).
     """
 
     method = "hessian_cl"

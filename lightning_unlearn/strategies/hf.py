@@ -25,16 +25,16 @@ class HFStrategy(UnlearningStrategy):
     internal model. Reads no data. Each release publishes ``internal + N(0, sigma^2 I)`` with
     fresh noise, ``sigma = gamma sqrt(2 ln(1.25/delta)) / epsilon`` (analytic Gaussian mechanism
     for epsilon > 1), where ``gamma = sum over ALL samples deleted so far of the per-sample bound``
-    (sum form of Eq. (56), :func:`hf.per_sample_bound`; spec A2.6 items 3-4, "m x per-sample
+    (sum form of Eq. (56), :func:`hf.per_sample_bound`; "m x per-sample
     bound" generalised to the samples' own terms). The constants are lambda = ``strong_convexity``
     (default: the module's ``l2``), M = ``smoothness`` and G = ``grad_bound`` (defaults: the
-    recorder's observed maxima, which are estimates, not proofs). Caveats (spec A2.6): the bound
+    recorder's observed maxima, which are estimates, not proofs). Caveats: the bound
     assumes Assumption 1 (strongly convex, e.g. L2-regularised logistic regression); the paper's
     Taylor-remainder step is heuristic; repeated releases compose and are not accounted for.
 
     The noise-free internal model is :meth:`clean_parameters`; if the recorder has taken SGD
     steps since the last request (a new experience was learned), the module's current weights
-    become the internal model (the published, noised state then continues: spec A2.4).
+    become the internal model (the published, noised state then continues).
 
     Deletion capacity: Eq. (21) with its O-constant set to 1 (:func:`hf.deletion_capacity`), or
     ``max_deletions``. Exceeding it warns (``capacity="warn"``, documented: the guarantee is
