@@ -8,6 +8,7 @@ from lightning_unlearn.callbacks import (
     AnalyticRecorder,
     HessianRecorder,
     RecorderCallback,
+    StreamingRecorder,
     TaskDeltaRecorder,
     TrajectoryRecorder,
 )
@@ -19,6 +20,7 @@ from lightning_unlearn.strategies import (
     GradientCertifiedStrategy,
     HessianCertifiedStrategy,
     HFStrategy,
+    StreamingStrategy,
     UnlearningResult,
     UnlearningStrategy,
 )
@@ -40,6 +42,8 @@ __all__ = [
     "RandomExpansion",
     "RecorderCallback",
     "SampleCatalog",
+    "StreamingRecorder",
+    "StreamingStrategy",
     "SupervisedClassifier",
     "TaskDeltaRecorder",
     "TrajectoryRecorder",

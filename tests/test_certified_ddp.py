@@ -1,4 +1,4 @@
-"""Under DDP (2 CPU processes, gloo) the HF and 004 recorders hold the same statistics as in one process."""
+"""Under DDP (2 CPU processes, gloo) the HF, SAFE and 004 recorders hold the same statistics as in one process."""
 
 import subprocess
 import sys
@@ -29,6 +29,12 @@ def test_ddp_statistics_equal_single_process(tmp_path):
         assert a["lrs"].numel() == b["lrs"].numel() == 12 and a["batch_sizes"].tolist() == b["batch_sizes"].tolist()
         # tolerance: float64, only the summation order of the batch means differs
         assert torch.allclose(by_id(a), by_id(b), rtol=1e-9, atol=1e-12), rank
+        s, t = ddp["streaming"], single["streaming"]
+        assert s["n_anchor"] == t["n_anchor"] == 96 and torch.equal(s["counts"], t["counts"])
+        for key in ("s1", "s2", "loss_sum", "ref_mean", "ref_cov"):  # sums over all samples, not one rank's half
+            assert torch.allclose(s[key], t[key], rtol=1e-9, atol=1e-12), (rank, key)
+        for name in t["grad_sum"]:
+            assert torch.allclose(s["grad_sum"][name], t["grad_sum"][name], rtol=1e-9, atol=1e-12), (rank, name)
         h, g = ddp["hessian"], single["hessian"]
         assert h["sizes"].tolist() == g["sizes"].tolist() == [48, 48]
         for key in ("starts", "ends", "hessians"):

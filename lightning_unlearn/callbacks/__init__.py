@@ -4,6 +4,7 @@ from lightning_unlearn.callbacks.analytic import AnalyticRecorder
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.callbacks.hessian import HessianRecorder, TaskDeltaRecorder
 from lightning_unlearn.callbacks.samples import SampleRecorder
+from lightning_unlearn.callbacks.streaming import StreamingRecorder
 from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
 
-__all__ = ["HessianRecorder", "TaskDeltaRecorder", "TrajectoryRecorder", "AnalyticRecorder", "RecorderCallback", "SampleRecorder"]
+__all__ = ["HessianRecorder", "TaskDeltaRecorder", "TrajectoryRecorder", "AnalyticRecorder", "RecorderCallback", "SampleRecorder", "StreamingRecorder"]

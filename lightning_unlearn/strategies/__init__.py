@@ -11,6 +11,7 @@ from lightning_unlearn.strategies.baselines import (
 )
 from lightning_unlearn.strategies.certified import GradientCertifiedStrategy, HessianCertifiedStrategy
 from lightning_unlearn.strategies.hf import HFStrategy
+from lightning_unlearn.strategies.streaming import StreamingStrategy
 
 __all__ = ["GradientCertifiedStrategy", "HFStrategy", "HessianCertifiedStrategy", "ACUStrategy", "UnlearningResult", "UnlearningStrategy",
-           "FinetuneStrategy", "NegGradStrategy", "NegGradPlusStrategy", "RandomLabelStrategy", "RetrainStrategy"]
+           "FinetuneStrategy", "NegGradStrategy", "NegGradPlusStrategy", "RandomLabelStrategy", "RetrainStrategy", "StreamingStrategy"]

@@ -1,4 +1,4 @@
-"""Fit a TrajectoryRecorder (HF) and a HessianRecorder (004) with DDP on 2 CPU processes (gloo), save their states.
+"""Fit a TrajectoryRecorder (HF), a StreamingRecorder (SAFE) and a HessianRecorder (004) with DDP on 2 CPU processes (gloo), save their states.
 
 Usage: python ddp_trajectory.py OUT.pt [DEVICES]. Run by tests/test_certified_ddp.py in a subprocess
 (Lightning's "ddp" strategy relaunches this script for the other rank). With DEVICES=2 each rank
@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, __file__.rsplit("/", 1)[0] + "/..")
 from helpers_certified import blobs, cl_tasks, proximal_model, sgd_model  # noqa: E402
 
-from lightning_unlearn.callbacks import HessianRecorder, TrajectoryRecorder  # noqa: E402
+from lightning_unlearn.callbacks import HessianRecorder, StreamingRecorder, TrajectoryRecorder  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -38,7 +38,8 @@ def loader(ds, devices: int) -> DataLoader:
 
 def main(out: str, devices: int) -> None:
     traj = TrajectoryRecorder(dtype=torch.float64)
-    tr = trainer(devices, [traj], epochs=2)
+    stream = StreamingRecorder(num_classes=3, proj_dim=4)
+    tr = trainer(devices, [traj, stream], epochs=2)
     tr.fit(sgd_model(), loader(blobs(96, seed=0), devices))
     hess = HessianRecorder()
     model = proximal_model()
@@ -47,7 +48,7 @@ def main(out: str, devices: int) -> None:
         hess.experience = k
         trainer(devices, [hess], epochs=3).fit(model, loader(ds, devices))
     rank = tr.global_rank
-    torch.save({"trajectory": traj.state_dict(), "hessian": hess.state_dict()}, out.replace(".pt", f".rank{rank}.pt"))
+    torch.save({"trajectory": traj.state_dict(), "streaming": stream.state_dict(), "hessian": hess.state_dict()}, out.replace(".pt", f".rank{rank}.pt"))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,216 @@
+"""`StreamingRecorder`: records during fit what SAFE (paper 001) keeps instead of the training data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor, nn
+
+from lightning_unlearn.callbacks.base import RecorderCallback, _gather
+from lightning_unlearn.data import unpack_batch
+from lightning_unlearn.functional import streaming as safe
+
+_STATE = ("V", "counts", "s1", "s2", "ref_counts", "ref_mean", "ref_cov", "w0", "buffers0", "grad_sum", "loss_sum",
+          "n_anchor", "forget_x", "forget_y", "forget_ids", "rounds", "cumulative_surrogate")
+
+
+class StreamingRecorder(RecorderCallback):
+    """The statistics of Algorithm 1's inputs (001, Sec. 3.2), recorded during fit; no retained data is kept.
+
+    * During the first epoch, per class ``c``: the count ``n(c)`` and the sums of ``u`` and ``u u^T``
+      of the random projection ``u = V^T vec(x)`` (Eq. (21); ``V`` has i.i.d. N(0, 1) entries, seeded).
+    * At the end of the fit, at the final weights ``w_0`` (the anchor of every round, Eq. (27)),
+      one pass over the fit's training loader: ``sum grad_w l(f(x; w_0), y)`` and ``sum l`` over
+      the data (``|D_0| grad R_0(w_0)`` of Eq. (12), float64, model in eval mode), plus a copy of
+      ``w_0`` and the module buffers. The class statistics at that moment are the ``t = 0``
+      reference ``(n_0, mu_0, Sigma_0)`` of Eq. (20)-(24).
+    * :class:`StreamingStrategy` then subtracts each request's samples from these statistics and
+      appends them to the forget buffer (the past forget sets ``F_1..F_t`` Eq. (25) sums over).
+
+    ``l`` is the cross-entropy of ``module(x)`` (the prediction loss of Eq. (1); a regulariser in
+    the module's training objective is not part of it).
+
+    [interp] Continual learning: every fit re-anchors at its final weights, resets
+    the round counter and the forget buffer, and takes the current class statistics as the new
+    reference. The gradient sum of samples learned in earlier fits was taken at their own fit's
+    final weights (it cannot be re-evaluated without their data), so after a second fit the
+    retention gradient is an approximation; with a single fit it is exact.
+
+    Args:
+        num_classes: number of classes ``C`` (labels must lie in ``[0, C)``).
+        proj_dim: dimension ``k`` of the projection ``V`` (not given in the paper; [interp] 16).
+        ridge: covariance regulariser, relative to ``trace(Sigma)/k`` ([interp]; not in the paper).
+        seed: seed of ``V``.
+    """
+
+    def __init__(self, num_classes: int, proj_dim: int = 16, ridge: float = 1e-4, seed: int = 0) -> None:
+        super().__init__()
+        if num_classes < 2 or proj_dim < 1 or ridge < 0:
+            raise ValueError(f"StreamingRecorder needs num_classes >= 2, proj_dim >= 1, ridge >= 0; got {num_classes}, {proj_dim}, {ridge}")
+        self.num_classes, self.proj_dim, self.ridge, self.seed = int(num_classes), int(proj_dim), float(ridge), int(seed)
+        self.V: Tensor | None = None
+        self.counts = torch.zeros(self.num_classes, dtype=torch.float64)
+        self.s1 = torch.zeros(self.num_classes, self.proj_dim, dtype=torch.float64)
+        self.s2 = torch.zeros(self.num_classes, self.proj_dim, self.proj_dim, dtype=torch.float64)
+        self.ref_counts: Tensor | None = None
+        self.ref_mean: Tensor | None = None
+        self.ref_cov: Tensor | None = None
+        self.w0: dict[str, Tensor] | None = None
+        self.buffers0: dict[str, Tensor] = {}
+        self.grad_sum: dict[str, Tensor] = {}  # sum over retained samples of grad l(w_0) (Eq. (15) as a sum)
+        self.loss_sum = torch.zeros((), dtype=torch.float64)  # sum over retained samples of l(w_0)
+        self.n_anchor = 0  # |D_0|
+        self.forget_x: Tensor | None = None  # the forget buffer: inputs, labels, ids of F_1..F_t
+        self.forget_y = torch.empty(0, dtype=torch.long)
+        self.forget_ids = torch.empty(0, dtype=torch.long)
+        self.rounds = 0
+        self.cumulative_surrogate = 0.0
+        self._staged: tuple[Tensor, Tensor, Tensor] | None = None
+        self._prior: tuple[dict[str, Tensor], Tensor] = ({}, torch.zeros((), dtype=torch.float64))
+        self._anchor_key: tuple[int, int] | None = None  # (experience, global step) of the last anchor pass
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(num_classes=self.num_classes, proj_dim=self.proj_dim, seed=self.seed)
+
+    # -- derived quantities ------------------------------------------------------------------------
+    @property
+    def n_retained(self) -> int:
+        """``|D_t|``: learned samples not yet forgotten."""
+        return int(self.counts.sum())
+
+    @property
+    def param_names(self) -> list[str]:
+        return list(self.w0) if self.w0 is not None else []
+
+    def moments(self, counts: Tensor, s1: Tensor, s2: Tensor) -> tuple[Tensor, Tensor]:
+        return safe.class_moments(counts, s1, s2, self.ridge)
+
+    def require_anchor(self) -> None:
+        """``ValueError`` unless a fit has recorded the anchor ``w_0`` and its statistics."""
+        self.require_fitted()
+        if self.w0 is None or self.ref_counts is None:
+            raise ValueError("StreamingRecorder has no anchor: the fit ended before its final gradient pass")
+
+    # -- recording -------------------------------------------------------------------------------
+    def begin_experience(self, module: nn.Module) -> None:
+        super().begin_experience(module)
+        if self._anchor_key is None or self._anchor_key[0] != self._fit_experience:
+            self._prior = ({k: v.clone() for k, v in self.grad_sum.items()}, self.loss_sum.clone())
+
+    def _drop_staged(self) -> None:
+        super()._drop_staged()
+        self._staged = None
+
+    def _record(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any) -> None:
+        if y.min() < 0 or y.max() >= self.num_classes:
+            raise ValueError(f"StreamingRecorder(num_classes={self.num_classes}) got labels outside [0, {self.num_classes}): {y.unique().tolist()[:10]}")
+        p = x[0].numel()
+        if self.V is None:
+            g = torch.Generator().manual_seed(self.seed)
+            self.V = torch.randn(p, self.proj_dim, generator=g, dtype=torch.float64)
+        elif self.V.shape[0] != p:
+            raise ValueError(f"inputs have {p} features but the recorded projection V expects {self.V.shape[0]}")
+        n, s1, s2 = safe.class_sums(safe.project(x.detach().cpu(), self.V), y.cpu(), self.num_classes)
+        if self._staged is not None:
+            n, s1, s2 = n + self._staged[0], s1 + self._staged[1], s2 + self._staged[2]
+        self._staged = (n, s1, s2)
+
+    def _commit(self, module: nn.Module) -> None:
+        n, s1, s2 = self._staged
+        self.counts, self.s1, self.s2 = self.counts + n, self.s1 + s1, self.s2 + s2
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        last = trainer.max_epochs is not None and trainer.max_epochs >= 0 and trainer.current_epoch + 1 >= trainer.max_epochs
+        if last or trainer.should_stop:
+            self.anchor(trainer, pl_module)  # before ModelCheckpoint (Lightning runs it last) saves
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        if self._anchor_key != (self._fit_experience, trainer.global_step):
+            self.anchor(trainer, pl_module)
+
+    def anchor(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        """Take the module's weights as ``w_0`` and sum ``grad l`` and ``l`` at ``w_0`` over this fit's samples."""
+        if not len(self.catalog):
+            return
+        names = [n for n, p in module.named_parameters() if p.requires_grad]
+        params = {n: p.detach() for n, p in module.named_parameters() if p.requires_grad}
+        buffers = {n: b.detach().clone() for n, b in module.named_buffers()}
+        grads = {n: torch.zeros_like(p, dtype=torch.float64, device="cpu") for n, p in params.items()}
+        loss = torch.zeros((), dtype=torch.float64)
+        seen: set[int] = set()
+        was_training = module.training
+        module.eval()  # BN statistics must not move
+        try:
+            for batch in trainer.train_dataloader:
+                x, y, ids = unpack_batch(batch)
+                x, y, ids = (t.to(module.device) for t in (x, y, ids))
+                if trainer.world_size > 1:
+                    x, y, ids = (_gather(module, t) for t in (x, y, ids))
+                keep = self._fit_rows(ids, seen)
+                if keep.numel():
+                    g, value = safe.summed_loss_grad(module, params, buffers, x[keep], y[keep])
+                    for n in names:
+                        grads[n] += g[n].detach().double().cpu()
+                    loss += value.double().cpu()
+        finally:
+            module.train(was_training)
+        prior_grads, prior_loss = self._prior
+        self.grad_sum = {n: grads[n] + prior_grads.get(n, 0.0) for n in names}
+        self.loss_sum = loss + prior_loss
+        self.w0 = {n: p.detach().cpu().clone() for n, p in params.items()}
+        self.buffers0 = {n: b.cpu() for n, b in buffers.items()}
+        self.ref_counts = self.counts.clone()
+        self.ref_mean, self.ref_cov = self.moments(self.counts, self.s1, self.s2)
+        self.n_anchor = self.n_retained
+        self.forget_x, self.forget_y, self.forget_ids = None, torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long)
+        self.rounds, self.cumulative_surrogate = 0, 0.0
+        self._anchor_key = (self._fit_experience, trainer.global_step)
+
+    def _fit_rows(self, ids: Tensor, seen: set[int]) -> Tensor:
+        """Rows of a batch holding samples learned in this fit, not forgotten, not seen yet in the pass."""
+        cand = [k for k, i in enumerate(ids.tolist()) if i not in seen and i in self.catalog]
+        if not cand:
+            return torch.empty(0, dtype=torch.long, device=ids.device)
+        rows = self.catalog.rows(ids[cand].cpu())
+        ok = (self.catalog.experiences[rows] == self._fit_experience) & ~self.catalog.forgotten[rows]
+        keep = [k for k, good in zip(cand, ok.tolist()) if good]
+        seen.update(ids[keep].tolist())
+        return torch.tensor(keep, dtype=torch.long, device=ids.device)
+
+    # -- one round (called by StreamingStrategy) ---------------------------------------------------
+    def commit_round(self, x: Tensor, y: Tensor, ids: Tensor, grad_sum: dict[str, Tensor], loss_sum: Tensor, surrogate: float) -> None:
+        """Remove ``F_t`` from the statistics (Eq. (15), Eq. (22)-(23)) and append it to the forget buffer."""
+        n, s1, s2 = safe.class_sums(safe.project(x, self.V), y, self.num_classes)
+        self.counts, self.s1, self.s2 = self.counts - n, self.s1 - s1, self.s2 - s2
+        self.grad_sum, self.loss_sum = grad_sum, loss_sum
+        self.forget_x = x.clone() if self.forget_x is None else torch.cat([self.forget_x, x])
+        self.forget_y = torch.cat([self.forget_y, y])
+        self.forget_ids = torch.cat([self.forget_ids, ids])
+        self.rounds += 1
+        self.cumulative_surrogate += surrogate
+
+    # -- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state = {k: getattr(self, k) for k in _STATE}
+        state = {k: ({n: t.clone() for n, t in v.items()} if isinstance(v, dict) else v.clone() if isinstance(v, Tensor) else v) for k, v in state.items()}
+        return {**super().state_dict(), **state, "num_classes": self.num_classes, "proj_dim": self.proj_dim, "ridge": self.ridge,
+                "anchor_key": list(self._anchor_key) if self._anchor_key else None}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        missing = [k for k in ("catalog", "V", "w0", "ref_counts") if state_dict.get(k) is None]
+        if missing:
+            raise ValueError(f"StreamingRecorder state lacks recorded statistics {missing}")
+        ours = (self.num_classes, self.proj_dim, self.ridge)
+        theirs = (state_dict["num_classes"], state_dict["proj_dim"], state_dict["ridge"])
+        if tuple(theirs) != ours:
+            raise ValueError(f"checkpoint was recorded with (num_classes, proj_dim, ridge)={theirs}, this recorder has {ours}")
+        super().load_state_dict(state_dict)
+        for k in _STATE:
+            v = state_dict[k]
+            setattr(self, k, {n: t.clone() for n, t in v.items()} if isinstance(v, dict) else v.clone() if isinstance(v, Tensor) else v)
+        self._anchor_key = tuple(state_dict["anchor_key"]) if state_dict.get("anchor_key") else None

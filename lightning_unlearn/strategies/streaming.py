@@ -1,0 +1,251 @@
+"""`StreamingStrategy`: SAFE streaming unlearning (paper 001, Algorithm 1), one request per round."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lightning_unlearn.callbacks.streaming import StreamingRecorder
+from lightning_unlearn.core.certificate import Certificate
+from lightning_unlearn.core.ledger import Ledger
+from lightning_unlearn.data import select_by_ids
+from lightning_unlearn.functional import streaming as safe
+from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy
+
+_SCOPES = ("all", "current")
+_DIRECTIONS = ("model_to_target", "target_to_model")
+
+
+class StreamingStrategy(UnlearningStrategy):
+    """SAFE (001, Algorithm 1): each request is one round ``t``; the model becomes one step from ``w_0``.
+
+    Needs only the samples to forget (``data`` of :meth:`forget`) and the
+    :class:`StreamingRecorder`'s statistics, never the retained data. Round ``t``:
+
+    1. ``|D_t| = |D_{t-1}| - |F_t|`` and the retention gradient at ``w_0`` (Eq. (15), kept as a
+       float64 sum: ``G_t = G_{t-1} - sum_{F_t} grad l(w_0)``, ``grad R_t^ret(w_0) = G_t / |D_t|``,
+       algebraically identical; Alg. 1 line 6).
+    2. The class statistics lose ``F_t``'s projections (exact form of Eq. (22)-(23); line 7).
+    3. For the forget buffer ``F_1 .. F_t`` (``forget_scope="all"``, Eq. (25); ``"current"``: only
+       ``F_t``, as Alg. 1 line 8 reads) the pseudo-target ``softmax(logits(x; w_0) + log q_t(x))``
+       (Eq. (24), per-class reading [interp]) and the gradient at ``w_0`` of
+       ``lambda * mean d_KL(f(x; w), target)`` (Eq. (25)-(26); line 8).
+    4. ``g_t = grad R^ret + grad R~^fg`` and ``w_t = w_0 - gamma g_t/||g_t|| - b_t`` (Eq. (27); lines 9-11),
+       with ``b_t ~ N(0, noise_std^2 I)`` over the trainable parameters.
+
+    The step always starts at ``w_0`` (not at ``w_{t-1}``); module buffers (BN statistics) are
+    reset to their ``w_0`` values. Gradients are taken in eval mode.
+
+    Per-round quantities in ``result.extra``: ``round``, ``n_forget_round``,
+    ``n_forgotten_total`` (``sum_i |F_i|``), ``n_retained`` (``|D_t|``), ``step_size`` (``gamma``),
+    ``grad_norm_retain``, ``grad_norm_forget``, ``cos_retain_forget``, ``step_norm``
+    (``||w_t - w_0||``), ``retain_risk_w0`` (``R_t^ret(w_0)``, Eq. (14), exact from the recorded
+    sums), ``forget_risk_w0`` and ``forget_risk`` (``R~_t^fg`` at ``w_0`` and ``w_t``, Eq. (25)),
+    ``surrogate_risk`` (``R~_t(w_t)`` of Eq. (28) with the retention term to first order around
+    ``w_0``: ``R_t^ret(w_0) + grad R_t^ret(w_0) . (w_t - w_0) + R~_t^fg(w_t)``; [interp], the paper
+    states no per-round proxy), ``cumulative_surrogate_risk`` (its sum over rounds, the
+    ``Obj_stream`` of Eq. (6) in this proxy), ``theorem1_bound`` (``C sum_i|F_i| / |D_t|^{3/2}``),
+    ``label_shift`` (``n_t(c)/n_0(c) * |D_0|/|D_t|`` per class, Eq. (20)) and
+    ``mean_log_density_ratio`` (mean over ``F_t`` of the Gaussian log-ratio at the sample's own class).
+
+    Args:
+        module: the trained module (weights are overwritten with ``w_t``).
+        recorder: the :class:`StreamingRecorder` that watched the fit.
+        forget_weight: ``lambda`` of Eq. (10)/(25). Default 1000 (Sec. 4.1, MNIST; App. B.2 says 2000).
+        lr_constant: ``K`` of Theorem 2's ``gamma = sqrt(W)/(K sqrt(T))``; default 2.5 (App. B.5, MNIST).
+            ``W`` is ``||w_0||_2`` ([interp]; the paper gives no value).
+        expected_rounds: the horizon ``T`` (20 in the paper); after more rounds ``T = t``.
+        step_size: ``gamma`` directly (overrides ``lr_constant`` and ``expected_rounds``).
+        forget_scope: ``"all"`` (Eq. (25)) or ``"current"`` (Alg. 1 line 8).
+        kl_direction: ``"model_to_target"`` (``KL(f(x;w) || target)``, [interp]) or ``"target_to_model"``.
+        noise_std: a fixed std of ``b_t`` (uncertified). [interp] 0 by default: the paper reports no value.
+        epsilon, delta: calibrate ``b_t`` by Theorem 2(iii) instead: std ``phi_t = W sqrt(2 ln(1.25/delta)) / epsilon``
+            and an (epsilon, delta) certificate. The noise is of the order of the whole weight norm
+            ``W`` (for epsilon ~ 1), which the theorem needs and which erases most of what the model knows.
+        weight_bound: ``W`` of Theorem 2, an assumed bound on ``||w||_2`` of every model; default
+            ``||w_0||_2`` ([interp]; the theorem states it as an assumption).
+        seed: seed of the noise (``seed + t``).
+
+    Without ``epsilon`` the certificate is uncertified (``exact=False``, no epsilon): Theorem 2(i)-(ii)
+    bound the expected dynamic regret, not the distance to retraining.
+    """
+
+    method = "safe"
+    needs_forget_data = True
+
+    def __init__(
+        self,
+        module: nn.Module,
+        recorder: StreamingRecorder,
+        *,
+        forget_weight: float = 1000.0,
+        lr_constant: float = 2.5,
+        expected_rounds: int = 20,
+        step_size: float | None = None,
+        forget_scope: str = "all",
+        kl_direction: str = "model_to_target",
+        noise_std: float = 0.0,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        weight_bound: float | None = None,
+        seed: int = 0,
+        ledger: Ledger | None = None,
+    ) -> None:
+        super().__init__(module, recorder, ledger)
+        if not isinstance(recorder, StreamingRecorder):
+            raise TypeError(f"StreamingStrategy needs a StreamingRecorder, got {type(recorder).__name__}")
+        if forget_weight < 0 or lr_constant <= 0 or expected_rounds < 1 or noise_std < 0 or (step_size is not None and step_size <= 0):
+            raise ValueError(
+                "StreamingStrategy needs forget_weight >= 0, lr_constant > 0, expected_rounds >= 1, noise_std >= 0, step_size > 0; "
+                f"got {forget_weight}, {lr_constant}, {expected_rounds}, {noise_std}, {step_size}"
+            )
+        if (epsilon is None) != (delta is None):
+            raise ValueError(f"StreamingStrategy takes epsilon and delta together (Theorem 2(iii)); got epsilon={epsilon}, delta={delta}")
+        if epsilon is not None and not (0 < epsilon < float("inf") and 0 < delta < 1):  # type: ignore[operator]
+            raise ValueError(f"StreamingStrategy needs epsilon > 0 (finite) and delta in (0, 1); got {epsilon}, {delta}")
+        if epsilon is not None and noise_std > 0:
+            raise ValueError("StreamingStrategy: epsilon calibrates the noise by Theorem 2(iii); do not also give noise_std")
+        if weight_bound is not None and not weight_bound > 0:
+            raise ValueError(f"StreamingStrategy weight_bound W must be positive, got {weight_bound}")
+        if forget_scope not in _SCOPES or kl_direction not in _DIRECTIONS:
+            raise ValueError(f"forget_scope must be one of {_SCOPES} and kl_direction one of {_DIRECTIONS}; got {forget_scope!r}, {kl_direction!r}")
+        self.recorder: StreamingRecorder = recorder
+        self.forget_weight, self.lr_constant, self.expected_rounds = float(forget_weight), float(lr_constant), int(expected_rounds)
+        self.fixed_step = None if step_size is None else float(step_size)
+        self.forget_scope, self.kl_direction, self.noise_std, self.seed = forget_scope, kl_direction, float(noise_std), int(seed)
+        self.epsilon, self.delta, self.weight_bound = epsilon, delta, weight_bound
+
+    def _forget(self, ids: Tensor, data: ForgetData) -> tuple[Certificate, dict[str, Any]]:
+        rec = self.recorder
+        rec.require_anchor()
+        x, y = select_by_ids(data, ids)  # type: ignore[arg-type]
+        labels = self._labels_checked(ids, y)
+        x = self._checked_inputs(x)
+        self._check_module()
+        names, device = rec.param_names, next(self.module.parameters()).device
+        w0 = {n: t.to(device) for n, t in rec.w0.items()}
+        buffers = {n: t.to(device) for n, t in rec.buffers0.items()}
+        t = rec.rounds + 1
+
+        # Eq. (15): retention gradient (and risk) at w_0 over D_t = D_{t-1} \ F_t
+        with _eval(self.module):
+            g_f, loss_f = safe.summed_loss_grad(self.module, w0, buffers, x.to(device), labels.to(device))
+        grad_sum = {n: rec.grad_sum[n] - g_f[n].detach().double().cpu() for n in names}
+        loss_sum = rec.loss_sum - loss_f.double().cpu()
+        n_t = rec.n_retained - int(ids.numel())
+        if n_t < 1:
+            raise ValueError(f"{self.method}: the request would leave no retained sample; SAFE's retention term (Eq. (14)) is undefined")
+        g_ret = safe.flatten(grad_sum, names) / n_t
+
+        # Eq. (22)-(24): class statistics of D_t and the pseudo-targets of the forget buffer
+        u_new = safe.project(x, rec.V)
+        dn, ds1, ds2 = safe.class_sums(u_new, labels, rec.num_classes)
+        counts = rec.counts - dn
+        moments_t = rec.moments(counts, rec.s1 - ds1, rec.s2 - ds2)
+        moments_0 = (rec.ref_mean, rec.ref_cov)
+        bx, by = self._scope(x, labels)
+        log_q = safe.log_shift_ratio(safe.project(bx, rec.V), counts, rec.ref_counts, moments_t, moments_0)
+        with _eval(self.module), torch.no_grad():
+            logits_0 = torch.func.functional_call(self.module, {**w0, **buffers}, (bx.to(device),)).double().cpu()
+        target = safe.pseudo_target(logits_0, log_q).to(device)
+
+        # Eq. (25)-(27): forgetting gradient at w_0, total gradient, one normalised step from w_0
+        with _eval(self.module):
+            g_fg_d, fg_w0 = safe.forgetting_grad(self.module, w0, buffers, bx.to(device), target, self.forget_weight, self.kl_direction)
+        g_fg = safe.flatten(g_fg_d, names)
+        g = g_ret + g_fg
+        if not bool(torch.isfinite(g).all()):
+            raise ValueError(f"{self.method}: the round's gradient is not finite; check the forget data and the recorded statistics")
+        gamma = self.fixed_step if self.fixed_step is not None else safe.step_size(float(safe.flatten(rec.w0, names).norm()), self.lr_constant, max(t, self.expected_rounds))
+        flat0 = safe.flatten(rec.w0, names)
+        W = self.weight_bound if self.weight_bound is not None else float(flat0.norm())
+        sigma = safe.theorem2_sigma(W, self.epsilon, self.delta) if self.epsilon is not None else self.noise_std
+        noise = torch.randn(flat0.shape, generator=torch.Generator().manual_seed(self.seed + t), dtype=torch.float64) * sigma
+        flat_t = safe.normalised_step(flat0, g, gamma, noise)
+        w_t = safe.unflatten(flat_t, rec.w0, names)
+
+        with _eval(self.module), torch.no_grad():
+            logits_t = torch.func.functional_call(self.module, {**{n: v.to(device) for n, v in w_t.items()}, **buffers}, (bx.to(device),))
+            fg_t = float(self.forget_weight * safe.kl_to_target(logits_t.double(), target, self.kl_direction).mean())
+        retain_risk_w0 = float(loss_sum) / n_t
+        surrogate = retain_risk_w0 + float(g_ret @ (flat_t - flat0)) + fg_t
+        n_forgotten = int(rec.forget_y.numel() + ids.numel())
+        own_ratio = safe.log_density_ratio(u_new, moments_t, moments_0).gather(1, labels[:, None]).mean()
+        extra = {
+            "round": t,
+            "n_forget_round": int(ids.numel()),
+            "n_forgotten_total": n_forgotten,
+            "n_retained": n_t,
+            "step_size": gamma,
+            "grad_norm_retain": float(g_ret.norm()),
+            "grad_norm_forget": float(g_fg.norm()),
+            "cos_retain_forget": float(torch.nn.functional.cosine_similarity(g_ret, g_fg, dim=0)),
+            "step_norm": float((flat_t - flat0).norm()),
+            "retain_risk_w0": retain_risk_w0,
+            "forget_risk_w0": float(fg_w0),
+            "forget_risk": fg_t,
+            "surrogate_risk": surrogate,
+            "cumulative_surrogate_risk": rec.cumulative_surrogate + surrogate,
+            "theorem1_bound": safe.theorem1_bound(rec.num_classes, n_forgotten, n_t),
+            "label_shift": ((counts / rec.ref_counts.clamp(min=1)) * rec.n_anchor / n_t).tolist(),
+            "mean_log_density_ratio": float(own_ratio),
+        }
+
+        # commit: nothing above touched the recorder or the module
+        with torch.no_grad():
+            for n, p in self.module.named_parameters():
+                if n in w_t:
+                    p.copy_(w_t[n])
+            for n, b in self.module.named_buffers():
+                b.copy_(rec.buffers0[n])
+        rec.commit_round(x, labels, ids, grad_sum, loss_sum, surrogate)
+        return self._certificate(sigma, W), extra
+
+    def _certificate(self, sigma: float, weight_bound: float) -> Certificate:
+        if self.epsilon is None:
+            note = f"; fixed noise std {sigma:g}" if sigma else ""
+            return Certificate(method=self.method, exact=False,
+                               statement=f"SAFE (001 Alg. 1): heuristic{note}; Thm 2 bounds expected dynamic regret, not distance to retraining")
+        return Certificate(method=self.method, exact=False, epsilon=self.epsilon, delta=self.delta, sigma=sigma, bounds={"W": weight_bound},
+                           statement="SAFE (001 Thm 2(iii)): noise phi_t = W sqrt(2 ln(1.25/delta))/epsilon, assuming ||w||_2 <= W")
+
+    def _scope(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """The samples the forgetting term sums over: ``F_1..F_t`` (Eq. (25)) or ``F_t`` (Alg. 1 line 8)."""
+        rec = self.recorder
+        if self.forget_scope == "current" or rec.forget_x is None:
+            return x, y
+        return torch.cat([rec.forget_x, x]), torch.cat([rec.forget_y, y])
+
+    def _checked_inputs(self, x: Tensor) -> Tensor:
+        V = self.recorder.V
+        if x[0].numel() != V.shape[0]:
+            raise ValueError(f"forget data has {x[0].numel()} features per sample but the recorded projection expects {V.shape[0]}")
+        if self.recorder.forget_x is not None and x.shape[1:] != self.recorder.forget_x.shape[1:]:
+            raise ValueError(f"forget data inputs are shaped {tuple(x.shape[1:])}, earlier requests' {tuple(self.recorder.forget_x.shape[1:])}")
+        return x.detach().cpu()
+
+    def _check_module(self) -> None:
+        rec = self.recorder
+        params = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
+        shapes = {n: tuple(p.shape) for n, p in params.items()}
+        recorded = {n: tuple(t.shape) for n, t in rec.w0.items()}
+        if shapes != recorded:
+            diff = sorted(set(shapes.items()) ^ set(recorded.items()))[:5]
+            raise ValueError(f"the module's trainable parameters do not match the recorded w_0 (differences: {diff})")
+        if set(dict(self.module.named_buffers())) != set(rec.buffers0):
+            raise ValueError("the module's buffers do not match the recorded ones")
+
+
+class _eval:
+    """Context: module in eval mode (BN statistics fixed,), previous mode restored after."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module, self.was_training = module, module.training
+
+    def __enter__(self) -> None:
+        self.module.eval()
+
+    def __exit__(self, *exc: object) -> None:
+        self.module.train(self.was_training)
