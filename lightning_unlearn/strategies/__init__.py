@@ -11,7 +11,9 @@ from lightning_unlearn.strategies.baselines import (
 )
 from lightning_unlearn.strategies.certified import GradientCertifiedStrategy, HessianCertifiedStrategy
 from lightning_unlearn.strategies.hf import HFStrategy
+from lightning_unlearn.strategies.rbm import MaskProjection, RBMStrategy
 from lightning_unlearn.strategies.streaming import StreamingStrategy
 
 __all__ = ["GradientCertifiedStrategy", "HFStrategy", "HessianCertifiedStrategy", "ACUStrategy", "UnlearningResult", "UnlearningStrategy",
-           "FinetuneStrategy", "NegGradStrategy", "NegGradPlusStrategy", "RandomLabelStrategy", "RetrainStrategy", "StreamingStrategy"]
+           "FinetuneStrategy", "NegGradStrategy", "NegGradPlusStrategy", "RandomLabelStrategy", "RetrainStrategy", "StreamingStrategy",
+           "RBMStrategy", "MaskProjection"]

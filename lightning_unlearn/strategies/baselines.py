@@ -23,7 +23,7 @@ their constructor and say so; the retained set is every learned, not yet forgott
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import lightning as L
@@ -132,13 +132,24 @@ class _Trained(UnlearningStrategy):
         x, y = select_by_ids(data, ids)  # type: ignore[arg-type]
         return TensorDataset(x, self._labels_checked(ids, y))
 
+    def relabelled(self, forget: TensorDataset) -> TensorDataset:
+        """The samples to forget, each with a uniformly drawn *wrong* label ``y' != y`` (seeded per request)."""
+        x, y = forget.tensors
+        with torch.no_grad():
+            n_classes = int(self.module(x[:1]).shape[-1])
+        if n_classes < 2:
+            raise ValueError(f"{self.method} needs at least 2 classes to draw a wrong label")
+        g = torch.Generator().manual_seed(self.seed + len(self.history))
+        return TensorDataset(x, (y + torch.randint(1, n_classes, y.shape, generator=g)) % n_classes)
+
     def loader(self, dataset: Dataset, salt: int = 0) -> DataLoader:
         generator = torch.Generator().manual_seed(self.seed + len(self.history) + salt)
         return DataLoader(dataset, batch_size=self.batch_size, shuffle=True, generator=generator)
 
-    def fit(self, loss: LossFn, loaders: Any) -> None:
+    def fit(self, loss: LossFn, loaders: Any, callbacks: Sequence[L.Callback] = ()) -> None:
         """Train the module in place for ``epochs`` epochs on ``loss`` (global RNG state left untouched)."""
-        trainer = L.Trainer(**{**_QUIET, "max_epochs": self.epochs, **self.trainer_kwargs})
+        extra = [*self.trainer_kwargs.get("callbacks", []), *callbacks]
+        trainer = L.Trainer(**{**_QUIET, "max_epochs": self.epochs, **self.trainer_kwargs, "callbacks": extra})
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
             trainer.fit(_Objective(self.module, loss, self.lr, self.momentum), loaders)
@@ -230,14 +241,7 @@ class RandomLabelStrategy(_Trained):
 
     def _forget(self, ids: Tensor, data: ForgetData) -> tuple[Certificate, dict[str, Any]]:
         forget, retained = self.forget_set(ids, data), self.retained(ids)
-        x, y = forget.tensors
-        with torch.no_grad():
-            n_classes = int(self.module(x[:1]).shape[-1])
-        if n_classes < 2:
-            raise ValueError("RandomLabel needs at least 2 classes to draw a wrong label")
-        g = torch.Generator().manual_seed(self.seed + len(self.history))
-        wrong = (y + torch.randint(1, n_classes, y.shape, generator=g)) % n_classes
-        self.fit(_ce, self.loader(ConcatDataset([_XY(retained), TensorDataset(x, wrong)])))
+        self.fit(_ce, self.loader(ConcatDataset([_XY(retained), self.relabelled(forget)])))
         return self._result(ids, n_retained=len(retained))
 
 
