@@ -1,6 +1,6 @@
 """``lightning-unlearn``: compare unlearning methods on a continual stream from the terminal.
 
-    lightning-unlearn compare --methods acu,finetune,neggrad,retrain --requests 5,25
+    lightning-unlearn compare --methods acu,hf,hessian,rbm,finetune,neggrad,retrain --requests 5,25
     lightning-unlearn methods
 
 ``compare`` learns scikit-learn's digits as a class-incremental stream (no download), executes
@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from lightning_unlearn.registry import available_methods, get_method
+
+#: every registered method, the exact and certified ones first
+DEFAULT_METHODS = "acu,hf,hessian,gradient,safe,rbm,salun,retrain,finetune,neggrad,neggrad_plus,randomlabel"
 from lightning_unlearn.schedule import make_schedule
 
 _NOISE = (".*does not have many workers.*", ".*no `val_dataloader`.*", ".*module\\(s\\) in eval mode.*",
@@ -58,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("methods", help="list the registered methods")
     c = sub.add_parser("compare", help="run the evaluation harness and print the Table 1 gaps")
-    c.add_argument("--methods", default="acu,retrain,finetune,neggrad,neggrad_plus,randomlabel", help="comma-separated registered names")
+    c.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated registered names")
     c.add_argument("--requests", type=_ints, default=[5], help="K, the number of forget requests; several: 5,25")
     c.add_argument("--kinds", default="samples", help="request kinds, cycled: samples, class, experience (comma-separated)")
     c.add_argument("--samples-per-request", type=int, default=None,

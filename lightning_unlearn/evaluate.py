@@ -299,8 +299,15 @@ def _request_fields(i: int, result: Any) -> dict[str, Any]:
         "forget_request": str(result.request),
         "n_removed": int(result.removed_ids.numel()),
         "time_s": result.wall_time_s,
-        "certificate": "exact" if result.certificate.exact else ("certified" if result.certificate.certified else "none"),
+        "certificate": _guarantee(result.certificate),
     }
+
+
+def _guarantee(certificate: Any) -> str:
+    """``exact``, ``(eps, delta)`` or ``none``: what a request's certificate promises."""
+    if certificate.exact:
+        return "exact"
+    return f"({certificate.epsilon:g},{certificate.delta:g})" if certificate.certified else "none"
 
 
 def _metrics(module: nn.Module, reference: nn.Module | None, info: BenchmarkInfo, catalog: SampleCatalog) -> dict[str, float]:

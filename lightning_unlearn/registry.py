@@ -19,6 +19,15 @@ Model families, each with its gold standard (retraining from scratch on the reta
 * ``"supervised"``: the backbone (trainable copy) + a linear layer trained by SGD
   (:class:`SupervisedClassifier`, ``info.epochs`` epochs per experience at ``info.lr``); its
   retrain replays that recipe on the retained samples.
+* ``"linear"``: the frozen backbone + a linear layer trained by SGD on ``mean CE + (l2/2)||theta||^2``:
+  L2-regularised logistic regression on fixed features, the strongly convex setting in which
+  HF's certificate holds (paper 002, Assumption 1); its retrain replays the recipe.
+* ``"proximal"``: the same model with paper 004's regulariser ``(lambda/2)||theta - theta_{t-1}||^2``
+  (:class:`ProximalClassifier`), for the certified continual-learning methods; each task is solved
+  by ``info.epochs`` epochs of SGD, not exactly as 004 assumes [interp]; its retrain replays the recipe.
+
+Registered: ``acu``, ``hf``, ``hessian``, ``gradient``, ``safe``, ``rbm``, ``salun`` and the baselines
+``retrain``, ``finetune``, ``neggrad``, ``neggrad_plus``, ``randomlabel``.
 """
 
 from __future__ import annotations
@@ -29,14 +38,22 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning as L
+import torch
 from torch import nn
 
 from lightning_unlearn.callbacks.analytic import AnalyticRecorder
 from lightning_unlearn.callbacks.base import RecorderCallback
+from lightning_unlearn.callbacks.hessian import HessianRecorder
 from lightning_unlearn.callbacks.samples import SampleRecorder
+from lightning_unlearn.callbacks.streaming import StreamingRecorder
+from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
 from lightning_unlearn.evaluate import BenchmarkInfo, Built, Method
-from lightning_unlearn.models import AnalyticClassifier, SupervisedClassifier
+from lightning_unlearn.models import AnalyticClassifier, ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.strategies.acu import ACUStrategy
+from lightning_unlearn.strategies.certified import GradientCertifiedStrategy, HessianCertifiedStrategy
+from lightning_unlearn.strategies.hf import HFStrategy
+from lightning_unlearn.strategies.rbm import RBMStrategy
+from lightning_unlearn.strategies.streaming import StreamingStrategy
 from lightning_unlearn.strategies.baselines import (
     FinetuneStrategy,
     NegGradPlusStrategy,
@@ -47,10 +64,12 @@ from lightning_unlearn.strategies.baselines import (
 
 MethodFactory = Callable[..., Method]
 _METHODS: dict[str, MethodFactory] = {}
-FAMILIES = ("analytic", "supervised")
+FAMILIES = ("analytic", "supervised", "linear", "proximal")
 
 #: ACU's ridge regulariser and random-expansion width used by the analytic family
 GAMMA, EXPANSION_DIM = 1.0, 512
+#: ridge ``l2`` (strong convexity) of the linear and proximal families, and 004's ``lambda``
+L2, REG_LAMBDA = 1e-2, 1.0
 
 
 def register(name: str, factory: MethodFactory, *, replace: bool = False) -> None:
@@ -86,12 +105,31 @@ def supervised_module(info: BenchmarkInfo) -> SupervisedClassifier:
     return SupervisedClassifier(net, lr=info.lr)
 
 
+def _linear_head(info: BenchmarkInfo) -> nn.Sequential:
+    return nn.Sequential(copy.deepcopy(info.backbone).requires_grad_(False), nn.Linear(info.backbone_dim, info.num_classes))
+
+
+def linear_module(info: BenchmarkInfo, l2: float = L2) -> SupervisedClassifier:
+    """The frozen backbone and a linear layer trained by SGD with ridge ``l2`` (convex in its weights)."""
+    return SupervisedClassifier(_linear_head(info), lr=info.lr, l2=l2)
+
+
+def proximal_module(info: BenchmarkInfo, l2: float = L2, reg_lambda: float = REG_LAMBDA) -> ProximalClassifier:
+    """:func:`linear_module` with paper 004's proximal regulariser towards the previous task's solution."""
+    return ProximalClassifier(_linear_head(info), lr=info.lr, l2=l2, reg_lambda=reg_lambda)
+
+
+def _gradient_trained(info: BenchmarkInfo) -> dict[str, Any]:
+    return {"max_epochs": info.epochs}
+
+
 def _family(info: BenchmarkInfo, family: str, gamma: float, expansion_dim: int) -> tuple[L.LightningModule, RecorderCallback, dict[str, Any]]:
     """(module, recorder, continual-learning Trainer options) of a model family."""
     if family == "analytic":
         return analytic_module(info, expansion_dim), AnalyticRecorder(gamma), {"max_epochs": 1}
-    if family == "supervised":
-        return supervised_module(info), SampleRecorder(), {"max_epochs": info.epochs}
+    modules = {"supervised": supervised_module, "linear": linear_module, "proximal": proximal_module}
+    if family in modules:
+        return modules[family](info), SampleRecorder(), _gradient_trained(info)
     raise ValueError(f"unknown model family {family!r}; one of {FAMILIES}")
 
 
@@ -123,11 +161,19 @@ def retrain_method(
     return Method(name, build)
 
 
-def retrain(family: str = "analytic", gamma: float = GAMMA, expansion_dim: int = EXPANSION_DIM) -> Method:
+def retrain(
+    family: str = "analytic", gamma: float = GAMMA, expansion_dim: int = EXPANSION_DIM, l2: float = L2, reg_lambda: float = REG_LAMBDA
+) -> Method:
     """The gold standard of a model family (a fresh analytic fit, or the SGD recipe replayed)."""
     _family_check(family)
     if family == "supervised":
-        return retrain_method("retrain[supervised]", supervised_module, lambda info: {"max_epochs": info.epochs})
+        return retrain_method("retrain[supervised]", supervised_module, _gradient_trained)
+    if family == "linear":
+        name = "retrain[linear]" if l2 == L2 else f"retrain[linear,l2={l2:g}]"
+        return retrain_method(name, lambda info: linear_module(info, l2), _gradient_trained)
+    if family == "proximal":
+        name = "retrain[proximal]" if (l2, reg_lambda) == (L2, REG_LAMBDA) else f"retrain[proximal,l2={l2:g},lambda={reg_lambda:g}]"
+        return retrain_method(name, lambda info: proximal_module(info, l2, reg_lambda), _gradient_trained)
     default = (gamma, expansion_dim) == (GAMMA, EXPANSION_DIM)
     return retrain_method(
         "retrain" if default else f"retrain[analytic,gamma={gamma:g},d={expansion_dim}]",
@@ -152,24 +198,86 @@ def acu(gamma: float = GAMMA, expansion_dim: int = EXPANSION_DIM) -> Method:
     return Method("acu", build, reference=retrain("analytic", gamma, expansion_dim))
 
 
-def _baseline(name: str, cls: type, needs_train: bool) -> MethodFactory:
-    """Factory of a trained baseline: options are the strategy's hyperparameters, plus the model family."""
+def _baseline(name: str, cls: type, needs_train: bool, preset: dict[str, Any] | None = None, doc: str = "defaults of ACU App. E.3") -> MethodFactory:
+    """Factory of a trained baseline: options are the strategy's hyperparameters, plus the model family.
+
+    ``preset`` options are fixed (e.g. RBM's ``masking``) and cannot be given again.
+    """
+    preset = dict(preset or {})
 
     def factory(family: str = "analytic", gamma: float = GAMMA, expansion_dim: int = EXPANSION_DIM, **hyper: Any) -> Method:
         _family_check(family)
-        unknown = sorted(set(hyper) - _hyperparameters(cls))
+        unknown = sorted(set(hyper) - (_hyperparameters(cls) - set(preset)))
         if unknown:  # caught now, not after learning the stream
-            raise ValueError(f"{cls.__name__} takes no option(s) {unknown}; its options: {sorted(_hyperparameters(cls))}")
+            raise ValueError(f"{cls.__name__} takes no option(s) {unknown}; its options: {sorted(_hyperparameters(cls) - set(preset))}")
 
         def build(info: BenchmarkInfo) -> Built:
             module, recorder, trainer_kwargs = _family(info, family, gamma, expansion_dim)
             data = {"train": info.train} if needs_train else {}
-            return Built(module, [recorder], lambda: cls(module, recorder, **data, seed=info.seed, **hyper), trainer_kwargs)
+            return Built(module, [recorder], lambda: cls(module, recorder, **data, seed=info.seed, **preset, **hyper), trainer_kwargs)
 
         return Method(name if family == "analytic" else f"{name}[{family}]", build, reference=retrain(family, gamma, expansion_dim))
 
-    factory.__doc__ = f"{cls.__name__} (defaults of ACU App. E.3) on a model family."
+    factory.__doc__ = f"{cls.__name__} ({doc}) on a model family."
     return factory
+
+
+def _seeded(info: BenchmarkInfo) -> torch.Generator:
+    """The noise generator of a certified method: seeded, so a report is reproducible."""
+    return torch.Generator().manual_seed(info.seed)
+
+
+def hf_method(epsilon: float = 1.0, delta: float = 1e-5, l2: float = L2, noise: bool = True, sigma_override: float | None = None) -> Method:
+    """HF (paper 002) on the linear family: a :class:`TrajectoryRecorder` over every sample, certified deletion."""
+
+    def build(info: BenchmarkInfo) -> Built:
+        module, recorder = linear_module(info, l2), TrajectoryRecorder()
+        strategy = lambda: HFStrategy(module, recorder, epsilon=epsilon, delta=delta, noise=noise,  # noqa: E731
+                                      sigma_override=sigma_override, generator=_seeded(info))
+        return Built(module, [recorder], strategy, _gradient_trained(info))
+
+    return Method(_certified_name("hf", epsilon, delta, noise, sigma_override), build, reference=retrain("linear", l2=l2))
+
+
+def _certified_name(name: str, epsilon: float, delta: float, noise: bool, sigma_override: float | None) -> str:
+    """``name``, tagged with the options that change its certificate (so variants can be compared side by side)."""
+    if not noise:
+        return f"{name}[noise=off]"
+    if sigma_override is not None:
+        return f"{name}[sigma={sigma_override:g}]"
+    return name if (epsilon, delta) == (1.0, 1e-5) else f"{name}[eps={epsilon:g},delta={delta:g}]"
+
+
+def _continual_certified(name: str, cls: type) -> MethodFactory:
+    """Factory of a paper-004 method on the proximal family, with a :class:`HessianRecorder`."""
+
+    def factory(epsilon: float = 1.0, delta: float = 1e-5, l2: float = L2, reg_lambda: float = REG_LAMBDA, hessian: str = "auto",
+                noise: bool = True, sigma_override: float | None = None) -> Method:
+        def build(info: BenchmarkInfo) -> Built:
+            module, recorder = proximal_module(info, l2, reg_lambda), HessianRecorder(hessian=hessian)
+            strategy = lambda: cls(module, recorder, epsilon=epsilon, delta=delta, noise=noise,  # noqa: E731
+                                   sigma_override=sigma_override, generator=_seeded(info))
+            return Built(module, [recorder], strategy, _gradient_trained(info))
+
+        return Method(_certified_name(name, epsilon, delta, noise, sigma_override), build, reference=retrain("proximal", l2=l2, reg_lambda=reg_lambda))
+
+    factory.__doc__ = f"{cls.__name__} (paper 004) on the proximal family; the Lipschitz and smoothness constants are the recorder's estimates."
+    return factory
+
+
+def safe(family: str = "supervised", gamma: float = GAMMA, expansion_dim: int = EXPANSION_DIM, num_classes: int | None = None, **options: Any) -> Method:
+    """SAFE streaming unlearning (paper 001): a :class:`StreamingRecorder`; options are :class:`StreamingStrategy`'s."""
+    _family_check(family)
+    unknown = sorted(set(options) - _hyperparameters(StreamingStrategy))
+    if unknown:
+        raise ValueError(f"StreamingStrategy takes no option(s) {unknown}; its options: {sorted(_hyperparameters(StreamingStrategy))}")
+
+    def build(info: BenchmarkInfo) -> Built:
+        module, _, trainer_kwargs = _family(info, family, gamma, expansion_dim)
+        recorder = StreamingRecorder(num_classes or info.num_classes, seed=info.seed)
+        return Built(module, [recorder], lambda: StreamingStrategy(module, recorder, seed=info.seed, **options), trainer_kwargs)
+
+    return Method("safe" if family == "supervised" else f"safe[{family}]", build, reference=retrain(family, gamma, expansion_dim))
 
 
 def _hyperparameters(cls: type) -> set[str]:
@@ -196,3 +304,9 @@ register("finetune", _baseline("finetune", FinetuneStrategy, needs_train=True))
 register("neggrad", _baseline("neggrad", NegGradStrategy, needs_train=False))
 register("neggrad_plus", _baseline("neggrad_plus", NegGradPlusStrategy, needs_train=True))
 register("randomlabel", _baseline("randomlabel", RandomLabelStrategy, needs_train=True))
+register("rbm", _baseline("rbm", RBMStrategy, needs_train=True, preset={"masking": "retain"}, doc="retention-based masking, paper 003 Sec. 5.2"))
+register("salun", _baseline("salun", RBMStrategy, needs_train=True, preset={"masking": "forget"}, doc="forget-based masking, paper 003 Eq. (6)-(8)"))
+register("hf", hf_method)
+register("hessian", _continual_certified("hessian", HessianCertifiedStrategy))
+register("gradient", _continual_certified("gradient", GradientCertifiedStrategy))
+register("safe", safe)

@@ -15,7 +15,15 @@ QUICK = ["compare", "--experiences", "2", "--pretrain-epochs", "1", "--epochs", 
 def test_methods_lists_the_registry(capsys):
     assert main(["methods"]) == 0
     names = capsys.readouterr().out.split()
-    assert {"acu", "retrain", "finetune", "neggrad", "neggrad_plus", "randomlabel"} <= set(names)
+    assert {"acu", "hf", "hessian", "gradient", "safe", "rbm", "salun", "retrain", "finetune", "neggrad"} <= set(names)
+
+
+def test_compare_runs_exact_certified_masking_and_baseline_methods_together(capsys):
+    argv = [*QUICK, "--methods", "acu,hf,hessian,rbm,finetune,neggrad,retrain", "--requests", "2", "--option", "hf.noise=False"]
+    assert main(argv) == 0
+    table = capsys.readouterr().out.split("K = 2")[1].strip().splitlines()[3:10]
+    guarantee = {row.split()[0]: row.split()[-1] for row in table}
+    assert guarantee == {"acu": "exact", "hf[noise=off]": "none", "hessian": "(1,1e-05)", "rbm": "none", "finetune": "none", "neggrad": "none", "retrain": "exact"}
 
 
 def test_compare_prints_an_aligned_table_per_k_and_writes_files(capsys, tmp_path):
@@ -37,7 +45,7 @@ def test_compare_prints_an_aligned_table_per_k_and_writes_files(capsys, tmp_path
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--methods", "acu,hf"], "unknown method 'hf'; registered methods:"),
+        (["--methods", "acu,sisa"], "unknown method 'sisa'; registered methods:"),
         (["--methods", "acu", "--option", "acu.gamma"], "--option takes METHOD.KEY=VALUE"),
         (["--methods", "acu", "--option", "finetune.epochs=2"], "names method 'finetune', which is not among --methods"),
         (["--methods", "finetune", "--option", "finetune.epocs=2"], "takes no option"),

@@ -1,6 +1,7 @@
 """Evaluation harness and schedules: gaps to retraining, reproducible schedules, clear errors for bad ones."""
 
 import csv
+import math
 
 import pytest
 import torch
@@ -103,9 +104,15 @@ def test_bad_schedules_give_clear_errors(info):
 
 
 def test_registry_names_and_errors():
-    assert {"acu", "retrain", "finetune", "neggrad", "neggrad_plus", "randomlabel"} <= set(available_methods())
-    with pytest.raises(ValueError, match="unknown method 'hf'; registered methods: acu"):
-        get_method("hf")
+    assert set(available_methods()) == {"acu", "retrain", "finetune", "neggrad", "neggrad_plus", "randomlabel",
+                                        "rbm", "salun", "hf", "hessian", "gradient", "safe"}
+    with pytest.raises(ValueError, match="unknown method 'sisa'; registered methods: acu"):
+        get_method("sisa")
+    with pytest.raises(ValueError, match=r"RBMStrategy takes no option\(s\) \['masking'\]"):
+        get_method("rbm", masking="forget")  # fixed by the name: use "salun"
+    with pytest.raises(ValueError, match="bad options .* 'hf'"):
+        get_method("hf", lr=0.1)
+    assert get_method("hf", noise=False).name == "hf[noise=off]" and get_method("hessian", epsilon=2.0).name == "hessian[eps=2,delta=1e-05]"
     with pytest.raises(ValueError, match=r"FinetuneStrategy takes no option\(s\) \['epocs'\]; its options: \['batch_size', 'epochs'"):
         get_method("finetune", epocs=3)
     with pytest.raises(ValueError, match="bad options .* 'acu'"):
@@ -114,3 +121,21 @@ def test_registry_names_and_errors():
         register("acu", lambda: None)
     with pytest.raises(ValueError, match="unknown model family"):
         get_method("neggrad", family="cnn")
+
+
+def test_every_certified_and_masking_method_runs_in_the_harness(info):
+    """HF, 004 Hessian/gradient, SAFE, RBM and SalUn on their model families, against their references."""
+    schedule = make_schedule(info.catalog(), 2, kinds=("samples", "class"), samples_per_request=8, seed=2)
+    names = ["hf", "hessian", "gradient", "safe", "rbm", "salun"]
+    report = evaluate([get_method(n) for n in names] + [get_method("hf", noise=False)], info, schedule)
+    assert report.methods() == [*names, "hf[noise=off]"]
+    refs = {r["method"] for r in report.reference_rows}
+    assert refs == {"retrain[linear] (reference)", "retrain[proximal] (reference)", "retrain[supervised] (reference)", "retrain (reference)"}
+    for name, s in report.summary().items():
+        assert all(math.isfinite(v) for v in s.values()), name
+    guarantees = {m: report._guarantee(m) for m in report.methods()}
+    assert guarantees == {"hf": "(1,1e-05)", "hessian": "(1,1e-05)", "gradient": "(1,1e-05)", "safe": "none",
+                          "rbm": "none", "salun": "none", "hf[noise=off]": "none"}
+    assert [r["n_removed"] for r in report.table("rbm")] == [r["n_removed"] for r in report.table("hf")]
+    # the certified noise is what moves HF's weights away from retraining
+    assert report.summary()["hf[noise=off]"]["l2_to_retrain"] < report.summary()["hf"]["l2_to_retrain"]
