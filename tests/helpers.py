@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -41,3 +45,8 @@ def fit_analytic(datasets: list, gamma: float = 0.5, batch_size: int = 32, **tra
     for ds in datasets:
         quiet_trainer([recorder], **trainer_kwargs).fit(model, DataLoader(ds, batch_size=batch_size, shuffle=True))
     return model, recorder
+
+
+def run_script(script: Path, out: Path, devices: int) -> None:
+    """Run a DDP test script (``tests/scripts``) as its own process: ``script out devices``."""
+    subprocess.run([sys.executable, str(script), str(out), str(devices)], check=True, cwd=out.parent, capture_output=True, timeout=300)

@@ -1,21 +1,16 @@
 """Under DDP (2 CPU processes, gloo) the recorder holds the same statistics as in one process."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
+from helpers import run_script
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_analytic.py"
 
 
-def run(out: Path, devices: int) -> None:
-    subprocess.run([sys.executable, str(SCRIPT), str(out), str(devices)], check=True, cwd=out.parent, capture_output=True, timeout=300)
-
-
 def test_ddp_statistics_equal_single_process(tmp_path):
-    run(tmp_path / "ddp.pt", 2)
-    run(tmp_path / "single.pt", 1)
+    run_script(SCRIPT, tmp_path / "ddp.pt", 2)
+    run_script(SCRIPT, tmp_path / "single.pt", 1)
     single = torch.load(tmp_path / "single.rank0.pt", weights_only=True)
     for rank in (0, 1):
         ddp = torch.load(tmp_path / f"ddp.rank{rank}.pt", weights_only=True)
