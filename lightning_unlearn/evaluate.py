@@ -127,12 +127,14 @@ def describe_benchmark(
 class Built:
     """A method's model for one benchmark: the module, the callbacks that learn the stream with it
     (its recorder among them), the strategy factory (called after learning), and the Trainer
-    options of its continual-learning fits (e.g. ``{"max_epochs": 5}``)."""
+    options of its continual-learning fits (e.g. ``{"max_epochs": 5}``) and their batch size
+    (``None``: the benchmark's ``batch_size``)."""
 
     module: L.LightningModule
     callbacks: list[L.Callback]
     strategy: Callable[[], UnlearningStrategy]
     trainer_kwargs: dict[str, Any] = field(default_factory=dict)
+    batch_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -282,7 +284,7 @@ def _run(method: Method, info: BenchmarkInfo, schedule: Schedule, bar: Any) -> l
         built = method.build(info)
         kwargs = {"enable_progress_bar": False, **built.trainer_kwargs}
         fit_stream(built.module, info.benchmark.train_stream, callbacks=built.callbacks, trainer_kwargs=kwargs,
-                   batch_size=info.batch_size, after_experience=lambda *_: bar.update())
+                   batch_size=built.batch_size or info.batch_size, after_experience=lambda *_: bar.update())
         strategy = built.strategy()
         steps = []
         for request in schedule:

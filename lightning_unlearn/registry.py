@@ -24,7 +24,7 @@ Model families, each with its gold standard (retraining from scratch on the reta
   HF's certificate holds (paper 002, Assumption 1); its retrain replays the recipe.
 * ``"proximal"``: the same model with paper 004's regulariser ``(lambda/2)||theta - theta_{t-1}||^2``
   (:class:`ProximalClassifier`), for the certified continual-learning methods; each task is solved
-  by ``info.epochs`` epochs of SGD, not exactly as 004 assumes [interp]; its retrain replays the recipe.
+  by full-batch L-BFGS, as 004 assumes (exact solutions); its retrain replays the recipe.
 
 Registered: ``acu``, ``hf``, ``hessian``, ``gradient``, ``safe``, ``rbm``, ``salun`` and the baselines
 ``retrain``, ``finetune``, ``neggrad``, ``neggrad_plus``, ``randomlabel``.
@@ -35,6 +35,7 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import lightning as L
@@ -50,6 +51,7 @@ from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
 from lightning_unlearn.evaluate import BenchmarkInfo, Built, Method
 from lightning_unlearn.models import AnalyticClassifier, ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.strategies.acu import ACUStrategy
+from lightning_unlearn.strategies.base import UnlearningStrategy
 from lightning_unlearn.strategies.certified import GradientCertifiedStrategy, HessianCertifiedStrategy
 from lightning_unlearn.strategies.hf import HFStrategy
 from lightning_unlearn.strategies.rbm import RBMStrategy
@@ -70,6 +72,8 @@ FAMILIES = ("analytic", "supervised", "linear", "proximal")
 GAMMA, EXPANSION_DIM = 1.0, 512
 #: ridge ``l2`` (strong convexity) of the linear and proximal families, and 004's ``lambda``
 L2, REG_LAMBDA = 1e-2, 1.0
+#: the proximal family's batch (larger than any experience: one batch per experience) and L-BFGS steps per task
+FULL_BATCH, LBFGS_STEPS = 1 << 30, 2
 
 
 def register(name: str, factory: MethodFactory, *, replace: bool = False) -> None:
@@ -115,22 +119,36 @@ def linear_module(info: BenchmarkInfo, l2: float = L2) -> SupervisedClassifier:
 
 
 def proximal_module(info: BenchmarkInfo, l2: float = L2, reg_lambda: float = REG_LAMBDA) -> ProximalClassifier:
-    """:func:`linear_module` with paper 004's proximal regulariser towards the previous task's solution."""
-    return ProximalClassifier(_linear_head(info), lr=info.lr, l2=l2, reg_lambda=reg_lambda)
+    """:func:`linear_module` with paper 004's proximal regulariser, each task solved by full-batch L-BFGS."""
+    return ProximalClassifier(_linear_head(info), lr=1.0, l2=l2, reg_lambda=reg_lambda, optimizer="lbfgs")
 
 
 def _gradient_trained(info: BenchmarkInfo) -> dict[str, Any]:
     return {"max_epochs": info.epochs}
 
 
-def _family(info: BenchmarkInfo, family: str, gamma: float, expansion_dim: int) -> tuple[L.LightningModule, RecorderCallback, dict[str, Any]]:
-    """(module, recorder, continual-learning Trainer options) of a model family."""
+def _solved_exactly(info: BenchmarkInfo) -> dict[str, Any]:
+    """Trainer options of the proximal family: full-batch L-BFGS steps (with :data:`FULL_BATCH`)."""
+    return {"max_epochs": LBFGS_STEPS}
+
+
+def _recipe(info: BenchmarkInfo, family: str) -> tuple[dict[str, Any], int | None]:
+    """Continual-learning Trainer options and batch size (``None``: the benchmark's) of a gradient-trained family."""
+    return (_solved_exactly(info), FULL_BATCH) if family == "proximal" else (_gradient_trained(info), None)
+
+
+def _family(info: BenchmarkInfo, family: str, gamma: float, expansion_dim: int, recorder: RecorderCallback | None = None) -> Built:
+    """A model family's module, its recorder (default: the family's) and continual-learning recipe; no strategy yet."""
     if family == "analytic":
-        return analytic_module(info, expansion_dim), AnalyticRecorder(gamma), {"max_epochs": 1}
+        return Built(analytic_module(info, expansion_dim), [recorder or AnalyticRecorder(gamma)], _no_strategy, {"max_epochs": 1})
     modules = {"supervised": supervised_module, "linear": linear_module, "proximal": proximal_module}
     if family in modules:
-        return modules[family](info), SampleRecorder(), _gradient_trained(info)
+        return Built(modules[family](info), [recorder or SampleRecorder()], _no_strategy, *_recipe(info, family))
     raise ValueError(f"unknown model family {family!r}; one of {FAMILIES}")
+
+
+def _no_strategy() -> UnlearningStrategy:
+    raise RuntimeError("a model family has no strategy of its own; build a Method")
 
 
 def retrain_method(
@@ -138,13 +156,15 @@ def retrain_method(
     module: Callable[[BenchmarkInfo], L.LightningModule],
     trainer_kwargs: Callable[[BenchmarkInfo], dict[str, Any]],
     refit: Callable[[], list[L.Callback]] = list,
+    batch_size: int | None = None,
 ) -> Method:
     """A gold standard: :class:`RetrainStrategy` replaying a model's continual recipe on the retained data.
 
     ``module(info)`` builds the model (the harness seeds the RNG first, so two builds are equal),
     ``trainer_kwargs(info)`` gives its continual-learning Trainer options and ``refit()`` the
-    callbacks that learn with it (e.g. a fresh :class:`AnalyticRecorder` for an analytic head).
-    Give methods on a model of your own a reference built the same way.
+    callbacks that learn with it (e.g. a fresh :class:`AnalyticRecorder` for an analytic head);
+    ``batch_size`` that of its fits (``None``: the benchmark's). Give methods on a model of your
+    own a reference built the same way.
     """
 
     def build(info: BenchmarkInfo) -> Built:
@@ -154,9 +174,9 @@ def retrain_method(
 
         def strategy() -> RetrainStrategy:
             return RetrainStrategy(model, recorder, info.train, initial, fit_callbacks=refit, trainer_kwargs=kwargs,
-                                   batch_size=info.batch_size, seed=info.seed)
+                                   batch_size=batch_size or info.batch_size, seed=info.seed)
 
-        return Built(model, [recorder, *refits], strategy, kwargs)
+        return Built(model, [recorder, *refits], strategy, kwargs, batch_size)
 
     return Method(name, build)
 
@@ -173,7 +193,7 @@ def retrain(
         return retrain_method(name, lambda info: linear_module(info, l2), _gradient_trained)
     if family == "proximal":
         name = "retrain[proximal]" if (l2, reg_lambda) == (L2, REG_LAMBDA) else f"retrain[proximal,l2={l2:g},lambda={reg_lambda:g}]"
-        return retrain_method(name, lambda info: proximal_module(info, l2, reg_lambda), _gradient_trained)
+        return retrain_method(name, lambda info: proximal_module(info, l2, reg_lambda), _solved_exactly, batch_size=FULL_BATCH)
     default = (gamma, expansion_dim) == (GAMMA, EXPANSION_DIM)
     return retrain_method(
         "retrain" if default else f"retrain[analytic,gamma={gamma:g},d={expansion_dim}]",
@@ -212,9 +232,10 @@ def _baseline(name: str, cls: type, needs_train: bool, preset: dict[str, Any] | 
             raise ValueError(f"{cls.__name__} takes no option(s) {unknown}; its options: {sorted(_hyperparameters(cls) - set(preset))}")
 
         def build(info: BenchmarkInfo) -> Built:
-            module, recorder, trainer_kwargs = _family(info, family, gamma, expansion_dim)
+            built = _family(info, family, gamma, expansion_dim)
+            module, recorder = built.module, built.callbacks[0]
             data = {"train": info.train} if needs_train else {}
-            return Built(module, [recorder], lambda: cls(module, recorder, **data, seed=info.seed, **preset, **hyper), trainer_kwargs)
+            return replace(built, strategy=lambda: cls(module, recorder, **data, seed=info.seed, **preset, **hyper))
 
         return Method(name if family == "analytic" else f"{name}[{family}]", build, reference=retrain(family, gamma, expansion_dim))
 
@@ -257,7 +278,7 @@ def _continual_certified(name: str, cls: type) -> MethodFactory:
             module, recorder = proximal_module(info, l2, reg_lambda), HessianRecorder(hessian=hessian)
             strategy = lambda: cls(module, recorder, epsilon=epsilon, delta=delta, noise=noise,  # noqa: E731
                                    sigma_override=sigma_override, generator=_seeded(info))
-            return Built(module, [recorder], strategy, _gradient_trained(info))
+            return Built(module, [recorder], strategy, *_recipe(info, "proximal"))
 
         return Method(_certified_name(name, epsilon, delta, noise, sigma_override), build, reference=retrain("proximal", l2=l2, reg_lambda=reg_lambda))
 
@@ -273,9 +294,9 @@ def safe(family: str = "supervised", gamma: float = GAMMA, expansion_dim: int = 
         raise ValueError(f"StreamingStrategy takes no option(s) {unknown}; its options: {sorted(_hyperparameters(StreamingStrategy))}")
 
     def build(info: BenchmarkInfo) -> Built:
-        module, _, trainer_kwargs = _family(info, family, gamma, expansion_dim)
         recorder = StreamingRecorder(num_classes or info.num_classes, seed=info.seed)
-        return Built(module, [recorder], lambda: StreamingStrategy(module, recorder, seed=info.seed, **options), trainer_kwargs)
+        built = _family(info, family, gamma, expansion_dim, recorder)
+        return replace(built, strategy=lambda: StreamingStrategy(built.module, recorder, seed=info.seed, **options))
 
     return Method("safe" if family == "supervised" else f"safe[{family}]", build, reference=retrain(family, gamma, expansion_dim))
 

@@ -127,15 +127,20 @@ def test_every_certified_and_masking_method_runs_in_the_harness(info):
     """HF, 004 Hessian/gradient, SAFE, RBM and SalUn on their model families, against their references."""
     schedule = make_schedule(info.catalog(), 2, kinds=("samples", "class"), samples_per_request=8, seed=2)
     names = ["hf", "hessian", "gradient", "safe", "rbm", "salun"]
-    report = evaluate([get_method(n) for n in names] + [get_method("hf", noise=False)], info, schedule)
-    assert report.methods() == [*names, "hf[noise=off]"]
+    report = evaluate([get_method(n) for n in names] + [get_method(n, noise=False) for n in ("hf", "hessian", "gradient")], info, schedule)
+    assert report.methods() == [*names, "hf[noise=off]", "hessian[noise=off]", "gradient[noise=off]"]
     refs = {r["method"] for r in report.reference_rows}
     assert refs == {"retrain[linear] (reference)", "retrain[proximal] (reference)", "retrain[supervised] (reference)", "retrain (reference)"}
     for name, s in report.summary().items():
         assert all(math.isfinite(v) for v in s.values()), name
     guarantees = {m: report._guarantee(m) for m in report.methods()}
     assert guarantees == {"hf": "(1,1e-05)", "hessian": "(1,1e-05)", "gradient": "(1,1e-05)", "safe": "none",
-                          "rbm": "none", "salun": "none", "hf[noise=off]": "none"}
+                          "rbm": "none", "salun": "none", "hf[noise=off]": "none", "hessian[noise=off]": "none",
+                          "gradient[noise=off]": "none"}
     assert [r["n_removed"] for r in report.table("rbm")] == [r["n_removed"] for r in report.table("hf")]
     # the certified noise is what moves HF's weights away from retraining
-    assert report.summary()["hf[noise=off]"]["l2_to_retrain"] < report.summary()["hf"]["l2_to_retrain"]
+    summary = report.summary()
+    assert summary["hf[noise=off]"]["l2_to_retrain"] < summary["hf"]["l2_to_retrain"]
+    # 004's Newton correction (tasks solved exactly by L-BFGS) lands closer to retraining than natural
+    # forgetting, which leaves the weights as they are (measured: 0.07 vs 0.24)
+    assert summary["hessian[noise=off]"]["l2_to_retrain"] < 0.5 * summary["gradient[noise=off]"]["l2_to_retrain"]
