@@ -14,9 +14,10 @@ percentage points, MIA as a fraction. Three groups of comparable methods:
   naive fine-tuning, so earlier classes are largely forgotten); SAFE, RBM, SalUn and the
   baselines update the whole network; the reference replays that recipe on the retained data.
 * certified: the frozen backbone + a linear layer (L2-regularised logistic regression, the convex
-  setting of the certificates): HF on the ``linear`` family, 004's Hessian and gradient methods on
-  the ``proximal`` family, each certified at (1, 1e-5) and without noise (what the update itself
-  achieves); the references replay each recipe on the retained data.
+  setting of the certificates): HF on the ``linear`` family (SGD), 004's Hessian and gradient
+  methods on the ``proximal`` family (004's regulariser, each task solved by full-batch L-BFGS),
+  each certified at (1, 1e-5) and without noise (what the update itself achieves); the references
+  replay each recipe on the retained data.
 
 The paper's numbers are CIFAR-10 with a ResNet backbone, so only the ordering of the methods
 is comparable, not the magnitudes.
