@@ -35,7 +35,6 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import lightning as L
@@ -51,7 +50,6 @@ from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
 from lightning_unlearn.evaluate import BenchmarkInfo, Built, Method
 from lightning_unlearn.models import AnalyticClassifier, ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.strategies.acu import ACUStrategy
-from lightning_unlearn.strategies.base import UnlearningStrategy
 from lightning_unlearn.strategies.certified import GradientCertifiedStrategy, HessianCertifiedStrategy
 from lightning_unlearn.strategies.hf import HFStrategy
 from lightning_unlearn.strategies.rbm import RBMStrategy
@@ -137,18 +135,16 @@ def _recipe(info: BenchmarkInfo, family: str) -> tuple[dict[str, Any], int | Non
     return (_solved_exactly(info), FULL_BATCH) if family == "proximal" else (_gradient_trained(info), None)
 
 
-def _family(info: BenchmarkInfo, family: str, gamma: float, expansion_dim: int, recorder: RecorderCallback | None = None) -> Built:
-    """A model family's module, its recorder (default: the family's) and continual-learning recipe; no strategy yet."""
+def _family(
+    info: BenchmarkInfo, family: str, gamma: float, expansion_dim: int, recorder: RecorderCallback | None = None
+) -> tuple[L.LightningModule, RecorderCallback, dict[str, Any], int | None]:
+    """A model family's module, its recorder (default: the family's), continual-learning Trainer options and batch size."""
     if family == "analytic":
-        return Built(analytic_module(info, expansion_dim), [recorder or AnalyticRecorder(gamma)], _no_strategy, {"max_epochs": 1})
+        return analytic_module(info, expansion_dim), recorder or AnalyticRecorder(gamma), {"max_epochs": 1}, None
     modules = {"supervised": supervised_module, "linear": linear_module, "proximal": proximal_module}
     if family in modules:
-        return Built(modules[family](info), [recorder or SampleRecorder()], _no_strategy, *_recipe(info, family))
+        return modules[family](info), recorder or SampleRecorder(), *_recipe(info, family)
     raise ValueError(f"unknown model family {family!r}; one of {FAMILIES}")
-
-
-def _no_strategy() -> UnlearningStrategy:
-    raise RuntimeError("a model family has no strategy of its own; build a Method")
 
 
 def retrain_method(
@@ -232,10 +228,10 @@ def _baseline(name: str, cls: type, needs_train: bool, preset: dict[str, Any] | 
             raise ValueError(f"{cls.__name__} takes no option(s) {unknown}; its options: {sorted(_hyperparameters(cls) - set(preset))}")
 
         def build(info: BenchmarkInfo) -> Built:
-            built = _family(info, family, gamma, expansion_dim)
-            module, recorder = built.module, built.callbacks[0]
+            module, recorder, trainer_kwargs, batch_size = _family(info, family, gamma, expansion_dim)
             data = {"train": info.train} if needs_train else {}
-            return replace(built, strategy=lambda: cls(module, recorder, **data, seed=info.seed, **preset, **hyper))
+            strategy = lambda: cls(module, recorder, **data, seed=info.seed, **preset, **hyper)  # noqa: E731
+            return Built(module, [recorder], strategy, trainer_kwargs, batch_size)
 
         return Method(name if family == "analytic" else f"{name}[{family}]", build, reference=retrain(family, gamma, expansion_dim))
 
@@ -295,8 +291,8 @@ def safe(family: str = "supervised", gamma: float = GAMMA, expansion_dim: int = 
 
     def build(info: BenchmarkInfo) -> Built:
         recorder = StreamingRecorder(num_classes or info.num_classes, seed=info.seed)
-        built = _family(info, family, gamma, expansion_dim, recorder)
-        return replace(built, strategy=lambda: StreamingStrategy(built.module, recorder, seed=info.seed, **options))
+        module, _, trainer_kwargs, batch_size = _family(info, family, gamma, expansion_dim, recorder)
+        return Built(module, [recorder], lambda: StreamingStrategy(module, recorder, seed=info.seed, **options), trainer_kwargs, batch_size)
 
     return Method("safe" if family == "supervised" else f"safe[{family}]", build, reference=retrain(family, gamma, expansion_dim))
 
