@@ -52,17 +52,22 @@ def saliency_mask(gradients: Mapping[str, Tensor], *, threshold: float | None = 
     """
     if (threshold is None) == (sparsity is None):
         raise ValueError("saliency_mask takes exactly one of threshold (gamma) and sparsity")
+    check_saliency_level(threshold=threshold, sparsity=sparsity)
     scores = {n: g.abs() for n, g in gradients.items()}
     if sparsity is not None:
-        if not 0 <= sparsity < 1:
-            raise ValueError(f"sparsity must lie in [0, 1), got {sparsity}")
         flat = torch.cat([s.flatten() for s in scores.values()])
         k = int(sparsity * flat.numel())
         below = float(flat.kthvalue(k).values) if k > 0 else float("-inf")
         return {n: s > below for n, s in scores.items()}
-    if not threshold > 0:
-        raise ValueError(f"the saliency threshold gamma must be positive, got {threshold}")
     return {n: s >= threshold for n, s in scores.items()}
+
+
+def check_saliency_level(*, threshold: float | None = None, sparsity: float | None = None) -> None:
+    """``ValueError`` unless ``threshold`` (if given) is positive and ``sparsity`` (if given) lies in ``[0, 1)``."""
+    if sparsity is not None and not 0 <= sparsity < 1:
+        raise ValueError(f"sparsity must lie in [0, 1), got {sparsity}")
+    if threshold is not None and not threshold > 0:
+        raise ValueError(f"the saliency threshold gamma must be positive, got {threshold}")
 
 
 def trainable_mask(salient: Mapping[str, Tensor], masking: Masking) -> dict[str, Tensor]:

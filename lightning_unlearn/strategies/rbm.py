@@ -26,7 +26,15 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.core.certificate import Certificate
-from lightning_unlearn.functional.rbm import MASKINGS, Masking, masked_update, mean_loss_gradient, saliency_mask, trainable_mask
+from lightning_unlearn.functional.rbm import (
+    MASKINGS,
+    Masking,
+    check_saliency_level,
+    masked_update,
+    mean_loss_gradient,
+    saliency_mask,
+    trainable_mask,
+)
 from lightning_unlearn.strategies.base import ForgetData
 from lightning_unlearn.strategies.baselines import _XY, Batch, _ce, _Trained
 
@@ -98,10 +106,7 @@ class RBMStrategy(_Trained):
     ) -> None:
         if masking not in MASKINGS:
             raise ValueError(f"masking must be one of {MASKINGS}, got {masking!r}")
-        if not 0 <= sparsity < 1:
-            raise ValueError(f"sparsity must lie in [0, 1), got {sparsity}")
-        if threshold is not None and not threshold > 0:
-            raise ValueError(f"the saliency threshold gamma must be positive, got {threshold}")
+        check_saliency_level(threshold=threshold, sparsity=sparsity)
         if not alpha >= 0:
             raise ValueError(f"the retained-loss weight alpha must be >= 0, got {alpha}")
         super().__init__(module, recorder, train, epochs=epochs, lr=self.LEARNING_RATES[masking] if lr is None else lr, **kwargs)
