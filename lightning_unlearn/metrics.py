@@ -17,6 +17,8 @@ from torch.utils.data import DataLoader, Dataset
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.functional.classification import binary_roc
 
+from lightning_unlearn.modes import eval_mode
+
 Data = Dataset | DataLoader
 
 
@@ -28,24 +30,20 @@ def _batches(data: Data, batch_size: int = 512) -> Iterable[Any]:
 def accuracy(module: nn.Module, data: Data, num_classes: int) -> float:
     """Top-1 accuracy (micro-averaged over samples) with ``torchmetrics.MulticlassAccuracy``."""
     metric = MulticlassAccuracy(num_classes=num_classes, average="micro")
-    was_training = module.training
-    module.eval()
     n = 0
-    for batch in _batches(data):
-        x, y = batch[0], torch.as_tensor(batch[1])
-        metric.update(module(x).argmax(-1).cpu(), y.cpu())
-        n += len(y)
-    module.train(was_training)
+    with eval_mode(module):
+        for batch in _batches(data):
+            x, y = batch[0], torch.as_tensor(batch[1])
+            metric.update(module(x).argmax(-1).cpu(), y.cpu())
+            n += len(y)
     return float(metric.compute()) if n else float("nan")
 
 
 @torch.no_grad()
 def sample_losses(module: nn.Module, data: Data) -> Tensor:
     """Per-sample cross-entropy of the module's logits."""
-    was_training = module.training
-    module.eval()
-    out = [nn.functional.cross_entropy(module(b[0]).float(), torch.as_tensor(b[1]).long(), reduction="none").cpu() for b in _batches(data)]
-    module.train(was_training)
+    with eval_mode(module):
+        out = [nn.functional.cross_entropy(module(b[0]).float(), torch.as_tensor(b[1]).long(), reduction="none").cpu() for b in _batches(data)]
     return torch.cat(out) if out else torch.empty(0)
 
 

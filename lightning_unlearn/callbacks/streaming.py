@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from lightning_unlearn.callbacks.base import RecorderCallback, _gather
 from lightning_unlearn.data import unpack_batch
 from lightning_unlearn.functional import streaming as safe
+from lightning_unlearn.modes import eval_mode
 
 _STATE = ("V", "counts", "s1", "s2", "ref_counts", "ref_mean", "ref_cov", "w0", "buffers0", "grad_sum", "loss_sum",
           "n_anchor", "forget_x", "forget_y", "forget_ids", "rounds", "cumulative_surrogate")
@@ -143,9 +144,7 @@ class StreamingRecorder(RecorderCallback):
         grads = {n: torch.zeros_like(p, dtype=torch.float64, device="cpu") for n, p in params.items()}
         loss = torch.zeros((), dtype=torch.float64)
         seen: set[int] = set()
-        was_training = module.training
-        module.eval()  # BN statistics must not move
-        try:
+        with eval_mode(module):  # BN statistics must not move
             for batch in trainer.train_dataloader:
                 x, y, ids = unpack_batch(batch)
                 x, y, ids = (t.to(module.device) for t in (x, y, ids))
@@ -157,8 +156,6 @@ class StreamingRecorder(RecorderCallback):
                     for n in names:
                         grads[n] += g[n].detach().double().cpu()
                     loss += value.double().cpu()
-        finally:
-            module.train(was_training)
         prior_grads, prior_loss = self._prior
         self.grad_sum = {n: grads[n] + prior_grads.get(n, 0.0) for n in names}
         self.loss_sum = loss + prior_loss

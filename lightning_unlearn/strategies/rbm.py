@@ -35,6 +35,7 @@ from lightning_unlearn.functional.rbm import (
     saliency_mask,
     trainable_mask,
 )
+from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.strategies.base import ForgetData
 from lightning_unlearn.strategies.baselines import _XY, Batch, _ce, _Trained
 
@@ -122,13 +123,9 @@ class RBMStrategy(_Trained):
 
     def mask(self, saliency_data: Dataset) -> dict[str, Tensor]:
         """The trainable mask ``1 - m_r`` (RBM) or ``m_f`` (SalUn) from the saliency gradient on ``saliency_data``."""
-        was_training = self.module.training
-        self.module.eval()
-        try:
+        with eval_mode(self.module):
             batches = ((b[0], b[1]) for b in DataLoader(saliency_data, batch_size=self.batch_size))
             gradients = mean_loss_gradient(self.module, batches)
-        finally:
-            self.module.train(was_training)
         level = {"sparsity": self.sparsity} if self.threshold is None else {"threshold": self.threshold}
         return trainable_mask(saliency_mask(gradients, **level), self.masking)
 

@@ -12,6 +12,7 @@ from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.data import select_by_ids
 from lightning_unlearn.functional import streaming as safe
+from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy
 
 _SCOPES = ("all", "current")
@@ -130,7 +131,7 @@ class StreamingStrategy(UnlearningStrategy):
         t = rec.rounds + 1
 
         # Eq. (15): retention gradient (and risk) at w_0 over D_t = D_{t-1} \ F_t
-        with _eval(self.module):
+        with eval_mode(self.module):
             g_f, loss_f = safe.summed_loss_grad(self.module, w0, buffers, x.to(device), labels.to(device))
         grad_sum = {n: rec.grad_sum[n] - g_f[n].detach().double().cpu() for n in names}
         loss_sum = rec.loss_sum - loss_f.double().cpu()
@@ -147,12 +148,12 @@ class StreamingStrategy(UnlearningStrategy):
         moments_0 = (rec.ref_mean, rec.ref_cov)
         bx, by = self._scope(x, labels)
         log_q = safe.log_shift_ratio(safe.project(bx, rec.V), counts, rec.ref_counts, moments_t, moments_0)
-        with _eval(self.module), torch.no_grad():
+        with eval_mode(self.module), torch.no_grad():
             logits_0 = torch.func.functional_call(self.module, {**w0, **buffers}, (bx.to(device),)).double().cpu()
         target = safe.pseudo_target(logits_0, log_q).to(device)
 
         # Eq. (25)-(27): forgetting gradient at w_0, total gradient, one normalised step from w_0
-        with _eval(self.module):
+        with eval_mode(self.module):
             g_fg_d, fg_w0 = safe.forgetting_grad(self.module, w0, buffers, bx.to(device), target, self.forget_weight, self.kl_direction)
         g_fg = safe.flatten(g_fg_d, names)
         g = g_ret + g_fg
@@ -166,7 +167,7 @@ class StreamingStrategy(UnlearningStrategy):
         flat_t = safe.normalised_step(flat0, g, gamma, noise)
         w_t = safe.unflatten(flat_t, rec.w0, names)
 
-        with _eval(self.module), torch.no_grad():
+        with eval_mode(self.module), torch.no_grad():
             logits_t = torch.func.functional_call(self.module, {**{n: v.to(device) for n, v in w_t.items()}, **buffers}, (bx.to(device),))
             fg_t = float(self.forget_weight * safe.kl_to_target(logits_t.double(), target, self.kl_direction).mean())
         retain_risk_w0 = float(loss_sum) / n_t
@@ -236,16 +237,3 @@ class StreamingStrategy(UnlearningStrategy):
             raise ValueError(f"the module's trainable parameters do not match the recorded w_0 (differences: {diff})")
         if set(dict(self.module.named_buffers())) != set(rec.buffers0):
             raise ValueError("the module's buffers do not match the recorded ones")
-
-
-class _eval:
-    """Context: module in eval mode (BN statistics fixed,), previous mode restored after."""
-
-    def __init__(self, module: nn.Module) -> None:
-        self.module, self.was_training = module, module.training
-
-    def __enter__(self) -> None:
-        self.module.eval()
-
-    def __exit__(self, *exc: object) -> None:
-        self.module.train(self.was_training)
