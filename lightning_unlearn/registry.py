@@ -6,7 +6,7 @@ Adding a method is a few lines::
         def build(info: BenchmarkInfo) -> Built:
             module, recorder = supervised_module(info), MyRecorder()
             return Built(module, [recorder], lambda: MyStrategy(module, recorder, epsilon=epsilon), {"max_epochs": info.epochs})
-        return Method("mine", build, reference=supervised_retrain())
+        return Method("mine", build, reference=retrain("supervised"))
 
     register("mine", my_method)
 
@@ -199,11 +199,6 @@ def retrain(
     )
 
 
-def supervised_retrain() -> Method:
-    """Reference for methods on the supervised family (e.g. HF, certified continual learning)."""
-    return retrain("supervised")
-
-
 def acu(gamma: float = GAMMA, expansion_dim: int = EXPANSION_DIM) -> Method:
     """ACU (exact, Theorem 1) on the analytic family."""
 
@@ -223,9 +218,7 @@ def _baseline(name: str, cls: type, needs_train: bool, preset: dict[str, Any] | 
 
     def factory(family: str = "analytic", gamma: float = GAMMA, expansion_dim: int = EXPANSION_DIM, **hyper: Any) -> Method:
         _family_check(family)
-        unknown = sorted(set(hyper) - (_hyperparameters(cls) - set(preset)))
-        if unknown:  # caught now, not after learning the stream
-            raise ValueError(f"{cls.__name__} takes no option(s) {unknown}; its options: {sorted(_hyperparameters(cls) - set(preset))}")
+        _check_options(cls, hyper, fixed=set(preset))
 
         def build(info: BenchmarkInfo) -> Built:
             module, recorder, trainer_kwargs, batch_size = _family(info, family, gamma, expansion_dim)
@@ -251,7 +244,7 @@ def hf_method(epsilon: float = 1.0, delta: float = 1e-5, l2: float = L2, noise: 
         module, recorder = linear_module(info, l2), TrajectoryRecorder()
         strategy = lambda: HFStrategy(module, recorder, epsilon=epsilon, delta=delta, noise=noise,  # noqa: E731
                                       sigma_override=sigma_override, generator=_seeded(info))
-        return Built(module, [recorder], strategy, _gradient_trained(info))
+        return Built(module, [recorder], strategy, *_recipe(info, "linear"))
 
     return Method(_certified_name("hf", epsilon, delta, noise, sigma_override), build, reference=retrain("linear", l2=l2))
 
@@ -285,9 +278,7 @@ def _continual_certified(name: str, cls: type) -> MethodFactory:
 def safe(family: str = "supervised", gamma: float = GAMMA, expansion_dim: int = EXPANSION_DIM, num_classes: int | None = None, **options: Any) -> Method:
     """SAFE streaming unlearning (paper 001): a :class:`StreamingRecorder`; options are :class:`StreamingStrategy`'s."""
     _family_check(family)
-    unknown = sorted(set(options) - _hyperparameters(StreamingStrategy))
-    if unknown:
-        raise ValueError(f"StreamingStrategy takes no option(s) {unknown}; its options: {sorted(_hyperparameters(StreamingStrategy))}")
+    _check_options(StreamingStrategy, options)
 
     def build(info: BenchmarkInfo) -> Built:
         recorder = StreamingRecorder(num_classes or info.num_classes, seed=info.seed)
@@ -295,6 +286,14 @@ def safe(family: str = "supervised", gamma: float = GAMMA, expansion_dim: int = 
         return Built(module, [recorder], lambda: StreamingStrategy(module, recorder, seed=info.seed, **options), trainer_kwargs, batch_size)
 
     return Method("safe" if family == "supervised" else f"safe[{family}]", build, reference=retrain(family, gamma, expansion_dim))
+
+
+def _check_options(cls: type, options: dict[str, Any], fixed: frozenset[str] | set[str] = frozenset()) -> None:
+    """``ValueError`` naming the options ``cls`` does not take (caught now, not after learning the stream)."""
+    allowed = _hyperparameters(cls) - fixed
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ValueError(f"{cls.__name__} takes no option(s) {unknown}; its options: {sorted(allowed)}")
 
 
 def _hyperparameters(cls: type) -> set[str]:
