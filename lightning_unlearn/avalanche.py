@@ -71,7 +71,7 @@ def fit_stream(
         trainer = L.Trainer(callbacks=list(callbacks), **kwargs)
         trainer.fit(module, DataLoader(experience.dataset, batch_size=batch_size, shuffle=True))
         seen.append(experience.dataset)
-        done = [strategy.forget(r, ConcatDataset(seen)) for r in (schedule or {}).get(k, ())]  # type: ignore[union-attr]
+        done = [strategy.forget(r, ConcatDataset(seen) if strategy.reads_data else None) for r in (schedule or {}).get(k, ())]  # type: ignore[union-attr]
         results.extend(done)
         if after_experience is not None:
             after_experience(experience, trainer, done)
@@ -114,4 +114,4 @@ class UnlearningPlugin(SupervisedPlugin):
         self.recorder.end_experience(strategy.model)
         self._seen.append(strategy.experience.dataset)
         for request in self.schedule.get(strategy.experience.current_experience, ()):
-            self.results.append(self.unlearning.forget(request, ConcatDataset(self._seen)))  # type: ignore[union-attr]
+            self.results.append(self.unlearning.forget(request, ConcatDataset(self._seen) if self.unlearning.reads_data else None))  # type: ignore[union-attr]

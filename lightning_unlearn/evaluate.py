@@ -288,7 +288,7 @@ def _run(method: Method, info: BenchmarkInfo, schedule: Schedule, bar: Any) -> l
         strategy = built.strategy()
         steps = []
         for request in schedule:
-            result = strategy.forget(request, info.train)
+            result = strategy.forget(request, info.train if strategy.reads_data else None)
             bar.update()
             steps.append((copy.deepcopy(built.module), result, copy.deepcopy(strategy.catalog)))
     return steps

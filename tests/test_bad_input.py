@@ -80,8 +80,11 @@ def test_mislabeled_and_misshaped_forget_data_change_nothing(fitted):
     with pytest.raises(ValueError, match="labels differ"):
         strategy.forget(ForgetRequest.samples([4]), relabeled)
     wrong_shape = type(data)(torch.utils.data.TensorDataset(torch.randn(120, 7), y))
-    with pytest.raises(RuntimeError):  # the backbone itself rejects 7 input features
+    with pytest.raises(ValueError, match=r"inputs differ from the inputs learned under sample ids \[4\]"):
         strategy.forget(ForgetRequest.samples([4]), wrong_shape)
+    other_inputs = type(data)(torch.utils.data.TensorDataset(x + 1e-3, y))  # same ids and labels, other inputs
+    with pytest.raises(ValueError, match="inputs differ"):
+        strategy.forget(ForgetRequest.samples([4]), other_inputs)
     assert_unchanged(strategy, before)
 
 

@@ -23,7 +23,7 @@ def test_entries_record_what_when_method_certificate(tmp_path):
     assert first["method"] == "acu" and first["removed_ids"] == [7, 8]
     assert first["certificate"]["exact"] is True and first["timestamp"].endswith("+00:00")
     assert ledger[1].request == {"kind": "class", "sample_ids": [], "target": 3}
-    assert ledger[1].weights_sha256 == weights_digest(model)
+    assert ledger[1].weights_digest == weights_digest(model)
     # reopening continues the chain
     reopened = Ledger(tmp_path / "ledger.jsonl")
     assert len(reopened) == 2 and reopened.forgotten_ids() == {7, 8} | set(range(3, 100, 4))

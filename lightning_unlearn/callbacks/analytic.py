@@ -52,6 +52,11 @@ class AnalyticRecorder(RecorderCallback):
             )
         return head
 
+    def head_name(self, module: nn.Module) -> str:
+        """``state_dict`` name of the head's weight (``W^T``, as ``nn.Linear`` stores it)."""
+        head = self.head_of(module)
+        return next(n for n, p in module.named_parameters() if p is head.weight)
+
     def features(self, module: nn.Module, x: Tensor) -> Tensor:
         with torch.no_grad():
             return module.features(x).to(self.dtype)

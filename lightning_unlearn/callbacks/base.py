@@ -11,6 +11,7 @@ so statistics only ever reflect whole experiences.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from lightning_unlearn.core.catalog import SampleCatalog
+from lightning_unlearn.core.catalog import SampleCatalog, fingerprints
 from lightning_unlearn.data import unpack_batch
 
 
@@ -29,15 +30,27 @@ class RecorderCallback(L.Callback):
     (fold the staged block into the statistics), and extend :meth:`state_dict`.
     Set :attr:`experience` before a fit to name the experience it learns (``fit_stream`` does);
     otherwise fits are numbered 0, 1, 2, ...
+
+    A strategy writes back through :meth:`apply_forget` only, once per request, with a change
+    it computed beforehand; the recorder returns the undo of what it applied.
+
+    Args:
+        fingerprint: keep a 64-bit digest of each learned input, so that a forget request whose
+            data is not what was learned under those ids is refused. Turn it off when the
+            training inputs are randomly augmented (their bytes differ from epoch to epoch).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, fingerprint: bool = True) -> None:
         self.catalog = SampleCatalog()
+        self.fingerprint = fingerprint
+        #: ``{"count", "head"}`` of the ledger after the last request (verify a ledger against a checkpoint)
+        self.ledger_anchor: dict[str, Any] | None = None
         self.experience: int | None = None
         self._fit_experience = 0
         self._first_epoch = 0
         self._staged_ids: list[Tensor] = []
         self._staged_labels: list[Tensor] = []
+        self._staged_prints: list[Tensor] = []
         self._staged_seen: set[int] = set()
 
     # -- framework-neutral API (also used by the Avalanche plugin) -------------------------------
@@ -75,15 +88,41 @@ class RecorderCallback(L.Callback):
         self._staged_seen.update(ids.tolist())
         self._staged_ids.append(ids.cpu())
         self._staged_labels.append(y.detach().long().cpu())
+        if self.fingerprint and isinstance(x, Tensor):
+            self._staged_prints.append(fingerprints(x))
+        else:
+            self._staged_prints.append(torch.zeros(len(ids), dtype=torch.long))
 
     def end_experience(self, module: torch.nn.Module) -> None:
         """Commit the staged block: register its samples and fold in its statistics."""
         if not self._staged_ids:
             return
-        ids, labels = torch.cat(self._staged_ids), torch.cat(self._staged_labels)
+        ids, labels, prints = torch.cat(self._staged_ids), torch.cat(self._staged_labels), torch.cat(self._staged_prints)
         self._commit(module)
-        self.catalog.add(ids, labels, self._fit_experience)
+        self.catalog.add(ids, labels, self._fit_experience, prints)
         self._drop_staged()
+
+    def apply_forget(self, ids: Tensor, change: Mapping[str, Any]) -> Callable[[], None]:
+        """Apply a strategy's computed change for forgetting ``ids``, mark them forgotten; return the undo.
+
+        The default replaces statistics attributes by the new values in ``change`` (computed out
+        of place by the strategy). Recorders whose statistics are updated in place (rows of a
+        store) override it. Called by :meth:`UnlearningStrategy.forget` only, at its commit point.
+        """
+        unknown = [k for k in change if not hasattr(self, k)]
+        if unknown:
+            raise ValueError(f"{type(self).__name__} has no statistics named {unknown}")
+        old = {k: getattr(self, k) for k in change}
+        prints = self.catalog.mark_forgotten(ids)
+        for k, v in change.items():
+            setattr(self, k, v)
+
+        def undo() -> None:
+            for k, v in old.items():
+                setattr(self, k, v)
+            self.catalog.unmark_forgotten(ids, prints)
+
+        return undo
 
     # -- Lightning hooks -------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -123,7 +162,7 @@ class RecorderCallback(L.Callback):
         raise NotImplementedError
 
     def _drop_staged(self) -> None:
-        self._staged_ids, self._staged_labels, self._staged_seen = [], [], set()
+        self._staged_ids, self._staged_labels, self._staged_prints, self._staged_seen = [], [], [], set()
 
     # -- state -----------------------------------------------------------------------------------
     def require_fitted(self) -> None:
@@ -135,10 +174,11 @@ class RecorderCallback(L.Callback):
             )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"catalog": self.catalog.state_dict()}
+        return {"catalog": self.catalog.state_dict(), "ledger_anchor": self.ledger_anchor}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.catalog.load_state_dict(state_dict["catalog"])
+        self.ledger_anchor = state_dict.get("ledger_anchor")
 
     def load_from_checkpoint(self, path: str | Path) -> None:
         """Restore this recorder's statistics from a Lightning checkpoint file.

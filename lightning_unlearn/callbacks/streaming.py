@@ -14,7 +14,7 @@ from lightning_unlearn.functional import streaming as safe
 from lightning_unlearn.modes import eval_mode
 
 _STATE = ("V", "counts", "s1", "s2", "ref_counts", "ref_mean", "ref_cov", "w0", "buffers0", "grad_sum", "loss_sum",
-          "n_anchor", "forget_x", "forget_y", "forget_ids", "rounds", "cumulative_surrogate")
+          "n_anchor", "forget_ids", "rounds", "cumulative_surrogate")
 
 
 class StreamingRecorder(RecorderCallback):
@@ -63,8 +63,7 @@ class StreamingRecorder(RecorderCallback):
         self.grad_sum: dict[str, Tensor] = {}  # sum over retained samples of grad l(w_0) (Eq. (15) as a sum)
         self.loss_sum = torch.zeros((), dtype=torch.float64)  # sum over retained samples of l(w_0)
         self.n_anchor = 0  # |D_0|
-        self.forget_x: Tensor | None = None  # the forget buffer: inputs, labels, ids of F_1..F_t
-        self.forget_y = torch.empty(0, dtype=torch.long)
+        # ids of F_1..F_t (never their inputs: a forgotten sample's data is kept nowhere)
         self.forget_ids = torch.empty(0, dtype=torch.long)
         self.rounds = 0
         self.cumulative_surrogate = 0.0
@@ -164,7 +163,7 @@ class StreamingRecorder(RecorderCallback):
         self.ref_counts = self.counts.clone()
         self.ref_mean, self.ref_cov = self.moments(self.counts, self.s1, self.s2)
         self.n_anchor = self.n_retained
-        self.forget_x, self.forget_y, self.forget_ids = None, torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long)
+        self.forget_ids = torch.empty(0, dtype=torch.long)
         self.rounds, self.cumulative_surrogate = 0, 0.0
         self._anchor_key = (self._fit_experience, trainer.global_step)
 
@@ -179,17 +178,20 @@ class StreamingRecorder(RecorderCallback):
         seen.update(ids[keep].tolist())
         return torch.tensor(keep, dtype=torch.long, device=ids.device)
 
-    # -- one round (called by StreamingStrategy) ---------------------------------------------------
-    def commit_round(self, x: Tensor, y: Tensor, ids: Tensor, grad_sum: dict[str, Tensor], loss_sum: Tensor, surrogate: float) -> None:
-        """Remove ``F_t`` from the statistics (Eq. (15), Eq. (22)-(23)) and append it to the forget buffer."""
+    # -- one round (computed by StreamingStrategy) ----------------------------------------------
+    def round_change(
+        self, x: Tensor, y: Tensor, ids: Tensor, grad_sum: dict[str, Tensor], loss_sum: Tensor, surrogate: float
+    ) -> dict[str, Any]:
+        """The statistics after removing ``F_t`` (Eq. (15), Eq. (22)-(23)), for :meth:`apply_forget`.
+
+        Only the ids of ``F_t`` are kept (for the sum over ``F_1..F_t`` of Eq. (25)), never its inputs.
+        """
         n, s1, s2 = safe.class_sums(safe.project(x, self.V), y, self.num_classes)
-        self.counts, self.s1, self.s2 = self.counts - n, self.s1 - s1, self.s2 - s2
-        self.grad_sum, self.loss_sum = grad_sum, loss_sum
-        self.forget_x = x.clone() if self.forget_x is None else torch.cat([self.forget_x, x])
-        self.forget_y = torch.cat([self.forget_y, y])
-        self.forget_ids = torch.cat([self.forget_ids, ids])
-        self.rounds += 1
-        self.cumulative_surrogate += surrogate
+        return {
+            "counts": self.counts - n, "s1": self.s1 - s1, "s2": self.s2 - s2, "grad_sum": grad_sum, "loss_sum": loss_sum,
+            "forget_ids": torch.cat([self.forget_ids, ids]), "rounds": self.rounds + 1,
+            "cumulative_surrogate": self.cumulative_surrogate + surrogate,
+        }
 
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

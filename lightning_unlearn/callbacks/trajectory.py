@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -282,10 +282,24 @@ class TrajectoryRecorder(RecorderCallback):
             return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
         return torch.cat(self._occ_rows), torch.cat(self._occ_steps)
 
-    def delete_rows(self, rows: Tensor) -> None:
-        """Free the statistics of deleted samples (Alg. 1 line 13: "Delete unlearning statistics")."""
+    def apply_forget(self, ids: Tensor, change: Mapping[str, Any]) -> Callable[[], None]:
+        """Erase the vectors of ``ids`` (Alg. 1 line 13: "Delete unlearning statistics") by overwriting
+        their rows with zeros, and mark the ids forgotten; the undo writes the saved rows back.
+        ``change`` holds no statistics (HF's update lives in the module's weights)."""
+        if change:
+            raise ValueError(f"TrajectoryRecorder.apply_forget takes no statistics change, got {sorted(change)}")
+        rows = self.rows_for(ids)
+        saved = self.A[rows].clone()
+        undo_catalog = super().apply_forget(ids, {})
         self.A[rows] = 0
         self.active[rows] = False
+
+        def undo() -> None:
+            self.A[rows] = saved
+            self.active[rows] = True
+            undo_catalog()
+
+        return undo
 
     # -- state ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

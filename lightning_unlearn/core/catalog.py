@@ -1,10 +1,14 @@
 """`SampleCatalog`: which samples a model has learned, and which it has since forgotten.
 
-The catalog holds only ids, labels and experience indices (never inputs). Recorders fill it
-during fit; strategies resolve a :class:`ForgetRequest` against it before touching anything.
+The catalog holds only ids, labels, experience indices and a fingerprint of each input (a
+64-bit BLAKE2b digest of its bytes, never the input). Recorders fill it during fit; strategies
+resolve a :class:`ForgetRequest` against it, and check the data they are given against the
+fingerprints, before touching anything. A forgotten sample's fingerprint is erased.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import torch
 from torch import Tensor
@@ -17,6 +21,18 @@ def _preview(ids: Tensor | list[int], n: int = 10) -> str:
     return str(ids[:n])[:-1] + (f", ... ({len(ids)} in all)]" if len(ids) > n else "]")
 
 
+def fingerprints(x: Tensor) -> Tensor:
+    """One 64-bit BLAKE2b digest per row of ``x`` (its dtype, shape and bytes); 0 is reserved for "none"."""
+    rows = x.detach().cpu().contiguous()
+    head = f"{rows.dtype}{tuple(rows.shape[1:])}".encode()
+    flat = rows.reshape(rows.shape[0], -1)
+    if flat.dtype == torch.bfloat16:
+        flat = flat.view(torch.int16)
+    data = flat.numpy()
+    out = [int.from_bytes(hashlib.blake2b(head + r.tobytes(), digest_size=8).digest(), "little", signed=True) or 1 for r in data]
+    return torch.tensor(out, dtype=torch.long)
+
+
 class SampleCatalog:
     """Ids, labels and experience of every learned sample, plus a forgotten mask."""
 
@@ -25,6 +41,7 @@ class SampleCatalog:
         self.labels = torch.empty(0, dtype=torch.long)
         self.experiences = torch.empty(0, dtype=torch.long)
         self.forgotten = torch.empty(0, dtype=torch.bool)
+        self.fingerprints = torch.empty(0, dtype=torch.long)
         self._row: dict[int, int] = {}
 
     def __len__(self) -> int:
@@ -37,11 +54,15 @@ class SampleCatalog:
     def __contains__(self, sample_id: int) -> bool:
         return int(sample_id) in self._row
 
-    def add(self, ids: Tensor, labels: Tensor, experience: int) -> None:
-        """Register newly learned samples. Ids must be new to the catalog and unique."""
+    def add(self, ids: Tensor, labels: Tensor, experience: int, prints: Tensor | None = None) -> None:
+        """Register newly learned samples. Ids must be new to the catalog and unique.
+
+        ``prints`` are the inputs' :func:`fingerprints` (0: not fingerprinted, never checked).
+        """
         ids, labels = ids.detach().long().cpu().flatten(), labels.detach().long().cpu().flatten()
-        if ids.shape != labels.shape:
-            raise ValueError(f"{ids.numel()} sample ids but {labels.numel()} labels")
+        prints = torch.zeros_like(ids) if prints is None else prints.detach().long().cpu().flatten()
+        if ids.shape != labels.shape or ids.shape != prints.shape:
+            raise ValueError(f"{ids.numel()} sample ids but {labels.numel()} labels and {prints.numel()} fingerprints")
         if ids.unique().numel() != ids.numel():
             raise ValueError("SampleCatalog.add got duplicate ids in one call")
         known = [i for i in ids.tolist() if i in self._row]
@@ -56,6 +77,7 @@ class SampleCatalog:
         self.labels = torch.cat([self.labels, labels])
         self.experiences = torch.cat([self.experiences, torch.full_like(ids, experience)])
         self.forgotten = torch.cat([self.forgotten, torch.zeros_like(ids, dtype=torch.bool)])
+        self.fingerprints = torch.cat([self.fingerprints, prints])
 
     def rows(self, ids: Tensor) -> Tensor:
         """Row index of each id (ids must be known)."""
@@ -88,8 +110,33 @@ class SampleCatalog:
             raise ValueError(f"{request.kind} {request.target} has already been forgotten entirely")
         return self.ids[active]
 
-    def mark_forgotten(self, ids: Tensor) -> None:
-        self.forgotten[self.rows(ids)] = True
+    def check_fingerprints(self, ids: Tensor, x: Tensor) -> None:
+        """``ValueError`` naming the ids whose inputs ``x`` are not the ones learned under that id."""
+        recorded = self.fingerprints[self.rows(ids)]
+        checked = recorded != 0
+        if not bool(checked.any()):
+            return
+        bad = checked & (fingerprints(x) != recorded)
+        if bool(bad.any()):
+            raise ValueError(
+                f"forget data inputs differ from the inputs learned under sample ids {_preview(ids[bad])}: "
+                "pass the same samples (same preprocessing, no random augmentation) that were learned"
+            )
+
+    def mark_forgotten(self, ids: Tensor) -> Tensor:
+        """Mark ``ids`` forgotten and erase their fingerprints; returns the erased fingerprints
+        (for :meth:`unmark_forgotten`, the undo)."""
+        rows = self.rows(ids)
+        prints = self.fingerprints[rows].clone()
+        self.forgotten[rows] = True
+        self.fingerprints[rows] = 0
+        return prints
+
+    def unmark_forgotten(self, ids: Tensor, prints: Tensor) -> None:
+        """Undo :meth:`mark_forgotten` of ``ids`` (``prints``: their fingerprints before it)."""
+        rows = self.rows(ids)
+        self.forgotten[rows] = False
+        self.fingerprints[rows] = prints
 
     def active_ids(self) -> Tensor:
         return self.ids[~self.forgotten]
@@ -106,6 +153,7 @@ class SampleCatalog:
             "labels": self.labels.clone(),
             "experiences": self.experiences.clone(),
             "forgotten": self.forgotten.clone(),
+            "fingerprints": self.fingerprints.clone(),
         }
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
@@ -113,4 +161,9 @@ class SampleCatalog:
         self.labels = state["labels"].clone().long()
         self.experiences = state["experiences"].clone().long()
         self.forgotten = state["forgotten"].clone().bool()
+        prints = state.get("fingerprints")
+        self.fingerprints = torch.zeros_like(self.ids) if prints is None else prints.clone().long()
+        lengths = {t.numel() for t in (self.ids, self.labels, self.experiences, self.forgotten, self.fingerprints)}
+        if len(lengths) != 1:
+            raise ValueError(f"catalog state is inconsistent: its columns have different lengths {sorted(lengths)}")
         self._row = {int(i): k for k, i in enumerate(self.ids.tolist())}

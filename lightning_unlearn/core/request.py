@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 RequestKind = Literal["samples", "class", "experience"]
@@ -33,6 +34,9 @@ class ForgetRequest:
                 raise ValueError("a 'samples' ForgetRequest takes sample_ids, not a target")
             if len(self.sample_ids) == 0:
                 raise ValueError("empty ForgetRequest: no sample ids given")
+            wrong = [i for i in self.sample_ids if isinstance(i, bool) or not isinstance(i, int)]
+            if wrong:
+                raise ValueError(f"sample ids must be integers, got {wrong[:5]}")
             if len(set(self.sample_ids)) != len(self.sample_ids):
                 seen: set[int] = set()
                 dup = sorted({i for i in self.sample_ids if i in seen or seen.add(i)})
@@ -44,11 +48,29 @@ class ForgetRequest:
                 raise ValueError(f"{self.kind} of a ForgetRequest must be a non-negative int, got {self.target!r}")
 
     @classmethod
-    def samples(cls, ids: Iterable[int] | torch.Tensor) -> ForgetRequest:
-        """Forget these sample ids (the ids the dataset yields, see :class:`IndexedDataset`)."""
-        if isinstance(ids, torch.Tensor):
-            ids = ids.flatten().tolist()
-        return cls("samples", tuple(int(i) for i in ids))
+    def samples(cls, ids: Iterable[int] | torch.Tensor | np.ndarray) -> ForgetRequest:
+        """Forget these sample ids (the ids the dataset yields, see :class:`IndexedDataset`).
+
+        Raises:
+            ValueError: an id is not an integer (floats, strings and booleans are refused, never
+                truncated: forgetting the wrong sample under an exact certificate is worse than an error).
+        """
+        if isinstance(ids, (str, bytes)):
+            raise ValueError(f"sample ids must be integers, got the string {ids!r}")
+        if isinstance(ids, (torch.Tensor, np.ndarray)):
+            dtype = ids.dtype
+            integral = dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8) if isinstance(ids, torch.Tensor) else (
+                np.issubdtype(dtype, np.integer)
+            )
+            if not integral:
+                raise ValueError(f"sample ids must be integers, got a {type(ids).__name__} of dtype {dtype}")
+            return cls("samples", tuple(int(i) for i in ids.reshape(-1).tolist()))
+        checked = []
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+                raise ValueError(f"sample ids must be integers, got {i!r} ({type(i).__name__})")
+            checked.append(int(i))
+        return cls("samples", tuple(checked))
 
     @classmethod
     def of_class(cls, label: int) -> ForgetRequest:

@@ -1,8 +1,21 @@
-"""`UnlearningStrategy`: the one interface every unlearning method implements."""
+"""`UnlearningStrategy`: the one interface every unlearning method implements.
+
+Every method follows one contract, with one commit point:
+
+1. ``forget`` checks the request and the data (nothing changes on a bad input);
+2. the method's :meth:`UnlearningStrategy._compute` computes everything (new weights, the
+   recorder's statistics change, its own state, the certificate) and touches nothing;
+3. ``forget`` commits: the recorder applies the statistics change and marks the ids forgotten
+   (:meth:`RecorderCallback.apply_forget`, the only way a strategy writes back), the module's
+   touched tensors are swapped for their new values, the strategy's own state is replaced, and
+   the ledger entry is appended. If any of these raises, everything already done is undone:
+   parameters, buffers, statistics, catalog and ledger are as before and the request can be retried.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any, ClassVar
@@ -16,8 +29,10 @@ from lightning_unlearn.core.catalog import SampleCatalog
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.core.request import ForgetRequest
+from lightning_unlearn.data import select_by_ids
 
 ForgetData = Dataset | DataLoader | None
+Undo = Callable[[], None]
 
 
 @dataclass
@@ -31,19 +46,83 @@ class UnlearningResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class UnlearningUpdate:
+    """Everything one request changes, computed before anything is changed.
+
+    Args:
+        certificate: the guarantee of the new weights.
+        weights: new values of the module's parameters and buffers, keyed by their
+            ``state_dict`` name; only the entries given are touched (at commit time their
+            tensors' data are swapped, not copied).
+        statistics: the recorder's change, applied by :meth:`RecorderCallback.apply_forget`
+            (for most recorders: new values of statistics attributes, by name).
+        state: new values of the strategy's own attributes, by name.
+        extra: method-specific numbers for the result and the ledger.
+    """
+
+    certificate: Certificate
+    weights: Mapping[str, Tensor] = field(default_factory=dict)
+    statistics: Mapping[str, Any] = field(default_factory=dict)
+    state: Mapping[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def swap_weights(module: nn.Module, weights: Mapping[str, Tensor]) -> Undo:
+    """Point the named parameters/buffers of ``module`` at new data; return the undo.
+
+    Shapes are checked for all entries before any is swapped (``ValueError`` naming the first
+    mismatch). The swap replaces each tensor's ``.data`` (no copy of the old values is made; the
+    old data is kept by reference for the undo), so ``Parameter`` objects, optimizer references
+    and hooks stay valid.
+    """
+    targets = dict(module.named_parameters()) | dict(module.named_buffers())
+    unknown = [k for k in weights if k not in targets]
+    if unknown:
+        raise ValueError(f"update names tensors the module does not have: {unknown[:5]}")
+    for k, new in weights.items():
+        if tuple(new.shape) != tuple(targets[k].shape):
+            raise ValueError(f"update for {k!r} has shape {tuple(new.shape)}, the module's is {tuple(targets[k].shape)}")
+    old = {k: targets[k].data for k in weights}
+    for k, new in weights.items():
+        t = targets[k]
+        t.data = new.detach().to(device=t.device, dtype=t.dtype)
+
+    def undo() -> None:
+        for k, data in old.items():
+            targets[k].data = data
+
+    return undo
+
+
+def replace_attributes(obj: object, values: Mapping[str, Any]) -> Undo:
+    """Set attributes of ``obj`` to new values (no copies); return the undo."""
+    old = {k: getattr(obj, k) for k in values}
+    for k, v in values.items():
+        setattr(obj, k, v)
+
+    def undo() -> None:
+        for k, v in old.items():
+            setattr(obj, k, v)
+
+    return undo
+
+
 class UnlearningStrategy(ABC):
     """Executes forget requests on a module in place, between experiences.
 
     ``forget`` resolves the request against the recorder's catalog (unknown ids, ids already
-    forgotten, a class or experience never learned are ``ValueError``s), runs the method, marks
-    the ids forgotten and appends the result to the ledger. If the method raises, the module's
-    parameters are restored and nothing is marked or logged; a subclass's ``_forget`` must in
-    turn compute everything before it commits to its recorder's statistics.
+    forgotten, a class or experience never learned are ``ValueError``s), checks the data it was
+    given, lets the method compute its :class:`UnlearningUpdate` and commits it all-or-nothing
+    (see the module docstring).
 
-    Subclasses set :attr:`method` and :attr:`needs_forget_data`, and implement :meth:`_forget`.
+    Subclasses set :attr:`method` (the registry name), :attr:`reads_data` and
+    :attr:`needs_forget_data`, and implement :meth:`_compute`.
     """
 
     method: ClassVar[str]
+    #: whether ``forget`` reads ``data`` at all; a method that does not refuses it
+    reads_data: ClassVar[bool] = False
     #: whether ``forget`` needs the samples to forget (their inputs), passed as ``data``
     needs_forget_data: ClassVar[bool] = False
 
@@ -62,10 +141,16 @@ class UnlearningStrategy(ABC):
 
         Args:
             request: what to forget.
-            data: a dataset or loader yielding ``(x, y, sample_id, ...)`` that contains the samples
-                to forget (it may contain more; only the requested ids are used). Required by
-                methods with ``needs_forget_data``; the retained data is never needed by the
-                recorded methods.
+            data: a dataset or loader yielding ``(x, y, sample_id, ...)`` batches (or dicts, see
+                :func:`lightning_unlearn.data.unpack_batch`) that contains the samples to forget
+                (it may contain more; only the requested ids are used). Required by methods with
+                ``needs_forget_data``, refused by methods that read no data.
+
+        Raises:
+            TypeError: ``request`` is not a :class:`ForgetRequest`.
+            ValueError: the request names nothing learned, or samples already forgotten; the
+                method needs ``data`` and none was given, or reads none and some was given; the
+                data's labels or inputs differ from what was learned. Nothing is changed.
         """
         if not isinstance(request, ForgetRequest):
             raise TypeError(f"forget expects a ForgetRequest, got {type(request).__name__}")
@@ -73,23 +158,50 @@ class UnlearningStrategy(ABC):
         ids = self.catalog.resolve(request)
         if self.needs_forget_data and data is None:
             raise ValueError(f"{self.method} needs the samples to forget: pass data=<dataset yielding (x, y, id)>")
-        saved = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        if not self.reads_data and data is not None:
+            raise ValueError(f"{self.method} does not read forget(data=...) (it forgets from what it was given at construction and the recorded statistics): do not pass data")
+        if data is not None and not isinstance(data, (Dataset, DataLoader)):
+            raise ValueError(f"data must be a torch Dataset or DataLoader yielding sample ids, got {type(data).__name__}")
         start = perf_counter()
-        try:
-            certificate, extra = self._forget(ids, data)
-        except BaseException:
-            self.module.load_state_dict(saved)
-            raise
+        update = self._compute(ids, data)
         wall = perf_counter() - start
-        self.catalog.mark_forgotten(ids)
-        result = UnlearningResult(request, ids, certificate, wall, extra)
-        self.ledger.append(result, self.module)
+        result = UnlearningResult(request, ids, update.certificate, wall, update.extra)
+        self._commit(result, update)
         self.history.append(result)
         return result
 
+    def _commit(self, result: UnlearningResult, update: UnlearningUpdate) -> None:
+        """Apply ``update`` and append the ledger entry, all or nothing."""
+        undo: list[Undo] = []
+        try:
+            undo.append(self.recorder.apply_forget(result.removed_ids, update.statistics))
+            undo.append(swap_weights(self.module, update.weights))
+            undo.append(replace_attributes(self, update.state))
+            self.ledger.append(result, self.module)
+        except BaseException:
+            for step in reversed(undo):
+                step()
+            raise
+        self.recorder.ledger_anchor = self.ledger.anchor()
+
     @abstractmethod
-    def _forget(self, ids: Tensor, data: ForgetData) -> tuple[Certificate, dict[str, Any]]:
-        """Update ``self.module`` (and the recorder's statistics) to forget ``ids``."""
+    def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
+        """Compute what forgetting ``ids`` changes, without changing anything."""
+
+    # -- helpers for methods that read the samples to forget -------------------------------------
+    def forget_samples(self, ids: Tensor, data: ForgetData) -> tuple[Tensor, Tensor]:
+        """Inputs and learned labels of exactly ``ids`` from ``data``, checked against what was learned.
+
+        Raises:
+            ValueError: ``data`` lacks some ids, or its labels or inputs (their fingerprints) differ
+                from the ones recorded when the samples were learned; the ids are named.
+        """
+        if data is None:
+            raise ValueError(f"{self.method} needs the samples to forget: pass data=<dataset yielding (x, y, id)>")
+        x, y = select_by_ids(data, ids)
+        labels = self._labels_checked(ids, y)
+        self.catalog.check_fingerprints(ids, x)
+        return x, labels
 
     def _labels_checked(self, ids: Tensor, y: Tensor) -> Tensor:
         """The catalog labels of ``ids``; ``ValueError`` if the given data's labels disagree."""

@@ -23,6 +23,7 @@ their constructor and say so; the retained set is every learned, not yet forgott
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -35,8 +36,8 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset, TensorD
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
-from lightning_unlearn.data import select_by_ids, unpack_batch
-from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy
+from lightning_unlearn.data import unpack_batch
+from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, UnlearningUpdate
 
 Batch = Any
 LossFn = Callable[[nn.Module, Batch], Tensor]
@@ -78,6 +79,11 @@ class _Objective(L.LightningModule):
 
 def _ce(model: nn.Module, xy: Batch) -> Tensor:
     return nn.functional.cross_entropy(model(xy[0]).float(), torch.as_tensor(xy[1]).long())
+
+
+def trained_weights(work: nn.Module) -> dict[str, Tensor]:
+    """Parameters and buffers of a trained copy, by name (the update of a training-based method)."""
+    return {**dict(work.named_parameters()), **dict(work.named_buffers())}
 
 
 def id_rows(data: Dataset) -> dict[int, int]:
@@ -128,9 +134,8 @@ class _Trained(UnlearningStrategy):
         return Subset(self.train_data, [self._rows[i] for i in keep])  # type: ignore[arg-type]
 
     def forget_set(self, ids: Tensor, data: ForgetData) -> TensorDataset:
-        """``(x, y)`` of the samples to forget, labels checked against the learned ones."""
-        x, y = select_by_ids(data, ids)  # type: ignore[arg-type]
-        return TensorDataset(x, self._labels_checked(ids, y))
+        """``(x, y)`` of the samples to forget, checked against what was learned."""
+        return TensorDataset(*self.forget_samples(ids, data))
 
     def relabelled(self, forget: TensorDataset) -> TensorDataset:
         """The samples to forget, each with a uniformly drawn *wrong* label ``y' != y`` (seeded per request)."""
@@ -146,16 +151,26 @@ class _Trained(UnlearningStrategy):
         generator = torch.Generator().manual_seed(self.seed + len(self.history) + salt)
         return DataLoader(dataset, batch_size=self.batch_size, shuffle=True, generator=generator)
 
-    def fit(self, loss: LossFn, loaders: Any, callbacks: Sequence[L.Callback] = ()) -> None:
-        """Train the module in place for ``epochs`` epochs on ``loss`` (global RNG state left untouched)."""
+    def fit(self, model: nn.Module, loss: LossFn, loaders: Any, callbacks: Sequence[L.Callback] = ()) -> None:
+        """Train ``model`` in place for ``epochs`` epochs on ``loss`` (global RNG state left untouched)."""
         extra = [*self.trainer_kwargs.get("callbacks", []), *callbacks]
         trainer = L.Trainer(**{**_QUIET, "max_epochs": self.epochs, **self.trainer_kwargs, "callbacks": extra})
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
-            trainer.fit(_Objective(self.module, loss, self.lr, self.momentum), loaders)
+            trainer.fit(_Objective(model, loss, self.lr, self.momentum), loaders)
 
-    def _result(self, ids: Tensor, **extra: Any) -> tuple[Certificate, dict[str, Any]]:
-        return Certificate(method=self.method, exact=False), {"n_forgotten": int(ids.numel()), "epochs": self.epochs, **extra}
+    def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
+        work = copy.deepcopy(self.module)
+        extra = self._train(work, ids, data)
+        return UnlearningUpdate(
+            Certificate(method=self.method, exact=False),
+            weights=trained_weights(work),
+            extra={"n_forgotten": int(ids.numel()), "epochs": self.epochs, **extra},
+        )
+
+    def _train(self, work: nn.Module, ids: Tensor, data: ForgetData) -> dict[str, Any]:
+        """Train ``work`` (a copy of the module) to forget ``ids``; return numbers for the result."""
+        raise NotImplementedError
 
 
 class FinetuneStrategy(_Trained):
@@ -170,10 +185,10 @@ class FinetuneStrategy(_Trained):
     def __init__(self, module: nn.Module, recorder: RecorderCallback, train: Dataset, *, epochs: int = 10, lr: float = 1e-2, **kwargs: Any) -> None:
         super().__init__(module, recorder, train, epochs=epochs, lr=lr, **kwargs)
 
-    def _forget(self, ids: Tensor, data: ForgetData) -> tuple[Certificate, dict[str, Any]]:
+    def _train(self, work: nn.Module, ids: Tensor, data: ForgetData) -> dict[str, Any]:
         retained = self.retained(ids)
-        self.fit(_ce, self.loader(_XY(retained)))
-        return self._result(ids, n_retained=len(retained))
+        self.fit(work, _ce, self.loader(_XY(retained)))
+        return {"n_retained": len(retained)}
 
 
 class NegGradStrategy(_Trained):
@@ -185,14 +200,15 @@ class NegGradStrategy(_Trained):
     """
 
     method = "neggrad"
+    reads_data = True
     needs_forget_data = True
 
     def __init__(self, module: nn.Module, recorder: RecorderCallback, *, epochs: int = 5, lr: float = 1e-3, **kwargs: Any) -> None:
         super().__init__(module, recorder, None, epochs=epochs, lr=lr, **kwargs)
 
-    def _forget(self, ids: Tensor, data: ForgetData) -> tuple[Certificate, dict[str, Any]]:
-        self.fit(lambda model, xy: -_ce(model, xy), self.loader(self.forget_set(ids, data)))
-        return self._result(ids)
+    def _train(self, work: nn.Module, ids: Tensor, data: ForgetData) -> dict[str, Any]:
+        self.fit(work, lambda model, xy: -_ce(model, xy), self.loader(self.forget_set(ids, data)))
+        return {}
 
 
 class NegGradPlusStrategy(_Trained):
@@ -204,6 +220,7 @@ class NegGradPlusStrategy(_Trained):
     """
 
     method = "neggrad_plus"
+    reads_data = True
     needs_forget_data = True
 
     def __init__(
@@ -217,11 +234,11 @@ class NegGradPlusStrategy(_Trained):
     def _loss(self, model: nn.Module, batch: dict[str, Batch]) -> Tensor:
         return self.alpha * _ce(model, batch["retain"]) - (1 - self.alpha) * _ce(model, batch["forget"])
 
-    def _forget(self, ids: Tensor, data: ForgetData) -> tuple[Certificate, dict[str, Any]]:
+    def _train(self, work: nn.Module, ids: Tensor, data: ForgetData) -> dict[str, Any]:
         retained, forget = self.retained(ids), self.forget_set(ids, data)
         loaders = CombinedLoader({"retain": self.loader(_XY(retained)), "forget": self.loader(forget, salt=1)}, mode="max_size_cycle")
-        self.fit(self._loss, loaders)
-        return self._result(ids, n_retained=len(retained), alpha=self.alpha)
+        self.fit(work, self._loss, loaders)
+        return {"n_retained": len(retained), "alpha": self.alpha}
 
 
 class RandomLabelStrategy(_Trained):
@@ -234,15 +251,16 @@ class RandomLabelStrategy(_Trained):
     """
 
     method = "randomlabel"
+    reads_data = True
     needs_forget_data = True
 
     def __init__(self, module: nn.Module, recorder: RecorderCallback, train: Dataset, *, epochs: int = 10, lr: float = 1e-3, **kwargs: Any) -> None:
         super().__init__(module, recorder, train, epochs=epochs, lr=lr, **kwargs)
 
-    def _forget(self, ids: Tensor, data: ForgetData) -> tuple[Certificate, dict[str, Any]]:
+    def _train(self, work: nn.Module, ids: Tensor, data: ForgetData) -> dict[str, Any]:
         forget, retained = self.forget_set(ids, data), self.retained(ids)
-        self.fit(_ce, self.loader(ConcatDataset([_XY(retained), self.relabelled(forget)])))
-        return self._result(ids, n_retained=len(retained))
+        self.fit(work, _ce, self.loader(ConcatDataset([_XY(retained), self.relabelled(forget)])))
+        return {"n_retained": len(retained)}
 
 
 class RetrainStrategy(UnlearningStrategy):
@@ -287,13 +305,14 @@ class RetrainStrategy(UnlearningStrategy):
         self.batch_size, self.seed = int(batch_size), int(seed)
         self._rows = id_rows(train)
 
-    def _forget(self, ids: Tensor, data: ForgetData) -> tuple[Certificate, dict[str, Any]]:
+    def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         active = self.catalog.active_ids()
         keep = active[~torch.isin(active, ids)]
         missing = [i for i in keep.tolist() if i not in self._rows]
         if missing:
             raise ValueError(f"retrain: the training data lacks {len(missing)} retained sample ids, e.g. {missing[:10]}")
-        self.module.load_state_dict(self.initial_state)
+        work = copy.deepcopy(self.module)
+        work.load_state_dict(self.initial_state)
         callbacks = list(self.fit_callbacks())
         experiences = self.catalog.experiences_of(keep)
         for e in experiences.unique().tolist():
@@ -306,6 +325,6 @@ class RetrainStrategy(UnlearningStrategy):
             )
             with torch.random.fork_rng():
                 torch.manual_seed(self.seed + int(e))
-                L.Trainer(**{**_QUIET, **self.trainer_kwargs, "callbacks": callbacks}).fit(self.module, loader)
+                L.Trainer(**{**_QUIET, **self.trainer_kwargs, "callbacks": callbacks}).fit(work, loader)
         certificate = Certificate(method=self.method, exact=True, statement="retrained from scratch on the retained data")
-        return certificate, {"n_forgotten": int(ids.numel()), "n_retained": int(keep.numel())}
+        return UnlearningUpdate(certificate, weights=trained_weights(work), extra={"n_forgotten": int(ids.numel()), "n_retained": int(keep.numel())})

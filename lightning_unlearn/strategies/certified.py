@@ -11,10 +11,9 @@ from torch import Tensor, nn
 from lightning_unlearn.callbacks.hessian import HessianRecorder, TaskDeltaRecorder
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
-from lightning_unlearn.data import select_by_ids
 from lightning_unlearn.functional import certified as cl
 from lightning_unlearn.functional import hf
-from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy
+from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, UnlearningUpdate
 
 
 def _is_linear(module: nn.Module) -> bool:
@@ -107,8 +106,8 @@ class _ContinualCertified(UnlearningStrategy):
         if not _is_linear(self.module):
             warnings.warn("non-linear network: Assumption 2.1 (strong convexity) fails, the 004 certificate is heuristic", stacklevel=4)
 
-    def _publish(self, internal: Tensor, bounds: dict[str, float], c: cl.CLConstants, statement: str) -> tuple[Certificate, dict[str, Any]]:
-        """Commit ``internal`` and publish it with Gaussian noise calibrated on ``bounds["gamma"]``."""
+    def _publish(self, internal: Tensor, bounds: dict[str, float], c: cl.CLConstants, statement: str) -> UnlearningUpdate:
+        """The update publishing ``internal`` with Gaussian noise calibrated on ``bounds["gamma"]``."""
         self._warn_assumptions(c)
         sigma = cl.gaussian_sigma(bounds["gamma"], self.epsilon, self.delta)
         std = sigma if self.sigma_override is None else self.sigma_override
@@ -116,8 +115,6 @@ class _ContinualCertified(UnlearningStrategy):
         certified = self.noise and self.sigma_override is None
         if not torch.isfinite(internal + noise).all():
             raise ValueError(f"{self.method} update is not finite")
-        hf.set_flat_params(self.module, internal + noise)
-        self._internal, self._internal_end = internal, self.recorder.ends[-1]
         bounds = {**bounds, "sigma_formula": sigma, "lipschitz": c.lipschitz, "smoothness": c.smoothness,
                   "strong_convexity": c.strong_convexity, "reg_lambda": c.reg_lambda}
         certificate = Certificate(
@@ -126,7 +123,12 @@ class _ContinualCertified(UnlearningStrategy):
             sigma=std if self.noise else None, bounds=bounds,
             statement=statement + cl.uncertified_note(self.noise, self.sigma_override),
         )
-        return certificate, {"noise_norm": float(noise.norm())}
+        return UnlearningUpdate(
+            certificate,
+            weights=hf.unflatten(internal + noise, hf.param_spec(self.module)),
+            state={"_internal": internal, "_internal_end": self.recorder.ends[-1]},
+            extra={"noise_norm": float(noise.norm())},
+        )
 
 
 class GradientCertifiedStrategy(_ContinualCertified):
@@ -142,14 +144,15 @@ class GradientCertifiedStrategy(_ContinualCertified):
 
     method = "gradient_cl"
 
-    def _forget(self, ids: Tensor, data: ForgetData) -> tuple[Certificate, dict[str, Any]]:
+    def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         rec = self.recorder
         self.check_shapes()
         c = self.constants()
         bounds = cl.gamma_natural_forgetting(self.task_status(ids), c, self.chain_gaps())
         internal = rec.ends[-1].clone()
-        cert, extra = self._publish(internal, bounds, c, "004 Alg. 1 / Theorem 4.1: ||w_retrain - w_t|| <= gamma^NF; Gaussian mechanism")
-        return cert, {**extra, "n_forgotten": int(ids.numel())}
+        update = self._publish(internal, bounds, c, "004 Alg. 1 / Theorem 4.1: ||w_retrain - w_t|| <= gamma^NF; Gaussian mechanism")
+        update.extra["n_forgotten"] = int(ids.numel())
+        return update
 
 
 class HessianCertifiedStrategy(_ContinualCertified):
@@ -165,6 +168,7 @@ class HessianCertifiedStrategy(_ContinualCertified):
     """
 
     method = "hessian_cl"
+    reads_data = True  # optional: the samples to forget, for sample-level requests without stored gradients
 
     def __init__(self, module: nn.Module, recorder: HessianRecorder, ledger: Ledger | None = None, **kwargs: Any) -> None:
         if not isinstance(recorder, HessianRecorder):
@@ -185,8 +189,7 @@ class HessianCertifiedStrategy(_ContinualCertified):
         elif data is None:
             raise ValueError("sample-level Hessian unlearning needs the samples to forget (data=...) or HessianRecorder(store_sample_gradients=True)")
         else:
-            x, y = select_by_ids(data, ids)
-            self._labels_checked(ids, y)
+            x, y = self.forget_samples(ids, data)
         for i in partial:
             mine = exps == rec.experience_ids[i]
             if x is None:
@@ -199,7 +202,7 @@ class HessianCertifiedStrategy(_ContinualCertified):
             sums[i] = g if sums[i] is None else sums[i] + g
         return sums
 
-    def _forget(self, ids: Tensor, data: ForgetData) -> tuple[Certificate, dict[str, Any]]:
+    def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         rec = self.recorder
         self.check_shapes()
         c = self.constants()
@@ -210,6 +213,7 @@ class HessianCertifiedStrategy(_ContinualCertified):
         e = cl.hessian_correction(status, rec.starts, rec.ends, current, solves, sums, c.reg_lambda)  # Eq. (13)
         internal = current + e
         bounds = cl.gamma_hessian(status, c, self.chain_gaps())
-        cert, extra = self._publish(internal, bounds, c, "004 Alg. 2 / Prop. 5.1 (Lemma D.2 bound gamma^H): Newton correction + Gaussian mechanism")
-        rec.forgotten_grad_sums = sums  # commit after everything was computed
-        return cert, {**extra, "n_forgotten": int(ids.numel()), "correction_norm": float(e.norm())}
+        update = self._publish(internal, bounds, c, "004 Alg. 2 / Prop. 5.1 (Lemma D.2 bound gamma^H): Newton correction + Gaussian mechanism")
+        update.statistics = {"forgotten_grad_sums": sums}
+        update.extra.update({"n_forgotten": int(ids.numel()), "correction_norm": float(e.norm())})
+        return update

@@ -14,7 +14,7 @@ from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.functional import hf
 from lightning_unlearn.functional.certified import gaussian_sigma, uncertified_note
-from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy
+from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, UnlearningUpdate
 
 
 class HFStrategy(UnlearningStrategy):
@@ -111,7 +111,7 @@ class HFStrategy(UnlearningStrategy):
             warnings.warn(msg + "; the (epsilon, delta) statement is outside the paper's deletion capacity", stacklevel=4)
         return float(cap)
 
-    def _forget(self, ids: Tensor, data: ForgetData) -> tuple[Certificate, dict[str, Any]]:
+    def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         rec = self.recorder
         d = hf.flat_params(self.module).numel()
         if rec.A is None or rec.A.shape[1] != d:
@@ -136,10 +136,6 @@ class HFStrategy(UnlearningStrategy):
         certified = self.noise and self.sigma_override is None
         if not torch.isfinite(internal + noise).all():
             raise ValueError("HF update is not finite (diverged trajectory statistics?)")
-        # commit: nothing above changed the module or the recorder
-        hf.set_flat_params(self.module, internal + noise)
-        rec.delete_rows(rows)
-        self._internal, self._internal_step = internal, rec.n_steps
         certificate = Certificate(
             method=self.method,
             exact=False,
@@ -152,4 +148,9 @@ class HFStrategy(UnlearningStrategy):
                 "constants), Gaussian mechanism" + uncertified_note(self.noise, self.sigma_override)
             ),
         )
-        return certificate, {"n_forgotten": int(ids.numel()), "noise_norm": float(noise.norm()), "update_norm": float(update.norm())}
+        return UnlearningUpdate(
+            certificate,
+            weights=hf.unflatten(internal + noise, hf.param_spec(self.module)),
+            state={"_internal": internal, "_internal_step": rec.n_steps},
+            extra={"n_forgotten": int(ids.numel()), "noise_norm": float(noise.norm()), "update_norm": float(update.norm())},
+        )

@@ -25,7 +25,6 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_unlearn.callbacks.base import RecorderCallback
-from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.functional.rbm import (
     MASKINGS,
     Masking,
@@ -88,6 +87,7 @@ class RBMStrategy(_Trained):
         epochs, lr: fine-tuning length and SGD step; ``lr=None`` takes the paper's per-masking value.
     """
 
+    reads_data = True
     needs_forget_data = True
     LEARNING_RATES: dict[str, float] = {"retain": 0.02, "forget": 0.013}
 
@@ -129,12 +129,12 @@ class RBMStrategy(_Trained):
         level = {"sparsity": self.sparsity} if self.threshold is None else {"threshold": self.threshold}
         return trainable_mask(saliency_mask(gradients, **level), self.masking)
 
-    def _forget(self, ids: Tensor, data: ForgetData) -> tuple[Certificate, dict[str, Any]]:
+    def _train(self, work: nn.Module, ids: Tensor, data: ForgetData) -> dict[str, Any]:
         retained, forget = _XY(self.retained(ids)), self.forget_set(ids, data)
         trainable = self.mask(retained if self.masking == "retain" else forget)
         loaders = CombinedLoader({"retain": self.loader(retained), "forget": self.loader(self.relabelled(forget), salt=1)}, mode="max_size_cycle")
-        self.fit(self._loss, loaders, callbacks=[MaskProjection(self.module, trainable)])
+        self.fit(work, self._loss, loaders, callbacks=[MaskProjection(work, trainable)])
         n_trainable = sum(int(m.sum()) for m in trainable.values())
         n_weights = sum(m.numel() for m in trainable.values())
-        return self._result(ids, n_retained=len(retained), masking=self.masking, sparsity=self.sparsity, threshold=self.threshold, alpha=self.alpha,
-                            trainable_fraction=n_trainable / n_weights, lr=self.lr)
+        return {"n_retained": len(retained), "masking": self.masking, "sparsity": self.sparsity, "threshold": self.threshold,
+                "alpha": self.alpha, "trainable_fraction": n_trainable / n_weights, "lr": self.lr}

@@ -13,7 +13,7 @@ from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.data import select_by_ids
 from lightning_unlearn.functional import streaming as safe
 from lightning_unlearn.modes import eval_mode
-from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy
+from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, UnlearningUpdate
 
 _SCOPES = ("all", "current")
 _DIRECTIONS = ("model_to_target", "target_to_model")
@@ -74,6 +74,7 @@ class StreamingStrategy(UnlearningStrategy):
     """
 
     method = "safe"
+    reads_data = True
     needs_forget_data = True
 
     def __init__(
@@ -118,11 +119,10 @@ class StreamingStrategy(UnlearningStrategy):
         self.forget_scope, self.kl_direction, self.noise_std, self.seed = forget_scope, kl_direction, float(noise_std), int(seed)
         self.epsilon, self.delta, self.weight_bound = epsilon, delta, weight_bound
 
-    def _forget(self, ids: Tensor, data: ForgetData) -> tuple[Certificate, dict[str, Any]]:
+    def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         rec = self.recorder
         rec.require_anchor()
-        x, y = select_by_ids(data, ids)  # type: ignore[arg-type]
-        labels = self._labels_checked(ids, y)
+        x, labels = self.forget_samples(ids, data)
         x = self._checked_inputs(x)
         self._check_module()
         names, device = rec.param_names, next(self.module.parameters()).device
@@ -146,7 +146,7 @@ class StreamingStrategy(UnlearningStrategy):
         counts = rec.counts - dn
         moments_t = rec.moments(counts, rec.s1 - ds1, rec.s2 - ds2)
         moments_0 = (rec.ref_mean, rec.ref_cov)
-        bx, by = self._scope(x, labels)
+        bx, by = self._scope(x, labels, data)
         log_q = safe.log_shift_ratio(safe.project(bx, rec.V), counts, rec.ref_counts, moments_t, moments_0)
         with eval_mode(self.module), torch.no_grad():
             logits_0 = torch.func.functional_call(self.module, {**w0, **buffers}, (bx.to(device),)).double().cpu()
@@ -172,7 +172,7 @@ class StreamingStrategy(UnlearningStrategy):
             fg_t = float(self.forget_weight * safe.kl_to_target(logits_t.double(), target, self.kl_direction).mean())
         retain_risk_w0 = float(loss_sum) / n_t
         surrogate = retain_risk_w0 + float(g_ret @ (flat_t - flat0)) + fg_t
-        n_forgotten = int(rec.forget_y.numel() + ids.numel())
+        n_forgotten = int(rec.forget_ids.numel() + ids.numel())
         own_ratio = safe.log_density_ratio(u_new, moments_t, moments_0).gather(1, labels[:, None]).mean()
         extra = {
             "round": t,
@@ -194,15 +194,9 @@ class StreamingStrategy(UnlearningStrategy):
             "mean_log_density_ratio": float(own_ratio),
         }
 
-        # commit: nothing above touched the recorder or the module
-        with torch.no_grad():
-            for n, p in self.module.named_parameters():
-                if n in w_t:
-                    p.copy_(w_t[n])
-            for n, b in self.module.named_buffers():
-                b.copy_(rec.buffers0[n])
-        rec.commit_round(x, labels, ids, grad_sum, loss_sum, surrogate)
-        return self._certificate(sigma, W), extra
+        weights = {**w_t, **rec.buffers0}
+        change = rec.round_change(x, labels, ids, grad_sum, loss_sum, surrogate)
+        return UnlearningUpdate(self._certificate(sigma, W), weights=weights, statistics=change, extra=extra)
 
     def _certificate(self, sigma: float, weight_bound: float) -> Certificate:
         if self.epsilon is None:
@@ -212,19 +206,28 @@ class StreamingStrategy(UnlearningStrategy):
         return Certificate(method=self.method, exact=False, epsilon=self.epsilon, delta=self.delta, sigma=sigma, bounds={"W": weight_bound},
                            statement="SAFE (001 Thm 2(iii)): noise phi_t = W sqrt(2 ln(1.25/delta))/epsilon, assuming ||w||_2 <= W")
 
-    def _scope(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        """The samples the forgetting term sums over: ``F_1..F_t`` (Eq. (25)) or ``F_t`` (Alg. 1 line 8)."""
-        rec = self.recorder
-        if self.forget_scope == "current" or rec.forget_x is None:
+    def _scope(self, x: Tensor, y: Tensor, data: ForgetData) -> tuple[Tensor, Tensor]:
+        """The samples the forgetting term sums over: ``F_1..F_t`` (Eq. (25)) or ``F_t`` (Alg. 1 line 8).
+
+        The library keeps no forgotten input, so Eq. (25)'s earlier rounds ``F_1..F_{t-1}`` are read
+        again from ``data`` (by the ids the recorder kept); ``ValueError`` if ``data`` lacks them.
+        """
+        earlier = self.recorder.forget_ids
+        if self.forget_scope == "current" or not earlier.numel():
             return x, y
-        return torch.cat([rec.forget_x, x]), torch.cat([rec.forget_y, y])
+        try:
+            ex, _ = select_by_ids(data, earlier)  # type: ignore[arg-type]
+        except ValueError as err:
+            raise ValueError(
+                f"{self.method} with forget_scope='all' (Eq. (25)) sums over every earlier round's samples, which the "
+                f"library does not keep: pass them in data too, or use forget_scope='current' ({err})"
+            ) from None
+        return torch.cat([x, self._checked_inputs(ex)]), torch.cat([y, self.catalog.labels_of(earlier)])
 
     def _checked_inputs(self, x: Tensor) -> Tensor:
         V = self.recorder.V
         if x[0].numel() != V.shape[0]:
             raise ValueError(f"forget data has {x[0].numel()} features per sample but the recorded projection expects {V.shape[0]}")
-        if self.recorder.forget_x is not None and x.shape[1:] != self.recorder.forget_x.shape[1:]:
-            raise ValueError(f"forget data inputs are shaped {tuple(x.shape[1:])}, earlier requests' {tuple(self.recorder.forget_x.shape[1:])}")
         return x.detach().cpu()
 
     def _check_module(self) -> None:
