@@ -107,7 +107,7 @@ class UnlearningPlugin(SupervisedPlugin):
     def after_training_iteration(self, strategy: Any, **kwargs: Any) -> None:
         if strategy.clock.train_exp_epochs > 0 and not self.recorder.records_every_epoch:
             return
-        x, y, ids = unpack_batch(strategy.mbatch)
+        x, y, ids = unpack_batch(strategy.mbatch, self.recorder.batch_keys)
         self.recorder.record(strategy.model, x, y, ids)
 
     def after_training_exp(self, strategy: Any, **kwargs: Any) -> None:

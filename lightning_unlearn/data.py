@@ -1,28 +1,37 @@
-"""Stable sample ids: datasets yield ``(x, y, sample_id)``; recorders and strategies key on the id."""
+"""Stable sample ids: datasets yield ``(x, y, sample_id, ...)`` or dicts with a sample id; recorders and
+strategies key on the id. The batch format is specified in :mod:`lightning_unlearn.contract`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_unlearn.contract import BatchKeys, unpack_batch
+
+__all__ = ["BatchKeys", "IndexedDataset", "select_by_ids", "unpack_batch"]
+
 
 class IndexedDataset(Dataset):
-    """Wrap a ``(x, y)`` dataset so each item is ``(x, y, sample_id)``.
+    """Wrap a ``(x, y, ...)`` dataset so each item is ``(x, y, sample_id)``, or a dataset of dicts so each
+    item is the dict plus ``{id_key: sample_id}``.
 
     ``ids`` defaults to the row index; pass your own (e.g. a user or record id) to keep ids
     stable across re-splits. ``targets`` is exposed so Avalanche's benchmark builders
     (which read ``dataset.targets``) can use the wrapped dataset directly, and the id survives
     Avalanche subsetting because it is part of the item (Avalanche appends the task label:
     ``(x, y, sample_id, task_label)``).
+
+    Raises:
+        ValueError: the ids are not one unique id per sample, or dict items already hold ``id_key``.
     """
 
-    def __init__(self, dataset: Dataset, ids: Sequence[int] | Tensor | None = None) -> None:
+    def __init__(self, dataset: Dataset, ids: Sequence[int] | Tensor | None = None, id_key: str = "sample_id") -> None:
         n = len(dataset)  # type: ignore[arg-type]
-        self.dataset = dataset
+        self.dataset, self.id_key = dataset, id_key
         self.ids = torch.arange(n) if ids is None else torch.as_tensor(ids, dtype=torch.long).flatten()
         if self.ids.numel() != n:
             raise ValueError(f"IndexedDataset got {self.ids.numel()} ids for {n} samples")
@@ -32,32 +41,25 @@ class IndexedDataset(Dataset):
         if targets is None and hasattr(dataset, "tensors"):
             targets = dataset.tensors[1]
         self.targets = torch.as_tensor(targets) if targets is not None else None
+        if n and isinstance(first := dataset[0], Mapping) and id_key in first:
+            raise ValueError(f"IndexedDataset: the dataset's items already have a {id_key!r} entry; pass another id_key")
 
     def __len__(self) -> int:
         return int(self.ids.numel())
 
-    def __getitem__(self, i: int) -> tuple[Any, Any, Tensor]:
-        x, y = self.dataset[i][:2]
-        return x, y, self.ids[i]
+    def __getitem__(self, i: int) -> tuple[Any, Any, Tensor] | dict[str, Any]:
+        item = self.dataset[i]
+        if isinstance(item, Mapping):
+            return {**item, self.id_key: self.ids[i]}
+        return item[0], item[1], self.ids[i]
 
 
-def unpack_batch(batch: Any) -> tuple[Tensor, Tensor, Tensor]:
-    """``(x, y, ids)`` from a batch of ``(x, y, id)`` or Avalanche's ``(x, y, id, task)``."""
-    if not isinstance(batch, (list, tuple)) or len(batch) < 3:
-        raise ValueError(
-            "batch carries no sample ids: recorders need (x, y, sample_id) batches; "
-            "wrap the dataset in lightning_unlearn.IndexedDataset"
-        )
-    x, y, ids = batch[0], batch[1], batch[2]
-    if not isinstance(ids, Tensor) or ids.dtype not in (torch.int64, torch.int32) or ids.shape != y.shape[:1]:
-        raise ValueError(f"third batch element must be an integer tensor of sample ids, one per row, got {ids!r:.80}")
-    return x, y, ids.long()
+def select_by_ids(data: Dataset | DataLoader, ids: Tensor, batch_size: int = 512, keys: BatchKeys | None = None) -> tuple[Tensor, Tensor]:
+    """Inputs and labels of exactly ``ids`` (in that order) from a dataset yielding sample ids (tuples or dicts,
+    read with ``keys``, see :mod:`lightning_unlearn.contract`).
 
-
-def select_by_ids(data: Dataset | DataLoader, ids: Tensor, batch_size: int = 512) -> tuple[Tensor, Tensor]:
-    """Inputs and labels of exactly ``ids`` (in that order) from a dataset yielding sample ids.
-
-    Raises ``ValueError`` naming the ids that ``data`` lacks.
+    Raises:
+        ValueError: naming the ids that ``data`` lacks.
     """
     wanted = {int(i): k for k, i in enumerate(ids.tolist())}
     xs: list[Tensor | None] = [None] * len(wanted)
@@ -65,7 +67,7 @@ def select_by_ids(data: Dataset | DataLoader, ids: Tensor, batch_size: int = 512
     loader = data if isinstance(data, DataLoader) else DataLoader(data, batch_size=batch_size)
     found = 0
     for batch in loader:
-        x, y, bid = unpack_batch(batch)
+        x, y, bid = unpack_batch(batch, keys)
         for row, i in enumerate(bid.tolist()):
             k = wanted.get(i)
             if k is not None and xs[k] is None:

@@ -19,8 +19,8 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from lightning_unlearn.contract import BatchKeys, unpack_batch
 from lightning_unlearn.core.catalog import SampleCatalog, fingerprints
-from lightning_unlearn.data import unpack_batch
 
 
 class RecorderCallback(L.Callback):
@@ -38,11 +38,15 @@ class RecorderCallback(L.Callback):
         fingerprint: keep a 64-bit digest of each learned input, so that a forget request whose
             data is not what was learned under those ids is refused. Turn it off when the
             training inputs are randomly augmented (their bytes differ from epoch to epoch).
+        batch_keys: the keys of dict batches (:class:`~lightning_unlearn.contract.BatchKeys`);
+            strategies read batches with the keys of their recorder. Recorders whose constructor
+            does not take it have the ``batch_keys`` attribute to set.
     """
 
-    def __init__(self, fingerprint: bool = True) -> None:
+    def __init__(self, fingerprint: bool = True, batch_keys: BatchKeys | None = None) -> None:
         self.catalog = SampleCatalog()
         self.fingerprint = fingerprint
+        self.batch_keys = batch_keys
         #: ``{"count", "head"}`` of the ledger after the last request (verify a ledger against a checkpoint)
         self.ledger_anchor: dict[str, Any] | None = None
         self.experience: int | None = None
@@ -135,7 +139,7 @@ class RecorderCallback(L.Callback):
     ) -> None:
         if trainer.current_epoch > self._first_epoch and not self.records_every_epoch:
             return
-        x, y, ids = unpack_batch(batch)
+        x, y, ids = unpack_batch(batch, self.batch_keys)
         if trainer.world_size > 1:
             x, y, ids = (_gather(pl_module, t) for t in (x, y, ids))
             outputs = _gather_outputs(pl_module, outputs)

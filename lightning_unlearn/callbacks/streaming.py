@@ -145,7 +145,7 @@ class StreamingRecorder(RecorderCallback):
         seen: set[int] = set()
         with eval_mode(module):  # BN statistics must not move
             for batch in trainer.train_dataloader:
-                x, y, ids = unpack_batch(batch)
+                x, y, ids = unpack_batch(batch, self.batch_keys)
                 x, y, ids = (t.to(module.device) for t in (x, y, ids))
                 if trainer.world_size > 1:
                     x, y, ids = (_gather(module, t) for t in (x, y, ids))

@@ -163,7 +163,7 @@ class TrajectoryRecorder(RecorderCallback):
         self._in_fit = True
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
-        x, y, ids = unpack_batch(batch)
+        x, y, ids = unpack_batch(batch, self.batch_keys)
         if trainer.world_size > 1:  # the DDP step averages all ranks' batches: gather every occurrence
             x, y, ids = (_gather(pl_module, t) for t in (x, y, ids))
         super().record(pl_module, x, y, ids)

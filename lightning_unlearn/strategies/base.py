@@ -142,7 +142,7 @@ class UnlearningStrategy(ABC):
         Args:
             request: what to forget.
             data: a dataset or loader yielding ``(x, y, sample_id, ...)`` batches (or dicts, see
-                :func:`lightning_unlearn.data.unpack_batch`) that contains the samples to forget
+                :mod:`lightning_unlearn.contract`) that contains the samples to forget
                 (it may contain more; only the requested ids are used). Required by methods with
                 ``needs_forget_data``, refused by methods that read no data.
 
@@ -198,7 +198,7 @@ class UnlearningStrategy(ABC):
         """
         if data is None:
             raise ValueError(f"{self.method} needs the samples to forget: pass data=<dataset yielding (x, y, id)>")
-        x, y = select_by_ids(data, ids)
+        x, y = select_by_ids(data, ids, keys=self.recorder.batch_keys)
         labels = self._labels_checked(ids, y)
         self.catalog.check_fingerprints(ids, x)
         return x, labels

@@ -1,0 +1,220 @@
+"""The "your module" contract: what lightning-unlearn reads from a user's data and model.
+
+This docstring is the one place the contract is written down; everything below implements it.
+
+**Batches.** Every recorder and strategy reads a batch through :func:`unpack_batch`, so a batch
+may be
+
+* a tuple or list ``(x, y, sample_id, ...)``: input, target, sample ids, then anything
+  (Avalanche appends the task label: ``(x, y, sample_id, task)``); or
+* a mapping (a dict batch): the input, target and sample ids are read under the keys of a
+  :class:`BatchKeys`. By default each is the first key present among ``("x", "input")``,
+  ``("y", "target", "label")`` and ``("sample_id", "id")``; name your own keys with
+  ``BatchKeys(input="image", target="cls", sample_id="uid")``, given to the recorder
+  (``RecorderCallback(batch_keys=...)`` or its ``batch_keys`` attribute); strategies read the
+  keys from their recorder.
+
+``x`` is a tensor with one row per sample, ``y`` integer class labels, ``sample_id`` an integer
+tensor with one id per row, unique and stable (a sample keeps its id across epochs,
+experiences and processes). :class:`~lightning_unlearn.data.IndexedDataset` adds ids to any
+dataset of tuples or dicts.
+
+**How a loss is obtained.**
+
+* Training-based strategies (fine-tune, NegGrad, NegGrad+, random labels, RBM/SalUn, retrain)
+  train a copy of a *self-training* module (:func:`trains_itself`: a ``LightningModule`` with
+  automatic optimization and its own ``configure_optimizers``) through its own
+  ``training_step`` and optimizer. The unlearning objective is written in terms of the
+  module's own training loss ``L(batch)`` (:func:`training_loss`, the tensor ``training_step``
+  returns or its ``"loss"`` entry): NegGrad minimises ``-L(forget batch)``, NegGrad+
+  ``alpha L(retain batch) - (1 - alpha) L(forget batch)``, random labels and RBM feed the
+  forget samples with replaced targets to ``L``. The strategy's ``lr``, if given, overrides
+  the learning rate of every parameter group.
+* Any other module (a plain ``nn.Module``, or a ``LightningModule`` with manual optimization
+  such as :class:`~lightning_unlearn.models.AnalyticClassifier`) is trained on the mean of a
+  per-sample ``loss_fn(outputs, targets)`` with ``outputs = module(x)``, by plain SGD. The
+  default ``loss_fn`` is cross-entropy.
+* Methods that need a per-sample loss (recorders of per-sample statistics, saliency) take
+  ``loss_fn(outputs, targets) -> (n,)``; :func:`resolve_loss_fn` gives the default and, on one
+  batch, checks it against the module's own training loss (:func:`check_loss_fn`), so that a
+  label-smoothed or otherwise custom loss is never silently replaced by cross-entropy.
+
+``training_step`` is called outside the ``Trainer`` by :func:`training_loss` (for checks and
+saliency gradients): it may call ``self.log`` (ignored there) but must not need
+``self.trainer``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch import Tensor, nn
+
+from lightning_unlearn.modes import eval_mode
+
+#: per-sample loss: ``loss_fn(outputs, targets) -> (n,)`` with ``outputs = module(x)``
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+#: default key names of a dict batch, in order of precedence
+DEFAULT_KEYS: dict[str, tuple[str, ...]] = {"input": ("x", "input"), "target": ("y", "target", "label"), "sample_id": ("sample_id", "id")}
+
+
+@dataclass(frozen=True)
+class BatchKeys:
+    """Keys of the input, target and sample ids in dict batches; ``None``: the first of :data:`DEFAULT_KEYS` present."""
+
+    input: str | None = None
+    target: str | None = None
+    sample_id: str | None = None
+
+    def key(self, batch: Mapping[str, Any], field: str) -> str:
+        """The key of ``field`` (``"input"``, ``"target"`` or ``"sample_id"``) in ``batch``; ``ValueError`` if absent."""
+        chosen = getattr(self, field)
+        names = (chosen,) if chosen is not None else DEFAULT_KEYS[field]
+        for name in names:
+            if name in batch:
+                return name
+        hint = " (wrap the dataset in lightning_unlearn.IndexedDataset)" if field == "sample_id" else ""
+        raise ValueError(
+            f"dict batch has no {field} under {' / '.join(map(repr, names))}{hint}; its keys: {sorted(batch)[:10]}. "
+            f"Name the keys with BatchKeys({field}=...)"
+        )
+
+
+def unpack_batch(batch: Any, keys: BatchKeys | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """``(x, y, sample_ids)`` of a tuple batch ``(x, y, sample_id, ...)`` or a dict batch (see the module docstring).
+
+    Raises:
+        ValueError: the batch carries no sample ids, or they are not one integer per row.
+    """
+    if isinstance(batch, Mapping):
+        k = keys or BatchKeys()
+        x, y, ids = batch[k.key(batch, "input")], batch[k.key(batch, "target")], batch[k.key(batch, "sample_id")]
+    elif isinstance(batch, (list, tuple)) and len(batch) >= 3:
+        x, y, ids = batch[0], batch[1], batch[2]
+    else:
+        raise ValueError(
+            "batch carries no sample ids: recorders need (x, y, sample_id, ...) tuples or dicts with a sample id "
+            "entry; wrap the dataset in lightning_unlearn.IndexedDataset"
+        )
+    y = torch.as_tensor(y)
+    if not isinstance(ids, Tensor) or ids.dtype not in (torch.int64, torch.int32) or ids.shape != y.shape[:1]:
+        raise ValueError(f"sample ids must be an integer tensor, one per row, got {ids!r:.80}")
+    return x, y, ids.long()
+
+
+def with_target(item: Any, target: Any, keys: BatchKeys | None = None) -> Any:
+    """A copy of one item or batch (tuple or dict, as in :func:`unpack_batch`) with its target replaced."""
+    if isinstance(item, Mapping):
+        return {**item, (keys or BatchKeys()).key(item, "target"): target}
+    if isinstance(item, (list, tuple)) and len(item) >= 2:
+        return type(item)([item[0], target, *item[2:]]) if isinstance(item, list) else (item[0], target, *item[2:])
+    raise ValueError(f"cannot replace the target of an item of type {type(item).__name__}: expected a tuple (x, y, ...) or a dict")
+
+
+def trains_itself(module: nn.Module) -> bool:
+    """Whether ``module`` is trained through its own ``training_step`` and ``configure_optimizers``.
+
+    True for a ``LightningModule`` with automatic optimization that overrides both; such a module
+    is unlearned with its own loss and optimizer. Any other module is trained on ``loss_fn`` by SGD.
+    """
+    return (
+        isinstance(module, L.LightningModule)
+        and module.automatic_optimization
+        and is_overridden("training_step", module)
+        and is_overridden("configure_optimizers", module)
+    )
+
+
+def training_loss(module: L.LightningModule, batch: Any, batch_idx: int = 0) -> Tensor:
+    """The module's own training loss on ``batch``: what its ``training_step`` returns (or its ``"loss"``).
+
+    Called outside a ``Trainer``: ``self.log`` calls are ignored.
+
+    Raises:
+        ValueError: ``training_step`` returns no loss, or fails because it needs a ``Trainer``.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"You are trying to `self.log\(\)`")
+        try:
+            out = module.training_step(batch, batch_idx)
+        except RuntimeError as err:
+            if "not attached to a `Trainer`" not in str(err):
+                raise
+            raise ValueError(f"{type(module).__name__}.training_step needs self.trainer; lightning-unlearn calls it outside "
+                             "the Trainer to read the loss (see lightning_unlearn.contract)") from err
+    loss = out.get("loss") if isinstance(out, Mapping) else out
+    if not isinstance(loss, Tensor) or loss.ndim != 0:
+        raise ValueError(f"{type(module).__name__}.training_step must return the scalar loss (or a dict with 'loss'), got {out!r:.80}")
+    return loss
+
+
+def per_sample_cross_entropy(outputs: Tensor, targets: Tensor) -> Tensor:
+    """The default ``loss_fn``: cross-entropy of logits ``outputs`` per sample."""
+    return nn.functional.cross_entropy(outputs.float(), targets.long(), reduction="none")
+
+
+def check_loss_fn(
+    module: L.LightningModule,
+    loss_fn: LossFn,
+    batch: Any,
+    *,
+    keys: BatchKeys | None = None,
+    penalty: Callable[[nn.Module], Tensor] | None = None,
+    rtol: float = 1e-4,
+) -> None:
+    """Check that ``mean(loss_fn(module(x), y)) + penalty(module)`` is the module's own training loss on ``batch``.
+
+    Both are evaluated in eval mode (no dropout, fixed batch-norm statistics) without gradients,
+    so the module is not changed. ``rtol`` is relative to ``max(1, |training loss|)``: the
+    default allows float32 summation-order differences (about ``n * eps``) for batches of
+    hundreds of samples.
+
+    Raises:
+        ValueError: ``loss_fn`` does not give one loss per sample, or the two losses differ
+            (e.g. the module trains with label smoothing and ``loss_fn`` is plain cross-entropy).
+    """
+    x, y, _ = unpack_batch(batch, keys)
+    with torch.no_grad(), eval_mode(module):
+        expected = float(training_loss(module, batch))
+        per_sample = loss_fn(module(x), y)
+        if per_sample.shape != y.shape[:1]:
+            raise ValueError(f"loss_fn must return one loss per sample, shape ({len(y)},), got {tuple(per_sample.shape)}")
+        got = float(per_sample.float().mean()) + (float(penalty(module)) if penalty is not None else 0.0)
+    if abs(got - expected) > rtol * max(1.0, abs(expected)):
+        raise ValueError(
+            f"loss_fn disagrees with {type(module).__name__}.training_step on a batch: mean loss_fn"
+            f"{' + penalty' if penalty is not None else ''} = {got:.6g}, training loss = {expected:.6g}. "
+            "Pass loss_fn(outputs, targets) -> per-sample loss matching the module's training loss"
+        )
+
+
+def resolve_loss_fn(
+    module: nn.Module,
+    loss_fn: LossFn | None = None,
+    batch: Any = None,
+    *,
+    keys: BatchKeys | None = None,
+    penalty: Callable[[nn.Module], Tensor] | None = None,
+) -> LossFn:
+    """The per-sample loss to use for ``module``: ``loss_fn``, or cross-entropy by default.
+
+    With a ``batch`` and a module that :func:`trains_itself`, the loss is checked against the
+    module's own training loss on it (:func:`check_loss_fn`), e.g. at fit start.
+
+    Raises:
+        TypeError: ``loss_fn`` is not callable.
+        ValueError: the check fails.
+    """
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable as loss_fn(outputs, targets), got {type(loss_fn).__name__}")
+    resolved = loss_fn or per_sample_cross_entropy
+    if batch is not None and trains_itself(module):
+        check_loss_fn(module, resolved, batch, keys=keys, penalty=penalty)  # type: ignore[arg-type]
+    return resolved
