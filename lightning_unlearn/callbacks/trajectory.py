@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from lightning_unlearn.callbacks.base import RecorderCallback, _gather
 from lightning_unlearn.data import unpack_batch
 from lightning_unlearn.functional import hf
+from lightning_unlearn.store import RowStore
 
 _STATE_KEYS = ("catalog", "A", "row_ids", "active", "lrs", "batch_sizes", "occ_rows", "occ_steps", "grad_max", "smoothness", "l2")
 
@@ -38,10 +39,13 @@ class TrajectoryRecorder(RecorderCallback):
 
     Memory: ``n_tracked * d * bytes(dtype)`` for the vectors (``d`` = trainable parameters;
     e.g. 10k samples x 1e5 parameters = 4 GB in float32, 2 GB in float16) plus the step log
-    (``O(#steps * |B|)`` integers). ``store="mmap"`` keeps the vectors in a memory-mapped file
-    (``torch.from_file``) of ``capacity`` rows; ``track`` restricts the vectors to a
-    forgettable subset. Float16 storage rounds every step (the recursion itself
-    runs in the parameters' dtype); use it only when memory forces it.
+    (``O(#steps * |B|)`` integers). ``store="mmap"`` keeps the vectors in a memory-mapped file of
+    ``capacity`` rows (:class:`~lightning_unlearn.store.RowStore`: created new, never over an existing
+    file or a symlink, locked while the recorder uses it, deleted rows overwritten with zeros); its
+    checkpoints reference the file and an XXH3 digest of its rows instead of copying them, so they
+    restore only with the file as it was when they were saved (:meth:`close` releases the file);
+    ``track`` restricts the vectors to a forgettable subset. Float16 storage rounds every step
+    (the recursion itself runs in the parameters' dtype); use it only when memory forces it.
 
     DDP: each step's global batch is all-gathered, ``DistributedSampler`` padding duplicates
     included (they do enter the averaged gradient, so they inject once per occurrence); all
@@ -95,7 +99,7 @@ class TrajectoryRecorder(RecorderCallback):
         self.dtype, self.store, self.path, self.capacity = dtype, store, path, capacity
         self.track = None if track is None else {int(i) for i in track}
         self.hessian, self.chunk_size, self.power_iters, self.row_block = hessian, chunk_size, power_iters, row_block
-        self.A: Tensor | None = None  # (rows allocated, d) approximators
+        self._rows: RowStore | None = None  # (rows allocated, d) approximators
         self.n_rows = 0
         self.row_of: dict[int, int] = {}
         self.row_ids: list[int] = []
@@ -114,6 +118,17 @@ class TrajectoryRecorder(RecorderCallback):
     @property
     def state_key(self) -> str:
         return self._generate_state_key(dtype=str(self.dtype), track=None if self.track is None else len(self.track))
+
+    @property
+    def A(self) -> Tensor | None:
+        """The ``(rows allocated, d)`` approximators (row ``row_of[id]`` belongs to sample ``id``)."""
+        return None if self._rows is None else self._rows.data
+
+    def close(self) -> None:
+        """Release the store (flush and unlock a memory-mapped file); the recorder holds no statistics after it."""
+        if self._rows is not None:
+            self._rows.close()
+            self._rows = None
 
     @property
     def n_steps(self) -> int:
@@ -195,24 +210,22 @@ class TrajectoryRecorder(RecorderCallback):
             self._allocate(new, hf.flat_params(module).numel())
 
     def _allocate(self, new_ids: list[int], dim: int) -> None:
-        need = self.n_rows + len(new_ids)
-        if self.A is None:
-            if self.store == "mmap":
-                self.A = torch.from_file(str(self.path), shared=True, size=self.capacity * dim, dtype=self.dtype).view(self.capacity, dim)
-                self.A.zero_()
-            else:
-                self.A = torch.zeros(max(need, 64), dim, dtype=self.dtype)
-        if self.A.shape[1] != dim:
-            raise ValueError(f"module has {dim} trainable parameters but the recorded vectors have {self.A.shape[1]}")
-        if need > self.A.shape[0]:
-            if self.store == "mmap":
-                raise ValueError(f"TrajectoryRecorder mmap capacity {self.capacity} exceeded ({need} tracked samples)")
-            self.A = torch.cat([self.A, torch.zeros(max(need, 2 * self.A.shape[0]) - self.A.shape[0], dim, dtype=self.dtype)])
+        if self._rows is None:
+            self._rows = self._new_store(dim)
+        if self._rows.data.shape[1] != dim:
+            have = self._rows.data.shape[1]
+            raise ValueError(f"module has {dim} trainable parameters but the recorded vectors have {have}")
+        self._rows.reserve(self.n_rows + len(new_ids))
         for i in new_ids:
             self.row_of[i] = self.n_rows
             self.row_ids.append(i)
             self.n_rows += 1
         self.active = torch.cat([self.active, torch.ones(len(new_ids), dtype=torch.bool)])
+
+    def _new_store(self, dim: int) -> RowStore:
+        if self.store == "mmap":
+            return RowStore.create(self.path, self.capacity, dim, self.dtype)  # type: ignore[arg-type]
+        return RowStore.memory(dim, self.dtype)
 
     def _commit(self, module: nn.Module) -> None:
         """Nothing to fold in: the vectors were updated in place at every step."""
@@ -291,11 +304,12 @@ class TrajectoryRecorder(RecorderCallback):
         rows = self.rows_for(ids)
         saved = self.A[rows].clone()
         undo_catalog = super().apply_forget(ids, {})
-        self.A[rows] = 0
+        self._rows.erase(rows)  # type: ignore[union-attr]
         self.active[rows] = False
 
         def undo() -> None:
             self.A[rows] = saved
+            self._rows.flush()  # type: ignore[union-attr]
             self.active[rows] = True
             undo_catalog()
 
@@ -306,7 +320,8 @@ class TrajectoryRecorder(RecorderCallback):
         rows, steps = self.occurrences()
         return {
             **super().state_dict(),
-            "A": None if self.A is None else self.A[: self.n_rows].clone(),
+            # the vectors (in-memory store), or the store file's reference and digest (memory-mapped)
+            "A": None if self._rows is None else self._rows.state_dict(self.n_rows),
             "row_ids": torch.tensor(self.row_ids, dtype=torch.long),
             "active": self.active.clone(),
             "lrs": torch.tensor(self.lrs, dtype=torch.float64),
@@ -329,18 +344,51 @@ class TrajectoryRecorder(RecorderCallback):
         if missing:
             raise ValueError(f"TrajectoryRecorder state lacks recorded statistics {missing}")
         A = state_dict["A"]
-        if A.shape[0] != state_dict["row_ids"].numel() or state_dict["active"].numel() != A.shape[0]:
-            raise ValueError(f"inconsistent TrajectoryRecorder state: {A.shape[0]} vectors, {state_dict['row_ids'].numel()} ids")
+        n = int(A["rows"]) if isinstance(A, dict) else A.shape[0]
+        if n != state_dict["row_ids"].numel() or state_dict["active"].numel() != n:
+            raise ValueError(f"inconsistent TrajectoryRecorder state: {n} vectors, {state_dict['row_ids'].numel()} ids")
+        self._load_store(A)
         super().load_state_dict(state_dict)
         staged = state_dict.get("staged_ids")
         if staged is not None and staged.numel():
             self.catalog.add(staged, state_dict["staged_labels"], int(state_dict["staged_experience"]))
-        self.A, self.n_rows, self.row_of, self.row_ids, self.active = None, 0, {}, [], torch.zeros(0, dtype=torch.bool)
-        self._allocate(state_dict["row_ids"].tolist(), A.shape[1])
-        self.A[: A.shape[0]] = A.to(self.dtype)
+        self.n_rows, self.row_ids = n, state_dict["row_ids"].tolist()
+        self.row_of = {i: k for k, i in enumerate(self.row_ids)}
         self.active = state_dict["active"].clone().bool()
         self.lrs = state_dict["lrs"].tolist()
         self.batch_sizes = state_dict["batch_sizes"].tolist()
         self._occ_rows, self._occ_steps = [state_dict["occ_rows"].clone()], [state_dict["occ_steps"].clone()]
         self.grad_max, self.smoothness, self.l2 = float(state_dict["grad_max"]), float(state_dict["smoothness"]), float(state_dict["l2"])
         self._interrupted = bool(state_dict.get("interrupted", False))
+
+    def _load_store(self, saved: Tensor | dict[str, Any]) -> None:
+        """Open the vectors of a state: the referenced store file itself if this recorder's ``path``
+        names it, otherwise a new store of this recorder's kind holding a copy of its rows."""
+        if isinstance(saved, dict):
+            if str(saved["dtype"]) != str(self.dtype):
+                raise ValueError(f"the referenced store holds {saved['dtype']} vectors, this recorder has dtype={self.dtype}")
+            same = self.store == "mmap" and Path(self.path).absolute() == Path(saved["path"])  # type: ignore[arg-type]
+            if same and self.capacity != int(saved["capacity"]):
+                raise ValueError(
+                    f"the store file {saved['path']} holds {saved['capacity']} rows, "
+                    f"this recorder has capacity={self.capacity}"
+                )
+            if same and self._rows is not None:
+                self.close()  # this recorder's own file: reopen it under the checkpoint's digest
+            source = RowStore.attach(saved)
+            if same:
+                self._rows = source
+                return
+            rows, dim = int(saved["rows"]), int(saved["dim"])
+        else:
+            source, (rows, dim) = None, saved.shape
+        if self.store == "mmap" and self.capacity < rows:
+            raise ValueError(f"TrajectoryRecorder capacity={self.capacity} is smaller than the {rows} recorded vectors")
+        self.close()
+        store = self._new_store(dim)
+        store.reserve(rows)
+        store.data[:rows] = (source.data[:rows] if source is not None else saved).to(self.dtype)
+        store.flush()
+        if source is not None:
+            source.close()
+        self._rows = store

@@ -1,0 +1,218 @@
+"""`RowStore`: rows of per-sample statistic vectors, in memory or in a memory-mapped file.
+
+A memory-mapped store is a file this library creates and owns:
+
+* it is created exclusively (``O_CREAT | O_EXCL``, mode ``0600``): an existing file or a symlink
+  at the path is refused, never overwritten or followed;
+* it is locked (``fcntl.flock``, exclusive, non-blocking) for as long as the store is open, so a
+  second store on the same file, in this process or another, is refused instead of writing into
+  the first one's rows;
+* an erased row is overwritten with zeros and flushed to the file (``msync``), so a deleted
+  statistic does not survive in the store;
+* a checkpoint holds a reference to the file (its path and shape) and an XXH3-128 digest of the
+  rows in use, never the rows: :meth:`RowStore.attach` reopens the file and refuses it if the
+  digest differs (the file changed after the checkpoint was saved, or was replaced).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import weakref
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import xxhash
+from torch import Tensor
+
+_DTYPES = {str(d): d for d in (torch.float16, torch.float32, torch.float64)}
+
+
+class StoreError(ValueError):
+    """A memory-mapped store that cannot be created, opened or trusted (exists, symlink, locked, changed)."""
+
+
+def _dtype(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise StoreError(f"store dtype must be one of {sorted(_DTYPES)}, got {name!r}")
+    return _DTYPES[name]
+
+
+def _unlock(fd: int) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+class RowStore:
+    """A ``(rows, dim)`` tensor of per-sample vectors; row ``k`` belongs to one sample.
+
+    Use :meth:`memory`, :meth:`create` (a new memory-mapped file) or :meth:`attach` (the file a
+    checkpoint references). :attr:`data` is the tensor; write rows through it, erase them with
+    :meth:`erase`.
+    """
+
+    def __init__(
+        self, data: Tensor, path: Path | None = None, fd: int | None = None, buffer: mmap.mmap | None = None
+    ) -> None:
+        self.data = data
+        self.path = path
+        self._fd = fd
+        self._mmap = buffer
+        self._release = weakref.finalize(self, _unlock, fd) if fd is not None else None
+
+    # -- construction --------------------------------------------------------------------------
+    @classmethod
+    def memory(cls, dim: int, dtype: torch.dtype, rows: int = 64) -> RowStore:
+        """An in-memory store of ``rows`` zero rows (it grows on :meth:`reserve`)."""
+        return cls(torch.zeros(rows, dim, dtype=dtype))
+
+    @classmethod
+    def create(cls, path: str | Path, capacity: int, dim: int, dtype: torch.dtype) -> RowStore:
+        """A new memory-mapped store of ``capacity`` zero rows in a file created at ``path``.
+
+        Raises:
+            StoreError: ``path`` exists (the store never overwrites a file) or is a symlink.
+        """
+        path = Path(path).absolute()
+        if path.is_symlink():
+            raise StoreError(f"store path {path} is a symlink; a memory-mapped store refuses to follow symlinks")
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileExistsError:
+            raise StoreError(
+                f"store file {path} already exists; a memory-mapped store is always created new (never overwritten): "
+                "remove the file or choose another path, or restore the recorder from the checkpoint that references it"
+            ) from None
+        try:
+            cls._lock(fd, path)
+            os.ftruncate(fd, capacity * dim * _itemsize(dtype))
+        except BaseException:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        return cls._mapped(fd, path, capacity, dim, dtype)
+
+    @classmethod
+    def attach(cls, reference: dict[str, Any]) -> RowStore:
+        """Reopen the store file a checkpoint references (see :meth:`state_dict`) and check its digest.
+
+        Raises:
+            StoreError: the file is missing, a symlink, locked by another store, of another
+                size, or its rows differ from the digest recorded in the checkpoint.
+        """
+        path, dtype = Path(reference["path"]).absolute(), _dtype(reference["dtype"])
+        capacity, dim, rows = int(reference["capacity"]), int(reference["dim"]), int(reference["rows"])
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise StoreError(f"the store file {path} this checkpoint references is missing") from None
+        except OSError as err:
+            if path.is_symlink():
+                raise StoreError(f"store path {path} is a symlink; a memory-mapped store refuses symlinks") from None
+            raise StoreError(f"cannot open the store file {path}: {err}") from err
+        try:
+            cls._lock(fd, path)
+            size, expected = os.fstat(fd).st_size, capacity * dim * _itemsize(dtype)
+            if size != expected:
+                raise StoreError(
+                    f"store file {path} has {size} bytes, the checkpoint references {capacity} x {dim} {dtype} "
+                    f"({expected} bytes)"
+                )
+        except BaseException:
+            os.close(fd)
+            raise
+        store = cls._mapped(fd, path, capacity, dim, dtype)
+        if store.digest(rows) != reference["digest"]:
+            store.close()
+            raise StoreError(
+                f"store file {path} does not hold the rows this checkpoint recorded (XXH3 digest mismatch): it changed "
+                "after the checkpoint was saved (training or forgetting went on) or was replaced; a checkpoint of a "
+                "memory-mapped store is valid only with the file as it was when the checkpoint was saved"
+            )
+        return store
+
+    @staticmethod
+    def _lock(fd: int, path: Path) -> None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StoreError(
+                f"store file {path} is in use by another store (locked); two recorders cannot share one store file"
+            ) from None
+
+    @classmethod
+    def _mapped(cls, fd: int, path: Path, capacity: int, dim: int, dtype: torch.dtype) -> RowStore:
+        buffer = mmap.mmap(fd, capacity * dim * _itemsize(dtype), access=mmap.ACCESS_WRITE)
+        # numpy holds a buffer export on the map and torch holds the array: the mapping outlives every view
+        array = np.frombuffer(buffer, dtype=torch.empty(0, dtype=dtype).numpy().dtype)
+        return cls(torch.from_numpy(array).view(capacity, dim), path, fd, buffer)
+
+    # -- use -----------------------------------------------------------------------------------
+    @property
+    def mapped(self) -> bool:
+        return self.path is not None
+
+    @property
+    def capacity(self) -> int:
+        return int(self.data.shape[0])
+
+    def reserve(self, rows: int) -> None:
+        """Make room for ``rows`` rows: an in-memory store grows, a memory-mapped one cannot.
+
+        Raises:
+            StoreError: a memory-mapped store's capacity is smaller than ``rows``.
+        """
+        if rows <= self.capacity:
+            return
+        if self.mapped:
+            raise StoreError(f"memory-mapped store {self.path} holds {self.capacity} rows, {rows} are needed")
+        grown = torch.zeros(max(rows, 2 * self.capacity), self.data.shape[1], dtype=self.data.dtype)
+        grown[: self.capacity] = self.data
+        self.data = grown
+
+    def erase(self, rows: Tensor) -> None:
+        """Overwrite ``rows`` with zeros (and write them through to the file of a memory-mapped store)."""
+        self.data[rows] = 0
+        self.flush()
+
+    def flush(self) -> None:
+        if self._mmap is not None:
+            self._mmap.flush()
+
+    def digest(self, rows: int) -> str:
+        """XXH3-128 over the dtype, width and bytes of the first ``rows`` rows."""
+        h = xxhash.xxh3_128(f"{self.data.dtype}|{self.data.shape[1]}|{rows}|".encode())
+        h.update(self.data[:rows].contiguous().view(torch.uint8).numpy())
+        return h.hexdigest()
+
+    def close(self) -> None:
+        """Flush and unlock a memory-mapped store (another store may then attach to the file)."""
+        self.flush()
+        if self._release is not None:
+            self._release()
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_dict(self, rows: int) -> Tensor | dict[str, Any]:
+        """A copy of the first ``rows`` rows (in-memory store), or a reference to the file and the
+        digest of those rows (memory-mapped store; no row is copied)."""
+        if self.path is None:
+            return self.data[:rows].clone()
+        self.flush()
+        return {
+            "path": str(self.path),
+            "capacity": self.capacity,
+            "dim": int(self.data.shape[1]),
+            "dtype": str(self.data.dtype),
+            "rows": rows,
+            "digest": self.digest(rows),
+        }
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
