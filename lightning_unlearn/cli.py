@@ -48,12 +48,21 @@ def _options(pairs: Sequence[str], methods: Sequence[str]) -> dict[str, dict[str
             raise ValueError(f"--option takes METHOD.KEY=VALUE, got {pair!r}")
         if method not in out:
             raise ValueError(f"--option {pair!r} names method {method!r}, which is not among --methods {list(methods)}")
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            value = raw
-        out[method][key] = value
+        out[method][key] = _value(raw)
     return out
+
+
+_WORDS = {"true": True, "false": False, "none": None, "null": None}
+
+
+def _value(raw: str) -> Any:
+    """An option value: ``true``/``false``/``none`` in any case, a Python literal, or the string itself."""
+    if raw.strip().lower() in _WORDS:
+        return _WORDS[raw.strip().lower()]
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return raw
 
 
 def build_parser() -> argparse.ArgumentParser:

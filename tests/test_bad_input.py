@@ -1,5 +1,6 @@
 """Bad requests raise a ValueError naming the problem and change nothing."""
 
+import numpy as np
 import pytest
 import torch
 from helpers import analytic_model, fit_analytic, toy_dataset
@@ -113,3 +114,29 @@ def test_batches_without_ids_are_rejected():
     with pytest.raises(ValueError, match="batch carries no sample ids"):
         quiet_trainer([rec]).fit(model, torch.utils.data.DataLoader(plain, batch_size=8))
     assert len(rec.catalog) == 0
+
+
+@pytest.mark.parametrize("ids", [[2.9], ["12"], "12", [True], torch.tensor([2.9]), np.array([1.0, 2.0])])
+def test_sample_ids_must_be_integers_never_truncated(ids):
+    with pytest.raises(ValueError, match="sample ids must be integers"):
+        ForgetRequest.samples(ids)
+
+
+def test_integer_tensors_and_arrays_are_sample_ids():
+    assert ForgetRequest.samples(torch.tensor([3, 1])).sample_ids == (3, 1)
+    assert ForgetRequest.samples(np.array([[4], [5]], dtype=np.int32)).sample_ids == (4, 5)
+    assert ForgetRequest.samples(range(2)).sample_ids == (0, 1)
+
+
+def test_data_given_to_a_method_that_reads_none_is_refused(fitted):
+    from lightning_unlearn.strategies.baselines import FinetuneStrategy
+
+    strategy, data = fitted
+    finetune = FinetuneStrategy(strategy.module, strategy.recorder, data, epochs=1)
+    before = snapshot(finetune)
+    for wrong in (data, "data.pt", np.zeros(3)):
+        with pytest.raises(ValueError, match="does not read forget"):
+            finetune.forget(ForgetRequest.samples([4]), wrong)
+    with pytest.raises(ValueError, match="must be a torch Dataset or DataLoader"):
+        strategy.forget(ForgetRequest.samples([4]), "data.pt")
+    assert_unchanged(finetune, before)

@@ -2,8 +2,11 @@
 
 from pathlib import Path
 
+import pytest
 import torch
 from helpers import run_script
+
+pytestmark = [pytest.mark.ddp, pytest.mark.slow]
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_trajectory.py"
 

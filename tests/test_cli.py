@@ -9,6 +9,8 @@ import pytest
 
 from lightning_unlearn.cli import main
 
+pytestmark = pytest.mark.slow
+
 QUICK = ["compare", "--experiences", "2", "--pretrain-epochs", "1", "--epochs", "1", "--no-progress"]
 
 

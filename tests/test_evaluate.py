@@ -12,6 +12,8 @@ from lightning_unlearn.evaluate import TABLE1, evaluate
 from lightning_unlearn.registry import available_methods, get_method, register
 from lightning_unlearn.schedule import Schedule, make_schedule, validate_schedule
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def info():

@@ -154,8 +154,12 @@ class Ledger:
 
                     warn(f"ledger {self.path}: truncated a torn last line {k + 1} (an append cut by a crash)")
                     break
-                what = "torn last line (an append cut by a crash; Ledger(path, recover=True) truncates it)" if last else "unreadable line"
-                raise LedgerError(f"ledger {self.path}: {what} {k + 1}") from err
+                if last:
+                    raise LedgerError(
+                        f"ledger {self.path}: torn last line {k + 1} (an append cut by a crash; "
+                        "Ledger(path, recover=True) truncates it)"
+                    ) from err
+                raise LedgerError(f"ledger {self.path}: unreadable line {k + 1}") from err
         return entries
 
     def __len__(self) -> int:
