@@ -1,34 +1,363 @@
-"""Avalanche integration: a Lightning loop over a train_stream, and the plugin form, agree."""
+"""Avalanche integration: every recorder as a plugin in Avalanche's own strategies, against the same run
+through Lightning (``fit_stream``); requests reported to Avalanche's loggers and to Lightning's.
 
+Avalanche and Lightning agree where the method is deterministic: each experience is learned by
+full-batch gradient descent (one batch per epoch, so the two frameworks' shuffles do not matter)
+in float64; the only difference is the order of the summands inside a batch, so results agree to
+far below the 1e-9 used here (float64 eps 2.2e-16 times sums of a few hundred O(1) terms).
+"""
+
+from __future__ import annotations
+
+import csv
+import warnings
+
+import pytest
 import torch
 from helpers import analytic_model, toy_tensors
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import TensorDataset
 
-from lightning_unlearn import ACUStrategy, AnalyticRecorder, ForgetRequest
+from lightning_unlearn import (
+    ACUStrategy,
+    AnalyticRecorder,
+    ForgetRequest,
+    GradientCertifiedStrategy,
+    HessianCertifiedStrategy,
+    HessianRecorder,
+    HFStrategy,
+    ProximalClassifier,
+    StreamingRecorder,
+    StreamingStrategy,
+    SupervisedClassifier,
+    TaskDeltaRecorder,
+    TrajectoryRecorder,
+)
+from lightning_unlearn.callbacks.samples import SampleRecorder
+from lightning_unlearn.functional import hf
+from lightning_unlearn.strategies.baselines import NegGradStrategy
+
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=".*QP solver.*")
+    from avalanche.benchmarks import nc_benchmark
+    from avalanche.core import SupervisedPlugin
+    from avalanche.logging import BaseLogger
+    from avalanche.training import EWC, Naive, Replay
+    from avalanche.training.plugins import EvaluationPlugin
+
 from lightning_unlearn.avalanche import UnlearningPlugin, class_incremental_benchmark, fit_stream
 
+D, C, N = 6, 4, 48
+ATOL = 1e-9
+FULL_BATCH = 1000
+QUIET = {"enable_progress_bar": False}
 
-def test_fit_stream_and_plugin_give_the_same_head_and_requests():
+
+def blobs(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % C
+    return torch.randn(n, D, generator=g, dtype=torch.float64) + 2 * F.one_hot(y, D).double(), y
+
+
+@pytest.fixture(scope="module")
+def bm():
+    (x, y), (xt, yt) = blobs(N, 0), blobs(16, 1)
+    return class_incremental_benchmark(x, y, xt, yt, n_experiences=2, fixed_class_order=[0, 1, 2, 3])
+
+
+def exp_ids(bm, k: int) -> list[int]:
+    return sorted(int(item[2]) for item in bm.train_stream[k].dataset)
+
+
+def supervised(l2: float = 0.1) -> SupervisedClassifier:
+    torch.manual_seed(0)
+    return SupervisedClassifier(nn.Linear(D, C).double(), lr=0.2, l2=l2)
+
+
+def proximal() -> ProximalClassifier:
+    torch.manual_seed(0)
+    return ProximalClassifier(nn.Linear(D, C).double(), lr=0.2, l2=0.1, reg_lambda=1.0)
+
+
+def objective(model: SupervisedClassifier):
+    """The module's own training objective as an Avalanche criterion (outputs, targets) -> loss."""
+    proximal_term = getattr(model, "proximal", lambda: 0.0)
+    return lambda out, y: F.cross_entropy(out, y) + model.regulariser() + proximal_term()
+
+
+def avalanche_run(bm, model, plugins, epochs: int, template=Naive, **kwargs):
+    strategy = template(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=model.lr),
+        criterion=kwargs.pop("criterion", objective(model)),
+        train_mb_size=kwargs.pop("train_mb_size", FULL_BATCH),
+        train_epochs=epochs,
+        plugins=plugins if isinstance(plugins, list) else [plugins],
+        evaluator=kwargs.pop("evaluator", None),
+        **kwargs,
+    )
+    for experience in bm.train_stream:
+        strategy.train(experience)
+    return strategy
+
+
+def lightning_run(bm, model, recorder, strategy, schedule, epochs: int):
+    return fit_stream(
+        model,
+        bm.train_stream,
+        callbacks=[recorder],
+        strategy=strategy,
+        schedule=schedule,
+        batch_size=FULL_BATCH,
+        trainer_kwargs={"max_epochs": epochs, **QUIET},
+    )
+
+
+def assert_close(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert torch.allclose(a, b, rtol=0, atol=ATOL), float((a - b).abs().max())
+
+
+class RecordingLogger(BaseLogger):
+    """An Avalanche logger that keeps every (name, value, x) it receives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.received: list[tuple[str, object, int]] = []
+
+    def log_single_metric(self, name, value, x_plot) -> None:
+        self.received.append((name, value, x_plot))
+
+
+# -- every recorder: Avalanche Naive + plugin against Lightning ------------------------------------
+def test_analytic_recorder_plugin_gives_the_lightning_head_and_requests(bm):
     x, y = toy_tensors(400)
     xt, yt = toy_tensors(100, seed=9)
-    bm = class_incremental_benchmark(x, y, xt, yt, n_experiences=4, seed=0)
-    first_class = int(bm.classes_order[0])
+    toy = class_incremental_benchmark(x, y, xt, yt, n_experiences=4, seed=0)
+    first_class = int(toy.classes_order[0])
     others = torch.nonzero(y != first_class).flatten()[:2]
     schedule = {1: [ForgetRequest.of_class(first_class)], 3: [ForgetRequest.samples(others)]}
 
     model, rec = analytic_model(), AnalyticRecorder(gamma=0.5)
-    results = fit_stream(model, bm.train_stream, callbacks=[rec], strategy=ACUStrategy(model, rec), schedule=schedule,
-                         trainer_kwargs={"enable_progress_bar": False})
+    results = fit_stream(
+        model,
+        toy.train_stream,
+        callbacks=[rec],
+        strategy=ACUStrategy(model, rec),
+        schedule=schedule,
+        trainer_kwargs=QUIET,
+    )
     assert [r.request for r in results] == [schedule[1][0], schedule[3][0]]
     assert len(rec.catalog) == 400 and rec.catalog.experiences.unique().tolist() == [0, 1, 2, 3]
     assert torch.equal(results[0].removed_ids.sort().values, torch.nonzero(y == first_class).flatten())
 
-    from avalanche.training import Naive
-
     model2, rec2 = analytic_model(), AnalyticRecorder(gamma=0.5)
     plugin = UnlearningPlugin(rec2, ACUStrategy(model2, rec2), schedule)
-    naive = Naive(model2, torch.optim.SGD(model2.head.parameters(), lr=0.0), torch.nn.CrossEntropyLoss(),
-                  train_mb_size=32, train_epochs=2, plugins=[plugin], evaluator=None)
-    for experience in bm.train_stream:
+    naive = Naive(
+        model=model2,
+        optimizer=torch.optim.SGD(model2.head.parameters(), lr=0.0),
+        criterion=nn.CrossEntropyLoss(),
+        train_mb_size=32,
+        train_epochs=2,
+        plugins=[plugin],
+        evaluator=None,
+    )
+    for experience in toy.train_stream:
         naive.train(experience)
     assert len(plugin.results) == 2
-    assert torch.allclose(rec2.W, rec.W, rtol=0, atol=1e-10)
+    assert torch.allclose(rec2.W, rec.W, rtol=0, atol=1e-10)  # float64 ridge solutions of the same sums
+
+
+def test_trajectory_recorder_runs_its_recursion_in_before_update(bm):
+    schedule = {1: [ForgetRequest.samples(exp_ids(bm, 0)[:2] + exp_ids(bm, 1)[:1])]}
+    m1, r1 = supervised(), TrajectoryRecorder(dtype=torch.float64)
+    lightning_run(bm, m1, r1, HFStrategy(m1, r1, noise=False), schedule, epochs=3)
+    m2, r2 = supervised(), TrajectoryRecorder(dtype=torch.float64)
+    plugin = UnlearningPlugin(r2, HFStrategy(m2, r2, noise=False), schedule)
+    avalanche_run(bm, m2, plugin, epochs=3)
+
+    assert r2.n_steps == r1.n_steps == 6 and r2.lrs == r1.lrs and r2.batch_sizes == r1.batch_sizes
+    for i in exp_ids(bm, 0) + exp_ids(bm, 1):
+        assert_close(r2.A[r2.row_of[i]], r1.A[r1.row_of[i]])
+    assert plugin.results[0].removed_ids.numel() == 3
+    assert_close(hf.flat_params(m2), hf.flat_params(m1))
+
+
+def test_trajectory_recorder_refuses_a_momentum_optimizer_under_the_plugin(bm):
+    model, rec = supervised(), TrajectoryRecorder(dtype=torch.float64)
+    naive = Naive(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        criterion=objective(model),
+        train_mb_size=FULL_BATCH,
+        plugins=[UnlearningPlugin(rec)],
+        evaluator=None,
+    )
+    with pytest.raises(ValueError, match="momentum"):
+        naive.train(bm.train_stream[0])
+
+
+def test_gradient_strategy_without_constants_fails_at_plugin_construction(bm):
+    model, rec = proximal(), TaskDeltaRecorder()
+    schedule = {1: [ForgetRequest.of_experience(0)]}
+    with pytest.raises(ValueError, match="lipschitz"):
+        UnlearningPlugin(rec, GradientCertifiedStrategy(model, rec), schedule)
+    with pytest.raises(ValueError, match="lipschitz"):  # and before any training in fit_stream
+        fit_stream(
+            model, bm.train_stream, callbacks=[rec], strategy=GradientCertifiedStrategy(model, rec), schedule=schedule
+        )
+    assert len(rec.catalog) == 0
+
+
+def test_task_delta_recorder_anchors_each_task_under_the_plugin(bm):
+    schedule = {1: [ForgetRequest.of_experience(0)]}
+
+    def strategy(model, rec):
+        return GradientCertifiedStrategy(
+            model, rec, lipschitz=2.0, smoothness=1.0, generator=torch.Generator().manual_seed(5)
+        )
+
+    m1, r1 = proximal(), TaskDeltaRecorder()
+    lightning_run(bm, m1, r1, strategy(m1, r1), schedule, epochs=4)
+    m2, r2 = proximal(), TaskDeltaRecorder()
+    avalanche_run(bm, m2, UnlearningPlugin(r2, strategy(m2, r2), schedule), epochs=4)
+
+    assert r2.experience_ids == [0, 1] and r2.sizes == r1.sizes == [N // 2, N // 2]
+    assert torch.count_nonzero(r2.starts[0]) == 0  # w_0 = 0 anchors the first task
+    assert_close(r2.starts[1], r2.ends[0])  # start_task anchored task 1 at task 0's solution
+    for a, b in zip(r2.starts + r2.ends, r1.starts + r1.ends):
+        assert_close(a, b)
+    assert_close(hf.flat_params(m2), hf.flat_params(m1))  # same internal model, same seeded noise
+
+
+def test_hessian_recorder_and_restored_internal_model_under_the_plugin(bm):
+    schedule = {0: [ForgetRequest.samples(exp_ids(bm, 0)[:3])], 1: [ForgetRequest.samples(exp_ids(bm, 1)[:2])]}
+
+    def strategy(model, rec):
+        return HessianCertifiedStrategy(model, rec, generator=torch.Generator().manual_seed(3))
+
+    m1, r1 = proximal(), HessianRecorder(hessian="exact")
+    res1 = lightning_run(bm, m1, r1, strategy(m1, r1), schedule, epochs=4)
+    m2, r2 = proximal(), HessianRecorder(hessian="exact")
+    s2 = strategy(m2, r2)
+    plugin, capture = UnlearningPlugin(r2, s2, schedule), Capture(s2)
+    avalanche_run(bm, m2, [plugin, capture], epochs=4)
+
+    published, internal = capture.after_exp[0]
+    assert plugin.results[0].extra["noise_norm"] > 0.01 and not torch.allclose(published, internal)
+    assert_close(r2.starts[1], internal)  # task 1 started from the restored internal model, not the published one
+    assert not torch.allclose(internal, r2.ends[0])  # (which the Newton correction had moved)
+    for a, b in zip(r2.starts + r2.ends + r2.hessians, r1.starts + r1.ends + r1.hessians):
+        assert_close(a, b)
+    assert [r.extra["correction_norm"] for r in plugin.results] == pytest.approx(
+        [r.extra["correction_norm"] for r in res1], abs=ATOL
+    )
+    assert_close(hf.flat_params(m2), hf.flat_params(m1))
+
+
+class Capture(SupervisedPlugin):
+    """After each experience (after the UnlearningPlugin): the module's weights and the strategy's internal model."""
+
+    def __init__(self, unlearning) -> None:
+        super().__init__()
+        self.unlearning, self.after_exp = unlearning, []
+
+    def after_training_exp(self, strategy, **kwargs) -> None:
+        self.after_exp.append((hf.flat_params(strategy.model).clone(), self.unlearning._internal.clone()))
+
+
+def test_streaming_recorder_takes_its_anchor_pass_through_the_plugin(bm):
+    schedule = {1: [ForgetRequest.samples(exp_ids(bm, 0)[:2] + exp_ids(bm, 1)[:2])]}
+
+    def strategy(model, rec):
+        return StreamingStrategy(model, rec, step_size=0.05, forget_weight=10.0)
+
+    m1, r1 = supervised(l2=0.0), StreamingRecorder(num_classes=C, proj_dim=3)
+    lightning_run(bm, m1, r1, strategy(m1, r1), schedule, epochs=3)
+    m2, r2 = supervised(l2=0.0), StreamingRecorder(num_classes=C, proj_dim=3)
+    plugin = UnlearningPlugin(r2, strategy(m2, r2), schedule)
+    avalanche_run(bm, m2, plugin, epochs=3)
+
+    assert r2.n_anchor == r1.n_anchor == N and r2.rounds == 1
+    for name in r1.grad_sum:
+        assert_close(r2.grad_sum[name], r1.grad_sum[name])
+        assert_close(r2.w0[name], r1.w0[name])
+    assert_close(r2.counts, r1.counts)
+    assert_close(hf.flat_params(m2), hf.flat_params(m1))
+
+
+# -- Avalanche's own strategies with a baseline; reports reach Avalanche's loggers -----------------
+@pytest.mark.parametrize("template", [Naive, EWC, Replay])
+def test_sample_recorder_in_naive_ewc_and_replay(bm, template):
+    forget = exp_ids(bm, 0)[:3]
+    model, rec = supervised(), SampleRecorder()
+    logger = RecordingLogger()
+    plugin = UnlearningPlugin(rec, NegGradStrategy(model, rec, epochs=1), {0: [ForgetRequest.samples(forget)]})
+    extra = {"ewc_lambda": 1.0} if template is EWC else {"mem_size": 100} if template is Replay else {}
+    strategy = avalanche_run(
+        bm,
+        model,
+        plugin,
+        epochs=2,
+        template=template,
+        criterion=nn.CrossEntropyLoss(),
+        train_mb_size=8,
+        evaluator=EvaluationPlugin(loggers=[logger]),
+        **extra,
+    )
+
+    assert len(rec.catalog) == N  # replayed samples are not learned twice
+    assert rec.catalog.experiences_of(torch.tensor(exp_ids(bm, 1))).unique().tolist() == [1]
+    assert sorted(rec.catalog.ids[rec.catalog.forgotten].tolist()) == forget
+    removed = [(v, x) for name, v, x in logger.received if name == "unlearning/removed"]
+    assert removed == [(3.0, 2 * 24 // 8)]  # reported once, at the iteration count after experience 0
+    if template is Replay:  # the forgotten samples left the replay buffer (a batch holding one is refused)
+        buffer = next(p for p in strategy.plugins if hasattr(p, "storage_policy")).storage_policy.buffer
+        kept = {int(item[2]) for item in buffer}
+        assert kept and not kept & set(forget)
+
+
+def test_a_benchmark_without_sample_ids_is_a_clear_error(bm):
+    (x, y), (xt, yt) = blobs(N, 0), blobs(16, 1)
+    train, test = TensorDataset(x, y), TensorDataset(xt, yt)
+    train.targets, test.targets = y, yt
+    plain = nc_benchmark(train, test, n_experiences=2, task_labels=False, seed=0)
+    model, rec = supervised(), SampleRecorder()
+    with pytest.raises(ValueError, match="carry no sample ids"):
+        avalanche_run(plain, model, UnlearningPlugin(rec), epochs=1)
+    with pytest.raises(ValueError, match="carry no sample ids"):
+        fit_stream(model, plain.train_stream, callbacks=[rec])
+    assert len(rec.catalog) == 0
+
+
+# -- Lightning loggers ---------------------------------------------------------------------------
+def test_requests_reach_the_csv_logger_on_one_increasing_step_axis(bm, tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    ids0, ids1 = exp_ids(bm, 0), exp_ids(bm, 1)
+    schedule = {
+        0: [ForgetRequest.samples(ids0[:1]), ForgetRequest.samples(ids0[1:3])],
+        1: [ForgetRequest.samples(ids1[:1])],
+    }
+    model, rec = supervised(), TrajectoryRecorder(dtype=torch.float64)
+    logger = CSVLogger(tmp_path, name="run")
+    fit_stream(
+        model,
+        bm.train_stream,
+        callbacks=[rec],
+        strategy=HFStrategy(model, rec, noise=False),
+        schedule=schedule,
+        batch_size=8,
+        trainer_kwargs={"max_epochs": 2, "logger": logger, "log_every_n_steps": 1, **QUIET},
+    )
+
+    with open(logger.log_dir + "/metrics.csv") as f:  # read from disk: the last request was flushed
+        rows = list(csv.DictReader(f))
+    steps = [int(r["step"]) for r in rows]
+    train = [int(r["step"]) for r in rows if r.get("train_loss")]
+    requests = [(int(r["step"]), float(r["unlearning/removed"])) for r in rows if r.get("unlearning/removed")]
+    per_exp = 2 * 24 // 8
+    assert train == list(range(per_exp)) + list(range(per_exp + 2, 2 * per_exp + 2))
+    assert requests == [(per_exp, 1.0), (per_exp + 1, 2.0), (2 * per_exp + 2, 1.0)]
+    assert steps == sorted(steps)
+    assert all(r["unlearning/exact"] == "0.0" for r in rows if r.get("unlearning/removed"))

@@ -50,6 +50,8 @@ class RecorderCallback(L.Callback):
         #: ``{"count", "head"}`` of the ledger after the last request (verify a ledger against a checkpoint)
         self.ledger_anchor: dict[str, Any] | None = None
         self.experience: int | None = None
+        #: the Trainer of the last Lightning fit: executed requests are logged to its loggers
+        self.trainer: L.Trainer | None = None
         self._fit_experience = 0
         self._first_epoch = 0
         self._staged_ids: list[Tensor] = []
@@ -132,6 +134,7 @@ class RecorderCallback(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # after checkpoint restore: a resumed fit starts at a later epoch and records from there
         self._first_epoch = trainer.current_epoch
+        self.trainer = trainer
         self.begin_experience(pl_module)
 
     def on_train_batch_end(

@@ -37,6 +37,9 @@ class TaskDeltaRecorder(RecorderCallback):
     and as the base of :class:`HessianRecorder`.
     """
 
+    #: the task's end is its solution: commit when the fit ends, not after its first epoch
+    records_every_epoch = True
+
     def __init__(self) -> None:
         super().__init__()
         self.experience_ids: list[int] = []

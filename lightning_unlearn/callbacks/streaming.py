@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import lightning as L
@@ -134,7 +135,24 @@ class StreamingRecorder(RecorderCallback):
             self.anchor(trainer, pl_module)
 
     def anchor(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        """Take the module's weights as ``w_0`` and sum ``grad l`` and ``l`` at ``w_0`` over this fit's samples."""
+        """Anchor at the end of a Lightning fit: one pass over the trainer's training loader (rank-gathered)."""
+
+        def batches() -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+            for batch in trainer.train_dataloader:
+                x, y, ids = (t.to(module.device) for t in unpack_batch(batch, self.batch_keys))
+                if trainer.world_size > 1:
+                    x, y, ids = (_gather(module, t) for t in (x, y, ids))
+                yield x, y, ids
+
+        self.anchor_on(module, batches(), trainer.global_step)
+
+    def anchor_on(self, module: nn.Module, batches: Iterable[tuple[Tensor, Tensor, Tensor]], step: int) -> None:
+        """Take the module's weights as ``w_0`` and sum ``grad l`` and ``l`` at ``w_0`` over this fit's samples.
+
+        Framework-neutral (the Avalanche plugin calls it after each experience): ``batches`` yields
+        ``(x, y, ids)`` covering the experience's samples (others and repeats are skipped), on the
+        module's device; ``step`` is the training step count the anchor belongs to.
+        """
         if not len(self.catalog):
             return
         names = [n for n, p in module.named_parameters() if p.requires_grad]
@@ -144,11 +162,7 @@ class StreamingRecorder(RecorderCallback):
         loss = torch.zeros((), dtype=torch.float64)
         seen: set[int] = set()
         with eval_mode(module):  # BN statistics must not move
-            for batch in trainer.train_dataloader:
-                x, y, ids = unpack_batch(batch, self.batch_keys)
-                x, y, ids = (t.to(module.device) for t in (x, y, ids))
-                if trainer.world_size > 1:
-                    x, y, ids = (_gather(module, t) for t in (x, y, ids))
+            for x, y, ids in batches:
                 keep = self._fit_rows(ids, seen)
                 if keep.numel():
                     g, value = safe.summed_loss_grad(module, params, buffers, x[keep], y[keep])
@@ -165,7 +179,7 @@ class StreamingRecorder(RecorderCallback):
         self.n_anchor = self.n_retained
         self.forget_ids = torch.empty(0, dtype=torch.long)
         self.rounds, self.cumulative_surrogate = 0, 0.0
-        self._anchor_key = (self._fit_experience, trainer.global_step)
+        self._anchor_key = (self._fit_experience, step)
 
     def _fit_rows(self, ids: Tensor, seen: set[int]) -> Tensor:
         """Rows of a batch holding samples learned in this fit, not forgotten, not seen yet in the pass."""

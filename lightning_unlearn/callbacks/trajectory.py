@@ -53,9 +53,10 @@ class TrajectoryRecorder(RecorderCallback):
 
     Requirements (checked at fit start, ``ValueError`` otherwise): plain SGD (one param group,
     no momentum / weight decay / Nesterov), no gradient accumulation or clipping, no
-    BatchNorm or Dropout, a module with ``l2`` and no ``reg_lambda`` penalty. Lightning fits
-    only: the recursion needs ``w_t`` before each step, which Avalanche's plugin hook does not
-    offer. A checkpoint saved mid-fit (``ModelCheckpoint`` at an epoch or step end) holds the
+    BatchNorm or Dropout, a module with ``l2`` and no ``reg_lambda`` penalty. Outside Lightning,
+    call :meth:`begin_experience`, then :meth:`before_step` at ``w_t`` before every optimizer step,
+    then :meth:`end_experience` (``UnlearningPlugin`` does it from Avalanche's ``before_update``
+    hook). A checkpoint saved mid-fit (``ModelCheckpoint`` at an epoch or step end) holds the
     trajectory up to that step, consistent with the weights it saves, and registers the
     samples seen so far; resuming from it (``ckpt_path``, with ``experience`` set) continues the
     recursion. An exception during fit invalidates the statistics.
@@ -152,13 +153,20 @@ class TrajectoryRecorder(RecorderCallback):
         return float(module.l2)
 
     @staticmethod
-    def check_trainer(trainer: L.Trainer) -> None:
-        opts = trainer.optimizers
-        if len(opts) != 1 or type(opts[0]) is not torch.optim.SGD or len(opts[0].param_groups) != 1:
-            raise ValueError(f"HF follows plain SGD: need one torch.optim.SGD with one param group, got {opts}")
-        g = opts[0].param_groups[0]
+    def check_optimizer(optimizer: torch.optim.Optimizer) -> None:
+        """``ValueError`` unless ``optimizer`` is plain SGD: one param group, no momentum, weight decay or Nesterov."""
+        if type(optimizer) is not torch.optim.SGD or len(optimizer.param_groups) != 1:
+            raise ValueError(f"HF follows plain SGD: need one torch.optim.SGD with one param group, got {optimizer}")
+        g = optimizer.param_groups[0]
         if g["momentum"] or g["weight_decay"] or g["nesterov"]:
             raise ValueError("HF follows plain SGD: momentum, weight_decay and nesterov must be 0 (put the ridge in the loss, l2)")
+
+    @staticmethod
+    def check_trainer(trainer: L.Trainer) -> None:
+        opts = trainer.optimizers
+        if len(opts) != 1:
+            raise ValueError(f"HF follows plain SGD: need one torch.optim.SGD with one param group, got {opts}")
+        TrajectoryRecorder.check_optimizer(opts[0])
         if trainer.accumulate_grad_batches != 1 or trainer.gradient_clip_val:
             raise ValueError("HF follows plain SGD: no gradient accumulation or clipping")
 
@@ -167,22 +175,32 @@ class TrajectoryRecorder(RecorderCallback):
         if self._interrupted:
             raise ValueError("TrajectoryRecorder statistics are invalid: a fit was interrupted mid-trajectory")
 
-    # -- Lightning hooks ----------------------------------------------------------------------------
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        l2 = self.check_module(pl_module)
-        self.check_trainer(trainer)
+    # -- framework-neutral API ------------------------------------------------------------------------
+    def begin_experience(self, module: nn.Module) -> None:
+        """Check the module (:meth:`check_module`) and its ``l2`` against the recorded trajectory, start staging."""
+        l2 = self.check_module(module)
         if self.l2 is not None and l2 != self.l2:
             raise ValueError(f"module l2={l2} differs from the l2={self.l2} of the recorded trajectory")
         self.l2 = l2
-        super().on_train_start(trainer, pl_module)
+        super().begin_experience(module)
         self._in_fit = True
+
+    def before_step(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, lr: float) -> None:
+        """At ``w_t``, before the optimizer step with learning rate ``lr`` on this (rank-gathered) batch:
+        register its new samples and apply one recursion step (Eq. (10)) to every live vector."""
+        super().record(module, x, y, ids)
+        self._step(module, x, y, ids, lr)
+
+    # -- Lightning hooks ----------------------------------------------------------------------------
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.check_trainer(trainer)
+        super().on_train_start(trainer, pl_module)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         x, y, ids = unpack_batch(batch, self.batch_keys)
         if trainer.world_size > 1:  # the DDP step averages all ranks' batches: gather every occurrence
             x, y, ids = (_gather(pl_module, t) for t in (x, y, ids))
-        super().record(pl_module, x, y, ids)
-        self._step(pl_module, x, y, ids, float(trainer.optimizers[0].param_groups[0]["lr"]))
+        self.before_step(pl_module, x, y, ids, float(trainer.optimizers[0].param_groups[0]["lr"]))
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         """Nothing: the recursion step ran before the optimizer step."""
@@ -199,8 +217,8 @@ class TrajectoryRecorder(RecorderCallback):
 
     def record(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any = None) -> None:
         raise ValueError(
-            "TrajectoryRecorder must see w_t before every SGD step: use it as a Lightning callback "
-            "(Trainer(callbacks=[...]) or fit_stream), not through UnlearningPlugin"
+            "TrajectoryRecorder must see w_t before every SGD step: use it as a Lightning callback, or call "
+            "before_step(module, x, y, ids, lr) before each optimizer step (UnlearningPlugin does), not record after it"
         )
 
     # -- recording ----------------------------------------------------------------------------------

@@ -9,7 +9,9 @@ Every method follows one contract, with one commit point:
    (:meth:`RecorderCallback.apply_forget`, the only way a strategy writes back), the module's
    touched tensors are swapped for their new values, the strategy's own state is replaced, and
    the ledger entry is appended. If any of these raises, everything already done is undone:
-   parameters, buffers, statistics, catalog and ledger are as before and the request can be retried.
+   parameters, buffers, statistics, catalog and ledger are as before and the request can be retried;
+4. the result's metrics go to the loggers of the Trainer the recorder last recorded with
+   (:func:`lightning_unlearn.reporting.log_to_trainer`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.data import select_by_ids
+from lightning_unlearn.reporting import log_to_trainer
 
 ForgetData = Dataset | DataLoader | None
 Undo = Callable[[], None]
@@ -168,6 +171,7 @@ class UnlearningStrategy(ABC):
         result = UnlearningResult(request, ids, update.certificate, wall, update.extra)
         self._commit(result, update)
         self.history.append(result)
+        log_to_trainer(self.recorder.trainer, result)
         return result
 
     def _commit(self, result: UnlearningResult, update: UnlearningUpdate) -> None:

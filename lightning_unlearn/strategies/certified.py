@@ -70,12 +70,18 @@ class _ContinualCertified(UnlearningStrategy):
         """Write the noise-free internal model into the module (before learning the next task)."""
         hf.set_flat_params(self.module, self.clean_parameters())
 
-    def constants(self) -> cl.CLConstants:
+    def require_constants(self) -> tuple[float, float]:
+        """``(L, M)``: given, or the recorder's estimates; ``ValueError`` if neither (checkable before any training)."""
         rec = self.recorder
         L = self.lipschitz if self.lipschitz is not None else getattr(rec, "lipschitz", None)
         M = self.smoothness if self.smoothness is not None else getattr(rec, "smoothness", None)
         if L is None or M is None:
             raise ValueError(f"{self.method} needs lipschitz= and smoothness= (a TaskDeltaRecorder does not estimate them)")
+        return float(L), float(M)
+
+    def constants(self) -> cl.CLConstants:
+        rec = self.recorder
+        L, M = self.require_constants()
         return cl.CLConstants(lipschitz=float(L), smoothness=float(M), strong_convexity=float(rec.l2), reg_lambda=float(rec.reg_lambda))
 
     def check_shapes(self) -> None:

@@ -1,0 +1,113 @@
+"""`fit_stream`: learn an Avalanche stream with Lightning, one ``Trainer.fit`` per experience."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import lightning as L
+from torch.utils.data import ConcatDataset, DataLoader, Dataset
+
+from lightning_unlearn.avalanche.benchmarks import require_sample_ids
+from lightning_unlearn.callbacks.base import RecorderCallback
+from lightning_unlearn.core.request import ForgetRequest
+from lightning_unlearn.reporting import log_step, set_log_step
+from lightning_unlearn.strategies.base import UnlearningResult, UnlearningStrategy
+
+#: forget requests to execute right after experience ``k`` (its ``current_experience``)
+Schedule = Mapping[int, Sequence[ForgetRequest]]
+
+
+def check_unlearning(strategy: UnlearningStrategy | None, schedule: Schedule | None) -> None:
+    """Checks that need no training: a schedule has a strategy; a strategy has its certificate's constants.
+
+    Raises:
+        ValueError: a schedule without a strategy, or a certified strategy that could not
+            certify its first request (e.g. :class:`GradientCertifiedStrategy` on a
+            :class:`TaskDeltaRecorder` without ``lipschitz=``/``smoothness=``).
+    """
+    if schedule and strategy is None:
+        raise ValueError("a forget schedule needs an UnlearningStrategy to execute it")
+    require = getattr(strategy, "require_constants", None)
+    if callable(require):
+        require()
+
+
+def restore_internal(strategy: UnlearningStrategy | None) -> None:
+    """Before an experience: put a certified strategy's noise-free internal model back into the module
+    (004 Alg. 1-2 continue learning from it, not from the published noisy weights)."""
+    restore = getattr(strategy, "restore_internal", None)
+    if callable(restore):
+        restore()
+
+
+def fit_stream(
+    module: L.LightningModule,
+    stream: Iterable[Any],
+    *,
+    callbacks: Sequence[L.Callback],
+    trainer_kwargs: Mapping[str, Any] | None = None,
+    batch_size: int = 64,
+    strategy: UnlearningStrategy | None = None,
+    schedule: Schedule | None = None,
+    after_experience: Callable[[Any, L.Trainer, list[UnlearningResult]], None] | None = None,
+) -> list[UnlearningResult]:
+    """Learn an Avalanche ``train_stream`` with Lightning, one ``Trainer.fit`` per experience.
+
+    The same callback objects (and loggers of ``trainer_kwargs["logger"]``) are handed to every
+    experience's ``Trainer``, so recorders keep their statistics across experiences, and each
+    Trainer logs from the step where the previous one stopped: one increasing step axis over
+    the whole stream. Before each experience a certified strategy's internal model is restored
+    (:func:`restore_internal`). After experience ``k`` the requests ``schedule[k]`` are executed
+    with ``strategy`` (their forget data is the experiences seen so far); each is logged to the
+    loggers at its own step (:func:`lightning_unlearn.reporting.log_to_trainer`). Then
+    ``after_experience(experience, trainer, results)`` is called.
+
+    Args:
+        module: the LightningModule to train.
+        stream: an Avalanche ``train_stream`` (experiences with ``current_experience`` and a
+            ``dataset`` of ``(x, y, sample_id, task_label)`` items).
+        callbacks: the recorder (and any other callbacks), shared by all experiences.
+        trainer_kwargs: further ``Trainer`` arguments (default one epoch, no logger).
+        batch_size: training batch size (shuffled loader).
+        strategy: executes the schedule; its recorder must be among ``callbacks``.
+        schedule: requests per experience.
+        after_experience: called after each experience and its requests.
+
+    Raises:
+        ValueError: a schedule without a strategy, a strategy whose recorder is not among the
+            callbacks, a certified strategy lacking its constants (before any training), or an
+            experience whose items carry no sample ids.
+    """
+    check_unlearning(strategy, schedule)
+    if strategy is not None and not any(c is strategy.recorder for c in callbacks):
+        raise ValueError(
+            f"the strategy's {type(strategy.recorder).__name__} is not among the callbacks: it would record nothing"
+        )
+    kwargs = {
+        "max_epochs": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_model_summary": False,
+        **(trainer_kwargs or {}),
+    }
+    seen: list[Dataset] = []
+    results: list[UnlearningResult] = []
+    step = 0
+    for experience in stream:
+        k = experience.current_experience
+        require_sample_ids(experience.dataset, k)
+        for recorder in (c for c in callbacks if isinstance(c, RecorderCallback)):
+            recorder.experience = k
+        restore_internal(strategy)
+        trainer = L.Trainer(callbacks=list(callbacks), **kwargs)
+        set_log_step(trainer, step)
+        trainer.fit(module, DataLoader(experience.dataset, batch_size=batch_size, shuffle=True))
+        seen.append(experience.dataset)
+        data = ConcatDataset(seen) if strategy is not None and strategy.reads_data else None
+        done = [strategy.forget(r, data) for r in (schedule or {}).get(k, ())]  # type: ignore[union-attr]
+        step = log_step(trainer)
+        results.extend(done)
+        if after_experience is not None:
+            after_experience(experience, trainer, done)
+    return results

@@ -1,0 +1,86 @@
+"""Executed requests as logged metrics: one flat dict of numbers, sent to a Lightning Trainer's loggers.
+
+:func:`result_metrics` turns an :class:`UnlearningResult` into scalars (what was removed, how long
+it took, the certificate's summary, the method's own numbers). :meth:`UnlearningStrategy.forget`
+sends them to the loggers of the Trainer its recorder last recorded with (:func:`log_to_trainer`);
+the Avalanche plugin publishes the same dict to Avalanche's ``EvaluationPlugin``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import TYPE_CHECKING, Any
+
+import lightning as L
+from torch import Tensor
+
+from lightning_unlearn.warnings import warn
+
+if TYPE_CHECKING:
+    from lightning_unlearn.strategies.base import UnlearningResult
+
+PREFIX = "unlearning"
+
+
+def _scalar(value: Any) -> float | None:
+    if isinstance(value, Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, numbers.Real) and math.isfinite(float(value)):
+        return float(value)
+    return None
+
+
+def result_metrics(result: UnlearningResult, prefix: str = PREFIX) -> dict[str, float]:
+    """The numbers of one executed request, keyed ``<prefix>/<name>``.
+
+    ``removed`` (samples), ``wall_time_s``, the certificate's ``exact`` and ``certified`` (0/1)
+    and, when set, ``epsilon``, ``delta``, ``sigma``; its finite ``bounds`` as ``bound/<name>``;
+    the method's finite scalar ``extra`` numbers as ``extra/<name>`` (non-scalars are left out).
+    """
+    cert = result.certificate
+    out: dict[str, float] = {
+        "removed": float(result.removed_ids.numel()),
+        "wall_time_s": float(result.wall_time_s),
+        "exact": float(cert.exact),
+        "certified": float(cert.certified),
+    }
+    for name in ("epsilon", "delta", "sigma"):
+        if getattr(cert, name) is not None:
+            out[name] = float(getattr(cert, name))
+    for group, values in (("bound", cert.bounds), ("extra", result.extra)):
+        for name, value in values.items():
+            number = _scalar(value)
+            if number is not None:
+                out[f"{group}/{name}"] = number
+    return {f"{prefix}/{k}": v for k, v in out.items()}
+
+
+def log_step(trainer: L.Trainer) -> int:
+    """The step the trainer's next logged value gets (the count of optimizer steps its fits made)."""
+    # Lightning keeps this count, and logs training metrics at it, in the fit loop's epoch loop
+    return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
+
+
+def set_log_step(trainer: L.Trainer, step: int) -> None:
+    """Make ``trainer`` log from ``step`` on (a fresh Trainer starts at 0): a stream of fits continues one axis."""
+    trainer.fit_loop.epoch_loop._batches_that_stepped = int(step)
+
+
+def log_to_trainer(trainer: L.Trainer | None, result: UnlearningResult) -> None:
+    """Log ``result``'s :func:`result_metrics` to every logger of ``trainer`` at its next step, flush them,
+    and advance the trainer's step by one (a later fit or request logs after it).
+
+    Nothing happens without a trainer or loggers. The request is already committed when this runs,
+    so a logger that fails is reported by an :class:`UnlearningWarning`, not raised.
+    """
+    if trainer is None or not trainer.loggers:
+        return
+    step, metrics = log_step(trainer), result_metrics(result)
+    try:
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+            logger.save()
+    except Exception as error:  # noqa: BLE001 - the request is done; a logger must not undo it
+        warn(f"the {result.certificate.method} request was executed but logging it failed: {error!r}")
+    set_log_step(trainer, step + 1)
