@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from lightning_unlearn.core.catalog import SampleCatalog
+from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.data import IndexedDataset, unpack_batch
 from lightning_unlearn.metrics import evaluate_unlearning
 from lightning_unlearn.schedule import Schedule, validate_schedule
@@ -144,12 +145,14 @@ class Method:
     ``reference`` is the gold standard it is measured against (retraining from scratch on the
     retained data, for the same model family); ``None`` means the method *is* its family's gold
     standard. The harness always runs the reference separately, so a retrain method is checked
-    against an independent retrain.
+    against an independent retrain. ``family`` names the model family the method runs on (e.g.
+    ``"analytic"``); reports group and label methods by it.
     """
 
     name: str
     build: Callable[[BenchmarkInfo], Built]
     reference: Method | None = None
+    family: str = "custom"
 
 
 @dataclass
@@ -183,14 +186,20 @@ class Report:
             out[m] = {col: scale * sum(float(r[key]) for r in rows) / len(rows) for col, (key, scale) in TABLE1.items()}
         return out
 
+    def family(self, method: str) -> str:
+        """The model family ``method`` (or a reference, ``"<name> (reference)"``) ran on."""
+        return next(r["family"] for r in self.rows + self.reference_rows if r["method"] == method)
+
     def format(self) -> str:
         """The summary as an aligned plain-text table."""
-        head = ["method", "dParams(L2)", "dRetain(pp)", "dForget(pp)", "dTest(pp)", "dMIA", "s/request", "guarantee"]
+        head = ["method", "family", "dParams(L2)", "dRetain(pp)", "dForget(pp)", "dTest(pp)", "dMIA", "s/request", "guarantee"]
         body = [
-            [m, *(f"{s[c]:.4g}" if c == "time_per_request_s" else f"{s[c]:.2f}" for c in TABLE1), self._guarantee(m)]
+            [m, self.family(m), *(f"{s[c]:.4g}" if c == "time_per_request_s" else f"{s[c]:.2f}" for c in TABLE1),
+             self._guarantee(m)]
             for m, s in self.summary().items()
         ]
-        return format_table(head, body, title=f"K = {self.k} requests ({_describe(self.schedule)}); gaps to retraining from scratch")
+        title = f"K = {self.k} requests ({_describe(self.schedule)}); gaps to retraining from scratch"
+        return format_table(head, body, title=title)
 
     def _guarantee(self, method: str) -> str:
         certs = {r["certificate"] for r in self.table(method)}
@@ -202,34 +211,59 @@ class Report:
         out.mkdir(parents=True, exist_ok=True)
         paths = [out / f"{stem}requests.csv", out / f"{stem}summary.csv", out / f"{stem}accuracies.png"]
         _write_csv(paths[0], self.rows + self.reference_rows)
-        _write_csv(paths[1], [{"method": m, "k": self.k, **s} for m, s in self.summary().items()])
+        _write_csv(paths[1], [{"method": m, "family": self.family(m), "k": self.k, **s} for m, s in self.summary().items()])
         self.plot(paths[2])
         return paths
 
     def plot(self, path: str | Path) -> None:
-        """Retain, forget and test accuracy over the requests, one line per method (references dashed)."""
-        import matplotlib
+        """Retain, forget and test accuracy over the requests: one row of panels per gold standard.
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        Each row shows one reference (retraining from scratch a model family) as a thick grey line
+        and the methods measured against it with distinct colours, markers and line styles, dodged
+        sideways so methods with equal accuracies stay visible; each row's legend sits right of it.
+        """
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
 
-        fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), sharey=True)
-        for ax, key in zip(axes, ("retain_acc", "forget_acc", "test_acc")):
-            for m in self.methods():
-                rows = self.table(m)
-                ax.plot([r["request"] for r in rows], [r[key] for r in rows], "o-", ms=3, label=m)
-            for ref in dict.fromkeys(r["method"] for r in self.reference_rows):
-                rows = [r for r in self.reference_rows if r["method"] == ref]
-                ax.plot([r["request"] for r in rows], [r[key] for r in rows], "k--", lw=1, label=ref)
-            ax.set_title(key.replace("_", " "))
-            ax.set_xlabel("forget request")
-            ax.set_ylim(-0.05, 1.05)
-        axes[0].set_ylabel("accuracy")
-        axes[-1].legend(fontsize=7)
-        fig.suptitle(f"Continual unlearning, K = {self.k}")
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        keys = {"retain_acc": "retain accuracy", "forget_acc": "forget accuracy", "test_acc": "test accuracy"}
+        refs = list(dict.fromkeys(r["reference"] for r in self.rows))
+        fig = Figure(figsize=(10.5, 2.4 * len(refs) + 0.6), layout="constrained")
+        FigureCanvasAgg(fig)
+        axes = fig.subplots(len(refs), len(keys), sharex=True, sharey="row", squeeze=False)
+        for row, ref in enumerate(refs):
+            methods = [m for m in self.methods() if self.table(m)[0]["reference"] == ref]
+            ref_rows = [r for r in self.reference_rows if r["method"] == ref]
+            width = 0.3 if len(methods) > 1 else 0.0
+            for col, key in enumerate(keys):
+                ax = axes[row, col]
+                ax.plot([r["request"] for r in ref_rows], [r[key] for r in ref_rows], color="0.6", lw=4, alpha=0.6,
+                        solid_capstyle="round", label=ref, zorder=1)
+                for j, m in enumerate(methods):
+                    rows = self.table(m)
+                    shift = width * (j / (len(methods) - 1) - 0.5) if len(methods) > 1 else 0.0
+                    ax.plot([r["request"] + shift for r in rows], [r[key] for r in rows], label=m, zorder=2,
+                            color=_COLORS[j % len(_COLORS)], marker=_MARKERS[j % len(_MARKERS)],
+                            linestyle=_LINESTYLES[j % len(_LINESTYLES)], lw=1.2, ms=5, mfc="white", mew=1.2)
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+                ax.set_xlim(0.5, self.k + 0.5)
+                ax.grid(True, color="0.9", lw=0.6)
+                ax.set_axisbelow(True)
+                if row == 0:
+                    ax.set_title(keys[key])
+                if row == len(refs) - 1:
+                    ax.set_xlabel("forget request")
+            axes[row, 0].set_ylabel(f"{self.family(ref)} family\naccuracy")
+            handles, labels = axes[row, -1].get_legend_handles_labels()
+            axes[row, -1].legend(handles, labels, loc="center left", bbox_to_anchor=(1.03, 0.5), fontsize=8, frameon=False)
+        fig.suptitle(f"Continual unlearning: K = {self.k} forget requests ({_describe(self.schedule)})")
+        fig.savefig(path, dpi=150)
+
+
+#: a colour-blind-safe palette (Okabe-Ito), markers and line styles cycled per method of a family
+_COLORS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+_LINESTYLES = ("-", "--", "-.", ":")
 
 
 def evaluate(
@@ -259,7 +293,8 @@ def evaluate(
     report = Report(schedule, [], [])
     for ref in references:
         report.reference_rows += [
-            {"method": f"{ref.name} (reference)", **_request_fields(i, res), **_metrics(mod, None, info, cat)}
+            {"method": f"{ref.name} (reference)", "family": ref.family, **_request_fields(i, res),
+             **_metrics(mod, None, info, cat)}
             for i, (mod, res, cat) in enumerate(snapshots[ref.name])
         ]
     for method in methods:
@@ -268,7 +303,9 @@ def evaluate(
             ref_module, ref_result, _ = ref_steps[i]
             if not torch.equal(result.removed_ids.sort().values, ref_result.removed_ids.sort().values):
                 raise ValueError(f"{method.name} removed other samples than its reference {ref_result.request} did (request {i + 1})")
-            report.rows.append({"method": method.name, **_request_fields(i, result), **_metrics(module, ref_module, info, catalog)})
+            report.rows.append({"method": method.name, "family": method.family,
+                                "reference": f"{(method.reference or method).name} (reference)", **_request_fields(i, result),
+                                **_metrics(module, ref_module, info, catalog)})
     bar.close()
     if out_dir is not None:
         report.write(out_dir, stem=f"k{len(schedule)}_")
@@ -298,11 +335,17 @@ def _request_fields(i: int, result: Any) -> dict[str, Any]:
     return {
         "request": i + 1,
         "kind": result.request.kind,
-        "forget_request": str(result.request),
+        "forget_request": _label(result.request),
         "n_removed": int(result.removed_ids.numel()),
+        "removed_ids": " ".join(map(str, result.removed_ids.sort().values.tolist())),
         "time_s": result.wall_time_s,
         "certificate": _guarantee(result.certificate),
     }
+
+
+def _label(request: ForgetRequest) -> str:
+    """``samples[n]``, ``class=c`` or ``experience=e`` (the ids themselves are in ``removed_ids``, all of them)."""
+    return f"samples[{len(request.sample_ids)}]" if request.kind == "samples" else str(request)
 
 
 def _guarantee(certificate: Any) -> str:

@@ -6,7 +6,7 @@ Adding a method is a few lines::
         def build(info: BenchmarkInfo) -> Built:
             module, recorder = supervised_module(info), MyRecorder()
             return Built(module, [recorder], lambda: MyStrategy(module, recorder, epsilon=epsilon), {"max_epochs": info.epochs})
-        return Method("mine", build, reference=retrain("supervised"))
+        return Method("mine", build, reference=retrain("supervised"), family="supervised")
 
     register("mine", my_method)
 
@@ -153,13 +153,14 @@ def retrain_method(
     trainer_kwargs: Callable[[BenchmarkInfo], dict[str, Any]],
     refit: Callable[[], list[L.Callback]] = list,
     batch_size: int | None = None,
+    family: str = "custom",
 ) -> Method:
     """A gold standard: :class:`RetrainStrategy` replaying a model's continual recipe on the retained data.
 
     ``module(info)`` builds the model (the harness seeds the RNG first, so two builds are equal),
     ``trainer_kwargs(info)`` gives its continual-learning Trainer options and ``refit()`` the
     callbacks that learn with it (e.g. a fresh :class:`AnalyticRecorder` for an analytic head);
-    ``batch_size`` that of its fits (``None``: the benchmark's). Give methods on a model of your
+    ``batch_size`` that of its fits (``None``: the benchmark's); ``family`` names the model. Give methods on a model of your
     own a reference built the same way.
     """
 
@@ -174,7 +175,7 @@ def retrain_method(
 
         return Built(model, [recorder, *refits], strategy, kwargs, batch_size)
 
-    return Method(name, build)
+    return Method(name, build, family=family)
 
 
 def retrain(
@@ -183,19 +184,21 @@ def retrain(
     """The gold standard of a model family (a fresh analytic fit, or the SGD recipe replayed)."""
     _family_check(family)
     if family == "supervised":
-        return retrain_method("retrain[supervised]", supervised_module, _gradient_trained)
+        return retrain_method("retrain[supervised]", supervised_module, _gradient_trained, family=family)
     if family == "linear":
         name = "retrain[linear]" if l2 == L2 else f"retrain[linear,l2={l2:g}]"
-        return retrain_method(name, lambda info: linear_module(info, l2), _gradient_trained)
+        return retrain_method(name, lambda info: linear_module(info, l2), _gradient_trained, family=family)
     if family == "proximal":
         name = "retrain[proximal]" if (l2, reg_lambda) == (L2, REG_LAMBDA) else f"retrain[proximal,l2={l2:g},lambda={reg_lambda:g}]"
-        return retrain_method(name, lambda info: proximal_module(info, l2, reg_lambda), _solved_exactly, batch_size=FULL_BATCH)
+        return retrain_method(name, lambda info: proximal_module(info, l2, reg_lambda), _solved_exactly, batch_size=FULL_BATCH,
+                              family=family)
     default = (gamma, expansion_dim) == (GAMMA, EXPANSION_DIM)
     return retrain_method(
         "retrain" if default else f"retrain[analytic,gamma={gamma:g},d={expansion_dim}]",
         lambda info: analytic_module(info, expansion_dim),
         lambda info: {"max_epochs": 1},
         refit=lambda: [AnalyticRecorder(gamma)],
+        family=family,
     )
 
 
@@ -206,7 +209,7 @@ def acu(gamma: float = GAMMA, expansion_dim: int = EXPANSION_DIM) -> Method:
         module, recorder = analytic_module(info, expansion_dim), AnalyticRecorder(gamma)
         return Built(module, [recorder], lambda: ACUStrategy(module, recorder), {"max_epochs": 1})
 
-    return Method("acu", build, reference=retrain("analytic", gamma, expansion_dim))
+    return Method("acu", build, reference=retrain("analytic", gamma, expansion_dim), family="analytic")
 
 
 def _baseline(name: str, cls: type, needs_train: bool, preset: dict[str, Any] | None = None, doc: str = "defaults of ACU App. E.3") -> MethodFactory:
@@ -226,7 +229,8 @@ def _baseline(name: str, cls: type, needs_train: bool, preset: dict[str, Any] | 
             strategy = lambda: cls(module, recorder, **data, seed=info.seed, **preset, **hyper)  # noqa: E731
             return Built(module, [recorder], strategy, trainer_kwargs, batch_size)
 
-        return Method(name if family == "analytic" else f"{name}[{family}]", build, reference=retrain(family, gamma, expansion_dim))
+        reference = retrain(family, gamma, expansion_dim)
+        return Method(name if family == "analytic" else f"{name}[{family}]", build, reference=reference, family=family)
 
     factory.__doc__ = f"{cls.__name__} ({doc}) on a model family."
     return factory
@@ -246,7 +250,8 @@ def hf_method(epsilon: float = 1.0, delta: float = 1e-5, l2: float = L2, noise: 
                                       sigma_override=sigma_override, generator=_seeded(info))
         return Built(module, [recorder], strategy, *_recipe(info, "linear"))
 
-    return Method(_certified_name("hf", epsilon, delta, noise, sigma_override), build, reference=retrain("linear", l2=l2))
+    return Method(_certified_name("hf", epsilon, delta, noise, sigma_override), build, reference=retrain("linear", l2=l2),
+                  family="linear")
 
 
 def _certified_name(name: str, epsilon: float, delta: float, noise: bool, sigma_override: float | None) -> str:
@@ -269,7 +274,8 @@ def _continual_certified(name: str, cls: type) -> MethodFactory:
                                    sigma_override=sigma_override, generator=_seeded(info))
             return Built(module, [recorder], strategy, *_recipe(info, "proximal"))
 
-        return Method(_certified_name(name, epsilon, delta, noise, sigma_override), build, reference=retrain("proximal", l2=l2, reg_lambda=reg_lambda))
+        reference = retrain("proximal", l2=l2, reg_lambda=reg_lambda)
+        return Method(_certified_name(name, epsilon, delta, noise, sigma_override), build, reference=reference, family="proximal")
 
     factory.__doc__ = f"{cls.__name__} (paper 004) on the proximal family; the Lipschitz and smoothness constants are the recorder's estimates."
     return factory
@@ -285,7 +291,8 @@ def safe(family: str = "supervised", gamma: float = GAMMA, expansion_dim: int = 
         module, _, trainer_kwargs, batch_size = _family(info, family, gamma, expansion_dim, recorder)
         return Built(module, [recorder], lambda: StreamingStrategy(module, recorder, seed=info.seed, **options), trainer_kwargs, batch_size)
 
-    return Method("safe" if family == "supervised" else f"safe[{family}]", build, reference=retrain(family, gamma, expansion_dim))
+    reference = retrain(family, gamma, expansion_dim)
+    return Method("safe" if family == "supervised" else f"safe[{family}]", build, reference=reference, family=family)
 
 
 def _check_options(cls: type, options: dict[str, Any], fixed: frozenset[str] | set[str] = frozenset()) -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_unlearn.cli import main
+from lightning_unlearn.cli import _options, main
+from lightning_unlearn.registry import get_method
 
 pytestmark = pytest.mark.slow
 
@@ -21,11 +22,23 @@ def test_methods_lists_the_registry(capsys):
 
 
 def test_compare_runs_exact_certified_masking_and_baseline_methods_together(capsys):
-    argv = [*QUICK, "--methods", "acu,hf,hessian,rbm,finetune,neggrad,retrain", "--requests", "2", "--option", "hf.noise=False"]
+    # option words in lower case, as a shell user types them
+    argv = [*QUICK, "--methods", "acu,hf,hessian,rbm,finetune,neggrad,retrain", "--requests", "2", "--option", "hf.noise=false"]
     assert main(argv) == 0
     table = capsys.readouterr().out.split("K = 2")[1].strip().splitlines()[3:10]
     guarantee = {row.split()[0]: row.split()[-1] for row in table}
-    assert guarantee == {"acu": "exact", "hf[noise=off]": "none", "hessian": "(1,1e-05)", "rbm": "none", "finetune": "none", "neggrad": "none", "retrain": "exact"}
+    assert guarantee == {"acu": "exact", "hf[noise=off]": "none", "hessian": "(1,1e-05)", "rbm": "none", "finetune": "none",
+                         "neggrad": "none", "retrain": "exact"}
+    family = {row.split()[0]: row.split()[1] for row in table}
+    assert family == {"acu": "analytic", "hf[noise=off]": "linear", "hessian": "proximal", "rbm": "analytic",
+                      "finetune": "analytic", "neggrad": "analytic", "retrain": "analytic"}
+
+
+@pytest.mark.parametrize("word, value", [("false", False), ("False", False), ("FALSE", False), ("true", True), ("none", None)])
+def test_option_words_are_read_in_any_case(word, value):
+    assert _options([f"hf.noise={word}"], ["hf"]) == {"hf": {"noise": value}}
+    if isinstance(value, bool):
+        assert get_method("hf", **_options([f"hf.noise={word}"], ["hf"])["hf"]).name == ("hf" if value else "hf[noise=off]")
 
 
 def test_compare_prints_an_aligned_table_per_k_and_writes_files(capsys, tmp_path):
@@ -38,9 +51,10 @@ def test_compare_prints_an_aligned_table_per_k_and_writes_files(capsys, tmp_path
         assert (tmp_path / f"k{k}_summary.csv").exists() and (tmp_path / f"k{k}_accuracies.png").exists()
     table = out.split("K = 2")[1].split("K = 3")[0].strip().splitlines()
     header, rule, acu_row, neggrad_row = table[1:5]
-    assert header.split()[:3] == ["method", "dParams(L2)", "dRetain(pp)"] and set(rule) == {"-"}
-    assert acu_row.split()[0] == "acu" and acu_row.split()[1:6] == ["0.00"] * 5 and acu_row.split()[-1] == "exact"
-    assert neggrad_row.split()[0] == "neggrad" and neggrad_row.split()[-1] == "none"
+    assert header.split()[:4] == ["method", "family", "dParams(L2)", "dRetain(pp)"] and set(rule) == {"-"}
+    assert acu_row.split()[:2] == ["acu", "analytic"] and acu_row.split()[2:7] == ["0.00"] * 5
+    assert acu_row.split()[-1] == "exact"
+    assert neggrad_row.split()[:2] == ["neggrad", "analytic"] and neggrad_row.split()[-1] == "none"
     assert len(header) == len(acu_row) == len(neggrad_row)
 
 

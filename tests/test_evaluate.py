@@ -64,11 +64,23 @@ def test_report_rows_csv_plot_and_table(report):
     with (out / "k3_summary.csv").open() as fh:
         summary = list(csv.DictReader(fh))
     assert [r["method"] for r in summary] == rep.methods() and set(TABLE1) <= set(summary[0])
+    assert [r["family"] for r in summary] == ["analytic", "analytic", "analytic", "supervised"]
     with (out / "k3_requests.csv").open() as fh:
-        assert len(list(csv.DictReader(fh))) == 4 * 3 + 2 * 3  # methods and references, 3 requests each
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 4 * 3 + 2 * 3  # methods and references, 3 requests each
+    assert {(r["method"], r["family"]) for r in rows} >= {("acu", "analytic"), ("retrain[supervised] (reference)", "supervised")}
+    acu_rows = [r for r in rows if r["method"] == "acu"]
+    assert {r["reference"] for r in acu_rows} == {"retrain[analytic,gamma=1,d=48] (reference)"}
+    # every removed id, not the first five: the 8 ids of request 1 and all of request 2's class
+    assert [int(i) for i in acu_rows[0]["removed_ids"].split()] == sorted(rep.schedule.requests[0].sample_ids)
+    assert len(acu_rows[1]["removed_ids"].split()) == int(acu_rows[1]["n_removed"]) > 5
+    assert [r["forget_request"] for r in acu_rows] == ["samples[8]", f"class={rep.schedule.requests[1].target}", "samples[8]"]
     assert (out / "k3_accuracies.png").stat().st_size > 10_000
     text = rep.format()
     assert "K = 3" in text and "neggrad" in text and "dParams(L2)" in text
+    assert [line.split()[:2] for line in text.splitlines()[3:]] == [
+        ["acu", "analytic"], ["retrain[analytic,gamma=1,d=48]", "analytic"], ["neggrad", "analytic"],
+        ["retrain[supervised]", "supervised"]]
     assert len({len(line) for line in text.splitlines()[1:]}) == 1  # aligned columns
 
 
