@@ -95,7 +95,7 @@ def main() -> None:
             rows.append({"step": label, **m})
             log_metrics(trainer, m, step=len(rows)) if trainer.loggers else None
 
-    fit_stream(model, bm.train_stream, callbacks=[recorder], strategy=strategy, schedule=schedule,
+    fit_stream(model, bm.train_stream, callbacks=[recorder], unlearning=strategy, requests=schedule,
                trainer_kwargs={"logger": logger}, batch_size=64, after_experience=report)
 
     print("\n3/3 results (gaps are to a model retrained from scratch on the retained data)\n")

@@ -111,8 +111,8 @@ def lightning_run(bm, model, recorder, strategy, schedule, epochs: int):
         model,
         bm.train_stream,
         callbacks=[recorder],
-        strategy=strategy,
-        schedule=schedule,
+        unlearning=strategy,
+        requests=schedule,
         batch_size=FULL_BATCH,
         trainer_kwargs={"max_epochs": epochs, **QUIET},
     )
@@ -147,8 +147,8 @@ def test_analytic_recorder_plugin_gives_the_lightning_head_and_requests(bm):
         model,
         toy.train_stream,
         callbacks=[rec],
-        strategy=ACUStrategy(model, rec),
-        schedule=schedule,
+        unlearning=ACUStrategy(model, rec),
+        requests=schedule,
         trainer_kwargs=QUIET,
     )
     assert [r.request for r in results] == [schedule[1][0], schedule[3][0]]
@@ -208,7 +208,7 @@ def test_gradient_strategy_without_constants_fails_at_plugin_construction(bm):
         UnlearningPlugin(rec, GradientCertifiedStrategy(model, rec), schedule)
     with pytest.raises(ValueError, match="lipschitz"):  # and before any training in fit_stream
         fit_stream(
-            model, bm.train_stream, callbacks=[rec], strategy=GradientCertifiedStrategy(model, rec), schedule=schedule
+            model, bm.train_stream, callbacks=[rec], unlearning=GradientCertifiedStrategy(model, rec), requests=schedule
         )
     assert len(rec.catalog) == 0
 
@@ -351,8 +351,8 @@ def test_requests_reach_the_csv_logger_on_one_increasing_step_axis(bm, tmp_path)
         model,
         bm.train_stream,
         callbacks=[rec],
-        strategy=HFStrategy(model, rec, noise=False, max_deletions=10),
-        schedule=schedule,
+        unlearning=HFStrategy(model, rec, noise=False, max_deletions=10),
+        requests=schedule,
         batch_size=8,
         trainer_kwargs={"max_epochs": 2, "logger": logger, "log_every_n_steps": 1, **QUIET},
     )

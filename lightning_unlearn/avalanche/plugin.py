@@ -12,7 +12,7 @@ from torch import Tensor
 from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
 from lightning_unlearn.avalanche.benchmarks import require_sample_ids
-from lightning_unlearn.avalanche.stream import Schedule, check_unlearning, restore_internal
+from lightning_unlearn.avalanche.stream import RequestsByExperience, check_unlearning, restore_internal
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.data import unpack_batch
 from lightning_unlearn.reporting import result_metrics
@@ -20,15 +20,19 @@ from lightning_unlearn.strategies.base import UnlearningResult, UnlearningStrate
 
 
 class UnlearningPlugin(SupervisedPlugin):
-    """Adds recording (and scheduled forgetting) to an Avalanche strategy (``Naive``, ``EWC``, ``Replay``, ...)::
+    """Adds recording (and forget requests between experiences) to an Avalanche training strategy
+    (``Naive``, ``EWC``, ``Replay``, ...)::
 
-        strategy = Naive(model, optimizer, criterion, plugins=[UnlearningPlugin(recorder, unlearning, schedule)])
+        strategy = Naive(model, optimizer, criterion, plugins=[UnlearningPlugin(recorder, unlearning, requests)])
+
+    (``strategy`` here is Avalanche's training strategy, what learns the stream; ``unlearning``
+    is the :class:`UnlearningStrategy` that executes the forget requests.)
 
     Avalanche hooks used, per experience:
 
     * ``before_training_exp``: the experience's items must carry sample ids
       (``(x, y, sample_id, task_label)``, e.g. from :func:`class_incremental_benchmark`);
-      a certified strategy's noise-free internal model is restored (``restore_internal``);
+      a certified unlearning strategy's noise-free internal model is restored (``restore_internal``);
       a module with ``start_task()`` (:class:`ProximalClassifier`) anchors its regulariser;
       the recorder begins the experience (a per-step recorder also checks the optimizer).
     * ``before_update`` (``w_t``, before the optimizer step): a per-step recorder
@@ -38,45 +42,45 @@ class UnlearningPlugin(SupervisedPlugin):
       recorded again; a batch holding a forgotten sample is refused.
     * ``after_training_exp``: the recorder commits the experience; ``end_task()`` of the module;
       a recorder with ``anchor_on`` (:class:`StreamingRecorder`) takes its anchor pass over the
-      experience; the requests ``schedule[k]`` run (forget data: the experiences seen so far),
+      experience; the requests ``requests[k]`` run (forget data: the experiences seen so far),
       each result's :func:`lightning_unlearn.reporting.result_metrics` is published to the
-      strategy's ``EvaluationPlugin`` (at ``x = clock.train_iterations``; its loggers receive them
+      Avalanche strategy's ``EvaluationPlugin`` (at ``x = clock.train_iterations``; its loggers receive them
       in the same hook), and forgotten samples are removed from replay buffers.
 
-    The strategy's criterion must be the loss the recorder assumes (e.g. for
+    The Avalanche strategy's criterion must be the loss the recorder assumes (e.g. for
     :class:`ProximalClassifier` and the paper-004 recorders,
     ``lambda out, y: cross_entropy(out, y) + model.regulariser() + model.proximal()``). With an
     :class:`AnalyticRecorder`, the closed-form head it writes replaces whatever the optimizer did
-    to ``model.head``; give the strategy an optimizer over ``model.head.parameters()`` with ``lr=0``.
+    to ``model.head``; give the Avalanche strategy an optimizer over ``model.head.parameters()`` with ``lr=0``.
 
     Args:
         recorder: the recorder (also the ``unlearning`` strategy's recorder).
-        unlearning: executes the schedule; it must forget from the model the Avalanche strategy trains.
-        schedule: requests per experience (``current_experience``).
+        unlearning: executes the requests; it must forget from the model the Avalanche strategy trains.
+        requests: forget requests per experience (by ``current_experience``).
         anchor_batch_size: batch size of a recorder's anchor pass.
 
     Raises:
-        ValueError: a schedule without a strategy, a strategy with another recorder, or a certified
-            strategy lacking its constants (here, before any training).
+        ValueError: requests without an unlearning strategy, one with another recorder, or a certified
+            one lacking its constants (here, before any training).
     """
 
     def __init__(
         self,
         recorder: RecorderCallback,
         unlearning: UnlearningStrategy | None = None,
-        schedule: Schedule | None = None,
+        requests: RequestsByExperience | None = None,
         *,
         anchor_batch_size: int = 256,
     ) -> None:
         super().__init__()
-        check_unlearning(unlearning, schedule)
+        check_unlearning(unlearning, requests)
         if unlearning is not None and unlearning.recorder is not recorder:
             raise ValueError(
                 f"the unlearning strategy forgets with another recorder than this plugin's {type(recorder).__name__}"
             )
         self.recorder = recorder
         self.unlearning = unlearning
-        self.schedule = schedule or {}
+        self.requests = requests or {}
         self.anchor_batch_size = int(anchor_batch_size)
         self.results: list[UnlearningResult] = []
         self._seen: list[Dataset] = []
@@ -128,7 +132,7 @@ class UnlearningPlugin(SupervisedPlugin):
         if callable(anchor):
             anchor(model, self._batches(experience.dataset, _device(model)), strategy.clock.train_iterations)
         self._seen.append(experience.dataset)
-        for request in self.schedule.get(experience.current_experience, ()):
+        for request in self.requests.get(experience.current_experience, ()):
             data = ConcatDataset(self._seen) if self.unlearning.reads_data else None  # type: ignore[union-attr]
             result = self.unlearning.forget(request, data)  # type: ignore[union-attr]
             self.results.append(result)
@@ -166,7 +170,7 @@ class UnlearningPlugin(SupervisedPlugin):
             yield tuple(t.to(device) for t in unpack_batch(list(batch[:-1])))  # type: ignore[misc]
 
     def _publish(self, strategy: Any, result: UnlearningResult) -> None:
-        """Hand the request's metrics to the strategy's EvaluationPlugin, which passes them to its loggers."""
+        """Hand the request's metrics to the Avalanche strategy's EvaluationPlugin, which passes them to its loggers."""
         evaluator = getattr(strategy, "evaluator", None)
         if evaluator is None or not evaluator.active:
             return
@@ -174,7 +178,7 @@ class UnlearningPlugin(SupervisedPlugin):
             evaluator.publish_metric_value(MetricValue(self, name, value, strategy.clock.train_iterations))
 
     def _purge_replay(self, strategy: Any) -> None:
-        """Remove forgotten samples from the exemplar buffers of the strategy's replay plugins."""
+        """Remove forgotten samples from the exemplar buffers of the Avalanche strategy's replay plugins."""
         if not int(self.recorder.catalog.forgotten.sum()):
             return
         for plugin in strategy.plugins:

@@ -14,29 +14,29 @@ from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.reporting import log_step, set_log_step
 from lightning_unlearn.strategies.base import UnlearningResult, UnlearningStrategy
 
-#: forget requests to execute right after experience ``k`` (its ``current_experience``)
-Schedule = Mapping[int, Sequence[ForgetRequest]]
+#: forget requests to execute right after experience ``k`` (its ``current_experience``), by ``k``
+RequestsByExperience = Mapping[int, Sequence[ForgetRequest]]
 
 
-def check_unlearning(strategy: UnlearningStrategy | None, schedule: Schedule | None) -> None:
-    """Checks that need no training: a schedule has a strategy; a strategy has its certificate's constants.
+def check_unlearning(unlearning: UnlearningStrategy | None, requests: RequestsByExperience | None) -> None:
+    """Checks that need no training: requests have an unlearning strategy; it has its certificate's constants.
 
     Raises:
-        ValueError: a schedule without a strategy, or a certified strategy that could not
+        ValueError: requests without an unlearning strategy, or a certified strategy that could not
             certify its first request (e.g. :class:`GradientCertifiedStrategy` on a
             :class:`TaskDeltaRecorder` without ``lipschitz=``/``smoothness=``).
     """
-    if schedule and strategy is None:
-        raise ValueError("a forget schedule needs an UnlearningStrategy to execute it")
-    require = getattr(strategy, "require_constants", None)
+    if requests and unlearning is None:
+        raise ValueError("forget requests need an UnlearningStrategy to execute them")
+    require = getattr(unlearning, "require_constants", None)
     if callable(require):
         require()
 
 
-def restore_internal(strategy: UnlearningStrategy | None) -> None:
-    """Before an experience: put a certified strategy's noise-free internal model back into the module
-    (004 Alg. 1-2 continue learning from it, not from the published noisy weights)."""
-    restore = getattr(strategy, "restore_internal", None)
+def restore_internal(unlearning: UnlearningStrategy | None) -> None:
+    """Before an experience: put a certified unlearning strategy's noise-free internal model back into the
+    module (004 Alg. 1-2 continue learning from it, not from the published noisy weights)."""
+    restore = getattr(unlearning, "restore_internal", None)
     if callable(restore):
         restore()
 
@@ -48,8 +48,8 @@ def fit_stream(
     callbacks: Sequence[L.Callback],
     trainer_kwargs: Mapping[str, Any] | None = None,
     batch_size: int = 64,
-    strategy: UnlearningStrategy | None = None,
-    schedule: Schedule | None = None,
+    unlearning: UnlearningStrategy | None = None,
+    requests: RequestsByExperience | None = None,
     after_experience: Callable[[Any, L.Trainer, list[UnlearningResult]], None] | None = None,
 ) -> list[UnlearningResult]:
     """Learn an Avalanche ``train_stream`` with Lightning, one ``Trainer.fit`` per experience.
@@ -57,9 +57,9 @@ def fit_stream(
     The same callback objects (and loggers of ``trainer_kwargs["logger"]``) are handed to every
     experience's ``Trainer``, so recorders keep their statistics across experiences, and each
     Trainer logs from the step where the previous one stopped: one increasing step axis over
-    the whole stream. Before each experience a certified strategy's internal model is restored
-    (:func:`restore_internal`). After experience ``k`` the requests ``schedule[k]`` are executed
-    with ``strategy`` (their forget data is the experiences seen so far); each is logged to the
+    the whole stream. Before each experience a certified unlearning strategy's internal model is
+    restored (:func:`restore_internal`). After experience ``k`` the requests ``requests[k]`` are
+    executed with ``unlearning`` (their forget data is the experiences seen so far); each is logged to the
     loggers at its own step (:func:`lightning_unlearn.reporting.log_to_trainer`). Then
     ``after_experience(experience, trainer, results)`` is called.
 
@@ -70,19 +70,20 @@ def fit_stream(
         callbacks: the recorder (and any other callbacks), shared by all experiences.
         trainer_kwargs: further ``Trainer`` arguments (default one epoch, no logger).
         batch_size: training batch size (shuffled loader).
-        strategy: executes the schedule; its recorder must be among ``callbacks``.
-        schedule: requests per experience.
+        unlearning: executes the requests; its recorder must be among ``callbacks``.
+        requests: forget requests per experience (by ``current_experience``).
         after_experience: called after each experience and its requests.
 
     Raises:
-        ValueError: a schedule without a strategy, a strategy whose recorder is not among the
-            callbacks, a certified strategy lacking its constants (before any training), or an
+        ValueError: requests without an unlearning strategy, one whose recorder is not among the
+            callbacks, a certified unlearning strategy lacking its constants (before any training), or an
             experience whose items carry no sample ids.
     """
-    check_unlearning(strategy, schedule)
-    if strategy is not None and not any(c is strategy.recorder for c in callbacks):
+    check_unlearning(unlearning, requests)
+    if unlearning is not None and not any(c is unlearning.recorder for c in callbacks):
         raise ValueError(
-            f"the strategy's {type(strategy.recorder).__name__} is not among the callbacks: it would record nothing"
+            f"the unlearning strategy's {type(unlearning.recorder).__name__} is not among the callbacks: "
+            "it would record nothing"
         )
     kwargs = {
         "max_epochs": 1,
@@ -99,13 +100,13 @@ def fit_stream(
         require_sample_ids(experience.dataset, k)
         for recorder in (c for c in callbacks if isinstance(c, RecorderCallback)):
             recorder.experience = k
-        restore_internal(strategy)
+        restore_internal(unlearning)
         trainer = L.Trainer(callbacks=list(callbacks), **kwargs)
         set_log_step(trainer, step)
         trainer.fit(module, DataLoader(experience.dataset, batch_size=batch_size, shuffle=True))
         seen.append(experience.dataset)
-        data = ConcatDataset(seen) if strategy is not None and strategy.reads_data else None
-        done = [strategy.forget(r, data) for r in (schedule or {}).get(k, ())]  # type: ignore[union-attr]
+        data = ConcatDataset(seen) if unlearning is not None and unlearning.reads_data else None
+        done = [unlearning.forget(r, data) for r in (requests or {}).get(k, ())]  # type: ignore[union-attr]
         step = log_step(trainer)
         results.extend(done)
         if after_experience is not None:
