@@ -67,6 +67,15 @@ def set_log_step(trainer: L.Trainer, step: int) -> None:
     trainer.fit_loop.epoch_loop._batches_that_stepped = int(step)
 
 
+def continue_log_step(previous: L.Trainer | None, trainer: L.Trainer) -> None:
+    """A new Trainer logging to the same logger objects as ``previous`` (the next experience of a
+    continual run) continues its step axis instead of restarting at 0."""
+    if previous is None or previous is trainer or not trainer.loggers:
+        return
+    if {id(lg) for lg in trainer.loggers} & {id(lg) for lg in previous.loggers}:
+        set_log_step(trainer, max(log_step(trainer), log_step(previous)))
+
+
 def log_to_trainer(trainer: L.Trainer | None, result: UnlearningResult) -> None:
     """Log ``result``'s :func:`result_metrics` to every logger of ``trainer`` at its next step, flush them,
     and advance the trainer's step by one (a later fit or request logs after it).

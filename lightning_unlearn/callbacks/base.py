@@ -21,6 +21,7 @@ from torch import Tensor
 
 from lightning_unlearn.contract import BatchKeys, unpack_batch
 from lightning_unlearn.core.catalog import SampleCatalog, fingerprints
+from lightning_unlearn.reporting import continue_log_step
 
 
 class RecorderCallback(L.Callback):
@@ -134,6 +135,7 @@ class RecorderCallback(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # after checkpoint restore: a resumed fit starts at a later epoch and records from there
         self._first_epoch = trainer.current_epoch
+        continue_log_step(self.trainer, trainer)
         self.trainer = trainer
         self.begin_experience(pl_module)
 

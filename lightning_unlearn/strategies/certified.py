@@ -27,7 +27,7 @@ class _ContinualCertified(UnlearningStrategy):
     The internal (noise-free) model is :meth:`clean_parameters`; the module receives
     ``internal + N(0, sigma^2 I)`` (Alg. 1 lines 12-13, Alg. 2 lines 14-15). To continue learning
     from the internal model as the algorithms prescribe, call :meth:`restore_internal` before the
-    next experience (otherwise training continues from the published model; the Hessian strategy
+    next experience (``fit_stream`` and ``UnlearningPlugin`` do; otherwise training continues from the published model; the Hessian strategy
     stays consistent either way because it measures the chain of recorded starts and ends).
     Constants: ``lipschitz`` L and ``smoothness`` M default to the :class:`HessianRecorder`'s
     observed maxima at the task solutions (estimates, not proofs; a :class:`TaskDeltaRecorder`

@@ -1,0 +1,80 @@
+"""Executed requests reach the Trainer's loggers: flushed, on one increasing step axis, without undoing a request."""
+
+from __future__ import annotations
+
+import csv
+
+import lightning as L
+import pytest
+import torch
+from helpers_certified import blobs, sgd_model, trainer
+from lightning.pytorch.loggers import CSVLogger, Logger
+from torch.utils.data import DataLoader
+
+from lightning_unlearn import ForgetRequest, HFStrategy, TrajectoryRecorder
+from lightning_unlearn.reporting import result_metrics
+from lightning_unlearn.warnings import UnlearningWarning
+
+BATCH = 8
+
+
+def fit(model, recorder, ds, logger, experience: int) -> L.Trainer:
+    """One experience with a fresh Trainer, as a user's own continual loop does."""
+    recorder.experience = experience
+    t = trainer([recorder], logger=logger, log_every_n_steps=1)
+    t.fit(model, DataLoader(ds, batch_size=BATCH))
+    return t
+
+
+def test_a_users_own_loop_logs_requests_between_experiences_on_one_step_axis(tmp_path):
+    tasks = [blobs(16, seed=0), blobs(16, seed=1, id_offset=100)]
+    model, rec = sgd_model(), TrajectoryRecorder(dtype=torch.float64)
+    strategy = HFStrategy(model, rec, epsilon=1.0, generator=torch.Generator().manual_seed(0), max_deletions=10)
+    logger = CSVLogger(tmp_path, name="run")
+    fit(model, rec, tasks[0], logger, 0)
+    first = strategy.forget(ForgetRequest.samples([3, 5]))
+    fit(model, rec, tasks[1], logger, 1)
+    strategy.forget(ForgetRequest.samples([101]))
+
+    with open(logger.log_dir + "/metrics.csv") as f:  # on disk: each request's row was flushed
+        rows = list(csv.DictReader(f))
+    train = [int(r["step"]) for r in rows if r.get("train_loss")]
+    requests = [(int(r["step"]), float(r["unlearning/removed"])) for r in rows if r.get("unlearning/removed")]
+    assert train == [0, 1, 3, 4]  # the second Trainer continues after the first one's request
+    assert requests == [(2, 2.0), (5, 1.0)]
+    logged = next(r for r in rows if r.get("unlearning/removed") == "2.0")
+    assert float(logged["unlearning/epsilon"]) == 1.0 and float(logged["unlearning/sigma"]) == first.certificate.sigma
+
+
+def test_result_metrics_carry_the_certificate_summary_and_scalar_extras():
+    model, rec = sgd_model(), TrajectoryRecorder(dtype=torch.float64)
+    trainer([rec]).fit(model, DataLoader(blobs(16, seed=0), batch_size=BATCH))
+    result = HFStrategy(model, rec, noise=False, max_deletions=10).forget(ForgetRequest.samples([1]))
+    result.extra["vector"] = torch.ones(3)  # not a scalar: left out
+    metrics = result_metrics(result)
+    assert metrics["unlearning/removed"] == 1.0 and metrics["unlearning/exact"] == 0.0
+    assert metrics["unlearning/certified"] == 0.0 and "unlearning/epsilon" not in metrics  # noise=False: uncertified
+    bounds = {k for k in metrics if k.startswith("unlearning/bound/")}
+    assert bounds and all(isinstance(v, float) for v in metrics.values())
+    assert "unlearning/extra/vector" not in metrics
+
+
+class BrokenLogger(Logger):
+    name, version = "broken", 0
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        return None
+
+    def log_metrics(self, metrics, step=None) -> None:
+        if any(k.startswith("unlearning/") for k in metrics):
+            raise OSError("disk full")
+
+
+def test_a_failing_logger_warns_and_leaves_the_request_committed():
+    model, rec = sgd_model(), TrajectoryRecorder(dtype=torch.float64)
+    trainer([rec], logger=BrokenLogger()).fit(model, DataLoader(blobs(16, seed=0), batch_size=BATCH))
+    strategy = HFStrategy(model, rec, noise=False, max_deletions=10)
+    with pytest.warns(UnlearningWarning, match="logging it failed.*disk full"):
+        strategy.forget(ForgetRequest.samples([2]))
+    assert rec.catalog.forgotten[rec.catalog.rows(torch.tensor([2]))].item()
+    assert len(strategy.ledger) == 1
