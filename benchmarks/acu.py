@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=50_000)
     args = parser.parse_args()
     torch.manual_seed(0)
-    n_classes, gamma = 100, 1.0
+    n_classes, ridge = 100, 1.0
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, N={args.n} retained, float64, best of {args.repeats}")
     header = f"{'d_F':>6} {'k':>6} {'ACU request (s)':>16} {'retrain (s)':>12} {'speed-up':>9} {'rel. gap W':>11}"
     print(header)
@@ -46,10 +46,10 @@ def main() -> None:
         for k in (1, 100, 1000):
             F = torch.relu(torch.randn(args.n + k, d, dtype=torch.float64))
             Y = acu.one_hot(torch.randint(0, n_classes, (args.n + k,)), n_classes)
-            T, W = acu.ridge_solution(F.T @ F, F.T @ Y, gamma)  # the learned model, before the request
+            T, W = acu.ridge_solution(F.T @ F, F.T @ Y, ridge)  # the learned model, before the request
             Ff, Yf, Fr, Yr = F[:k], Y[:k], F[k:], Y[k:]
             t_acu, (_, W_acu) = timed(lambda: acu.forget(T, W, Ff, Yf), args.repeats)
-            t_ref, (_, W_ref) = timed(lambda: acu.ridge_solution(Fr.T @ Fr, Fr.T @ Yr, gamma), args.repeats)
+            t_ref, (_, W_ref) = timed(lambda: acu.ridge_solution(Fr.T @ Fr, Fr.T @ Yr, ridge), args.repeats)
             gap = float((W_acu - W_ref).norm() / W_ref.norm())
             print(f"{d:>6} {k:>6} {t_acu:>16.4f} {t_ref:>12.4f} {t_ref / t_acu:>8.1f}x {gap:>11.2e}")
             del F, Y, T, W

@@ -32,7 +32,7 @@ for noise in (".*does not have many workers.*", ".*configure_optimizers.*returne
               ".*smaller than the logging interval.*", ".*no `val_dataloader`.*", ".*LeafSpec.*"):
     warnings.filterwarnings("ignore", noise)
 logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-GAMMA, EXPANSION, N_EXPERIENCES = 1.0, 512, 5
+RIDGE, EXPANSION, N_EXPERIENCES = 1.0, 512, 5
 
 
 def pretrain_backbone(x, y) -> torch.nn.Module:
@@ -49,7 +49,7 @@ def retrain_from_scratch(backbone, train: IndexedDataset, keep_ids: torch.Tensor
     """The gold standard: a fresh analytic head fitted on the retained samples only."""
     reference = AnalyticClassifier(backbone, 64, 10, expansion_dim=EXPANSION)
     L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-              callbacks=[AnalyticRecorder(GAMMA)]).fit(reference, DataLoader(Subset(train, keep_ids.tolist()), batch_size=256))
+              callbacks=[AnalyticRecorder(RIDGE)]).fit(reference, DataLoader(Subset(train, keep_ids.tolist()), batch_size=256))
     return reference
 
 
@@ -70,7 +70,7 @@ def main() -> None:
     print(f"2/3 learning {N_EXPERIENCES} experiences of 2 classes each, class order {order}")
 
     model = AnalyticClassifier(backbone, 64, 10, expansion_dim=EXPANSION)
-    recorder = AnalyticRecorder(GAMMA)
+    recorder = AnalyticRecorder(RIDGE)
     strategy = ACUStrategy(model, recorder, Ledger(args.out / "ledger.jsonl"))
     first_exp_ids = torch.nonzero(torch.isin(y, torch.tensor(order[:2]))).flatten()
     schedule = {

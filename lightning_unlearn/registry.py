@@ -66,8 +66,8 @@ MethodFactory = Callable[..., Method]
 _METHODS: dict[str, MethodFactory] = {}
 FAMILIES = ("analytic", "supervised", "linear", "proximal")
 
-#: ACU's ridge regulariser and random-expansion width used by the analytic family
-GAMMA, EXPANSION_DIM = 1.0, 512
+#: ACU's ridge regulariser (its gamma) and random-expansion width used by the analytic family
+RIDGE, EXPANSION_DIM = 1.0, 512
 #: ridge ``l2`` (strong convexity) of the linear and proximal families, and 004's ``lambda``
 L2, REG_LAMBDA = 1e-2, 1.0
 #: the proximal family's batch (larger than any experience: one batch per experience) and L-BFGS steps per task
@@ -136,11 +136,11 @@ def _recipe(info: BenchmarkInfo, family: str) -> tuple[dict[str, Any], int | Non
 
 
 def _family(
-    info: BenchmarkInfo, family: str, gamma: float, expansion_dim: int, recorder: RecorderCallback | None = None
+    info: BenchmarkInfo, family: str, ridge: float, expansion_dim: int, recorder: RecorderCallback | None = None
 ) -> tuple[L.LightningModule, RecorderCallback, dict[str, Any], int | None]:
     """A model family's module, its recorder (default: the family's), continual-learning Trainer options and batch size."""
     if family == "analytic":
-        return analytic_module(info, expansion_dim), recorder or AnalyticRecorder(gamma), {"max_epochs": 1}, None
+        return analytic_module(info, expansion_dim), recorder or AnalyticRecorder(ridge), {"max_epochs": 1}, None
     modules = {"supervised": supervised_module, "linear": linear_module, "proximal": proximal_module}
     if family in modules:
         return modules[family](info), recorder or SampleRecorder(), *_recipe(info, family)
@@ -179,7 +179,7 @@ def retrain_method(
 
 
 def retrain(
-    family: str = "analytic", gamma: float = GAMMA, expansion_dim: int = EXPANSION_DIM, l2: float = L2, reg_lambda: float = REG_LAMBDA
+    family: str = "analytic", ridge: float = RIDGE, expansion_dim: int = EXPANSION_DIM, l2: float = L2, reg_lambda: float = REG_LAMBDA
 ) -> Method:
     """The gold standard of a model family (a fresh analytic fit, or the SGD recipe replayed)."""
     _family_check(family)
@@ -192,24 +192,24 @@ def retrain(
         name = "retrain[proximal]" if (l2, reg_lambda) == (L2, REG_LAMBDA) else f"retrain[proximal,l2={l2:g},lambda={reg_lambda:g}]"
         return retrain_method(name, lambda info: proximal_module(info, l2, reg_lambda), _solved_exactly, batch_size=FULL_BATCH,
                               family=family)
-    default = (gamma, expansion_dim) == (GAMMA, EXPANSION_DIM)
+    default = (ridge, expansion_dim) == (RIDGE, EXPANSION_DIM)
     return retrain_method(
-        "retrain" if default else f"retrain[analytic,gamma={gamma:g},d={expansion_dim}]",
+        "retrain" if default else f"retrain[analytic,ridge={ridge:g},d={expansion_dim}]",
         lambda info: analytic_module(info, expansion_dim),
         lambda info: {"max_epochs": 1},
-        refit=lambda: [AnalyticRecorder(gamma)],
+        refit=lambda: [AnalyticRecorder(ridge)],
         family=family,
     )
 
 
-def acu(gamma: float = GAMMA, expansion_dim: int = EXPANSION_DIM) -> Method:
+def acu(ridge: float = RIDGE, expansion_dim: int = EXPANSION_DIM) -> Method:
     """ACU (exact, Theorem 1) on the analytic family."""
 
     def build(info: BenchmarkInfo) -> Built:
-        module, recorder = analytic_module(info, expansion_dim), AnalyticRecorder(gamma)
+        module, recorder = analytic_module(info, expansion_dim), AnalyticRecorder(ridge)
         return Built(module, [recorder], lambda: ACUStrategy(module, recorder), {"max_epochs": 1})
 
-    return Method("acu", build, reference=retrain("analytic", gamma, expansion_dim), family="analytic")
+    return Method("acu", build, reference=retrain("analytic", ridge, expansion_dim), family="analytic")
 
 
 def _baseline(name: str, cls: type, needs_train: bool, preset: dict[str, Any] | None = None, doc: str = "defaults of ACU App. E.3") -> MethodFactory:
@@ -219,17 +219,17 @@ def _baseline(name: str, cls: type, needs_train: bool, preset: dict[str, Any] | 
     """
     preset = dict(preset or {})
 
-    def factory(family: str = "analytic", gamma: float = GAMMA, expansion_dim: int = EXPANSION_DIM, **hyper: Any) -> Method:
+    def factory(family: str = "analytic", ridge: float = RIDGE, expansion_dim: int = EXPANSION_DIM, **hyper: Any) -> Method:
         _family_check(family)
         _check_options(cls, hyper, fixed=set(preset))
 
         def build(info: BenchmarkInfo) -> Built:
-            module, recorder, trainer_kwargs, batch_size = _family(info, family, gamma, expansion_dim)
+            module, recorder, trainer_kwargs, batch_size = _family(info, family, ridge, expansion_dim)
             data = {"train": info.train} if needs_train else {}
             strategy = lambda: cls(module, recorder, **data, seed=info.seed, **preset, **hyper)  # noqa: E731
             return Built(module, [recorder], strategy, trainer_kwargs, batch_size)
 
-        reference = retrain(family, gamma, expansion_dim)
+        reference = retrain(family, ridge, expansion_dim)
         return Method(name if family == "analytic" else f"{name}[{family}]", build, reference=reference, family=family)
 
     factory.__doc__ = f"{cls.__name__} ({doc}) on a model family."
@@ -281,17 +281,17 @@ def _continual_certified(name: str, cls: type) -> MethodFactory:
     return factory
 
 
-def safe(family: str = "supervised", gamma: float = GAMMA, expansion_dim: int = EXPANSION_DIM, num_classes: int | None = None, **options: Any) -> Method:
+def safe(family: str = "supervised", ridge: float = RIDGE, expansion_dim: int = EXPANSION_DIM, num_classes: int | None = None, **options: Any) -> Method:
     """SAFE streaming unlearning (paper 001): a :class:`StreamingRecorder`; options are :class:`StreamingStrategy`'s."""
     _family_check(family)
     _check_options(StreamingStrategy, options)
 
     def build(info: BenchmarkInfo) -> Built:
         recorder = StreamingRecorder(num_classes or info.num_classes, seed=info.seed)
-        module, _, trainer_kwargs, batch_size = _family(info, family, gamma, expansion_dim, recorder)
+        module, _, trainer_kwargs, batch_size = _family(info, family, ridge, expansion_dim, recorder)
         return Built(module, [recorder], lambda: StreamingStrategy(module, recorder, seed=info.seed, **options), trainer_kwargs, batch_size)
 
-    reference = retrain(family, gamma, expansion_dim)
+    reference = retrain(family, ridge, expansion_dim)
     return Method("safe" if family == "supervised" else f"safe[{family}]", build, reference=reference, family=family)
 
 

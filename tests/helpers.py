@@ -39,9 +39,9 @@ def quiet_trainer(callbacks: list[L.Callback], **kwargs) -> L.Trainer:
     return L.Trainer(callbacks=callbacks, **{**opts, **kwargs})
 
 
-def fit_analytic(datasets: list, gamma: float = 0.5, batch_size: int = 32, **trainer_kwargs) -> tuple[AnalyticClassifier, AnalyticRecorder]:
+def fit_analytic(datasets: list, ridge: float = 0.5, batch_size: int = 32, **trainer_kwargs) -> tuple[AnalyticClassifier, AnalyticRecorder]:
     """Learn each dataset as one experience with an AnalyticRecorder."""
-    model, recorder = analytic_model(), AnalyticRecorder(gamma=gamma)
+    model, recorder = analytic_model(), AnalyticRecorder(ridge=ridge)
     for ds in datasets:
         quiet_trainer([recorder], **trainer_kwargs).fit(model, DataLoader(ds, batch_size=batch_size, shuffle=True))
     return model, recorder

@@ -13,7 +13,7 @@ def retrained_head(model, recorder, x, y):
     """The gold standard: ridge solution recomputed from scratch on the retained samples (eq. 8)."""
     keep = recorder.catalog.active_ids()
     F = model.features(x[keep])
-    return acu.ridge_solution(F.T @ F, F.T @ acu.one_hot(y[keep], N_CLASSES), recorder.gamma)[1]
+    return acu.ridge_solution(F.T @ F, F.T @ acu.one_hot(y[keep], N_CLASSES), recorder.ridge)[1]
 
 
 def rel(a, b):

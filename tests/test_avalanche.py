@@ -142,7 +142,7 @@ def test_analytic_recorder_plugin_gives_the_lightning_head_and_requests(bm):
     others = torch.nonzero(y != first_class).flatten()[:2]
     schedule = {1: [ForgetRequest.of_class(first_class)], 3: [ForgetRequest.samples(others)]}
 
-    model, rec = analytic_model(), AnalyticRecorder(gamma=0.5)
+    model, rec = analytic_model(), AnalyticRecorder(ridge=0.5)
     results = fit_stream(
         model,
         toy.train_stream,
@@ -155,7 +155,7 @@ def test_analytic_recorder_plugin_gives_the_lightning_head_and_requests(bm):
     assert len(rec.catalog) == 400 and rec.catalog.experiences.unique().tolist() == [0, 1, 2, 3]
     assert torch.equal(results[0].removed_ids.sort().values, torch.nonzero(y == first_class).flatten())
 
-    model2, rec2 = analytic_model(), AnalyticRecorder(gamma=0.5)
+    model2, rec2 = analytic_model(), AnalyticRecorder(ridge=0.5)
     plugin = UnlearningPlugin(rec2, ACUStrategy(model2, rec2), schedule)
     naive = Naive(
         model=model2,

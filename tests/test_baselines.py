@@ -79,13 +79,13 @@ def test_random_label_and_neggrad_plus_lower_forget_accuracy():
 
 def test_retrain_equals_acu_and_a_fresh_fit_on_the_retained_data():
     a, b = toy_dataset(120), toy_dataset(120, seed=1, id_offset=120)
-    model, rec = analytic_model(), AnalyticRecorder(gamma=0.5)
+    model, rec = analytic_model(), AnalyticRecorder(ridge=0.5)
     initial = weights(model)
     for ds in (a, b):
         quiet_trainer([rec]).fit(model, DataLoader(ds, batch_size=32))
     acu_model, acu_rec = fit_analytic([a, b])
     both = torch.utils.data.ConcatDataset([a, b])
-    retrain = RetrainStrategy(model, rec, both, initial, fit_callbacks=lambda: [AnalyticRecorder(gamma=0.5)], batch_size=32)
+    retrain = RetrainStrategy(model, rec, both, initial, fit_callbacks=lambda: [AnalyticRecorder(ridge=0.5)], batch_size=32)
     result = retrain.forget(ForgetRequest.of_class(2))
     ACUStrategy(acu_model, acu_rec).forget(ForgetRequest.of_class(2), both)
     assert result.certificate.exact and "retrained from scratch" in result.certificate.statement

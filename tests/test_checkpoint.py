@@ -10,7 +10,7 @@ from lightning_unlearn import ACUStrategy, AnalyticRecorder, ForgetRequest
 
 def test_checkpoint_restores_statistics_and_forgets_identically(tmp_path):
     data = toy_dataset(150)
-    model, rec = analytic_model(), AnalyticRecorder(gamma=0.5)
+    model, rec = analytic_model(), AnalyticRecorder(ridge=0.5)
     trainer = quiet_trainer([rec])
     trainer.fit(model, DataLoader(data, batch_size=32))
     ACUStrategy(model, rec).forget(ForgetRequest.samples([1, 2]), data)  # forget before saving, too
@@ -23,7 +23,7 @@ def test_checkpoint_restores_statistics_and_forgets_identically(tmp_path):
     # a fresh process: new module, new recorder, restored from the file
     restored_model = analytic_model()
     restored_model.load_state_dict(torch.load(path, weights_only=True)["state_dict"])
-    restored = AnalyticRecorder(gamma=0.5)
+    restored = AnalyticRecorder(ridge=0.5)
     restored.load_from_checkpoint(path)
     assert restored.catalog.forgotten.sum() == 2
     result = ACUStrategy(restored_model, restored).forget(ForgetRequest.of_class(1), data)
@@ -35,12 +35,12 @@ def test_checkpoint_restores_statistics_and_forgets_identically(tmp_path):
 def test_resumed_fit_restores_callback_state_and_keeps_learning(tmp_path):
     """Trainer.fit(ckpt_path=...) restores the recorder too; the next experience adds to it."""
     first, second = toy_dataset(80), toy_dataset(80, seed=1, id_offset=80)
-    model, rec = analytic_model(), AnalyticRecorder(gamma=0.5)
+    model, rec = analytic_model(), AnalyticRecorder(ridge=0.5)
     trainer = quiet_trainer([rec])
     trainer.fit(model, DataLoader(first, batch_size=16))
     trainer.save_checkpoint(tmp_path / "a.ckpt")
 
-    model2, rec2 = analytic_model(), AnalyticRecorder(gamma=0.5)
+    model2, rec2 = analytic_model(), AnalyticRecorder(ridge=0.5)
     rec2.experience = 1
     quiet_trainer([rec2], max_epochs=2).fit(model2, DataLoader(second, batch_size=16), ckpt_path=tmp_path / "a.ckpt")
     assert len(rec2.catalog) == 160 and rec2.catalog.experiences.unique().tolist() == [0, 1]
@@ -49,25 +49,25 @@ def test_resumed_fit_restores_callback_state_and_keeps_learning(tmp_path):
 def test_checkpoint_without_statistics_is_a_clear_error(tmp_path):
     data = toy_dataset(40)
     model = analytic_model()
-    trainer = quiet_trainer([AnalyticRecorder(gamma=2.0)])
+    trainer = quiet_trainer([AnalyticRecorder(ridge=2.0)])
     trainer.fit(model, DataLoader(data, batch_size=16))
     trainer.save_checkpoint(tmp_path / "other.ckpt")
-    rec = AnalyticRecorder(gamma=0.5)  # a different recorder configuration: a different state key
+    rec = AnalyticRecorder(ridge=0.5)  # a different recorder configuration: a different state key
     with pytest.raises(ValueError, match="holds no statistics of AnalyticRecorder"):
         rec.load_from_checkpoint(tmp_path / "other.ckpt")
     with pytest.raises(ValueError, match="lacks recorded statistics"):
-        rec.load_state_dict({"catalog": None, "gamma": 0.5})
+        rec.load_state_dict({"catalog": None, "ridge": 0.5})
     assert len(rec.catalog) == 0
 
 
 def test_resuming_the_same_experience_does_not_count_samples_twice(tmp_path):
     data = toy_dataset(80)
-    model, rec = analytic_model(), AnalyticRecorder(gamma=0.5)
+    model, rec = analytic_model(), AnalyticRecorder(ridge=0.5)
     trainer = quiet_trainer([rec])
     trainer.fit(model, DataLoader(data, batch_size=16))
     trainer.save_checkpoint(tmp_path / "a.ckpt")
 
-    model2, rec2 = analytic_model(), AnalyticRecorder(gamma=0.5)
+    model2, rec2 = analytic_model(), AnalyticRecorder(ridge=0.5)
     rec2.experience = 0  # the interrupted experience goes on
     quiet_trainer([rec2], max_epochs=3).fit(model2, DataLoader(data, batch_size=16), ckpt_path=tmp_path / "a.ckpt")
     assert len(rec2.catalog) == 80

@@ -62,7 +62,7 @@ def test_compare_prints_an_aligned_table_per_k_and_writes_files(capsys, tmp_path
     "extra, message",
     [
         (["--methods", "acu,sisa"], "unknown method 'sisa'; registered methods:"),
-        (["--methods", "acu", "--option", "acu.gamma"], "--option takes METHOD.KEY=VALUE"),
+        (["--methods", "acu", "--option", "acu.ridge"], "--option takes METHOD.KEY=VALUE"),
         (["--methods", "acu", "--option", "finetune.epochs=2"], "names method 'finetune', which is not among --methods"),
         (["--methods", "finetune", "--option", "finetune.epocs=2"], "takes no option"),
         (["--requests", "0"], "expected positive integers"),

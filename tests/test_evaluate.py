@@ -32,7 +32,7 @@ def report(info, tmp_path_factory):
 
 def test_retrain_has_zero_gap_to_an_independent_retrain(report):
     rep, _ = report
-    for name in ("retrain[analytic,gamma=1,d=48]", "retrain[supervised]"):
+    for name in ("retrain[analytic,ridge=1,d=48]", "retrain[supervised]"):
         rows = rep.table(name)
         assert len(rows) == 3
         assert all(r["l2_to_retrain"] == 0.0 and r["certificate"] == "exact" for r in rows), name
@@ -70,7 +70,7 @@ def test_report_rows_csv_plot_and_table(report):
     assert len(rows) == 4 * 3 + 2 * 3  # methods and references, 3 requests each
     assert {(r["method"], r["family"]) for r in rows} >= {("acu", "analytic"), ("retrain[supervised] (reference)", "supervised")}
     acu_rows = [r for r in rows if r["method"] == "acu"]
-    assert {r["reference"] for r in acu_rows} == {"retrain[analytic,gamma=1,d=48] (reference)"}
+    assert {r["reference"] for r in acu_rows} == {"retrain[analytic,ridge=1,d=48] (reference)"}
     # every removed id, not the first five: the 8 ids of request 1 and all of request 2's class
     assert [int(i) for i in acu_rows[0]["removed_ids"].split()] == sorted(rep.schedule.requests[0].sample_ids)
     assert len(acu_rows[1]["removed_ids"].split()) == int(acu_rows[1]["n_removed"]) > 5
@@ -79,7 +79,7 @@ def test_report_rows_csv_plot_and_table(report):
     text = rep.format()
     assert "K = 3" in text and "neggrad" in text and "dParams(L2)" in text
     assert [line.split()[:2] for line in text.splitlines()[3:]] == [
-        ["acu", "analytic"], ["retrain[analytic,gamma=1,d=48]", "analytic"], ["neggrad", "analytic"],
+        ["acu", "analytic"], ["retrain[analytic,ridge=1,d=48]", "analytic"], ["neggrad", "analytic"],
         ["retrain[supervised]", "supervised"]]
     assert len({len(line) for line in text.splitlines()[1:]}) == 1  # aligned columns
 

@@ -64,7 +64,7 @@ def test_replay_reproduces_exact_weights(tmp_path):
     # an auditor restores the pre-request state and replays the ledger
     from helpers import analytic_model
 
-    audit_model, audit_rec = analytic_model(), AnalyticRecorder(gamma=rec.gamma)
+    audit_model, audit_rec = analytic_model(), AnalyticRecorder(ridge=rec.ridge)
     audit_model.load_state_dict(saved_model)
     audit_rec.load_state_dict(saved_rec)
     checks = Ledger(tmp_path / "l.jsonl").replay(ACUStrategy(audit_model, audit_rec), data)
@@ -190,13 +190,13 @@ def test_replay_never_writes_to_the_audited_ledger_and_refuses_another_method(tm
     audited = Ledger(path)
     from helpers import analytic_model
 
-    audit = ACUStrategy(analytic_model(), AnalyticRecorder(gamma=strategy.recorder.gamma), audited)
+    audit = ACUStrategy(analytic_model(), AnalyticRecorder(ridge=strategy.recorder.ridge), audited)
     audit.recorder.load_state_dict(fit_analytic([data])[1].state_dict())
     audit.module.load_state_dict(fit_analytic([data])[0].state_dict())
     checks = audited.replay(audit, data)
     assert [ok for _, ok in checks] == [True, True]
     assert path.read_bytes() == before and len(audited) == 2
-    other = ACUStrategy(analytic_model(), AnalyticRecorder(gamma=strategy.recorder.gamma))
+    other = ACUStrategy(analytic_model(), AnalyticRecorder(ridge=strategy.recorder.ridge))
     other.method = "finetune"  # a strategy of another method
     with pytest.raises(LedgerError, match="executed by 'acu', not by 'finetune'"):
         audited.replay(other, data)

@@ -21,15 +21,15 @@ class AnalyticRecorder(RecorderCallback):
     recorder solves eq. (3)/(4) for ``W`` and ``T`` and writes ``W`` into ``module.head``.
 
     Args:
-        gamma: ridge regulariser ``gamma`` of eq. (2).
+        ridge: the ridge regulariser, ``gamma`` of eq. (2).
         dtype: dtype of the statistics (float64 is what makes forgetting exact to ~1e-12).
     """
 
-    def __init__(self, gamma: float = 1.0, dtype: torch.dtype = torch.float64) -> None:
+    def __init__(self, ridge: float = 1.0, dtype: torch.dtype = torch.float64) -> None:
         super().__init__()
-        if gamma <= 0:
-            raise ValueError(f"AnalyticRecorder gamma must be positive, got {gamma}")
-        self.gamma = float(gamma)
+        if ridge <= 0:
+            raise ValueError(f"AnalyticRecorder ridge must be positive, got {ridge}")
+        self.ridge = float(ridge)
         self.dtype = dtype
         self.R: Tensor | None = None  # sum f^T f over learned, not-forgotten samples
         self.Q: Tensor | None = None  # sum f^T y
@@ -40,7 +40,7 @@ class AnalyticRecorder(RecorderCallback):
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(gamma=self.gamma)
+        return self._generate_state_key(ridge=self.ridge)
 
     @staticmethod
     def head_of(module: nn.Module) -> nn.Linear:
@@ -88,7 +88,7 @@ class AnalyticRecorder(RecorderCallback):
 
     def _commit(self, module: nn.Module) -> None:
         R, Q = self.R + self._dR, self.Q + self._dQ
-        T, W = acu.ridge_solution(R, Q, self.gamma)
+        T, W = acu.ridge_solution(R, Q, self.ridge)
         self.R, self.Q, self.T, self.W = R, Q, T, W
         self.write_head(module)
 
@@ -100,13 +100,13 @@ class AnalyticRecorder(RecorderCallback):
 
     def state_dict(self) -> dict[str, Any]:
         stats = {k: getattr(self, k) for k in ("R", "Q", "T", "W")}
-        return {**super().state_dict(), "gamma": self.gamma, **{k: v.clone() if v is not None else None for k, v in stats.items()}}
+        return {**super().state_dict(), "ridge": self.ridge, **{k: v.clone() if v is not None else None for k, v in stats.items()}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         missing = [k for k in ("catalog", "R", "Q", "T", "W") if state_dict.get(k) is None]
         if missing:
             raise ValueError(f"AnalyticRecorder state lacks recorded statistics {missing}")
-        if float(state_dict["gamma"]) != self.gamma:
-            raise ValueError(f"checkpoint was recorded with gamma={state_dict['gamma']}, this recorder has {self.gamma}")
+        if float(state_dict["ridge"]) != self.ridge:
+            raise ValueError(f"checkpoint was recorded with ridge={state_dict['ridge']}, this recorder has {self.ridge}")
         super().load_state_dict(state_dict)
         self.R, self.Q, self.T, self.W = (state_dict[k].clone() for k in ("R", "Q", "T", "W"))

@@ -29,15 +29,23 @@ def accumulate(R: Tensor, Q: Tensor, F: Tensor, Y: Tensor) -> tuple[Tensor, Tens
     return R + F.T @ F, Q + F.T @ Y
 
 
-def ridge_solution(R: Tensor, Q: Tensor, gamma: float) -> tuple[Tensor, Tensor]:
+def ridge_solution(R: Tensor, Q: Tensor, ridge: float) -> tuple[Tensor, Tensor]:
     """Tracking matrix ``T = (R + gamma I)^{-1}`` (eq. 4) and head ``W = T Q`` (eq. 3 / eq. 8).
 
     Solved through a Cholesky factorisation (``R + gamma I`` is symmetric positive definite
     for ``gamma > 0``), then symmetrised.
+
+    Args:
+        R: autocorrelation ``sum f^T f``.
+        Q: cross term ``sum f^T y``.
+        ridge: the ridge regulariser, [ACU]'s ``gamma`` of eq. (2).
+
+    Raises:
+        ValueError: ``ridge`` is not positive.
     """
-    if gamma <= 0:
-        raise ValueError(f"ridge gamma must be positive, got {gamma}")
-    A = R + gamma * torch.eye(R.shape[0], dtype=R.dtype, device=R.device)
+    if ridge <= 0:
+        raise ValueError(f"the ridge regulariser must be positive, got {ridge}")
+    A = R + ridge * torch.eye(R.shape[0], dtype=R.dtype, device=R.device)
     L = torch.linalg.cholesky(A)
     T = torch.cholesky_inverse(L)
     T = (T + T.T) / 2

@@ -272,7 +272,7 @@ class RetrainStrategy(UnlearningStrategy):
     experience, in order, on its retained samples, with ``trainer_kwargs`` (epochs, devices, ...)
     and a loader shuffled by a generator seeded with ``seed + experience``, so two retrains of
     the same retained set give the same weights. ``fit_callbacks`` builds fresh callbacks for each
-    retrain (shared by its experiences), e.g. ``lambda: [AnalyticRecorder(gamma)]`` to refit an
+    retrain (shared by its experiences), e.g. ``lambda: [AnalyticRecorder(ridge)]`` to refit an
     analytic head: for ACU this is the ridge solution on the retained set (eq. 8).
 
     This strategy's own ``recorder`` only tracks which samples are learned and forgotten (use a

@@ -21,7 +21,7 @@ warnings.filterwarnings("ignore")
 
 def main(out: str, devices: int) -> None:
     ds = toy_dataset(n=203)  # odd: DistributedSampler pads one rank with a repeated sample
-    model, recorder = analytic_model(), AnalyticRecorder(gamma=0.5)
+    model, recorder = analytic_model(), AnalyticRecorder(ridge=0.5)
     trainer = L.Trainer(
         strategy="ddp" if devices > 1 else "auto", accelerator="cpu", devices=devices, max_epochs=2,
         callbacks=[recorder], logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
