@@ -5,7 +5,7 @@ import torch
 from helpers import analytic_model, quiet_trainer, toy_dataset
 from torch.utils.data import DataLoader
 
-from lightning_unlearn import ACUStrategy, AnalyticRecorder, ForgetRequest
+from lightning_unlearn import ACUStrategy, AnalyticRecorder, ForgetRequest, HessianRecorder
 
 
 def test_checkpoint_restores_statistics_and_forgets_identically(tmp_path):
@@ -53,8 +53,10 @@ def test_checkpoint_without_statistics_is_a_clear_error(tmp_path):
     trainer.fit(model, DataLoader(data, batch_size=16))
     trainer.save_checkpoint(tmp_path / "other.ckpt")
     rec = AnalyticRecorder(ridge=0.5)  # a different recorder configuration: a different state key
-    with pytest.raises(ValueError, match="holds no statistics of AnalyticRecorder"):
+    with pytest.raises(ValueError, match="AnalyticRecorder with other settings \\(ridge=2.0 there, 0.5 here\\)"):
         rec.load_from_checkpoint(tmp_path / "other.ckpt")
+    with pytest.raises(ValueError, match="holds no statistics of HessianRecorder"):
+        HessianRecorder().load_from_checkpoint(tmp_path / "other.ckpt")
     with pytest.raises(ValueError, match="lacks recorded statistics"):
         rec.load_state_dict({"catalog": None, "ridge": 0.5})
     assert len(rec.catalog) == 0

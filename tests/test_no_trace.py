@@ -77,7 +77,8 @@ def inputs(ds, ids: list[int]) -> Tensor:
 def run_acu(run: Path, control: Path) -> dict[str, bytes]:
     ds = blobs(96, seed=0)
     torch.manual_seed(0)
-    model, rec = AnalyticClassifier(mlp_backbone(D_IN, 16, 8).double(), 8, N_CLASSES, expansion_dim=24), AnalyticRecorder()
+    model = AnalyticClassifier(mlp_backbone(D_IN, 16, 8).double(), 8, N_CLASSES, expansion_dim=24)
+    rec = AnalyticRecorder()
     tr = fit(model, ds, rec, run, epochs=1)
     x = inputs(ds, FORGET)
     needles = patterns(x, "input") | patterns(rec.features(model, x), "feature row", elements=False)
@@ -100,7 +101,8 @@ def run_hf(store: str) -> Callable[[Path, Path], dict[str, bytes]]:
             (control / "store.bin").write_bytes((run / "hf.bin").read_bytes())  # the store before the request
         else:
             torch.save(rec.state_dict(), control / "state.pt")
-        strategy = HFStrategy(model, rec, ledger=Ledger(run / "ledger.jsonl"), generator=torch.Generator().manual_seed(5))
+        ledger = Ledger(run / "ledger.jsonl")
+        strategy = HFStrategy(model, rec, ledger=ledger, generator=torch.Generator().manual_seed(5))
         strategy.forget(ForgetRequest.samples(FORGET[:2]))
         strategy.forget(ForgetRequest.samples(FORGET[2:]))
         save(tr, rec, run)
@@ -128,10 +130,10 @@ def run_neggrad(run: Path, control: Path) -> dict[str, bytes]:
     tr = fit(model, ds, rec, run)
     x = inputs(ds, FORGET)
     torch.save(x, control / "x.pt")
-    inner = {"default_root_dir": run / "neggrad", "logger": CSVLogger(run, name="neggrad_logs"), "enable_checkpointing": True}
-    NegGradStrategy(model, rec, epochs=2, lr=0.01, trainer_kwargs=inner, ledger=Ledger(run / "ledger.jsonl")).forget(
-        ForgetRequest.samples(FORGET), ds
-    )
+    logs = CSVLogger(run, name="neggrad_logs")
+    inner = {"default_root_dir": run / "neggrad", "logger": logs, "enable_checkpointing": True}
+    strategy = NegGradStrategy(model, rec, epochs=2, lr=0.01, trainer_kwargs=inner, ledger=Ledger(run / "ledger.jsonl"))
+    strategy.forget(ForgetRequest.samples(FORGET), ds)
     save(tr, rec, run)
     return patterns(x, "input")
 
@@ -141,7 +143,9 @@ def save(tr: L.Trainer, recorder, run: Path) -> None:
     torch.save(recorder.state_dict(), run / "recorder_state.pt")
 
 
-RUNS = {"acu": run_acu, "hf-memory": run_hf("memory"), "hf-mmap": run_hf("mmap"), "safe": run_safe, "neggrad": run_neggrad}
+RUNS = {
+    "acu": run_acu, "hf-memory": run_hf("memory"), "hf-mmap": run_hf("mmap"), "safe": run_safe, "neggrad": run_neggrad
+}
 
 
 @pytest.mark.parametrize("method", sorted(RUNS))

@@ -102,11 +102,20 @@ class AnalyticRecorder(RecorderCallback):
         stats = {k: getattr(self, k) for k in ("R", "Q", "T", "W")}
         return {**super().state_dict(), "ridge": self.ridge, **{k: v.clone() if v is not None else None for k, v in stats.items()}}
 
+    def _staged_state(self) -> dict[str, Any]:
+        return {"dR": self._dR, "dQ": self._dQ}
+
+    def _load_staged_state(self, state: dict[str, Any]) -> None:
+        self._dR, self._dQ = state.get("dR"), state.get("dQ")
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        missing = [k for k in ("catalog", "R", "Q", "T", "W") if state_dict.get(k) is None]
+        # saved during the first fit, before its first commit: no solution W, T yet
+        first_fit = state_dict.get("fit") is not None and not len((state_dict.get("catalog") or {}).get("ids", ()))
+        needed = ("catalog", "R", "Q") if first_fit else ("catalog", "R", "Q", "T", "W")
+        missing = [k for k in needed if state_dict.get(k) is None]
         if missing:
             raise ValueError(f"AnalyticRecorder state lacks recorded statistics {missing}")
         if float(state_dict["ridge"]) != self.ridge:
             raise ValueError(f"checkpoint was recorded with ridge={state_dict['ridge']}, this recorder has {self.ridge}")
         super().load_state_dict(state_dict)
-        self.R, self.Q, self.T, self.W = (state_dict[k].clone() for k in ("R", "Q", "T", "W"))
+        self.R, self.Q, self.T, self.W = (None if state_dict[k] is None else state_dict[k].clone() for k in "RQTW")

@@ -3,7 +3,12 @@
 A recorder sees each training batch once, keyed by sample id, and stages what it records for
 the current fit; the staged block is committed at the end of the fit's first epoch (the first
 epoch *this* fit runs, so a fit resumed from a checkpoint records too, skipping the samples
-its experience had already committed). Under DDP
+its experience had already committed). A checkpoint saved during a fit carries the running fit
+(its experience, first epoch and staged block), and ``Trainer.fit(ckpt_path=...)`` continues it:
+resumed mid-epoch, it records exactly what the uninterrupted fit would have recorded if the
+training loader resumes mid-epoch too (``state_dict``/``load_state_dict``, restored by
+Lightning), and refuses otherwise. A checkpoint whose recorder of this class was created
+with other settings is refused, naming them. Under DDP
 every rank all-gathers each batch, so all ranks hold the same statistics, and ids repeated by
 ``DistributedSampler`` padding are counted once. An exception during fit drops the staged block,
 so statistics only ever reflect whole experiences.
@@ -14,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+import ast
 
 import lightning as L
 import torch
@@ -59,6 +66,9 @@ class RecorderCallback(L.Callback):
         self._staged_labels: list[Tensor] = []
         self._staged_prints: list[Tensor] = []
         self._staged_seen: set[int] = set()
+        self._fitting = False  # inside a Lightning fit: state_dict carries the running fit
+        self._resume: dict[str, Any] | None = None  # the running fit of a restored state, until on_train_start
+        self._loader_state_saved = False  # the restored checkpoint holds the training loader's position
 
     # -- framework-neutral API (also used by the Avalanche plugin) -------------------------------
     def begin_experience(self, module: torch.nn.Module) -> None:
@@ -132,12 +142,52 @@ class RecorderCallback(L.Callback):
         return undo
 
     # -- Lightning hooks -------------------------------------------------------------------------
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        self._check_settings(checkpoint.get("callbacks") or {}, "the checkpoint")
+        fit_loop = (checkpoint.get("loops") or {}).get("fit_loop") or {}
+        self._loader_state_saved = bool((fit_loop.get("state_dict") or {}).get("combined_loader"))
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # after checkpoint restore: a resumed fit starts at a later epoch and records from there
-        self._first_epoch = trainer.current_epoch
         continue_log_step(self.trainer, trainer)
         self.trainer = trainer
-        self.begin_experience(pl_module)
+        resume, self._resume = self._resume, None
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.ready  # restored, not yet reset
+        if trainer.fit_loop.restarting and 0 < done < trainer.num_training_batches:
+            self._resume_mid_epoch(trainer, pl_module, resume, f"epoch {trainer.current_epoch} after {done} batches")
+        else:
+            if resume is not None and resume["ids"].numel():  # its first epoch ended, uncommitted when saved
+                self._fit_experience = int(resume["experience"])
+                self._restore_staged(resume)
+                self.end_experience(pl_module)
+            # a fresh fit, or one restored at an epoch end: it records the first epoch it runs
+            self._first_epoch = trainer.current_epoch
+            self.begin_experience(pl_module)
+        self._fitting = True
+
+    def _resume_mid_epoch(
+        self, trainer: L.Trainer, module: L.LightningModule, resume: dict[str, Any] | None, where: str
+    ) -> None:
+        """Continue the fit a checkpoint was saved in, inside an epoch; refuse what would lose samples."""
+        name = type(self).__name__
+        if resume is None or (self.experience is not None and self.experience != resume["experience"]):
+            why = "holds no record of this recorder's running fit" if resume is None else (
+                f"was saved while learning experience {resume['experience']}, not experience {self.experience}"
+            )
+            raise ValueError(
+                f"{name}: cannot resume from a checkpoint saved in {where}: it {why}, so the samples learned "
+                "earlier in that epoch would be lost; resume from a checkpoint saved at an epoch end"
+            )
+        self.begin_experience(module)
+        self._fit_experience, self._first_epoch = int(resume["experience"]), int(resume["first_epoch"])
+        self._restore_staged(resume)
+        records = self.records_every_epoch or trainer.current_epoch == self._first_epoch
+        if records and not (self._loader_state_saved and _resumable(trainer.train_dataloader)):
+            raise ValueError(
+                f"{name}: cannot resume from a checkpoint saved in {where}: the training DataLoader cannot "
+                "resume mid-epoch (it would start the epoch over, so the samples of its remaining batches would "
+                "be lost or seen twice); resume from a checkpoint saved at an epoch end, or train with a loader "
+                "that has state_dict/load_state_dict (Lightning saves its position in the checkpoint)"
+            )
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -156,9 +206,11 @@ class RecorderCallback(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.end_experience(pl_module)
+        self._fitting = False
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._drop_staged()
+        self._fitting = False
 
     # -- to implement ----------------------------------------------------------------------------
     #: recorders that follow the whole training trajectory (HF) see every epoch, not just the first
@@ -173,6 +225,20 @@ class RecorderCallback(L.Callback):
     def _drop_staged(self) -> None:
         self._staged_ids, self._staged_labels, self._staged_prints, self._staged_seen = [], [], [], set()
 
+    def _staged_state(self) -> dict[str, Any]:
+        """The statistics of the staged block (saved with a running fit); subclasses with any extend it."""
+        return {}
+
+    def _load_staged_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`_staged_state` saved."""
+
+    def _restore_staged(self, fit: dict[str, Any]) -> None:
+        if fit["ids"].numel():
+            self._staged_ids, self._staged_labels = [fit["ids"]], [fit["labels"]]
+            self._staged_prints = [fit["fingerprints"]]
+            self._staged_seen = set(fit["ids"].tolist())
+        self._load_staged_state(fit)
+
     # -- state -----------------------------------------------------------------------------------
     def require_fitted(self) -> None:
         """Raise ``ValueError`` if nothing was recorded (before any fit, or a checkpoint without statistics)."""
@@ -183,11 +249,41 @@ class RecorderCallback(L.Callback):
             )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"catalog": self.catalog.state_dict(), "ledger_anchor": self.ledger_anchor}
+        state = {"catalog": self.catalog.state_dict(), "ledger_anchor": self.ledger_anchor}
+        if self._fitting:  # saved mid-fit (e.g. by ModelCheckpoint): the running fit, to resume it
+            empty = torch.zeros(0, dtype=torch.long)
+            state["fit"] = {
+                "experience": self._fit_experience,
+                "first_epoch": self._first_epoch,
+                "ids": torch.cat(self._staged_ids) if self._staged_ids else empty,
+                "labels": torch.cat(self._staged_labels) if self._staged_labels else empty,
+                "fingerprints": torch.cat(self._staged_prints) if self._staged_prints else empty,
+                **self._staged_state(),
+            }
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.catalog.load_state_dict(state_dict["catalog"])
         self.ledger_anchor = state_dict.get("ledger_anchor")
+        self._resume = state_dict.get("fit")
+
+    def _check_settings(self, states: Mapping[str, Any], where: str) -> None:
+        """``ValueError`` if ``states`` (a checkpoint's callback states) hold a recorder of this class
+        with other settings than this one (Lightning would drop its statistics with a warning)."""
+        if self.state_key in states:
+            return
+        name = type(self).__qualname__
+        ours = _settings(self.state_key, name)
+        for key in states:
+            theirs = _settings(key, name) if isinstance(key, str) else None
+            if theirs is None:
+                continue
+            differ = [f"{k}={theirs.get(k)!r} there, {ours.get(k)!r} here" for k in sorted(set(ours) | set(theirs))
+                      if ours.get(k) != theirs.get(k)]
+            raise ValueError(
+                f"{where} holds the statistics of a {name} with other settings ({'; '.join(differ) or key}); "
+                f"they cannot be used by this {name}: create it with the checkpoint's settings"
+            )
 
     def load_from_checkpoint(self, path: str | Path) -> None:
         """Restore this recorder's statistics from a Lightning checkpoint file.
@@ -196,12 +292,32 @@ class RecorderCallback(L.Callback):
         """
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
         states = ckpt.get("callbacks", {})
+        self._check_settings(states, f"checkpoint {path}")
         if self.state_key not in states:
             raise ValueError(
                 f"checkpoint {path} holds no statistics of {self.state_key} "
                 f"(it has: {sorted(states) or 'no callback state'}); save it with this recorder among the callbacks"
             )
         self.load_state_dict(states[self.state_key])
+
+
+def _settings(state_key: str, name: str) -> dict[str, Any] | None:
+    """The settings in a ``state_key`` made by ``Callback._generate_state_key`` for class ``name``."""
+    if not state_key.startswith(name + "{"):
+        return None
+    try:
+        settings = ast.literal_eval(state_key[len(name):])
+    except (ValueError, SyntaxError):
+        return {"state_key": state_key}
+    return settings if isinstance(settings, dict) else {"state_key": state_key}
+
+
+def _resumable(loaders: Any) -> bool:
+    """Whether every training loader can resume mid-epoch (Lightning saves and restores its position)."""
+    if isinstance(loaders, Mapping):
+        loaders = list(loaders.values())
+    flat = list(loaders) if isinstance(loaders, (list, tuple)) else [loaders]
+    return all(callable(getattr(d, "state_dict", None)) and callable(getattr(d, "load_state_dict", None)) for d in flat)
 
 
 def _gather(module: L.LightningModule, t: Tensor) -> Tensor:

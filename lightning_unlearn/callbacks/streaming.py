@@ -214,8 +214,20 @@ class StreamingRecorder(RecorderCallback):
         return {**super().state_dict(), **state, "num_classes": self.num_classes, "proj_dim": self.proj_dim, "ridge": self.ridge,
                 "anchor_key": list(self._anchor_key) if self._anchor_key else None}
 
+    def _staged_state(self) -> dict[str, Any]:
+        return {"staged": self._staged, "prior": self._prior}
+
+    def _load_staged_state(self, state: dict[str, Any]) -> None:
+        staged = state.get("staged")
+        self._staged = None if staged is None else tuple(staged)  # type: ignore[assignment]
+        if state.get("prior") is not None:
+            self._prior = (dict(state["prior"][0]), state["prior"][1])
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        missing = [k for k in ("catalog", "V", "w0", "ref_counts") if state_dict.get(k) is None]
+        # saved during the first fit, before its anchor: no anchor statistics yet
+        first_fit = state_dict.get("fit") is not None and not len((state_dict.get("catalog") or {}).get("ids", ()))
+        needed = ("catalog",) if first_fit else ("catalog", "V", "w0", "ref_counts")
+        missing = [k for k in needed if state_dict.get(k) is None]
         if missing:
             raise ValueError(f"StreamingRecorder state lacks recorded statistics {missing}")
         ours = (self.num_classes, self.proj_dim, self.ridge)

@@ -350,11 +350,7 @@ class TrajectoryRecorder(RecorderCallback):
             "smoothness": self.smoothness,
             "l2": self.l2,
             "interrupted": self._interrupted,
-            # mid-fit (e.g. a ModelCheckpoint at epoch end): the samples of the running experience,
-            # whose vectors are already in A, so that the checkpoint is a complete trajectory prefix
-            "staged_ids": torch.cat(self._staged_ids) if self._staged_ids else torch.zeros(0, dtype=torch.long),
-            "staged_labels": torch.cat(self._staged_labels) if self._staged_labels else torch.zeros(0, dtype=torch.long),
-            "staged_experience": self._fit_experience,
+            "eig": self._eig,  # warm start of the power iteration (M), so that a resumed fit estimates alike
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -367,9 +363,12 @@ class TrajectoryRecorder(RecorderCallback):
             raise ValueError(f"inconsistent TrajectoryRecorder state: {n} vectors, {state_dict['row_ids'].numel()} ids")
         self._load_store(A)
         super().load_state_dict(state_dict)
-        staged = state_dict.get("staged_ids")
-        if staged is not None and staged.numel():
-            self.catalog.add(staged, state_dict["staged_labels"], int(state_dict["staged_experience"]))
+        fit = self._resume
+        if fit is not None and fit["ids"].numel():
+            # saved mid-fit: the running experience's samples already have their vectors in A (a complete
+            # trajectory prefix), so they are learned; a resumed fit skips them
+            self.catalog.add(fit["ids"], fit["labels"], int(fit["experience"]), fit["fingerprints"])
+            self._resume = {**fit, **{k: fit[k][:0] for k in ("ids", "labels", "fingerprints")}}
         self.n_rows, self.row_ids = n, state_dict["row_ids"].tolist()
         self.row_of = {i: k for k, i in enumerate(self.row_ids)}
         self.active = state_dict["active"].clone().bool()
@@ -378,6 +377,7 @@ class TrajectoryRecorder(RecorderCallback):
         self._occ_rows, self._occ_steps = [state_dict["occ_rows"].clone()], [state_dict["occ_steps"].clone()]
         self.grad_max, self.smoothness, self.l2 = float(state_dict["grad_max"]), float(state_dict["smoothness"]), float(state_dict["l2"])
         self._interrupted = bool(state_dict.get("interrupted", False))
+        self._eig = state_dict.get("eig")
 
     def _load_store(self, saved: Tensor | dict[str, Any]) -> None:
         """Open the vectors of a state: the referenced store file itself if this recorder's ``path``
