@@ -152,22 +152,25 @@ class RecorderCallback(L.Callback):
         self.trainer = trainer
         resume, self._resume = self._resume, None
         done = trainer.fit_loop.epoch_loop.batch_progress.current.ready  # restored, not yet reset
-        if trainer.fit_loop.restarting and 0 < done < trainer.num_training_batches:
-            self._resume_mid_epoch(trainer, pl_module, resume, f"epoch {trainer.current_epoch} after {done} batches")
+        mid_epoch = trainer.fit_loop.restarting and 0 < done < trainer.num_training_batches
+        staged = resume is not None and bool(resume["ids"].numel())
+        if mid_epoch or (staged and self.records_every_epoch):
+            where = f"epoch {trainer.current_epoch} after {done} batches"
+            self._resume_fit(trainer, pl_module, resume, mid_epoch, where)
         else:
-            if resume is not None and resume["ids"].numel():  # its first epoch ended, uncommitted when saved
-                self._fit_experience = int(resume["experience"])
-                self._restore_staged(resume)
+            if staged:  # its first epoch ended before the checkpoint, uncommitted when it was saved
+                self._fit_experience = int(resume["experience"])  # type: ignore[index]
+                self._restore_staged(resume)  # type: ignore[arg-type]
                 self.end_experience(pl_module)
             # a fresh fit, or one restored at an epoch end: it records the first epoch it runs
             self._first_epoch = trainer.current_epoch
             self.begin_experience(pl_module)
         self._fitting = True
 
-    def _resume_mid_epoch(
-        self, trainer: L.Trainer, module: L.LightningModule, resume: dict[str, Any] | None, where: str
+    def _resume_fit(
+        self, trainer: L.Trainer, module: L.LightningModule, resume: dict[str, Any] | None, mid_epoch: bool, where: str
     ) -> None:
-        """Continue the fit a checkpoint was saved in, inside an epoch; refuse what would lose samples."""
+        """Continue the fit a checkpoint was saved in; refuse what would lose samples."""
         name = type(self).__name__
         if resume is None or (self.experience is not None and self.experience != resume["experience"]):
             why = "holds no record of this recorder's running fit" if resume is None else (
@@ -175,13 +178,13 @@ class RecorderCallback(L.Callback):
             )
             raise ValueError(
                 f"{name}: cannot resume from a checkpoint saved in {where}: it {why}, so the samples learned "
-                "earlier in that epoch would be lost; resume from a checkpoint saved at an epoch end"
+                "earlier in that fit would be lost; resume from a checkpoint saved at the end of a fit"
             )
         self.begin_experience(module)
         self._fit_experience, self._first_epoch = int(resume["experience"]), int(resume["first_epoch"])
         self._restore_staged(resume)
         records = self.records_every_epoch or trainer.current_epoch == self._first_epoch
-        if records and not (self._loader_state_saved and _resumable(trainer.train_dataloader)):
+        if mid_epoch and records and not (self._loader_state_saved and _resumable(trainer.train_dataloader)):
             raise ValueError(
                 f"{name}: cannot resume from a checkpoint saved in {where}: the training DataLoader cannot "
                 "resume mid-epoch (it would start the epoch over, so the samples of its remaining batches would "

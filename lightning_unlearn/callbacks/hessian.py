@@ -171,6 +171,13 @@ class HessianRecorder(TaskDeltaRecorder):
         super()._drop_staged()
         self._x, self._y = [], []
 
+    def _load_staged_state(self, state: dict[str, Any]) -> None:
+        if state["ids"].numel():
+            raise ValueError(
+                "HessianRecorder cannot resume a fit from a checkpoint saved during it: its Hessian needs every input "
+                "of the task, and inputs are never saved; fit the experience again from its start"
+            )
+
     def _record(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any) -> None:
         self._x.append(x.detach().cpu())
         self._y.append(y.detach().cpu())
