@@ -367,3 +367,20 @@ def test_requests_reach_the_csv_logger_on_one_increasing_step_axis(bm, tmp_path)
     assert requests == [(per_exp, 1.0), (per_exp + 1, 2.0), (2 * per_exp + 2, 1.0)]
     assert steps == sorted(steps)
     assert all(r["unlearning/exact"] == "0.0" for r in rows if r.get("unlearning/removed"))
+
+
+def test_mismatched_recorder_model_or_replayed_steps_are_clear_errors(bm):
+    model, rec, other = supervised(), SampleRecorder(), SampleRecorder()
+    unlearning = NegGradStrategy(model, rec, epochs=1)
+    with pytest.raises(ValueError, match="another recorder"):
+        UnlearningPlugin(other, unlearning)
+    with pytest.raises(ValueError, match="not among the callbacks"):
+        fit_stream(model, bm.train_stream, callbacks=[other], unlearning=unlearning)
+    with pytest.raises(ValueError, match="another model"):
+        avalanche_run(bm, supervised(), UnlearningPlugin(rec, unlearning), epochs=1)
+    assert len(rec.catalog) == len(other.catalog) == 0
+
+    model, rec = supervised(), TrajectoryRecorder(dtype=torch.float64)
+    with pytest.raises(ValueError, match="replaying samples of earlier experiences"):
+        avalanche_run(bm, model, UnlearningPlugin(rec), epochs=1, template=Replay, mem_size=8)
+    assert rec.catalog.experiences.unique().tolist() == [0]  # experience 0 was recorded, the replayed step refused
