@@ -243,15 +243,16 @@ def test_hessian_recorder_and_restored_internal_model_under_the_plugin(bm):
     m1, r1 = proximal(), HessianRecorder(hessian="exact")
     m2, r2 = proximal(), HessianRecorder(hessian="exact")
     s2 = strategy(m2, r2)
-    plugin, capture = UnlearningPlugin(r2, s2, schedule), Capture(s2)
+    plugin, before, capture = UnlearningPlugin(r2, s2, schedule), Capture(s2), Capture(s2)
     with pytest.warns(UserWarning, match="not solved exactly"):  # four SGD epochs do not solve a task
         res1 = lightning_run(bm, m1, r1, strategy(m1, r1), schedule, epochs=4)
     with pytest.warns(UserWarning, match="not solved exactly"):
-        avalanche_run(bm, m2, [plugin, capture], epochs=4)
+        avalanche_run(bm, m2, [before, plugin, capture], epochs=4)
 
     published, internal = capture.snapshots[0]
     assert plugin.results[0].extra["noise_norm"] > 0.01 and not torch.allclose(published, internal)
     assert_close(r2.starts[1], internal)  # task 1 started from the restored internal model, not the published one
+    assert_close(before.starts[1], internal)  # restored in before_training: plugins listed earlier see it too
     assert not torch.allclose(internal, r2.ends[0])  # (which the Newton correction had moved)
     for a, b in zip(r2.starts + r2.ends + r2.hessians, r1.starts + r1.ends + r1.hessians):
         assert_close(a, b)
@@ -262,14 +263,19 @@ def test_hessian_recorder_and_restored_internal_model_under_the_plugin(bm):
 
 
 class Capture(SupervisedPlugin):
-    """After each experience (after the UnlearningPlugin): the module's weights and the strategy's internal model."""
+    """The module's weights (and the strategy's internal model) after each experience, and at the start of
+    each experience as a plugin listed before the UnlearningPlugin sees them."""
 
     def __init__(self, unlearning) -> None:
         super().__init__()
-        self.unlearning, self.snapshots = unlearning, []
+        self.unlearning, self.snapshots, self.starts = unlearning, [], []
+
+    def before_training_exp(self, strategy, **kwargs) -> None:
+        self.starts.append(hf.flat_params(strategy.model).clone())
 
     def after_training_exp(self, strategy, **kwargs) -> None:
-        self.snapshots.append((hf.flat_params(strategy.model).clone(), self.unlearning._internal.clone()))
+        internal = self.unlearning._internal  # None for a plugin listed before the UnlearningPlugin
+        self.snapshots.append((hf.flat_params(strategy.model).clone(), None if internal is None else internal.clone()))
 
 
 def test_streaming_recorder_takes_its_anchor_pass_through_the_plugin(bm):

@@ -30,9 +30,11 @@ class UnlearningPlugin(SupervisedPlugin):
 
     Avalanche hooks used, per experience:
 
+    * ``before_training`` and ``before_training_exp``: a certified unlearning strategy's noise-free
+      internal model is restored (``restore_internal``; in ``before_training`` too, so that plugins
+      listed earlier, e.g. one anchoring a regulariser, already see it).
     * ``before_training_exp``: the experience's items must carry sample ids
       (``(x, y, sample_id, task_label)``, e.g. from :func:`class_incremental_benchmark`);
-      a certified unlearning strategy's noise-free internal model is restored (``restore_internal``);
       a module with ``start_task()`` (:class:`ProximalClassifier`) anchors its regulariser;
       the recorder begins the experience (a per-step recorder also checks the optimizer).
     * ``before_update`` (``w_t``, before the optimizer step): a per-step recorder
@@ -87,6 +89,9 @@ class UnlearningPlugin(SupervisedPlugin):
         self._per_step = callable(getattr(recorder, "before_step", None))
 
     # -- Avalanche hooks -------------------------------------------------------------------------
+    def before_training(self, strategy: Any, **kwargs: Any) -> None:
+        restore_internal(self.unlearning)  # before any plugin's before_training_exp (e.g. one anchoring a regulariser)
+
     def before_training_exp(self, strategy: Any, **kwargs: Any) -> None:
         model, k = strategy.model, strategy.experience.current_experience
         if self.unlearning is not None and self.unlearning.module is not model:
