@@ -56,7 +56,7 @@ def test_task_level_newton_closer_to_retrain_and_within_bound(trained):
     original, approx = float((w - w_retrain).norm()), float((strategy.clean_parameters() - w_retrain).norm())
     # tolerance: the Newton correction of Eq. (13) is >= 5x closer to retraining than the original model
     assert approx <= 0.2 * original, (approx, original)
-    assert approx <= cert.bounds["gamma"]
+    assert approx <= cert.bounds["sensitivity"]
     # deleting a middle task later: Eq. (13) with a previous unlearning time
     w_retrain2 = hf.flat_params(fit_tasks([TASKS[2]]))
     before = float((strategy.clean_parameters() - w_retrain2).norm())
@@ -71,12 +71,12 @@ def test_gradient_strategy_keeps_weights_within_natural_forgetting_bound(trained
     strategy = GradientCertifiedStrategy(model, rec, epsilon=EPS, delta=DELTA, generator=torch.Generator().manual_seed(0))
     cert = strategy.forget(ForgetRequest.of_experience(0)).certificate
     assert torch.equal(strategy.clean_parameters(), w)  # Alg. 1: the internal model is not modified
-    assert float((w - w_retrain).norm()) <= cert.bounds["gamma"]  # Theorem 4.1
+    assert float((w - w_retrain).norm()) <= cert.bounds["sensitivity"]  # Theorem 4.1
     # sigma computed independently: gamma^NF = (L/lambda) rho^kappa, kappa = 2 retained tasks after task 0
     L, lam, mu = rec.lipschitz, 1.0, 0.05
     rho = lam / (mu + lam)
     gamma = L / lam * rho**2
-    assert cert.bounds["gamma"] == pytest.approx(gamma, rel=1e-12)
+    assert cert.bounds["sensitivity"] == pytest.approx(gamma, rel=1e-12)
     assert cert.sigma == pytest.approx(gamma * math.sqrt(2 * math.log(1.25 / DELTA)) / EPS, rel=1e-12)
     noise = hf.flat_params(model) - w
     assert torch.allclose(noise, cert.sigma * torch.randn(w.shape, generator=torch.Generator().manual_seed(0), dtype=w.dtype))
@@ -88,7 +88,7 @@ def test_hessian_sigma_matches_formula(trained):
     lam, mu, L, M = 1.0, 0.05, 2.0, 3.0
     rho, kappa = lam / (mu + lam), 2
     gamma = kappa * rho**kappa * (M - mu) / (mu + lam) * L / lam  # gamma^H, one deleted task
-    assert cert.bounds["gamma"] == pytest.approx(gamma, rel=1e-12)
+    assert cert.bounds["sensitivity"] == pytest.approx(gamma, rel=1e-12)
     assert cert.sigma == pytest.approx(gamma * math.sqrt(2 * math.log(1.25 / DELTA)) / EPS, rel=1e-12)
     assert cert.sigma == pytest.approx(gaussian_sigma(gamma, EPS, DELTA), rel=1e-12)
 
@@ -171,7 +171,7 @@ def test_task_delta_recorder_needs_the_proximal_regulariser_and_diagonal_mode_ru
         GradientCertifiedStrategy(delta_model, deltas).forget(ForgetRequest.of_experience(0))
     assert torch.equal(hf.flat_params(delta_model), w_delta) and not bool(deltas.catalog.forgotten.any())
     cert = GradientCertifiedStrategy(delta_model, deltas, lipschitz=2.0, smoothness=3.0).forget(ForgetRequest.of_experience(0)).certificate
-    assert cert.bounds["gamma"] == pytest.approx(2.0 / 1.0 * (1.0 / 1.05), rel=1e-12)  # (L/lambda) rho^1
+    assert cert.bounds["sensitivity"] == pytest.approx(2.0 / 1.0 * (1.0 / 1.05), rel=1e-12)  # (L/lambda) rho^1
     w_retrain = hf.flat_params(fit_tasks([TASKS[1]]))
     w = hf.flat_params(model)
     strategy = HessianCertifiedStrategy(model, rec, noise=False)

@@ -48,7 +48,7 @@ def test_deletion_closer_to_retrain_and_within_bound(fitted):
     original, approx = float((w - w_retrain).norm()), float((w_bar - w_retrain).norm())
     # tolerance: HF's pre-noise weights are >= 10x closer to retraining than the original model
     assert approx <= 0.1 * original, (approx, original)
-    assert approx <= result.certificate.bounds["gamma"]  # Theorem 4 bound (sum form of Eq. (56))
+    assert approx <= result.certificate.bounds["sensitivity"]  # Theorem 4 bound (sum form of Eq. (56))
     assert not torch.allclose(hf.flat_params(model), w_bar)  # noise was published
 
 
@@ -84,20 +84,20 @@ def test_sigma_matches_formula(fitted):
     strategy = HFStrategy(model, rec, epsilon=EPS, delta=DELTA, generator=torch.Generator().manual_seed(3))
     cert = strategy.forget(ForgetRequest.samples([1, 2])).certificate
     gamma = independent_gamma(rec, [1, 2])
-    assert cert.bounds["gamma"] == pytest.approx(gamma, rel=1e-9)
+    assert cert.bounds["sensitivity"] == pytest.approx(gamma, rel=1e-9)
     assert cert.sigma == pytest.approx(gamma * math.sqrt(2 * math.log(1.25 / DELTA)) / EPS, rel=1e-12)
     noise = hf.flat_params(model) - strategy.clean_parameters()
     expected = cert.sigma * torch.randn(noise.shape, generator=torch.Generator().manual_seed(3), dtype=noise.dtype)
     assert torch.allclose(noise, expected, rtol=1e-9, atol=1e-9)
     # a second request is calibrated on all 3 deletions so far
     cert2 = strategy.forget(ForgetRequest.samples([9])).certificate
-    assert cert2.bounds["gamma"] == pytest.approx(independent_gamma(rec, [1, 2, 9]), rel=1e-9)
+    assert cert2.bounds["sensitivity"] == pytest.approx(independent_gamma(rec, [1, 2, 9]), rel=1e-9)
 
 
 def test_analytic_gaussian_for_epsilon_above_one(fitted):
     ds, model, rec, _ = fresh_copy(fitted)
     cert = HFStrategy(model, rec, epsilon=3.0, delta=DELTA).forget(ForgetRequest.samples([4])).certificate
-    s, sig, eps = cert.bounds["gamma"], cert.sigma, 3.0
+    s, sig, eps = cert.bounds["sensitivity"], cert.sigma, 3.0
     phi = lambda x: 0.5 * math.erfc(-x / math.sqrt(2))  # noqa: E731
     achieved = phi(s / (2 * sig) - eps * sig / s) - math.exp(eps) * phi(-s / (2 * sig) - eps * sig / s)
     assert achieved == pytest.approx(DELTA, rel=1e-6)  # Balle & Wang (2018), Theorem 8, tight

@@ -169,7 +169,7 @@ def _gap_kappas(status: Sequence[TaskStatus], gaps: Sequence[float]) -> list[tup
     return [(retained_after(status, i - 1), g) for i, g in enumerate(gaps) if g > 0]
 
 
-def gamma_natural_forgetting(status: Sequence[TaskStatus], c: CLConstants, gaps: Sequence[float] = ()) -> dict[str, float]:
+def sensitivity_natural_forgetting(status: Sequence[TaskStatus], c: CLConstants, gaps: Sequence[float] = ()) -> dict[str, float]:
     """``gamma^NF = sum_{s in S_<=t} rho^{kappa_t(s)} ||injection_s||`` (Theorem 4.1, Eq. (9), with the
     conservative exponent ``kappa_t(s)`` and the [derived] partial-task injection).
 
@@ -180,11 +180,11 @@ def gamma_natural_forgetting(status: Sequence[TaskStatus], c: CLConstants, gaps:
     """
     deletions = sum(c.rho ** retained_after(status, i) * c.injection(s) for i, s in enumerate(status) if s.kind != "kept")
     chain = sum(c.rho**k * g for k, g in _gap_kappas(status, gaps))
-    return {"gamma": deletions + chain, "deletion_term": deletions, "chain_term": chain, "rho": c.rho}
+    return {"sensitivity": deletions + chain, "deletion_term": deletions, "chain_term": chain, "rho": c.rho}
 
 
-def gamma_hessian(status: Sequence[TaskStatus], c: CLConstants, gaps: Sequence[float] = ()) -> dict[str, float]:
-    """Bound on ``||retrain - (model + Eq. (13) correction)||`` ([interp, derived], via Lemma D.2).
+def sensitivity_hessian(status: Sequence[TaskStatus], c: CLConstants, gaps: Sequence[float] = ()) -> dict[str, float]:
+    """``gamma^H``: bound on ``||retrain - (model + Eq. (13) correction)||`` ([interp, derived], via Lemma D.2).
 
     Each deleted/partial task contributes ``kappa rho^kappa (M - mu)/(mu + lambda) * injection``
     (the product-of-transports mismatch; 0 when nothing is transported) and a partial task also
@@ -204,7 +204,7 @@ def gamma_hessian(status: Sequence[TaskStatus], c: CLConstants, gaps: Sequence[f
         if s.kind == "partial":
             newton_term += c.rho**kappa * ratio * c.injection(s)
     chain = sum(k * c.rho**k * ratio * g for k, g in _gap_kappas(status, gaps))
-    return {"gamma": transport_term + newton_term + chain, "transport_term": transport_term, "newton_term": newton_term,
+    return {"sensitivity": transport_term + newton_term + chain, "transport_term": transport_term, "newton_term": newton_term,
             "chain_term": chain, "rho": c.rho}
 
 

@@ -139,11 +139,12 @@ def step_size(weight_norm: float, lr_constant: float, rounds: int) -> float:
     return math.sqrt(weight_norm) / (lr_constant * math.sqrt(rounds))
 
 
-def normalised_step(w0: Tensor, g: Tensor, gamma: float, noise: Tensor) -> Tensor:
-    """``w_t = w_0 - gamma g_t / ||g_t||_2 - b_t`` (Eq. (27), Alg. 1 line 11); a zero gradient takes no step."""
+def normalised_step(w0: Tensor, g: Tensor, step: float, noise: Tensor) -> Tensor:
+    """``w_t = w_0 - gamma g_t / ||g_t||_2 - b_t`` (Eq. (27), Alg. 1 line 11), ``step`` being the step size
+    ``gamma``; a zero gradient takes no step."""
     norm = g.norm()
     direction = g / norm if norm > 0 else torch.zeros_like(g)
-    return w0 - gamma * direction - noise
+    return w0 - step * direction - noise
 
 
 def theorem2_sigma(weight_bound: float, epsilon: float, delta: float) -> float:

@@ -113,9 +113,9 @@ class _ContinualCertified(UnlearningStrategy):
             warnings.warn("non-linear network: Assumption 2.1 (strong convexity) fails, the 004 certificate is heuristic", stacklevel=4)
 
     def _publish(self, internal: Tensor, bounds: dict[str, float], c: cl.CLConstants, statement: str) -> UnlearningUpdate:
-        """The update publishing ``internal`` with Gaussian noise calibrated on ``bounds["gamma"]``."""
+        """The update publishing ``internal`` with Gaussian noise calibrated on ``bounds["sensitivity"]``."""
         self._warn_assumptions(c)
-        sigma = cl.gaussian_sigma(bounds["gamma"], self.epsilon, self.delta)
+        sigma = cl.gaussian_sigma(bounds["sensitivity"], self.epsilon, self.delta)
         std = sigma if self.sigma_override is None else self.sigma_override
         noise = std * torch.randn(internal.shape, generator=self.generator, dtype=internal.dtype) if self.noise else torch.zeros_like(internal)
         certified = self.noise and self.sigma_override is None
@@ -148,13 +148,13 @@ class GradientCertifiedStrategy(_ContinualCertified):
     internal model is the last trained one, so its pre-noise weights are the original weights by design.
     """
 
-    method = "gradient_cl"
+    method = "gradient"
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         rec = self.recorder
         self.check_shapes()
         c = self.constants()
-        bounds = cl.gamma_natural_forgetting(self.task_status(ids), c, self.chain_gaps())
+        bounds = cl.sensitivity_natural_forgetting(self.task_status(ids), c, self.chain_gaps())
         internal = rec.ends[-1].clone()
         update = self._publish(internal, bounds, c, "004 Alg. 1 / Theorem 4.1: ||w_retrain - w_t|| <= gamma^NF; Gaussian mechanism")
         update.extra["n_forgotten"] = int(ids.numel())
@@ -170,10 +170,10 @@ class HessianCertifiedStrategy(_ContinualCertified):
     deleted tasks (sample-level requests, [derived]) add the Newton step of their own
     solution, which needs ``sum_{u in U} grad l(end_i; u)``: from the recorder's stored per-sample
     gradients or from ``data`` (the samples to forget), kept per task as a running sum. Noise:
-    ``gamma^H`` ([interp, derived], :func:`cl.gamma_hessian`).
+    ``gamma^H`` ([interp, derived], :func:`cl.sensitivity_hessian`).
     """
 
-    method = "hessian_cl"
+    method = "hessian"
     reads_data = True  # optional: the samples to forget, for sample-level requests without stored gradients
 
     def __init__(self, module: nn.Module, recorder: HessianRecorder, ledger: Ledger | None = None, **kwargs: Any) -> None:
@@ -218,7 +218,7 @@ class HessianCertifiedStrategy(_ContinualCertified):
         current = rec.ends[-1]
         e = cl.hessian_correction(status, rec.starts, rec.ends, current, solves, sums, c.reg_lambda)  # Eq. (13)
         internal = current + e
-        bounds = cl.gamma_hessian(status, c, self.chain_gaps())
+        bounds = cl.sensitivity_hessian(status, c, self.chain_gaps())
         update = self._publish(internal, bounds, c, "004 Alg. 2 / Prop. 5.1 (Lemma D.2 bound gamma^H): Newton correction + Gaussian mechanism")
         update.statistics = {"forgotten_grad_sums": sums}
         update.extra.update({"n_forgotten": int(ids.numel()), "correction_norm": float(e.norm())})

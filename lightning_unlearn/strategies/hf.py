@@ -24,9 +24,9 @@ class HFStrategy(UnlearningStrategy):
     internal model) and in batches (one request with many ids); by Theorem 1 both give the same
     internal model. Reads no data. Each release publishes ``internal + N(0, sigma^2 I)`` with
     fresh noise, ``sigma = gamma sqrt(2 ln(1.25/delta)) / epsilon`` (analytic Gaussian mechanism
-    for epsilon > 1), where ``gamma = sum over ALL samples deleted so far of the per-sample bound``
-    (sum form of Eq. (56), :func:`hf.per_sample_bound`; "m x per-sample
-    bound" generalised to the samples' own terms). The constants are lambda = ``strong_convexity``
+    for epsilon > 1), where the sensitivity ``gamma`` (``certificate.bounds["sensitivity"]``) is the
+    sum over ALL samples deleted so far of the per-sample bound (sum form of Eq. (56),
+    :func:`hf.per_sample_bound`; "m x per-sample bound" generalised to the samples' own terms). The constants are lambda = ``strong_convexity``
     (default: the module's ``l2``), M = ``smoothness`` and G = ``grad_bound`` (defaults: the
     recorder's observed maxima, which are estimates, not proofs). Caveats: the bound
     assumes Assumption 1 (strongly convex, e.g. L2-regularised logistic regression); the paper's
@@ -97,7 +97,7 @@ class HFStrategy(UnlearningStrategy):
         for r in rows.tolist():
             t1, t2 = hf.per_sample_bound(occ_steps[occ_rows == r], lrs, sizes, G, rho)
             c1, c2 = c1 + t1, c2 + t2
-        return {"taylor_term": c1, "gradient_mismatch_term": c2, "gamma": c1 + c2, "rho": rho,
+        return {"taylor_term": c1, "gradient_mismatch_term": c2, "sensitivity": c1 + c2, "rho": rho,
                 "strong_convexity": lam, "smoothness": M, "grad_bound": G, "steps": float(rec.n_steps), "lr0": float(lrs[0])}
 
     def _check_capacity(self, m: int, bounds: dict[str, float], dim: int) -> float:
@@ -125,9 +125,9 @@ class HFStrategy(UnlearningStrategy):
         if bounds["rho"] >= 1:
             warnings.warn(f"HF contraction factor rho = {bounds['rho']:.4g} >= 1 (Lemma 3 needs eta < 2/(M + lambda) and lambda > 0): "
                           "the bound does not decay", stacklevel=4)
-        if not math.isfinite(bounds["gamma"]):
+        if not math.isfinite(bounds["sensitivity"]):
             raise ValueError(f"HF noise bound is infinite (rho = {bounds['rho']:.4g} over {rec.n_steps} steps): step size too large for M")
-        sigma = gaussian_sigma(bounds["gamma"], self.epsilon, self.delta)
+        sigma = gaussian_sigma(bounds["sensitivity"], self.epsilon, self.delta)
         internal = self.clean_parameters()
         update = rec.A[rows].to(internal.dtype).sum(0)  # a^{-U} = sum_u a^{-u} (Theorem 1)
         internal = internal + update  # Alg. 1 line 13

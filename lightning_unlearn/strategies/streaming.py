@@ -159,12 +159,12 @@ class StreamingStrategy(UnlearningStrategy):
         g = g_ret + g_fg
         if not bool(torch.isfinite(g).all()):
             raise ValueError(f"{self.method}: the round's gradient is not finite; check the forget data and the recorded statistics")
-        gamma = self.fixed_step if self.fixed_step is not None else safe.step_size(float(safe.flatten(rec.w0, names).norm()), self.lr_constant, max(t, self.expected_rounds))
+        step = self.fixed_step if self.fixed_step is not None else safe.step_size(float(safe.flatten(rec.w0, names).norm()), self.lr_constant, max(t, self.expected_rounds))
         flat0 = safe.flatten(rec.w0, names)
         W = self.weight_bound if self.weight_bound is not None else float(flat0.norm())
         sigma = safe.theorem2_sigma(W, self.epsilon, self.delta) if self.epsilon is not None else self.noise_std
         noise = torch.randn(flat0.shape, generator=torch.Generator().manual_seed(self.seed + t), dtype=torch.float64) * sigma
-        flat_t = safe.normalised_step(flat0, g, gamma, noise)
+        flat_t = safe.normalised_step(flat0, g, step, noise)
         w_t = safe.unflatten(flat_t, rec.w0, names)
 
         with eval_mode(self.module), torch.no_grad():
@@ -179,7 +179,7 @@ class StreamingStrategy(UnlearningStrategy):
             "n_forget_round": int(ids.numel()),
             "n_forgotten_total": n_forgotten,
             "n_retained": n_t,
-            "step_size": gamma,
+            "step_size": step,
             "grad_norm_retain": float(g_ret.norm()),
             "grad_norm_forget": float(g_fg.norm()),
             "cos_retain_forget": float(torch.nn.functional.cosine_similarity(g_ret, g_fg, dim=0)),
