@@ -216,13 +216,13 @@ class HessianRecorder(TaskDeltaRecorder):
         step = self.chunk_size or len(x)
         return [(k, x[k : k + step], y[k : k + step]) for k in range(0, len(x), step)]
 
-    def _dense_hessian(self, loss: hf.SampleLoss, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+    def _dense_hessian(self, loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
         H = torch.zeros(theta.numel(), theta.numel(), dtype=theta.dtype)
         for _, xb, yb in self._chunks(x, y):
             H += hf.batch_hessian(loss, theta, xb, yb, self.chunk_size) * (len(xb) / len(x))
         return H
 
-    def _diagonal_hessian(self, loss: hf.SampleLoss, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+    def _diagonal_hessian(self, loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
         g = torch.Generator().manual_seed(self.seed + len(self.hessians))
         Z = (torch.randint(0, 2, (self.n_probes, theta.numel()), generator=g) * 2 - 1).to(theta.dtype)
         HZ = sum(hf.hvps(loss, theta, xb, yb, Z, chunk_size=8) * (len(xb) / len(x)) for _, xb, yb in self._chunks(x, y))

@@ -73,9 +73,6 @@ class ModuleLoss:
         return self.mean(theta, x.unsqueeze(0), y.reshape(1))
 
 
-SampleLoss = ModuleLoss
-
-
 def sample_loss_fn(module: nn.Module, l2: float) -> ModuleLoss:
     """The module's per-sample loss (see :class:`ModuleLoss`)."""
     return ModuleLoss(module, l2)
@@ -87,12 +84,12 @@ def batch_mean_loss(loss: ModuleLoss, x: Tensor, y: Tensor) -> Callable[[Tensor]
 
 
 # -- batched derivatives ---------------------------------------------------------------------------
-def per_sample_grads(loss: SampleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = None) -> Tensor:
+def per_sample_grads(loss: ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = None) -> Tensor:
     """``(n, d)`` matrix of ``grad l(theta; z_i)``, one ``vmap`` over samples."""
     return vmap(grad(loss), in_dims=(None, 0, 0), chunk_size=chunk_size)(theta, x, y)
 
 
-def hvps(loss: SampleLoss, theta: Tensor, x: Tensor, y: Tensor, V: Tensor, chunk_size: int | None = None) -> Tensor:
+def hvps(loss: ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, V: Tensor, chunk_size: int | None = None) -> Tensor:
     """``V H_B`` for the rows of ``V`` (``H_B`` the mean batch Hessian of Eq. (8), symmetric).
 
     Forward-over-reverse (``jvp`` of ``grad``), ``vmap``-ed over the vectors (Appendix B.3:
@@ -102,7 +99,7 @@ def hvps(loss: SampleLoss, theta: Tensor, x: Tensor, y: Tensor, V: Tensor, chunk
     return vmap(lambda v: jvp(g, (theta,), (v,))[1], chunk_size=chunk_size)(V)
 
 
-def batch_hessian(loss: SampleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = 256) -> Tensor:
+def batch_hessian(loss: ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = 256) -> Tensor:
     """Dense ``(d, d)`` mean batch Hessian, built column-block by column-block from HVPs."""
     eye = torch.eye(theta.numel(), dtype=theta.dtype, device=theta.device)
     H = hvps(loss, theta, x, y, eye, chunk_size)
