@@ -121,6 +121,12 @@ class UnlearningStrategy(ABC):
 
     Subclasses set :attr:`method` (the registry name), :attr:`reads_data` and
     :attr:`needs_forget_data`, and implement :meth:`_compute`.
+
+    Terms: in this library "strategy" alone means an unlearning strategy (this class). Lightning's
+    ``Trainer(strategy=...)``/``trainer.strategy`` (how training is distributed, e.g. DDP) is
+    called the *Lightning strategy*, and Avalanche's ``Naive``/``EWC``/``Replay`` (how a stream
+    is learned) an *Avalanche strategy*; arguments holding an unlearning strategy next to either
+    are named ``unlearning``.
     """
 
     method: ClassVar[str]
