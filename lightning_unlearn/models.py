@@ -30,7 +30,10 @@ class AnalyticClassifier(L.LightningModule):
 
     Training is gradient-free: fit it with an :class:`AnalyticRecorder` callback, which solves
     the head in closed form after each experience. ``training_step`` only computes features and
-    hands them to the recorder, so no optimizer is configured.
+    hands them to the recorder. It steps an optimizer that changes nothing (SGD with ``lr=0`` and
+    no gradients) once per batch, so that Lightning counts training steps: ``ModelCheckpoint``
+    writes the checkpoints of an analytic fit as of any other (it skips a fit whose step count
+    never moves), and ``max_steps`` / ``every_n_train_steps`` mean batches.
     """
 
     def __init__(self, backbone: nn.Module, backbone_dim: int, num_classes: int, expansion_dim: int | None = None, seed: int = 0) -> None:
@@ -58,15 +61,18 @@ class AnalyticClassifier(L.LightningModule):
         return self.head(self.features(x))
 
     def training_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
-        return {"features": self.features(batch[0])}
+        features = self.features(batch[0])
+        if self._trainer is not None:
+            self.optimizers().step()  # type: ignore[union-attr]  # no gradient, no change: counts the step
+        return {"features": features}
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch[0], batch[1]
         acc = (self(x).argmax(-1) == y).float().mean()
         self.log("val_acc", acc, prog_bar=True, batch_size=len(y))
 
-    def configure_optimizers(self) -> None:
-        return None
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD([self.head.weight], lr=0.0)
 
 
 def mlp_backbone(in_features: int, hidden: int = 128, out_features: int = 64) -> nn.Sequential:

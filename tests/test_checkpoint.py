@@ -3,6 +3,7 @@
 import pytest
 import torch
 from helpers import analytic_model, quiet_trainer, toy_dataset
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from lightning_unlearn import ACUStrategy, AnalyticRecorder, ForgetRequest, HessianRecorder
@@ -74,3 +75,18 @@ def test_resuming_the_same_experience_does_not_count_samples_twice(tmp_path):
     quiet_trainer([rec2], max_epochs=3).fit(model2, DataLoader(data, batch_size=16), ckpt_path=tmp_path / "a.ckpt")
     assert len(rec2.catalog) == 80
     assert torch.equal(rec2.R, rec.R) and torch.equal(rec2.W, rec.W)
+
+
+def test_model_checkpoint_writes_the_checkpoints_of_an_analytic_fit(tmp_path):
+    """The analytic head takes no gradient step, yet Lightning counts one step per batch."""
+    data = toy_dataset(64)
+    model, rec = analytic_model(), AnalyticRecorder(ridge=0.5)
+    at_epoch_end = ModelCheckpoint(dirpath=tmp_path / "epochs")
+    every_step = ModelCheckpoint(dirpath=tmp_path / "steps", every_n_train_steps=1, save_top_k=-1)
+    trainer = quiet_trainer([rec, at_epoch_end, every_step], enable_checkpointing=True)
+    trainer.fit(model, DataLoader(data, batch_size=16))
+    assert trainer.global_step == 4 and len(list((tmp_path / "steps").glob("*.ckpt"))) == 4
+    restored = AnalyticRecorder(ridge=0.5)
+    restored.load_from_checkpoint(at_epoch_end.best_model_path)
+    assert len(restored.catalog) == 64 and torch.equal(restored.W, rec.W)
+    assert torch.equal(model.head.weight, rec.W.T)  # the no-op optimizer step never moved the head
