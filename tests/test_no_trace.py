@@ -1,8 +1,10 @@
 """Forgotten data is gone for good: after a forget request, no artefact the library writes holds a
-forgotten sample's input, feature row (ACU) or statistic row (HF).
+forgotten sample's input, feature row (ACU) or per-sample statistic (HF rows, stored gradients).
 
-Every run writes into its own directory: CSV logs during fit, the ledger and (HF) the memory-mapped
-store, then, after the request, a Lightning checkpoint and ``torch.save`` of the recorder's state.
+Every run (ACU, HF with an in-memory and a memory-mapped store, [CCL] with stored per-sample
+gradients, SAFE, NegGrad) writes into its own directory: CSV logs during fit, the ledger and (HF)
+the memory-mapped store, then, after the request, a Lightning checkpoint and ``torch.save`` of the
+recorder's state.
 Every file there (and every member of a zip archive, decompressed) is searched for the byte
 patterns of the forgotten rows. The inputs are float64 Gaussian draws, so a pattern of 8 random
 bytes cannot occur by accident (chance ~ file size / 2^64); positive controls check that the
@@ -18,15 +20,21 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from helpers_certified import D_IN, N_CLASSES, blobs, sgd_model, trainer
+from helpers_certified import D_IN, N_CLASSES, blobs, cl_tasks, proximal_model, sgd_model, trainer
 from lightning.pytorch.loggers import CSVLogger
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from lightning_unlearn import AnalyticClassifier, AnalyticRecorder, ForgetRequest, Ledger
-from lightning_unlearn.callbacks import SampleRecorder, StreamingRecorder, TrajectoryRecorder
+from lightning_unlearn.callbacks import HessianRecorder, SampleRecorder, StreamingRecorder, TrajectoryRecorder
 from lightning_unlearn.models import SupervisedClassifier, mlp_backbone
-from lightning_unlearn.strategies import ACUStrategy, HFStrategy, NegGradStrategy, StreamingStrategy
+from lightning_unlearn.strategies import (
+    ACUStrategy,
+    HessianCertifiedStrategy,
+    HFStrategy,
+    NegGradStrategy,
+    StreamingStrategy,
+)
 
 FORGET = [3, 10, 17, 40]
 
@@ -111,6 +119,23 @@ def run_hf(store: str) -> Callable[[Path, Path], dict[str, bytes]]:
     return run_
 
 
+def run_hessian(run: Path, control: Path) -> dict[str, bytes]:
+    tasks, forget = cl_tasks(), [101, 105, 110, 150]  # four samples of task 1 (ids 100 + row)
+    model, rec = proximal_model(), HessianRecorder(store_sample_gradients=True)
+    for k, ds in enumerate(tasks):
+        rec.experience = k
+        tr = trainer([rec], max_epochs=2, logger=CSVLogger(run, name="logs"), log_every_n_steps=1)
+        tr.fit(model, DataLoader(ds, batch_size=len(ds)))
+    x = inputs(tasks[1], [u - 100 for u in forget])
+    grads = torch.stack([rec.sample_grads[u] for u in forget])
+    torch.save({"x": x, "state": rec.state_dict()}, control / "x.pt")
+    noise = torch.Generator().manual_seed(2)
+    strategy = HessianCertifiedStrategy(model, rec, ledger=Ledger(run / "ledger.jsonl"), generator=noise)
+    strategy.forget(ForgetRequest.samples(forget))
+    save(tr, rec, run)
+    return patterns(x, "input") | patterns(grads, "stored per-sample gradient")
+
+
 def run_safe(run: Path, control: Path) -> dict[str, bytes]:
     ds = blobs(96, seed=2)
     torch.manual_seed(0)
@@ -144,7 +169,8 @@ def save(tr: L.Trainer, recorder, run: Path) -> None:
 
 
 RUNS = {
-    "acu": run_acu, "hf-memory": run_hf("memory"), "hf-mmap": run_hf("mmap"), "safe": run_safe, "neggrad": run_neggrad
+    "acu": run_acu, "hf-memory": run_hf("memory"), "hf-mmap": run_hf("mmap"), "hessian": run_hessian, "safe": run_safe,
+    "neggrad": run_neggrad,
 }
 
 

@@ -220,6 +220,8 @@ class HessianCertifiedStrategy(_ContinualCertified):
         internal = current + e
         bounds = cl.sensitivity_hessian(status, c, self.chain_gaps())
         update = self._publish(internal, bounds, c, "004 Alg. 2 / Prop. 5.1 (Lemma D.2 bound gamma^H): Newton correction + Gaussian mechanism")
-        update.statistics = {"forgotten_grad_sums": sums}
+        gone = set(ids.tolist())  # a forgotten sample's stored gradient is a per-sample statistic: erased
+        kept = {u: g for u, g in rec.sample_grads.items() if u not in gone}
+        update.statistics = {"forgotten_grad_sums": sums, "sample_grads": kept}
         update.extra.update({"n_forgotten": int(ids.numel()), "correction_norm": float(e.norm())})
         return update
