@@ -58,8 +58,9 @@ class TrajectoryRecorder(RecorderCallback):
     then :meth:`end_experience` (``UnlearningPlugin`` does it from Avalanche's ``before_update``
     hook). A checkpoint saved mid-fit (``ModelCheckpoint`` at an epoch or step end) holds the
     trajectory up to that step, consistent with the weights it saves, and registers the
-    samples seen so far; resuming from it (``ckpt_path``, with ``experience`` set) continues the
-    recursion. An exception during fit invalidates the statistics.
+    samples seen so far; resuming from it (``ckpt_path``) continues the recursion (mid-epoch only
+    with a training loader that resumes mid-epoch, see :class:`RecorderCallback`). An exception
+    during fit invalidates the statistics.
 
     Args:
         dtype: storage dtype of the vectors (float32 or float16; float64 for verification).
