@@ -110,12 +110,21 @@ def unpack_batch(batch: Any, keys: BatchKeys | None = None) -> tuple[Tensor, Ten
 
 
 def with_target(item: Any, target: Any, keys: BatchKeys | None = None) -> Any:
-    """A copy of one item or batch (tuple or dict, as in :func:`unpack_batch`) with its target replaced."""
+    """A copy of one item or batch (tuple or dict, as in :func:`unpack_batch`) with its target replaced.
+
+    The new target takes the type of the old one (a tensor's dtype), so items still collate together.
+    """
     if isinstance(item, Mapping):
-        return {**item, (keys or BatchKeys()).key(item, "target"): target}
+        key = (keys or BatchKeys()).key(item, "target")
+        return {**item, key: _like(item[key], target)}
     if isinstance(item, (list, tuple)) and len(item) >= 2:
-        return type(item)([item[0], target, *item[2:]]) if isinstance(item, list) else (item[0], target, *item[2:])
+        new = [item[0], _like(item[1], target), *item[2:]]
+        return new if isinstance(item, list) else tuple(new)
     raise ValueError(f"cannot replace the target of an item of type {type(item).__name__}: expected a tuple (x, y, ...) or a dict")
+
+
+def _like(old: Any, value: Any) -> Any:
+    return torch.as_tensor(value, dtype=old.dtype, device=old.device) if isinstance(old, Tensor) else type(old)(value)
 
 
 def trains_itself(module: nn.Module) -> bool:
@@ -135,7 +144,8 @@ def trains_itself(module: nn.Module) -> bool:
 def training_loss(module: L.LightningModule, batch: Any, batch_idx: int = 0) -> Tensor:
     """The module's own training loss on ``batch``: what its ``training_step`` returns (or its ``"loss"``).
 
-    Called outside a ``Trainer``: ``self.log`` calls are ignored.
+    The method of the module's class is called, so a strategy may wrap ``training_step`` on an
+    instance around this. Outside a ``Trainer``, ``self.log`` calls are ignored.
 
     Raises:
         ValueError: ``training_step`` returns no loss, or fails because it needs a ``Trainer``.
@@ -143,7 +153,7 @@ def training_loss(module: L.LightningModule, batch: Any, batch_idx: int = 0) -> 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"You are trying to `self.log\(\)`")
         try:
-            out = module.training_step(batch, batch_idx)
+            out = type(module).training_step(module, batch, batch_idx)
         except RuntimeError as err:
             if "not attached to a `Trainer`" not in str(err):
                 raise

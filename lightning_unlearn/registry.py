@@ -313,7 +313,7 @@ def _hyperparameters(cls: type) -> set[str]:
         names |= {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
             break
-    return names - {"seed", "ledger"}
+    return names - {"seed", "ledger", "default_lr"}
 
 
 def _family_check(family: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from helpers import N_CLASSES, N_FEATURES, quiet_trainer, toy_dataset
@@ -114,15 +116,17 @@ def test_saliency_mask_sparsity_is_global_and_exact():
         trainable_mask(mask, "both")  # type: ignore[arg-type]
 
 
-def test_mean_loss_gradient_is_the_mean_cross_entropy_gradient():
+def test_mean_loss_gradient_of_batch_means_is_the_gradient_of_the_mean_loss():
     torch.manual_seed(0)
     net = nn.Linear(3, 2).double()
     x, y = torch.randn(10, 3, dtype=F64), torch.tensor([0, 1] * 5)
-    grads = mean_loss_gradient(net, [(x[:4], y[:4]), (x[4:], y[4:])])
+    params = dict(net.named_parameters())
+    batches = [(x[:4], y[:4]), (x[4:], y[4:])]
+    grads = mean_loss_gradient(params, ((nn.functional.cross_entropy(net(bx), by), len(by)) for bx, by in batches))
     nn.functional.cross_entropy(net(x), y).backward()
     assert torch.allclose(grads["weight"], net.weight.grad, atol=1e-14) and torch.allclose(grads["bias"], net.bias.grad, atol=1e-14)
     with pytest.raises(ValueError, match="at least one sample"):
-        mean_loss_gradient(net, [])
+        mean_loss_gradient(params, [])
 
 
 # -- the strategy ----------------------------------------------------------------------------------------
@@ -182,12 +186,12 @@ def test_frozen_weights_stay_exactly_at_their_original_values():
     train = toy_dataset(160)
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(N_FEATURES, 16), nn.ReLU(), nn.Linear(16, N_CLASSES))
-    model, rec = SupervisedClassifier(net, lr=0.1), SampleRecorder()
+    model, rec = SupervisedClassifier(net, lr=0.1, momentum=0.9), SampleRecorder()  # the module's own SGD has momentum
     quiet_trainer([rec], max_epochs=3).fit(model, DataLoader(train, batch_size=32, shuffle=True))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    strategy = RBMStrategy(model, rec, train, epochs=2, lr=0.05, momentum=0.9, batch_size=32)
+    strategy = RBMStrategy(model, rec, train, epochs=2, lr=0.05, batch_size=32)
     forget = list(range(20))
-    trainable = strategy.mask(Subset(train, list(range(20, 160))))  # the mask the request will use (D_r = ids 20..159)
+    trainable = strategy.mask(Subset(train, list(range(20, 160))), copy.deepcopy(model))  # the request's mask (D_r = ids 20..159)
     result = strategy.forget(ForgetRequest.samples(forget), train)
     n_weights = sum(m.numel() for m in trainable.values())
     assert sum(int(m.sum()) for m in trainable.values()) == n_weights - n_weights // 2  # sparsity 50%, Eq. (9)

@@ -18,25 +18,30 @@ from collections.abc import Iterable, Mapping
 from typing import Literal
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 Masking = Literal["retain", "forget"]
 MASKINGS: tuple[Masking, ...] = ("retain", "forget")
 
 
-def mean_loss_gradient(module: nn.Module, batches: Iterable[tuple[Tensor, Tensor]]) -> dict[str, Tensor]:
-    """``grad_w L(w; D)`` at the module's current weights: the mean cross-entropy over all batches of ``D``.
+def mean_loss_gradient(params: Mapping[str, Tensor], batch_losses: Iterable[tuple[Tensor, int]]) -> dict[str, Tensor]:
+    """``grad_w L(w; D)``, the saliency gradient of Eqs. (6)/(9), from the mean losses of the batches of ``D``.
 
-    Returned for the trainable parameters, in float64, without changing the module's ``.grad``.
+    ``batch_losses`` yields ``(L_b, n_b)``: the mean loss of batch ``b`` (a graph leading to
+    ``params``) and its number of samples; the result is ``sum_b n_b grad L_b / sum_b n_b``,
+    the gradient of the mean loss over ``D`` (a regulariser added to every ``L_b`` is added once).
+    Returned for ``params`` by name, in float64, without touching their ``.grad``.
+
+    Raises:
+        ValueError: ``D`` has no samples.
     """
-    params = {n: p for n, p in module.named_parameters() if p.requires_grad}
     total = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in params.items()}
     count = 0
-    for x, y in batches:
-        loss = nn.functional.cross_entropy(module(x), torch.as_tensor(y).long(), reduction="sum")
-        for n, g in zip(params, torch.autograd.grad(loss, list(params.values()))):
-            total[n] += g.double()
-        count += len(x)
+    for loss, n in batch_losses:
+        for name, g in zip(params, torch.autograd.grad(loss * n, list(params.values()), allow_unused=True)):
+            if g is not None:
+                total[name] += g.double()
+        count += n
     if count == 0:
         raise ValueError("the saliency gradient needs at least one sample")
     return {n: g / count for n, g in total.items()}

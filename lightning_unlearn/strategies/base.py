@@ -87,14 +87,18 @@ def swap_weights(module: nn.Module, weights: Mapping[str, Tensor]) -> Undo:
         if tuple(new.shape) != tuple(targets[k].shape):
             raise ValueError(f"update for {k!r} has shape {tuple(new.shape)}, the module's is {tuple(targets[k].shape)}")
     old = {k: targets[k].data for k in weights}
-    for k, new in weights.items():
-        t = targets[k]
-        t.data = new.detach().to(device=t.device, dtype=t.dtype)
 
     def undo() -> None:
         for k, data in old.items():
             targets[k].data = data
 
+    try:
+        for k, new in weights.items():
+            t = targets[k]
+            t.data = new.detach().to(device=t.device, dtype=t.dtype)
+    except BaseException:
+        undo()  # a failure part-way leaves every tensor as it was
+        raise
     return undo
 
 

@@ -1,84 +1,136 @@
 """Baseline unlearning strategies: retraining from scratch, fine-tuning, NegGrad, NegGrad+, random labels.
 
-These are the methods users compare against (ACU paper, Section 4.1 and App. E.3). Except for
+These are the methods users compare against ([ACU] Section 4.1 and App. E.3). Except for
 :class:`RetrainStrategy` (the gold standard, exact by construction) they are uncertified
-heuristics: their :class:`Certificate` has ``exact=False`` and no ``epsilon``. Each trains with
-a short Lightning ``Trainer.fit`` on an objective built around the module (the module's own
-``training_step`` is not used), with plain SGD. Defaults are the App. E.3 settings:
+heuristics: their :class:`Certificate` has ``exact=False`` and no ``epsilon``.
 
-============ ======= ====== ==========================================================
-method       epochs  lr     data and loss
-============ ======= ====== ==========================================================
-finetune     10      1e-2   retained set, cross-entropy
-neggrad      5       1e-3   forget set, minus cross-entropy (gradient ascent)
-neggrad_plus 10      1e-3   both: ``0.95 CE_retain - 0.05 CE_forget`` (Kurmanji et al.)
-randomlabel  10      1e-3   retained set + forget set with random wrong labels, CE
-============ ======= ====== ==========================================================
+**How they train** (the contract of :mod:`lightning_unlearn.contract`). Each request trains a
+copy of the module in one short, seeded Lightning fit and then swaps the copy's parameters *and
+buffers* (batch-norm statistics included) into the module. The objective is written with the
+module's loss on one batch, ``L(batch)``:
 
-E.3 names only epochs and learning rate; momentum defaults to 0 and the batch size to 256
-(the batch size of App. E.1). Strategies that need the retained data take the training data in
-their constructor and say so; the retained set is every learned, not yet forgotten sample
-(the recorder's catalog) minus the request.
+* a module that trains itself (:func:`~lightning_unlearn.contract.trains_itself`: a
+  ``LightningModule`` with automatic optimization and its own ``configure_optimizers``) is
+  trained with its own ``training_step`` (``L`` is its training loss, label smoothing,
+  regularisers and all) and its own optimizer and schedulers; ``lr``, if given, replaces the
+  learning rate of every parameter group (refused when the module configures a scheduler);
+* any other module (a plain ``nn.Module``, or manual optimization as in
+  :class:`~lightning_unlearn.models.AnalyticClassifier`) is trained on
+  ``L = mean loss_fn(module(x), y)`` (default: cross-entropy) by SGD with ``lr`` and ``momentum``.
+
+Batches are the training data's own items (tuples or dicts); the samples to forget are read from
+``data`` in its own format, relabelled with :func:`~lightning_unlearn.contract.with_target`.
+A batch of a single sample is run with the module's batch-norm layers in eval mode (running
+statistics): train-mode batch norm cannot normalise one sample [interp].
+
+============ ====== ============ =========================================================
+method       epochs lr (plain)   objective per step
+============ ====== ============ =========================================================
+finetune     10     0.1          ``L(retained batch)``
+neggrad      5      0.1          ``-L(forget batch)`` (gradient ascent)
+neggrad_plus 10     0.1          ``0.95 L(retained) - 0.05 L(forget)`` (Kurmanji et al.)
+randomlabel  10     0.1          ``L(batch)`` over retained + forget samples with random wrong labels
+============ ====== ============ =========================================================
+
+App. E.3 names 10/5/10/10 epochs at lr 1e-2 (fine-tune) and 1e-3 (the others) for SGD on
+networks trained from scratch; at those rates none of the four moved a forgotten class of the
+harness's models below 99% accuracy, so the plain-module default is 0.1 [interp] (measured in
+``tests/test_own_model.py``'s docstring and the README). A module with its own optimizer keeps
+its own learning rate unless ``lr`` is given. The batch size defaults to 256 (App. E.1).
+Strategies that need the retained data take the training data in their constructor; the retained
+set is every learned, not yet forgotten sample (the recorder's catalog) minus the request.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import CombinedLoader
 from torch import Tensor, nn
-from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset, TensorDataset
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset, default_collate
 
 from lightning_unlearn.callbacks.base import RecorderCallback
+from lightning_unlearn.contract import BatchKeys, LossFn, resolve_loss_fn, trains_itself, training_loss, unpack_batch, with_target
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
-from lightning_unlearn.data import unpack_batch
+from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, UnlearningUpdate
 
 Batch = Any
-LossFn = Callable[[nn.Module, Batch], Tensor]
-_QUIET = {"logger": False, "enable_checkpointing": False, "enable_model_summary": False, "enable_progress_bar": False}
+#: the module's loss on one batch (with its index), ``L(batch)`` of the module docstring
+BatchLoss = Callable[[Batch, int], Tensor]
+_QUIET = {"logger": False, "enable_checkpointing": False, "enable_model_summary": False, "enable_progress_bar": False,
+          "num_sanity_val_steps": 0, "limit_val_batches": 0}
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
-class _XY(Dataset):
-    """Items ``(x, y)`` of a dataset yielding ``(x, y, id, ...)`` (so datasets of any arity concatenate)."""
+@contextmanager
+def norms_in_eval(module: nn.Module, enabled: bool = True) -> Iterator[None]:
+    """Run the block with the module's batch-norm layers that are in train mode switched to eval mode."""
+    layers = [m for m in module.modules() if isinstance(m, _BATCH_NORMS) and m.training] if enabled else []
+    for m in layers:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.train()
 
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset = dataset
 
-    def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
-
-    def __getitem__(self, i: int) -> tuple[Any, Any]:
-        item = self.dataset[i]
-        return item[0], item[1]
+def rows(batch: Batch, keys: BatchKeys | None) -> int:
+    """Number of samples in a batch (tuple or dict)."""
+    return len(unpack_batch(batch, keys)[1])
 
 
 class _Objective(L.LightningModule):
-    """Trains ``model`` in place on ``loss(model, batch)`` with SGD; used by every trained baseline."""
+    """Trains a module that has no training recipe of its own on ``objective`` with SGD."""
 
-    def __init__(self, model: nn.Module, loss: LossFn, lr: float, momentum: float) -> None:
+    def __init__(self, model: nn.Module, objective: BatchLoss, lr: float, momentum: float) -> None:
         super().__init__()
         self.model = model
-        self._loss, self._lr, self._momentum = loss, lr, momentum
+        self._objective, self._lr, self._momentum = objective, lr, momentum
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
-        loss = self._loss(self.model, batch)
-        if not torch.isfinite(loss):
-            raise ValueError(f"unlearning loss became {float(loss)}; lower the learning rate or the number of epochs")
-        return loss
+        return self._objective(batch, batch_idx)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         return torch.optim.SGD(params, lr=self._lr, momentum=self._momentum)
 
 
-def _ce(model: nn.Module, xy: Batch) -> Tensor:
-    return nn.functional.cross_entropy(model(xy[0]).float(), torch.as_tensor(xy[1]).long())
+class _LearningRate(L.Callback):
+    """Sets the learning rate of every parameter group of the module's own optimizers at fit start."""
+
+    def __init__(self, lr: float) -> None:
+        self.lr = lr
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.lr_scheduler_configs:
+            raise ValueError(
+                f"lr={self.lr} would replace the learning rate of {type(pl_module).__name__}'s optimizer, but it also "
+                "configures a scheduler: pass lr=None to unlearn with the module's own optimizer and schedule"
+            )
+        for optimizer in trainer.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = self.lr
+
+
+class _Relabelled(Dataset):
+    """Items of ``dataset`` (tuples or dicts) with their targets replaced by ``labels``, row by row."""
+
+    def __init__(self, dataset: Dataset, labels: Tensor, keys: BatchKeys | None) -> None:
+        self.dataset, self.labels, self.keys = dataset, labels, keys
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> Any:
+        return with_target(self.dataset[i], int(self.labels[i]), self.keys)
 
 
 def trained_weights(work: nn.Module) -> dict[str, Tensor]:
@@ -86,17 +138,21 @@ def trained_weights(work: nn.Module) -> dict[str, Tensor]:
     return {**dict(work.named_parameters()), **dict(work.named_buffers())}
 
 
-def id_rows(data: Dataset) -> dict[int, int]:
-    """Row of every sample id in a dataset yielding ``(x, y, id, ...)`` (read from ``.ids`` if it has them)."""
+def id_rows(data: Dataset, keys: BatchKeys | None = None) -> dict[int, int]:
+    """Row of every sample id in a dataset of tuples or dicts with sample ids (read from ``.ids`` if it has them)."""
     ids = getattr(data, "ids", None)
     if isinstance(ids, Tensor):
         return {int(i): r for r, i in enumerate(ids.tolist())}
-    all_ids = [unpack_batch(b)[2] for b in DataLoader(data, batch_size=512)]
+    all_ids = [unpack_batch(b, keys)[2] for b in DataLoader(data, batch_size=512)]
     return {int(i): r for r, i in enumerate(torch.cat(all_ids).tolist())} if all_ids else {}
 
 
+def _item_format(item: Any) -> Any:
+    return tuple(sorted(item)) if isinstance(item, Mapping) else len(item)
+
+
 class _Trained(UnlearningStrategy):
-    """Shared machinery: hyperparameters, the retained set, and one seeded Lightning fit per request."""
+    """Shared machinery: hyperparameters, the retained and forget sets, the objective and one seeded fit per request."""
 
     def __init__(
         self,
@@ -105,23 +161,36 @@ class _Trained(UnlearningStrategy):
         train: Dataset | None,
         *,
         epochs: int,
-        lr: float,
+        default_lr: float,
+        lr: float | None = None,
         momentum: float = 0.0,
         batch_size: int = 256,
+        loss_fn: LossFn | None = None,
         seed: int = 0,
         trainer_kwargs: Mapping[str, Any] | None = None,
         ledger: Ledger | None = None,
     ) -> None:
         super().__init__(module, recorder, ledger)
+        name = type(self).__name__
         if epochs < 1 or batch_size < 1:
-            raise ValueError(f"{type(self).__name__} needs epochs >= 1 and batch_size >= 1, got {epochs} and {batch_size}")
-        if not lr > 0 or momentum < 0:
-            raise ValueError(f"{type(self).__name__} needs lr > 0 and momentum >= 0, got lr={lr}, momentum={momentum}")
+            raise ValueError(f"{name} needs epochs >= 1 and batch_size >= 1, got {epochs} and {batch_size}")
+        if (lr is not None and not lr > 0) or momentum < 0:
+            raise ValueError(f"{name} needs lr > 0 and momentum >= 0, got lr={lr}, momentum={momentum}")
+        self.trains_itself = trains_itself(module)
+        if self.trains_itself and (momentum or loss_fn is not None):
+            raise ValueError(
+                f"{type(module).__name__} trains with its own training_step and configure_optimizers: momentum and loss_fn "
+                "apply only to modules without them (set them in the module)"
+            )
+        self.loss_fn = resolve_loss_fn(module, loss_fn)
         self.train_data = train
-        self.epochs, self.lr, self.momentum, self.batch_size, self.seed = int(epochs), float(lr), float(momentum), int(batch_size), int(seed)
+        #: ``None``: the module's own optimizer's learning rate
+        self.lr = lr if lr is not None or self.trains_itself else default_lr
+        self.epochs, self.momentum, self.batch_size, self.seed = int(epochs), float(momentum), int(batch_size), int(seed)
         self.trainer_kwargs = dict(trainer_kwargs or {})
-        self._rows = id_rows(train) if train is not None else {}
+        self._rows = id_rows(train, recorder.batch_keys) if train is not None else {}
 
+    # -- data ------------------------------------------------------------------------------------
     def retained(self, forget_ids: Tensor) -> Dataset:
         """The learned, not yet forgotten samples outside ``forget_ids``, from the training data."""
         active = self.catalog.active_ids()
@@ -133,31 +202,67 @@ class _Trained(UnlearningStrategy):
             raise ValueError(f"{self.method}: the training data lacks {len(missing)} retained sample ids, e.g. {missing[:10]}")
         return Subset(self.train_data, [self._rows[i] for i in keep])  # type: ignore[arg-type]
 
-    def forget_set(self, ids: Tensor, data: ForgetData) -> TensorDataset:
-        """``(x, y)`` of the samples to forget, checked against what was learned."""
-        return TensorDataset(*self.forget_samples(ids, data))
+    def forget_set(self, ids: Tensor, data: ForgetData) -> tuple[Dataset, Tensor]:
+        """The samples to forget as items of ``data`` (in its format), checked against what was learned, and their labels."""
+        _, labels = self.forget_samples(ids, data)
+        dataset = data.dataset if isinstance(data, DataLoader) else data
+        where = id_rows(dataset, self.recorder.batch_keys)  # type: ignore[arg-type]
+        return Subset(dataset, [where[i] for i in ids.tolist()]), labels  # type: ignore[arg-type]
 
-    def relabelled(self, forget: TensorDataset) -> TensorDataset:
+    def relabelled(self, forget: Dataset, labels: Tensor) -> Dataset:
         """The samples to forget, each with a uniformly drawn *wrong* label ``y' != y`` (seeded per request)."""
-        x, y = forget.tensors
-        with torch.no_grad():
-            n_classes = int(self.module(x[:1]).shape[-1])
+        x = unpack_batch(default_collate([forget[0]]), self.recorder.batch_keys)[0]
+        with torch.no_grad(), eval_mode(self.module):
+            n_classes = int(self.module(x).shape[-1])
         if n_classes < 2:
             raise ValueError(f"{self.method} needs at least 2 classes to draw a wrong label")
         g = torch.Generator().manual_seed(self.seed + len(self.history))
-        return TensorDataset(x, (y + torch.randint(1, n_classes, y.shape, generator=g)) % n_classes)
+        return _Relabelled(forget, (labels + torch.randint(1, n_classes, labels.shape, generator=g)) % n_classes, self.recorder.batch_keys)
 
     def loader(self, dataset: Dataset, salt: int = 0) -> DataLoader:
         generator = torch.Generator().manual_seed(self.seed + len(self.history) + salt)
         return DataLoader(dataset, batch_size=self.batch_size, shuffle=True, generator=generator)
 
-    def fit(self, model: nn.Module, loss: LossFn, loaders: Any, callbacks: Sequence[L.Callback] = ()) -> None:
-        """Train ``model`` in place for ``epochs`` epochs on ``loss`` (global RNG state left untouched)."""
-        extra = [*self.trainer_kwargs.get("callbacks", []), *callbacks]
-        trainer = L.Trainer(**{**_QUIET, "max_epochs": self.epochs, **self.trainer_kwargs, "callbacks": extra})
+    # -- training --------------------------------------------------------------------------------
+    def batch_loss(self, model: nn.Module) -> BatchLoss:
+        """``L(batch)``: the model's own training loss, or mean ``loss_fn``; a one-sample batch with batch norm in eval mode."""
+        keys = self.recorder.batch_keys
+
+        def loss(batch: Batch, batch_idx: int) -> Tensor:
+            x, y, _ = unpack_batch(batch, keys)
+            with norms_in_eval(model, len(y) == 1):
+                if self.trains_itself:
+                    return training_loss(model, batch, batch_idx)  # type: ignore[arg-type]
+                return self.loss_fn(model(x), y).mean()
+
+        return loss
+
+    def objective(self, loss: Callable[[Batch], Tensor], batch: Batch) -> Tensor:
+        """The unlearning objective of one step, from the module's loss ``loss(batch)``."""
+        return loss(batch)
+
+    def fit(self, work: nn.Module, loaders: Any, callbacks: Sequence[L.Callback] = ()) -> None:
+        """Train ``work`` (a copy of the module) in place for ``epochs`` epochs on :meth:`objective` (global RNG untouched)."""
+        batch_loss = self.batch_loss(work)
+
+        def step(batch: Batch, batch_idx: int) -> Tensor:
+            value = self.objective(lambda b: batch_loss(b, batch_idx), batch)
+            if not torch.isfinite(value):
+                raise ValueError(f"unlearning loss became {float(value)}; lower the learning rate or the number of epochs")
+            return value
+
+        extra: list[L.Callback] = []
+        if self.trains_itself:
+            work.training_step = step  # this copy trains on the objective, through its own loss and optimizer
+            model: L.LightningModule = work  # type: ignore[assignment]
+            extra = [_LearningRate(self.lr)] if self.lr is not None else []
+        else:
+            model = _Objective(work, step, self.lr, self.momentum)  # type: ignore[arg-type]
+        every = [*self.trainer_kwargs.get("callbacks", []), *extra, *callbacks]
+        trainer = L.Trainer(**{**_QUIET, "max_epochs": self.epochs, **self.trainer_kwargs, "callbacks": every})
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
-            trainer.fit(_Objective(model, loss, self.lr, self.momentum), loaders)
+            trainer.fit(model, loaders)
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         work = copy.deepcopy(self.module)
@@ -174,28 +279,28 @@ class _Trained(UnlearningStrategy):
 
 
 class FinetuneStrategy(_Trained):
-    """Fine-tune on the retained set so that catastrophic forgetting erodes the forget set (App. E.3, [17]).
+    """Fine-tune on the retained set so that catastrophic forgetting erodes the forget set ([ACU] App. E.3).
 
-    Needs the retained data: pass the training data (yielding ``(x, y, sample_id, ...)``) as
-    ``train``. Defaults: 10 epochs, lr 1e-2 (App. E.3). Uncertified.
+    Needs the retained data: pass the training data (yielding ``(x, y, sample_id, ...)`` or dicts)
+    as ``train``. Defaults: 10 epochs; plain modules lr 0.1 (see the module docstring). Uncertified.
     """
 
     method = "finetune"
 
-    def __init__(self, module: nn.Module, recorder: RecorderCallback, train: Dataset, *, epochs: int = 10, lr: float = 1e-2, **kwargs: Any) -> None:
-        super().__init__(module, recorder, train, epochs=epochs, lr=lr, **kwargs)
+    def __init__(self, module: nn.Module, recorder: RecorderCallback, train: Dataset, *, epochs: int = 10, **kwargs: Any) -> None:
+        super().__init__(module, recorder, train, epochs=epochs, default_lr=0.1, **kwargs)
 
     def _train(self, work: nn.Module, ids: Tensor, data: ForgetData) -> dict[str, Any]:
         retained = self.retained(ids)
-        self.fit(work, _ce, self.loader(_XY(retained)))
+        self.fit(work, self.loader(retained))
         return {"n_retained": len(retained)}
 
 
 class NegGradStrategy(_Trained):
-    """Gradient ascent on the forget set: minimise ``-CE`` on the samples to forget (App. E.3, [23]).
+    """Gradient ascent on the forget set: minimise ``-L`` on the samples to forget ([ACU] App. E.3).
 
     Needs only the samples to forget (``data`` of :meth:`forget`), never the retained data.
-    Defaults: 5 epochs, lr 1e-3 (App. E.3). Uncertified; the loss is unbounded below, so many
+    Defaults: 5 epochs; plain modules lr 0.1. Uncertified; the loss is unbounded below, so many
     epochs or a large lr destroy the model (the run stops with ``ValueError`` if it diverges).
     """
 
@@ -203,63 +308,72 @@ class NegGradStrategy(_Trained):
     reads_data = True
     needs_forget_data = True
 
-    def __init__(self, module: nn.Module, recorder: RecorderCallback, *, epochs: int = 5, lr: float = 1e-3, **kwargs: Any) -> None:
-        super().__init__(module, recorder, None, epochs=epochs, lr=lr, **kwargs)
+    def __init__(self, module: nn.Module, recorder: RecorderCallback, *, epochs: int = 5, **kwargs: Any) -> None:
+        super().__init__(module, recorder, None, epochs=epochs, default_lr=0.1, **kwargs)
+
+    def objective(self, loss: Callable[[Batch], Tensor], batch: Batch) -> Tensor:
+        return -loss(batch)
 
     def _train(self, work: nn.Module, ids: Tensor, data: ForgetData) -> dict[str, Any]:
-        self.fit(work, lambda model, xy: -_ce(model, xy), self.loader(self.forget_set(ids, data)))
+        forget, _ = self.forget_set(ids, data)
+        self.fit(work, self.loader(forget))
         return {}
 
 
 class NegGradPlusStrategy(_Trained):
-    """NegGrad+ (Kurmanji et al., SCRUB paper): ``alpha CE_retain - (1 - alpha) CE_forget``.
+    """NegGrad+ ([SCRUB]): ``alpha L_retain - (1 - alpha) L_forget``.
 
     Each step takes one retained and one forget mini-batch (the forget loader cycles; an epoch
     is one pass over the retained set). Needs the retained data (``train``) and the samples to
-    forget (``data``). Defaults: 10 epochs, lr 1e-3, ``alpha = 0.95`` (App. E.3). Uncertified.
+    forget (``data``). Defaults: 10 epochs, ``alpha = 0.95`` (App. E.3); plain modules lr 0.1.
+    Uncertified.
     """
 
     method = "neggrad_plus"
     reads_data = True
     needs_forget_data = True
 
-    def __init__(
-        self, module: nn.Module, recorder: RecorderCallback, train: Dataset, *, epochs: int = 10, lr: float = 1e-3, alpha: float = 0.95, **kwargs: Any
-    ) -> None:
-        super().__init__(module, recorder, train, epochs=epochs, lr=lr, **kwargs)
+    def __init__(self, module: nn.Module, recorder: RecorderCallback, train: Dataset, *, epochs: int = 10, alpha: float = 0.95,
+                 **kwargs: Any) -> None:
+        super().__init__(module, recorder, train, epochs=epochs, default_lr=0.1, **kwargs)
         if not 0 <= alpha <= 1:
             raise ValueError(f"NegGrad+ weighting factor alpha must lie in [0, 1], got {alpha}")
         self.alpha = float(alpha)
 
-    def _loss(self, model: nn.Module, batch: dict[str, Batch]) -> Tensor:
-        return self.alpha * _ce(model, batch["retain"]) - (1 - self.alpha) * _ce(model, batch["forget"])
+    def objective(self, loss: Callable[[Batch], Tensor], batch: Batch) -> Tensor:
+        return self.alpha * loss(batch["retain"]) - (1 - self.alpha) * loss(batch["forget"])
 
     def _train(self, work: nn.Module, ids: Tensor, data: ForgetData) -> dict[str, Any]:
-        retained, forget = self.retained(ids), self.forget_set(ids, data)
-        loaders = CombinedLoader({"retain": self.loader(_XY(retained)), "forget": self.loader(forget, salt=1)}, mode="max_size_cycle")
-        self.fit(work, self._loss, loaders)
+        retained, (forget, _) = self.retained(ids), self.forget_set(ids, data)
+        loaders = CombinedLoader({"retain": self.loader(retained), "forget": self.loader(forget, salt=1)}, mode="max_size_cycle")
+        self.fit(work, loaders)
         return {"n_retained": len(retained), "alpha": self.alpha}
 
 
 class RandomLabelStrategy(_Trained):
-    """Train on the retained set plus the forget set relabelled at random (App. E.3, [56]).
+    """Train on the retained set plus the forget set relabelled at random ([ACU] App. E.3).
 
     Every sample to forget gets a uniformly drawn *wrong* label (seeded), and the module is
-    trained with cross-entropy on retained and relabelled samples together. Needs the retained
-    data (``train``) and the samples to forget (``data``). Defaults: 10 epochs, lr 1e-3
-    (App. E.3). Uncertified.
+    trained on retained and relabelled samples together, shuffled into the same batches (so the
+    training data and ``data`` must yield items of one format). Needs the retained data
+    (``train``) and the samples to forget (``data``). Defaults: 10 epochs; plain modules lr 0.1.
+    Uncertified.
     """
 
     method = "randomlabel"
     reads_data = True
     needs_forget_data = True
 
-    def __init__(self, module: nn.Module, recorder: RecorderCallback, train: Dataset, *, epochs: int = 10, lr: float = 1e-3, **kwargs: Any) -> None:
-        super().__init__(module, recorder, train, epochs=epochs, lr=lr, **kwargs)
+    def __init__(self, module: nn.Module, recorder: RecorderCallback, train: Dataset, *, epochs: int = 10, **kwargs: Any) -> None:
+        super().__init__(module, recorder, train, epochs=epochs, default_lr=0.1, **kwargs)
 
     def _train(self, work: nn.Module, ids: Tensor, data: ForgetData) -> dict[str, Any]:
-        forget, retained = self.forget_set(ids, data), self.retained(ids)
-        self.fit(work, _ce, self.loader(ConcatDataset([_XY(retained), self.relabelled(forget)])))
+        (forget, labels), retained = self.forget_set(ids, data), self.retained(ids)
+        formats = _item_format(retained[0]), _item_format(forget[0])
+        if formats[0] != formats[1]:
+            raise ValueError(f"{self.method} batches retained and forget samples together: the training data and data must yield "
+                             f"items of one format, got {formats[0]} and {formats[1]}")
+        self.fit(work, self.loader(ConcatDataset([retained, self.relabelled(forget, labels)])))
         return {"n_retained": len(retained)}
 
 
@@ -276,7 +390,13 @@ class RetrainStrategy(UnlearningStrategy):
     analytic head: for ACU this is the ridge solution on the retained set (eq. 8).
 
     This strategy's own ``recorder`` only tracks which samples are learned and forgotten (use a
-    :class:`SampleRecorder`). Exact by construction, and the slowest method by far.
+    :class:`SampleRecorder`). The module is a ``LightningModule`` retrained with its own
+    ``training_step`` and optimizer; a batch of a single sample runs with batch norm in eval mode
+    (see the module docstring). Exact by construction, and the slowest method by far.
+
+    Raises:
+        TypeError: ``module`` is not a ``LightningModule`` (it has no recipe to replay).
+        ValueError: ``initial_state`` does not name the module's tensors.
     """
 
     method = "retrain"
@@ -295,6 +415,8 @@ class RetrainStrategy(UnlearningStrategy):
         ledger: Ledger | None = None,
     ) -> None:
         super().__init__(module, recorder, ledger)
+        if not isinstance(module, L.LightningModule):
+            raise TypeError(f"retrain replays the module's own training: it needs a LightningModule, got {type(module).__name__}")
         expected = set(module.state_dict())
         if set(initial_state) != expected:
             raise ValueError(f"initial_state keys differ from the module's: {sorted(set(initial_state) ^ expected)[:5]}")
@@ -303,7 +425,7 @@ class RetrainStrategy(UnlearningStrategy):
         self.fit_callbacks = fit_callbacks
         self.trainer_kwargs = {"max_epochs": 1, **(trainer_kwargs or {})}
         self.batch_size, self.seed = int(batch_size), int(seed)
-        self._rows = id_rows(train)
+        self._rows = id_rows(train, recorder.batch_keys)
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         active = self.catalog.active_ids()
@@ -313,6 +435,8 @@ class RetrainStrategy(UnlearningStrategy):
             raise ValueError(f"retrain: the training data lacks {len(missing)} retained sample ids, e.g. {missing[:10]}")
         work = copy.deepcopy(self.module)
         work.load_state_dict(self.initial_state)
+        if trains_itself(work):
+            work.training_step = self._one_sample_safe(work)
         callbacks = list(self.fit_callbacks())
         experiences = self.catalog.experiences_of(keep)
         for e in experiences.unique().tolist():
@@ -328,3 +452,12 @@ class RetrainStrategy(UnlearningStrategy):
                 L.Trainer(**{**_QUIET, **self.trainer_kwargs, "callbacks": callbacks}).fit(work, loader)
         certificate = Certificate(method=self.method, exact=True, statement="retrained from scratch on the retained data")
         return UnlearningUpdate(certificate, weights=trained_weights(work), extra={"n_forgotten": int(ids.numel()), "n_retained": int(keep.numel())})
+
+    def _one_sample_safe(self, work: L.LightningModule) -> Callable[[Batch, int], Any]:
+        """The module's own ``training_step``, run with batch norm in eval mode on a batch of one sample."""
+
+        def step(batch: Batch, batch_idx: int) -> Any:
+            with norms_in_eval(work, rows(batch, self.recorder.batch_keys) == 1):
+                return type(work).training_step(work, batch, batch_idx)
+
+        return step

@@ -1,21 +1,23 @@
 """Masked fine-tuning unlearning: retention-based masking (RBM) and forget-based masking (SalUn).
 
-Paper 003 (Ding et al., *Understanding Fine-tuning in Approximate Unlearning: A Theoretical
-Perspective*), Section 5. One request runs:
+[RBM] Section 5 ([SalUn] for forget-based masking). One request runs:
 
 1. the saliency gradient ``grad_w L(w; D)`` at the current weights ``w_o`` on the retained set
    (RBM, Eq. (9)) or on the samples to forget (SalUn, Eq. (6)), and its mask at the chosen
    sparsity (the paper uses 50%);
-2. a short Lightning fit of Eq. (8): cross-entropy on the samples to forget with random wrong
-   labels plus ``alpha`` times cross-entropy on the retained set, one mini-batch of each per step;
+2. a short Lightning fit of Eq. (8): the loss on the samples to forget with random wrong labels
+   plus ``alpha`` times the loss on the retained set, one mini-batch of each per step;
 3. after every optimizer step, the weights outside the trainable mask are put back to ``w_o``, so
    the result is exactly Eq. (10) (RBM) or Eq. (7) (SalUn).
 
+``L`` is the module's own training loss (or ``loss_fn`` for modules without their own
+``training_step``), as for every training-based method (:mod:`lightning_unlearn.strategies.baselines`).
 The math lives in :mod:`lightning_unlearn.functional.rbm`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -36,7 +38,7 @@ from lightning_unlearn.functional.rbm import (
 )
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.strategies.base import ForgetData
-from lightning_unlearn.strategies.baselines import _XY, Batch, _ce, _Trained
+from lightning_unlearn.strategies.baselines import Batch, _Trained, rows
 
 
 class MaskProjection(L.Callback):
@@ -59,22 +61,25 @@ class MaskProjection(L.Callback):
 
 
 class RBMStrategy(_Trained):
-    """Fine-tuning restricted by a weight-saliency mask (paper 003, Eqs. (6)-(10)).
+    """Fine-tuning restricted by a weight-saliency mask ([RBM] Eqs. (6)-(10)).
 
     ``masking="retain"`` is RBM: weights salient for the *retained* data (``|grad L(w; D_r)|``
     among the largest ``1 - sparsity`` fraction, Eq. (9)) stay at ``w_o``, the rest are trained
     (Eq. (10)); Theorem 4.1 shows that keeping the features shared by retained and forgotten
-    data preserves the remaining loss. ``masking="forget"`` is SalUn (Fan et al.): weights salient
+    data preserves the remaining loss. ``masking="forget"`` is SalUn ([SalUn]): weights salient
     for the *forget* set are trained and the rest stay (Eqs. (6)-(7)).
 
-    Both train Eq. (8): ``CE(D_f, random wrong labels) + alpha CE(D_r)``, each step one forget and
+    Both train Eq. (8): ``L(D_f, random wrong labels) + alpha L(D_r)``, each step one forget and
     one retained mini-batch (the forget loader cycles; an epoch is one pass over the retained
-    set). Needs the retained data (``train``, yielding ``(x, y, sample_id, ...)``) and the
-    samples to forget (``data`` of :meth:`forget`). Defaults follow Section 5.2: 10 epochs of SGD,
-    sparsity 50%, lr 0.02 for RBM and 0.013 for SalUn; ``alpha = 1`` [interp] (the paper does not
-    state it). Configure the Lightning ``Trainer`` with ``trainer_kwargs`` (devices, precision,
-    callbacks, ...). The saliency gradient is taken with the module in eval mode [interp], so
-    dropout does not make the mask random. Uncertified.
+    set). ``L`` is the module's own training loss and optimizer if it trains itself, else mean
+    ``loss_fn`` by SGD (see :mod:`lightning_unlearn.strategies.baselines`). Needs the retained
+    data (``train``, yielding ``(x, y, sample_id, ...)`` or dicts) and the samples to forget
+    (``data`` of :meth:`forget`). Defaults follow Section 5.2: 10 epochs, sparsity 50%, and for
+    plain modules SGD at lr 0.02 (RBM) or 0.013 (SalUn); ``alpha = 1`` [interp] (the paper does not
+    state it). Masks cover parameters only: buffers (batch-norm statistics) follow the fit.
+    Configure the Lightning ``Trainer`` with ``trainer_kwargs`` (devices, precision, callbacks,
+    ...). The saliency gradient is taken with the module in eval mode [interp], so dropout does
+    not make the mask random. Uncertified.
 
     Args:
         module: the model to unlearn, changed in place.
@@ -84,7 +89,13 @@ class RBMStrategy(_Trained):
         sparsity: fraction of all trainable weights that is *not* salient (the paper's 50%).
         threshold: the hard threshold ``gamma`` of Eqs. (6)/(9); if given, it replaces ``sparsity``.
         alpha: weight of the retained loss in Eq. (8).
-        epochs, lr: fine-tuning length and SGD step; ``lr=None`` takes the paper's per-masking value.
+        epochs, lr: fine-tuning length and step; ``lr=None`` keeps the module's own optimizer's
+            rate, or takes the paper's per-masking SGD rate for plain modules.
+        kwargs: ``momentum``, ``batch_size``, ``loss_fn``, ``seed``, ``trainer_kwargs``, ``ledger``
+            (see :mod:`lightning_unlearn.strategies.baselines`).
+
+    Raises:
+        ValueError: an unknown masking, a saliency level out of range, or ``alpha < 0``.
     """
 
     reads_data = True
@@ -102,7 +113,6 @@ class RBMStrategy(_Trained):
         threshold: float | None = None,
         alpha: float = 1.0,
         epochs: int = 10,
-        lr: float | None = None,
         **kwargs: Any,
     ) -> None:
         if masking not in MASKINGS:
@@ -110,30 +120,33 @@ class RBMStrategy(_Trained):
         check_saliency_level(threshold=threshold, sparsity=sparsity)
         if not alpha >= 0:
             raise ValueError(f"the retained-loss weight alpha must be >= 0, got {alpha}")
-        super().__init__(module, recorder, train, epochs=epochs, lr=self.LEARNING_RATES[masking] if lr is None else lr, **kwargs)
+        super().__init__(module, recorder, train, epochs=epochs, default_lr=self.LEARNING_RATES[masking], **kwargs)
         self.masking, self.sparsity, self.threshold, self.alpha = masking, float(sparsity), threshold, float(alpha)
 
     @property
     def method(self) -> str:  # type: ignore[override]
         return "rbm" if self.masking == "retain" else "salun"
 
-    def _loss(self, model: nn.Module, batch: dict[str, Batch]) -> Tensor:
+    def objective(self, loss: Callable[[Batch], Tensor], batch: Batch) -> Tensor:
         """Eq. (8)."""
-        return _ce(model, batch["forget"]) + self.alpha * _ce(model, batch["retain"])
+        return loss(batch["forget"]) + self.alpha * loss(batch["retain"])
 
-    def mask(self, saliency_data: Dataset) -> dict[str, Tensor]:
-        """The trainable mask ``1 - m_r`` (RBM) or ``m_f`` (SalUn) from the saliency gradient on ``saliency_data``."""
-        with eval_mode(self.module):
-            batches = ((b[0], b[1]) for b in DataLoader(saliency_data, batch_size=self.batch_size))
-            gradients = mean_loss_gradient(self.module, batches)
+    def mask(self, saliency_data: Dataset, model: nn.Module) -> dict[str, Tensor]:
+        """The trainable mask ``1 - m_r`` (RBM) or ``m_f`` (SalUn) of ``model`` (a copy of the module, not attached to a
+        Trainer) from the saliency gradient of its loss on ``saliency_data``."""
+        loss, keys = self.batch_loss(model), self.recorder.batch_keys
+        params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        with eval_mode(model):
+            batches = enumerate(DataLoader(saliency_data, batch_size=self.batch_size))
+            gradients = mean_loss_gradient(params, ((loss(b, i), rows(b, keys)) for i, b in batches))
         level = {"sparsity": self.sparsity} if self.threshold is None else {"threshold": self.threshold}
         return trainable_mask(saliency_mask(gradients, **level), self.masking)
 
     def _train(self, work: nn.Module, ids: Tensor, data: ForgetData) -> dict[str, Any]:
-        retained, forget = _XY(self.retained(ids)), self.forget_set(ids, data)
-        trainable = self.mask(retained if self.masking == "retain" else forget)
-        loaders = CombinedLoader({"retain": self.loader(retained), "forget": self.loader(self.relabelled(forget), salt=1)}, mode="max_size_cycle")
-        self.fit(work, self._loss, loaders, callbacks=[MaskProjection(work, trainable)])
+        retained, (forget, labels) = self.retained(ids), self.forget_set(ids, data)
+        trainable = self.mask(retained if self.masking == "retain" else forget, work)
+        loaders = {"retain": self.loader(retained), "forget": self.loader(self.relabelled(forget, labels), salt=1)}
+        self.fit(work, CombinedLoader(loaders, mode="max_size_cycle"), callbacks=[MaskProjection(work, trainable)])
         n_trainable = sum(int(m.sum()) for m in trainable.values())
         n_weights = sum(m.numel() for m in trainable.values())
         return {"n_retained": len(retained), "masking": self.masking, "sparsity": self.sparsity, "threshold": self.threshold,
