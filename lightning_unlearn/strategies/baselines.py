@@ -34,9 +34,9 @@ randomlabel  10     0.1          ``L(batch)`` over retained + forget samples wit
 
 App. E.3 names 10/5/10/10 epochs at lr 1e-2 (fine-tune) and 1e-3 (the others) for SGD on
 networks trained from scratch; at those rates none of the four moved a forgotten class of the
-harness's models below 99% accuracy, so the plain-module default is 0.1 [interp] (measured in
-``tests/test_own_model.py``'s docstring and the README). A module with its own optimizer keeps
-its own learning rate unless ``lr`` is given. The batch size defaults to 256 (App. E.1).
+harness's models below 99% accuracy, so the plain-module defaults are larger [interp]
+(``benchmarks/forgetting_defaults.py`` measures them against retraining). A module with its own
+optimizer keeps its own learning rate unless ``lr`` is given. The batch size defaults to 256 (App. E.1).
 Strategies that need the retained data take the training data in their constructor; the retained
 set is every learned, not yet forgotten sample (the recorder's catalog) minus the request.
 """
