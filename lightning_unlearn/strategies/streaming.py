@@ -216,7 +216,7 @@ class StreamingStrategy(UnlearningStrategy):
         if self.forget_scope == "current" or not earlier.numel():
             return x, y
         try:
-            ex, _ = select_by_ids(data, earlier)  # type: ignore[arg-type]
+            ex, _ = select_by_ids(data, earlier, keys=self.recorder.batch_keys)  # type: ignore[arg-type]
         except ValueError as err:
             raise ValueError(
                 f"{self.method} with forget_scope='all' (Eq. (25)) sums over every earlier round's samples, which the "
