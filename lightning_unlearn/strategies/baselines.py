@@ -250,7 +250,7 @@ class _Trained(UnlearningStrategy):
         def step(batch: Batch, batch_idx: int) -> Tensor:
             value = self.objective(lambda b: batch_loss(b, batch_idx), batch)
             if not torch.isfinite(value):
-                raise ValueError(f"unlearning loss became {float(value)}; lower the learning rate or the number of epochs")
+                raise ValueError(f"unlearning loss became {float(value.detach())}; lower the learning rate or the number of epochs")
             return value
 
         extra: list[L.Callback] = []
