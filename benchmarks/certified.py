@@ -71,7 +71,7 @@ def newton_step(model: SupervisedClassifier, x: torch.Tensor, y: torch.Tensor, f
     """Eq. (15) of HF's baselines for one request, ``(H_{-U} + damping I) v = g_U / (n - m)`` by CG; returns seconds."""
     start = perf_counter()
     theta = hf.flat_params(model)
-    loss = hf.sample_loss_fn(model, model.l2)
+    loss = hf.ModuleLoss(model, model.l2)
     keep = torch.ones(len(x), dtype=torch.bool)
     keep[forget] = False
     xr, yr = x[keep], y[keep]

@@ -53,7 +53,7 @@ def mlp() -> nn.Module:
 
 def replay_without(module: nn.Module, rec: TrajectoryRecorder, w0: torch.Tensor, x: torch.Tensor, y: torch.Tensor, removed: set[int]) -> torch.Tensor:
     """HF's retraining reference: the recorded SGD steps from ``w0`` with the removed samples' gradients dropped."""
-    loss = hf.sample_loss_fn(module, rec.l2)
+    loss = hf.ModuleLoss(module, rec.l2)
     rows, steps = rec.occurrences()
     theta = w0.clone()
     for t in range(rec.n_steps):

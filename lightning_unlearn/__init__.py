@@ -7,6 +7,7 @@ is slow to import).
 from lightning_unlearn.callbacks import (
     AnalyticRecorder,
     HessianRecorder,
+    ProximalRegularizer,
     RecorderCallback,
     StreamingRecorder,
     TaskDeltaRecorder,
@@ -40,6 +41,7 @@ __all__ = [
     "Ledger",
     "LedgerEntry",
     "ProximalClassifier",
+    "ProximalRegularizer",
     "RandomExpansion",
     "RBMStrategy",
     "RecorderCallback",

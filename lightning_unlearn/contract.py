@@ -39,6 +39,18 @@ dataset of tuples or dicts.
   batch, checks it against the module's own training loss (:func:`check_loss_fn`), so that a
   label-smoothed or otherwise custom loss is never silently replaced by cross-entropy.
 
+**The regulariser and the learning rate** (gradient-based recorders: :class:`TrajectoryRecorder`
+for [HF], :class:`TaskDeltaRecorder` / :class:`HessianRecorder` for [CCL]). The per-sample loss these
+recorders reason about is ``l(w; z) = loss_fn(module(x), y) + (l2/2)||w||^2``; ``l2`` is read from the
+Trainer's optimizer (:func:`read_optimizer`): its ``weight_decay`` (SGD's and Adam's add ``l2 * w`` to
+the gradient, the gradient of that ridge; AdamW's decoupled decay is refused), plus the ``ridge`` of a
+:class:`~lightning_unlearn.callbacks.ProximalRegularizer` for optimizers without weight decay (L-BFGS).
+[CCL]'s proximal term ``(lambda/2)||w - w_{i-1}||^2`` comes from that callback (any module can use it;
+with ``in_loss=True`` the module adds its ``penalty`` to the loss, which :func:`check_loss_fn` then
+expects). The learning rate of each step is read from the optimizer when the step runs, so
+schedulers are followed; methods replaying plain SGD ([HF]) refuse momentum and Nesterov
+(:func:`require_plain_sgd`). Modules need no particular attribute or base class.
+
 ``training_step`` is called outside the ``Trainer`` by :func:`training_loss` (for checks and
 saliency gradients): it may call ``self.log`` (ignored there) but must not need
 ``self.trainer``.
@@ -167,7 +179,7 @@ def training_loss(module: L.LightningModule, batch: Any, batch_idx: int = 0) -> 
 
 def per_sample_cross_entropy(outputs: Tensor, targets: Tensor) -> Tensor:
     """The default ``loss_fn``: cross-entropy of logits ``outputs`` per sample."""
-    return nn.functional.cross_entropy(outputs.float(), targets.long(), reduction="none")
+    return nn.functional.cross_entropy(outputs.to(torch.promote_types(outputs.dtype, torch.float32)), targets.long(), reduction="none")
 
 
 def check_loss_fn(
@@ -228,3 +240,55 @@ def resolve_loss_fn(
     if batch is not None and trains_itself(module):
         check_loss_fn(module, resolved, batch, keys=keys, penalty=penalty)  # type: ignore[arg-type]
     return resolved
+
+
+@dataclass(frozen=True)
+class OptimizerRecipe:
+    """What a recorder reads from the Trainer's optimizer (all param groups agree)."""
+
+    name: str
+    lr: float
+    weight_decay: float
+    momentum: float
+    nesterov: bool
+
+
+def read_optimizer(optimizers: list[torch.optim.Optimizer], module: nn.Module | None, who: str) -> OptimizerRecipe:
+    """The single optimizer's recipe, checked against the module's trainable parameters (if given).
+
+    Raises:
+        ValueError: not exactly one optimizer; param groups with different ``lr``/``weight_decay``/momentum;
+            decoupled weight decay (AdamW); trainable parameters the optimizer does not update (they
+            would be part of ``w`` without moving).
+    """
+    if len(optimizers) != 1:
+        raise ValueError(f"{who} reads one optimizer, the Trainer has {len(optimizers)}")
+    opt = optimizers[0]
+    name = type(opt).__name__
+    keys = ("lr", "weight_decay", "momentum", "nesterov")
+    values = {tuple(g.get(k, 0) for k in keys) for g in opt.param_groups}
+    if len(values) != 1:
+        raise ValueError(f"{who}: the param groups of {name} differ in (lr, weight_decay, momentum, nesterov): {sorted(values)}")
+    if isinstance(opt, torch.optim.AdamW) and opt.param_groups[0].get("weight_decay", 0):
+        raise ValueError(f"{who}: AdamW's decoupled weight decay is not a ridge term of the loss; use SGD or Adam weight_decay")
+    in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
+    idle = [n for n, p in (module.named_parameters() if module is not None else ()) if p.requires_grad and id(p) not in in_opt]
+    if idle:
+        raise ValueError(f"{who}: trainable parameters {idle[:5]} are not in the optimizer (freeze them: requires_grad_(False))")
+    lr, wd, momentum, nesterov = next(iter(values))
+    return OptimizerRecipe(name, float(lr), float(wd or 0.0), float(momentum or 0.0), bool(nesterov))
+
+
+def require_plain_sgd(optimizers: list[torch.optim.Optimizer], module: nn.Module | None, who: str) -> OptimizerRecipe:
+    """:func:`read_optimizer`, refusing anything but ``torch.optim.SGD`` without momentum or Nesterov.
+
+    Raises:
+        ValueError: another optimizer, momentum or Nesterov (the recursion replays ``w - lr (grad + l2 w)``).
+    """
+    recipe = read_optimizer(optimizers, module, who)
+    if recipe.name != "SGD" or recipe.momentum or recipe.nesterov:
+        raise ValueError(
+            f"{who} follows plain SGD steps: got {recipe.name} with momentum={recipe.momentum}, nesterov={recipe.nesterov}; "
+            "use torch.optim.SGD(params, lr, weight_decay=l2) with momentum=0"
+        )
+    return recipe

@@ -8,6 +8,8 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
+from lightning_unlearn.callbacks.proximal import ProximalRegularizer
+
 
 class RandomExpansion(nn.Module):
     """The nonlinear map G of eq. (1): ``f = ReLU(b P)`` with a fixed Gaussian projection ``P``.
@@ -81,16 +83,17 @@ def mlp_backbone(in_features: int, hidden: int = 128, out_features: int = 64) ->
 
 
 class SupervisedClassifier(L.LightningModule):
-    """A network trained by plain mini-batch SGD on ``mean CE + (l2/2) ||theta||^2``.
+    """A convenience network trained by mini-batch SGD on ``mean CE`` with ``weight_decay = l2``.
 
-    The regulariser is part of the objective (not optimizer weight decay), so the loss the
-    certified methods reason about is exactly :meth:`objective`. Used by the gradient-based
-    methods (HF, certified CL, the baselines).
+    Plain SGD with weight decay ``l2`` follows the gradient of ``mean CE + (l2/2) ||theta||^2``, the
+    objective the gradient-based recorders reason about (they read ``l2`` from the optimizer, see
+    :mod:`lightning_unlearn.contract`). Any LightningModule with a per-sample loss works the same way;
+    this class is not required.
 
     Args:
         net: maps inputs to logits.
         lr: SGD step size.
-        l2: ridge coefficient ``lambda`` of ``(lambda/2)||theta||^2``.
+        l2: SGD ``weight_decay`` (the ridge ``lambda`` of ``(lambda/2)||theta||^2``).
         momentum: SGD momentum (keep 0 for methods that replay the SGD trajectory).
     """
 
@@ -102,15 +105,9 @@ class SupervisedClassifier(L.LightningModule):
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
 
-    def sample_losses(self, x: Tensor, y: Tensor) -> Tensor:
-        """Per-sample cross-entropy (no regulariser)."""
-        return nn.functional.cross_entropy(self(x), y.long(), reduction="none")
-
-    def regulariser(self) -> Tensor:
-        return 0.5 * self.l2 * sum(p.pow(2).sum() for p in self.parameters() if p.requires_grad)
-
     def objective(self, x: Tensor, y: Tensor) -> Tensor:
-        return self.sample_losses(x, y).mean() + self.regulariser()
+        """The training loss: mean cross-entropy (the ridge is the optimizer's weight decay)."""
+        return nn.functional.cross_entropy(self(x), y.long())
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         loss = self.objective(batch[0], batch[1])
@@ -122,26 +119,27 @@ class SupervisedClassifier(L.LightningModule):
         self.log("val_acc", (self(x).argmax(-1) == y).float().mean(), prog_bar=True, batch_size=len(y))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=self.lr, momentum=self.momentum)
+        params = [p for p in self.parameters() if p.requires_grad]
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.l2)
 
 
 class ProximalClassifier(SupervisedClassifier):
-    """A :class:`SupervisedClassifier` whose objective adds paper 004's continual-learning regulariser.
+    """A convenience :class:`SupervisedClassifier` trained with [CCL]'s regulariser, a :class:`ProximalRegularizer`.
 
-    ``objective = mean CE + (l2/2)||theta||^2 + (reg_lambda/2)||theta - anchor||^2`` (004 Eq. (1), with
-    the mean task loss of its Section 5.1). The per-sample loss of 004 is
-    ``CE + (l2/2)||theta||^2``, so ``l2`` is its strong-convexity constant ``mu`` (for a linear net).
-    The ``anchor`` is the previous task's solution: at the start of every fresh fit it is set to
-    the current parameters, except for the first task, whose anchor is ``w_0 = 0`` (the
-    first task is regularised too, so that "retrain without task s" uniformly skips step s).
-    A fit resumed from a checkpoint keeps its saved anchor. 004 assumes each task is solved
-    exactly: ``optimizer="lbfgs"`` with full-batch loaders does that for convex models.
+    ``loss = mean CE + (l2/2)||theta||^2 + (reg_lambda/2)||theta - anchor||^2`` ([CCL] Eq. (1), with
+    the mean task loss of its Section 5.1); the per-sample loss of [CCL] is ``CE + (l2/2)||theta||^2``,
+    so ``l2`` is its strong-convexity constant ``mu`` (for a linear net). Both penalties come from
+    :attr:`regularizer` (``in_loss=True``, ``ridge=l2``; L-BFGS has no weight decay), which the module
+    hands to the Trainer through ``configure_callbacks``: it anchors at the start of every fresh fit
+    (``w_0 = 0`` for the first task). [CCL] assumes each task is solved exactly:
+    ``optimizer="lbfgs"`` with full-batch loaders does that for convex models. Under another loop
+    (Avalanche), pass :attr:`regularizer` to the strategy's plugins.
 
     Args:
         net: maps inputs to logits.
         lr: step size (SGD) or initial step (L-BFGS).
         l2: ridge coefficient of the per-sample loss.
-        reg_lambda: 004's ``lambda`` (> 0).
+        reg_lambda: [CCL]'s ``lambda`` (> 0).
         optimizer: ``"sgd"`` or ``"lbfgs"``.
         lbfgs_iters: L-BFGS iterations per training step.
     """
@@ -155,53 +153,26 @@ class ProximalClassifier(SupervisedClassifier):
         if optimizer not in ("sgd", "lbfgs"):
             raise ValueError(f"optimizer must be 'sgd' or 'lbfgs', got {optimizer!r}")
         self.reg_lambda, self.optimizer_name, self.lbfgs_iters = float(reg_lambda), optimizer, lbfgs_iters
-        for name, p in self.net.named_parameters():
-            self.register_buffer(_anchor_name(name), torch.zeros_like(p))
-        self.register_buffer("tasks_learned", torch.zeros(1, dtype=torch.long))
+        self.regularizer = ProximalRegularizer(reg_lambda, in_loss=True, ridge=l2)
 
-    def trainable(self) -> list[Tensor]:
-        return [p for p in self.parameters() if p.requires_grad]
-
-    def anchors(self) -> list[Tensor]:
-        """The anchor of each trainable parameter, in ``named_parameters`` order."""
-        return [getattr(self, _anchor_name(n[len("net.") :])) for n, p in self.named_parameters() if p.requires_grad]
-
-    def on_train_start(self) -> None:
-        if self.trainer.global_step > 0:  # resumed mid-task: keep the saved anchor
-            return
-        self.start_task()
+    def configure_callbacks(self) -> list[L.Callback]:
+        return [self.regularizer]
 
     def start_task(self) -> None:
-        """Anchor the regulariser at the current parameters (``w_0 = 0`` before the first task).
-
-        Lightning fits call it at the start of every fresh fit; other training loops (an
-        Avalanche strategy) must call it before each experience, and :meth:`end_task` after.
-        """
-        with torch.no_grad():
-            for name, p in self.net.named_parameters():
-                anchor = getattr(self, _anchor_name(name))
-                anchor.copy_(p.detach() if int(self.tasks_learned) > 0 else torch.zeros_like(p))
-
-    def on_train_end(self) -> None:
-        self.end_task()
+        """Anchor the regulariser (outside Lightning, e.g. under Avalanche, before each experience)."""
+        self.regularizer.begin_experience(self)
 
     def end_task(self) -> None:
-        self.tasks_learned += 1
-
-    def proximal(self) -> Tensor:
-        return 0.5 * self.reg_lambda * sum((p - a).pow(2).sum() for p, a in zip(self.trainable(), self.anchors()))
+        """Close the experience (outside Lightning, after it)."""
+        self.regularizer.end_experience(self)
 
     def objective(self, x: Tensor, y: Tensor) -> Tensor:
-        return super().objective(x, y) + self.proximal()
+        return super().objective(x, y) + self.regularizer.penalty(self)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        params = self.trainable()
+        params = [p for p in self.parameters() if p.requires_grad]
         if self.optimizer_name == "lbfgs":
             return torch.optim.LBFGS(
                 params, lr=self.lr, max_iter=self.lbfgs_iters, tolerance_grad=1e-12, tolerance_change=1e-15, line_search_fn="strong_wolfe"
             )
         return torch.optim.SGD(params, lr=self.lr)
-
-
-def _anchor_name(param_name: str) -> str:
-    return "anchor_" + param_name.replace(".", "_")

@@ -67,9 +67,9 @@ class RowStore:
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
-    def memory(cls, dim: int, dtype: torch.dtype, rows: int = 64) -> RowStore:
-        """An in-memory store of ``rows`` zero rows (it grows on :meth:`reserve`)."""
-        return cls(torch.zeros(rows, dim, dtype=dtype))
+    def memory(cls, dim: int, dtype: torch.dtype, rows: int = 64, device: torch.device | str | None = None) -> RowStore:
+        """An in-memory store of ``rows`` zero rows on ``device`` (it grows on :meth:`reserve`)."""
+        return cls(torch.zeros(rows, dim, dtype=dtype, device=device))
 
     @classmethod
     def create(cls, path: str | Path, capacity: int, dim: int, dtype: torch.dtype) -> RowStore:
@@ -172,7 +172,7 @@ class RowStore:
             return
         if self.mapped:
             raise StoreError(f"memory-mapped store {self.path} holds {self.capacity} rows, {rows} are needed")
-        grown = torch.zeros(max(rows, 2 * self.capacity), self.data.shape[1], dtype=self.data.dtype)
+        grown = torch.zeros(max(rows, 2 * self.capacity), self.data.shape[1], dtype=self.data.dtype, device=self.data.device)
         grown[: self.capacity] = self.data
         self.data = grown
 
@@ -188,7 +188,7 @@ class RowStore:
     def digest(self, rows: int) -> str:
         """XXH3-128 over the dtype, width and bytes of the first ``rows`` rows."""
         h = xxhash.xxh3_128(f"{self.data.dtype}|{self.data.shape[1]}|{rows}|".encode())
-        h.update(self.data[:rows].contiguous().view(torch.uint8).numpy())
+        h.update(self.data[:rows].contiguous().view(torch.uint8).cpu().numpy())
         return h.hexdigest()
 
     def close(self) -> None:

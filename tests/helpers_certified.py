@@ -47,7 +47,7 @@ def replay(model: nn.Module, recorder: TrajectoryRecorder, w0: Tensor, ds: Index
     zeroed and the denominators ``|B_t|`` kept (HF's retraining reference)."""
     x_all, y_all = ds.dataset.tensors
     row_of_id = {int(i): k for k, i in enumerate(ds.ids.tolist())}
-    loss = hf.sample_loss_fn(model, recorder.l2)
+    loss = hf.ModuleLoss(model, recorder.l2)
     occ_rows, occ_steps = recorder.occurrences()
     theta = w0.clone()
     for t in range(recorder.n_steps):
@@ -104,3 +104,32 @@ def same_state(a: dict, b: dict) -> bool:
             return len(u) == len(v) and all(eq(p, q) for p, q in zip(u, v))
         return u == v
     return a.keys() == b.keys() and all(eq(a[k], b[k]) for k in a)
+
+
+# -- "bring your own model": user-written LightningModules, none of the library's classes ---------------
+class UserModule(L.LightningModule):
+    """A module as a user writes it: its own ``training_step`` (cross-entropy, optionally label-smoothed,
+    optionally plus a regulariser's in-loss penalty) and ``configure_optimizers`` (SGD with weight decay)."""
+
+    def __init__(self, net: nn.Module, lr: float = 0.1, weight_decay: float = 0.1, smoothing: float = 0.0,
+                 momentum: float = 0.0, penalty=None) -> None:
+        super().__init__()
+        self.net, self.lr, self.weight_decay, self.momentum = net, lr, weight_decay, momentum
+        self.smoothing, self.penalty = smoothing, penalty
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        x, y, _ = batch
+        loss = nn.functional.cross_entropy(self(x), y, label_smoothing=self.smoothing)
+        self.log("loss", loss, on_step=True)
+        return loss + self.penalty(self) if self.penalty is not None else loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr, weight_decay=self.weight_decay, momentum=self.momentum)
+
+
+def user_model(net: nn.Module | None = None, **kwargs) -> UserModule:
+    torch.manual_seed(0)
+    return UserModule(net if net is not None else nn.Linear(D_IN, N_CLASSES).double(), **kwargs)

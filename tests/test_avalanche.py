@@ -85,15 +85,22 @@ def proximal() -> ProximalClassifier:
 
 
 def objective(model: SupervisedClassifier):
-    """The module's own training objective as an Avalanche criterion (outputs, targets) -> loss."""
-    proximal_term = getattr(model, "proximal", lambda: 0.0)
-    return lambda out, y: F.cross_entropy(out, y) + model.regulariser() + proximal_term()
+    """The module's own training objective as an Avalanche criterion (outputs, targets) -> loss: cross-entropy,
+    plus [CCL]'s regulariser (with the ridge) of a ProximalClassifier; a SupervisedClassifier's ridge is weight decay."""
+    regularizer = getattr(model, "regularizer", None)
+    return lambda out, y: F.cross_entropy(out, y) + (regularizer.penalty(model) if regularizer is not None else 0.0)
+
+
+def optimizer(model: SupervisedClassifier, **kwargs) -> torch.optim.SGD:
+    """The module's own optimizer recipe (SGD; weight decay = l2 unless the regulariser carries the ridge)."""
+    decay = 0.0 if hasattr(model, "regularizer") else model.l2
+    return torch.optim.SGD(model.parameters(), lr=model.lr, weight_decay=decay, **kwargs)
 
 
 def avalanche_run(bm, model, plugins, epochs: int, template=Naive, **kwargs):
     strategy = template(
         model=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=model.lr),
+        optimizer=optimizer(model),
         criterion=kwargs.pop("criterion", objective(model)),
         train_mb_size=kwargs.pop("train_mb_size", FULL_BATCH),
         train_epochs=epochs,
@@ -191,7 +198,7 @@ def test_trajectory_recorder_refuses_a_momentum_optimizer_under_the_plugin(bm):
     model, rec = supervised(), TrajectoryRecorder(dtype=torch.float64)
     naive = Naive(
         model=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        optimizer=optimizer(model, momentum=0.9),
         criterion=objective(model),
         train_mb_size=FULL_BATCH,
         plugins=[UnlearningPlugin(rec)],

@@ -4,12 +4,12 @@ import math
 
 import pytest
 import torch
-from helpers_certified import cl_tasks, fit_tasks, recorded, same_state, trainer, without
+from helpers_certified import cl_tasks, fit_tasks, recorded, same_state, trainer, user_model, without
 from torch import nn
 from torch.utils.data import ConcatDataset, DataLoader
 
 from lightning_unlearn import ForgetRequest
-from lightning_unlearn.callbacks import HessianRecorder, TaskDeltaRecorder
+from lightning_unlearn.callbacks import HessianRecorder, ProximalRegularizer, TaskDeltaRecorder
 from lightning_unlearn.functional import hf
 from lightning_unlearn.functional.certified import gaussian_sigma
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
@@ -225,3 +225,69 @@ def test_lowrank_lanczos_hessian_of_full_rank_equals_exact(trained):
     restored = HessianRecorder(hessian="lowrank", rank=4)
     restored.load_state_dict(small.state_dict())
     assert torch.equal(restored.hessians[0]["vectors"], small.hessians[0]["vectors"])
+
+
+# -- bring your own model -------------------------------------------------------------------------------
+def fit_user_tasks(tasks: list, recorder: HessianRecorder | None = None, in_loss: bool = False):
+    """A user module (own training_step: CE; SGD with weight_decay = mu = 0.05) plus a ProximalRegularizer
+    callback (lambda = 1), each task solved by full-batch gradient descent run to convergence: the task
+    objective's curvature lies in [mu + lambda, M + lambda] = [1.05, 2.64] here, so lr 0.5 contracts the
+    error by at most 0.48 per step, 0.48^30 ~ 3e-10 (float64)."""
+    reg = ProximalRegularizer(1.0, in_loss=in_loss)
+    model = user_model(lr=0.5, weight_decay=0.05, penalty=reg.penalty if in_loss else None)
+    for k, ds in enumerate(tasks):
+        callbacks = [reg] + ([recorder] if recorder is not None else [])
+        if recorder is not None:
+            recorder.experience = k
+        trainer(callbacks, max_epochs=30).fit(model, DataLoader(ds, batch_size=len(ds)))
+    return model, reg
+
+
+def test_hessian_and_gradient_methods_on_a_user_module_with_a_proximal_callback():
+    rec = HessianRecorder(store_sample_gradients=True)
+    model, reg = fit_user_tasks(TASKS, rec)
+    assert (rec.reg_lambda, rec.l2) == (1.0, 0.05) and reg.tasks_learned == 3  # from the callback and the optimizer
+    assert max(rec.stationarity) < 1e-7 and torch.equal(rec.starts[1], rec.ends[0])
+    assert torch.count_nonzero(rec.starts[0]) == 0
+    # the same minimisers as the library's L-BFGS convenience class (Eq. (1) is strongly convex), which
+    # therefore serves as the retraining reference below
+    reference = HessianRecorder()
+    fit_tasks(TASKS, reference)
+    assert torch.allclose(rec.ends[2], reference.ends[2], atol=1e-7)
+    assert torch.allclose(rec.hessians[2], reference.hessians[2], atol=1e-7)
+    snapshot, recorded_state = {k: v.clone() for k, v in model.state_dict().items()}, rec.state_dict()
+    w = hf.flat_params(model)
+    w_retrain0 = hf.flat_params(fit_tasks([TASKS[1], TASKS[2]]))
+    strategy = HessianCertifiedStrategy(model, rec, epsilon=EPS, delta=DELTA)
+    cert = strategy.forget(ForgetRequest.of_experience(0)).certificate
+    approx = float((strategy.clean_parameters() - w_retrain0).norm())
+    assert approx <= 0.2 * float((w - w_retrain0).norm()) and approx <= cert.bounds["sensitivity"]
+    # sample level, from the stored gradients
+    U = [101, 105, 110, 150]
+    w_retrain = hf.flat_params(fit_tasks([TASKS[0], without(TASKS[1], set(U)), TASKS[2]]))
+    model.load_state_dict(snapshot)
+    rec2 = HessianRecorder(store_sample_gradients=True)
+    rec2.load_state_dict(recorded_state)
+    sample_level = HessianCertifiedStrategy(model, rec2, noise=False)
+    sample_level.forget(ForgetRequest.samples(U))
+    assert float((sample_level.clean_parameters() - w_retrain).norm()) <= 0.2 * float((w - w_retrain).norm())
+    # [CCL] Alg. 1 on the same recorder: weights kept, Theorem 4.1 bound
+    model.load_state_dict(snapshot)
+    rec3 = HessianRecorder()
+    rec3.load_state_dict(recorded_state)
+    gradient = GradientCertifiedStrategy(model, rec3, noise=False).forget(ForgetRequest.of_experience(0)).certificate
+    assert float((w - w_retrain0).norm()) <= gradient.bounds["sensitivity"]
+
+
+def test_proximal_penalty_in_the_loss_and_refusals():
+    rec = TaskDeltaRecorder()
+    model, reg = fit_user_tasks(TASKS[:1], rec, in_loss=True)  # the module adds reg.penalty itself
+    assert rec.sizes == [60] and reg.tasks_learned == 1
+    forgot = user_model(lr=0.5, weight_decay=0.05)  # in_loss=True declared, but the loss lacks the penalty
+    with pytest.raises(ValueError, match="training loss on the first batch is .* the regulariser's in-loss penalty"):
+        trainer([ProximalRegularizer(1.0, in_loss=True), TaskDeltaRecorder()]).fit(forgot, DataLoader(TASKS[0], 60))
+    with pytest.raises(ValueError, match="ProximalRegularizer"):
+        trainer([TaskDeltaRecorder()]).fit(user_model(), DataLoader(TASKS[0], batch_size=60))
+    with pytest.raises(ValueError, match="training loss on the first batch"):
+        smoothed = user_model(smoothing=0.1)
+        trainer([ProximalRegularizer(1.0), TaskDeltaRecorder()]).fit(smoothed, DataLoader(TASKS[0], batch_size=60))

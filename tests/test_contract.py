@@ -13,7 +13,7 @@ from lightning_unlearn import IndexedDataset
 from lightning_unlearn.callbacks import SampleRecorder
 from lightning_unlearn.contract import BatchKeys, check_loss_fn, resolve_loss_fn, trains_itself, training_loss, unpack_batch, with_target
 from lightning_unlearn.data import select_by_ids
-from lightning_unlearn.models import AnalyticClassifier, SupervisedClassifier
+from lightning_unlearn.models import AnalyticClassifier, ProximalClassifier
 
 
 class DictData(Dataset):
@@ -117,8 +117,9 @@ def test_loss_fn_is_checked_against_the_module_training_loss():
         resolve_loss_fn(module, "ce")  # type: ignore[arg-type]
     assert all(torch.equal(v, before[k]) for k, v in module.state_dict().items())
     # a regulariser in the training loss is accounted for by a penalty
-    reg = SupervisedClassifier(nn.Linear(N_FEATURES, N_CLASSES), l2=0.5)
+    reg = ProximalClassifier(nn.Linear(N_FEATURES, N_CLASSES), l2=0.5)
+    reg.start_task()
     tup = (torch.randn(8, N_FEATURES), torch.arange(8) % N_CLASSES, torch.arange(8))
     with pytest.raises(ValueError, match="disagrees"):
         check_loss_fn(reg, resolve_loss_fn(reg), tup)
-    check_loss_fn(reg, resolve_loss_fn(reg), tup, penalty=lambda m: m.regulariser())
+    check_loss_fn(reg, resolve_loss_fn(reg), tup, penalty=reg.regularizer.penalty)

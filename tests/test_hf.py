@@ -4,11 +4,23 @@ import math
 
 import pytest
 import torch
-from helpers_certified import D_IN, N_CLASSES, blobs, concat_indexed, fit_hf, recorded, replay, same_state, sgd_model, trainer
+from helpers_certified import (
+    D_IN,
+    N_CLASSES,
+    blobs,
+    concat_indexed,
+    fit_hf,
+    recorded,
+    replay,
+    same_state,
+    sgd_model,
+    trainer,
+    user_model,
+)
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_unlearn import ForgetRequest
+from lightning_unlearn import ForgetRequest, IndexedDataset
 from lightning_unlearn.callbacks import TrajectoryRecorder
 from lightning_unlearn.functional import hf
 from lightning_unlearn.strategies import HFStrategy
@@ -257,3 +269,91 @@ def test_sigma_override_is_reported_as_uncertified(fitted):
     assert cert.epsilon is None and not cert.certified and cert.sigma == 0.01 and cert.bounds["sigma_formula"] > 0.01
     noise = hf.flat_params(model) - strategy.clean_parameters()
     assert torch.allclose(noise, 0.01 * torch.randn(noise.shape, generator=torch.Generator().manual_seed(0), dtype=noise.dtype))
+
+
+# -- bring your own model -------------------------------------------------------------------------------
+def test_user_module_with_its_own_loss_meets_the_exactness_tests():
+    """A user LightningModule (own training_step with CE, SGD weight_decay as the ridge): same guarantees."""
+    ds = blobs(96, seed=0)
+    model, rec = user_model(lr=0.1, weight_decay=0.1), TrajectoryRecorder(dtype=torch.float64)
+    w0 = fit_hf(model, ds, rec)
+    assert rec.l2 == 0.1  # read from the optimizer
+    assert torch.allclose(replay(model, rec, w0, ds, set()), hf.flat_params(model), atol=1e-12)  # float64 trajectory
+    U = [3, 17, 40, 77]
+    w, w_retrain = hf.flat_params(model), replay(model, rec, w0, ds, set(U))
+    strategy = HFStrategy(model, rec, epsilon=EPS, delta=DELTA, generator=torch.Generator().manual_seed(0))
+    cert = strategy.forget(ForgetRequest.samples(U)).certificate
+    approx = float((strategy.clean_parameters() - w_retrain).norm())
+    assert approx <= 0.1 * float((w - w_retrain).norm()) and approx <= cert.bounds["sensitivity"]
+
+
+def test_label_smoothed_training_loss_is_refused_at_fit_start():
+    ds = blobs(32, seed=4)
+    smoothed = user_model(smoothing=0.1)
+    w = hf.flat_params(smoothed)
+    with pytest.raises(ValueError, match=r"training loss on the first batch is [0-9.]+ but mean loss_fn gives [0-9.]+"):
+        fit_hf(smoothed, ds, TrajectoryRecorder(), epochs=1)
+    assert torch.equal(hf.flat_params(smoothed), w)  # refused before the first step
+    # the per-sample form of the same loss is accepted, and the recursion follows it
+    smooth_ce = lambda out, y: nn.functional.cross_entropy(out, y, label_smoothing=0.1, reduction="none")  # noqa: E731
+    rec = TrajectoryRecorder(dtype=torch.float64, loss_fn=smooth_ce)
+    fit_hf(user_model(smoothing=0.1), ds, rec, epochs=1)
+    assert rec.n_steps == 2
+    with pytest.raises(ValueError, match="momentum=0.9"):
+        fit_hf(user_model(momentum=0.9), ds, TrajectoryRecorder(), epochs=1)
+
+
+class _FrozenNormCNN(nn.Module):
+    """Conv -> BatchNorm (kept in eval mode, the documented way to use BatchNorm with HF) -> ReLU -> Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm, self.head = nn.Conv2d(1, 3, 3), nn.BatchNorm2d(3), nn.Linear(3 * 4 * 4, N_CLASSES)
+        self.norm.eval()  # Lightning does not switch submodule modes at fit start: set it once, and keep it in train()
+
+    def train(self, mode: bool = True) -> "_FrozenNormCNN":
+        super().train(mode)
+        self.norm.eval()
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.norm(self.conv(x.view(-1, 1, 6, 6)))).flatten(1))
+
+
+def cnn_data(n: int = 32) -> IndexedDataset:
+    g = torch.Generator().manual_seed(8)
+    y = torch.arange(n) % N_CLASSES
+    x = torch.randn(n, 36, generator=g, dtype=torch.float64) + y[:, None].double()
+    return IndexedDataset(TensorDataset(x, y), ids=torch.arange(n))
+
+
+def test_cnn_forget_without_noise_reports_an_infinite_bound_instead_of_overflowing():
+    """HF on a small user CNN; with a curvature that makes rho^T leave the float range (here forced by a
+    smoothness override; on a trained CNN over a long trajectory the measured one does) noise=False still
+    forgets and reports the infinite bound as uncertified, and a certified request is refused cleanly."""
+    ds = cnn_data()
+    model = user_model(_FrozenNormCNN().double(), lr=0.05, weight_decay=0.01)
+    rec = TrajectoryRecorder(dtype=torch.float64)
+    w0 = fit_hf(model, ds, rec, epochs=2, batch_size=8)
+    assert torch.allclose(replay(model, rec, w0, ds, set()), hf.flat_params(model), atol=1e-12)
+    w, w_retrain = hf.flat_params(model), replay(model, rec, w0, ds, {5})
+    strategy = HFStrategy(model, rec, noise=False, smoothness=1e60)  # rho = lr M - 1 ~ 5e58, rho^7 ~ 1e410
+    cert = strategy.forget(ForgetRequest.samples([5])).certificate
+    assert cert.bounds["sensitivity"] == math.inf and cert.epsilon is None and "infinite" in cert.statement
+    assert float((strategy.clean_parameters() - w_retrain).norm()) <= 0.1 * float((w - w_retrain).norm())
+    with pytest.raises(ValueError, match="noise bound is infinite"):
+        HFStrategy(model, rec, smoothness=1e60).forget(ForgetRequest.samples([6]))
+    train_mode_bn = nn.Sequential(nn.Linear(36, 3), nn.BatchNorm1d(3), nn.Linear(3, N_CLASSES)).double()
+    with pytest.raises(ValueError, match=r"BatchNorm/Dropout layers \['net.1'\] are in training mode"):
+        fit_hf(user_model(train_mode_bn), ds, TrajectoryRecorder(), epochs=1)
+
+
+def test_bound_and_capacity_in_log_space_do_not_overflow():
+    T = 2000
+    lrs, sizes = torch.full((T,), 0.5, dtype=torch.float64), torch.full((T,), 8)
+    c1, c2 = hf.per_sample_bound(torch.tensor([3, 1500]), lrs, sizes, 2.0, rho=3.0)  # 3^1999 ~ 1e954
+    assert c1 == math.inf and c2 == math.inf
+    assert hf.deletion_capacity(1.0, 1e-5, 0.5, 100, 3.0, T) == 0.0
+    c1, c2 = hf.per_sample_bound(torch.tensor([3]), lrs[:10], sizes[:10], 2.0, rho=0.9)
+    assert c1 == pytest.approx(2 * 0.25 * 2.0 * sum(k * 0.9 ** (9 - k) for k in range(10)), rel=1e-12)
+    assert c2 == pytest.approx(2 * 0.5 * 2.0 / 8 * 0.9**6, rel=1e-12)

@@ -49,9 +49,10 @@ class UnlearningPlugin(SupervisedPlugin):
       Avalanche strategy's ``EvaluationPlugin`` (at ``x = clock.train_iterations``; its loggers receive them
       in the same hook), and forgotten samples are removed from replay buffers.
 
-    The Avalanche strategy's criterion must be the loss the recorder assumes (e.g. for
-    :class:`ProximalClassifier` and the paper-004 recorders,
-    ``lambda out, y: cross_entropy(out, y) + model.regulariser() + model.proximal()``). With an
+    The Avalanche strategy's criterion and optimizer must be the loss the recorder assumes (see
+    :mod:`lightning_unlearn.contract`: e.g. for :class:`ProximalClassifier` and the [CCL] recorders,
+    ``lambda out, y: cross_entropy(out, y) + model.regularizer.penalty(model)``; for HF, cross-entropy and
+    ``SGD(weight_decay=l2)``). With an
     :class:`AnalyticRecorder`, the closed-form head it writes replaces whatever the optimizer did
     to ``model.head``; give the Avalanche strategy an optimizer over ``model.head.parameters()`` with ``lr=0``.
 

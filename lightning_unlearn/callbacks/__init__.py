@@ -3,8 +3,18 @@
 from lightning_unlearn.callbacks.analytic import AnalyticRecorder
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.callbacks.hessian import HessianRecorder, TaskDeltaRecorder
+from lightning_unlearn.callbacks.proximal import ProximalRegularizer
 from lightning_unlearn.callbacks.samples import SampleRecorder
 from lightning_unlearn.callbacks.streaming import StreamingRecorder
 from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
 
-__all__ = ["HessianRecorder", "TaskDeltaRecorder", "TrajectoryRecorder", "AnalyticRecorder", "RecorderCallback", "SampleRecorder", "StreamingRecorder"]
+__all__ = [
+    "HessianRecorder",
+    "TaskDeltaRecorder",
+    "TrajectoryRecorder",
+    "AnalyticRecorder",
+    "ProximalRegularizer",
+    "RecorderCallback",
+    "SampleRecorder",
+    "StreamingRecorder",
+]

@@ -1,54 +1,78 @@
-"""Recorders for certified unlearning in continual learning (paper 004): task deltas and Hessians."""
+"""Recorders for certified unlearning in continual learning ([CCL]): task deltas and Hessians."""
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
+import lightning as L
 import torch
 from torch import Tensor, nn
 
+from lightning_unlearn import contract
 from lightning_unlearn.callbacks.base import RecorderCallback
+from lightning_unlearn.callbacks.proximal import ProximalRegularizer
 from lightning_unlearn.functional import certified as cl
 from lightning_unlearn.functional import hf
+from lightning_unlearn.modes import eval_mode
+from lightning_unlearn.warnings import warn
 
 
 def _clone(H: Any) -> Any:
     return {k: v.clone() for k, v in H.items()} if isinstance(H, dict) else H.clone()
 
 
-def _proximal_lambda(module: nn.Module) -> float:
-    lam = getattr(module, "reg_lambda", None)
-    if not lam or not hasattr(module, "anchors") or not hasattr(module, "l2"):
-        raise ValueError("paper-004 recorders need a module trained with 004's regulariser (reg_lambda > 0, anchors, l2): use ProximalClassifier")
-    return float(lam)
-
-
 class TaskDeltaRecorder(RecorderCallback):
     """Per experience ``i``: the anchor ``start_i`` (the previous solution the regulariser
-    ``(lambda/2)||w - start_i||^2`` of Eq. (1) pulls towards; ``w_0 = 0`` for the first task), the
+    ``(lambda/2)||w - start_i||^2`` of [CCL] Eq. (1) pulls towards; ``w_0 = 0`` for the first task), the
     solution ``end_i``, the task delta ``Delta_i = start_i - end_i`` (Alg. 2 line 5) and the task size.
 
+    Works on any module trained with a :class:`ProximalRegularizer` (given as ``regularizer``, or found
+    among the Trainer's callbacks, e.g. handed over by :class:`ProximalClassifier`). The per-sample loss
+    is ``l = loss_fn(module(x), y) + (mu/2)||w||^2`` with ``mu`` = the optimizer's ``weight_decay`` plus
+    the regulariser's ``ridge`` (:mod:`lightning_unlearn.contract`), checked at fit start against the
+    module's own training loss on its first batch.
+
     Storage: ``2 d`` floats per experience (``start`` and ``end``; the paper stores ``Delta_t``
-    and ``Delta-bar_tau``, d each). Recording the chain of actual starts and ends makes the
-    corrections between tasks (Eq. (13)'s ``Delta-bar_tau``) measurable, whatever was published.
-    Privacy caveat: ``Delta_s`` of deleted tasks must be kept for later requests.
-    Enough for task-level forgetting by :class:`GradientCertifiedStrategy` (which uses only sizes)
-    and as the base of :class:`HessianRecorder`.
+    and ``Delta-bar_tau``, d each), on the module's device (CPU with ``offload=True``). Recording the
+    chain of actual starts and ends makes the corrections between tasks (Eq. (13)'s ``Delta-bar_tau``)
+    measurable, whatever was published. Privacy caveat: ``Delta_s`` of deleted tasks must be kept
+    for later requests. Enough for task-level forgetting by :class:`GradientCertifiedStrategy` (which
+    uses only sizes) and as the base of :class:`HessianRecorder`.
+
+    Other training loops (Avalanche) call :meth:`read_optimizer` and pass ``regularizer`` explicitly.
+
+    Args:
+        loss_fn: ``loss_fn(outputs, targets) -> (n,)`` per-sample loss (default: cross-entropy).
+        regularizer: the :class:`ProximalRegularizer` the module is trained with (default: the one among
+            the Trainer's callbacks).
+        offload: keep the statistics on the CPU instead of the module's device.
+
+    Raises:
+        ValueError: at fit start, no (or several) regularizer, a regulariser or ridge different from the
+            recorded tasks', an unsupported optimizer, or a training loss that is not ``loss_fn``'s.
     """
 
     #: the task's end is its solution: commit when the fit ends, not after its first epoch
     records_every_epoch = True
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        loss_fn: contract.LossFn | None = None,
+        regularizer: ProximalRegularizer | None = None,
+        offload: bool = False,
+    ) -> None:
         super().__init__()
+        self.loss_fn: contract.LossFn = loss_fn or contract.per_sample_cross_entropy
+        self.regularizer, self.offload = regularizer, offload
         self.experience_ids: list[int] = []
         self.starts: list[Tensor] = []
         self.ends: list[Tensor] = []
         self.sizes: list[int] = []
         self.reg_lambda: float | None = None
         self.l2: float | None = None
+        self.weight_decay: float | None = None
         self.forgotten_grad_sums: list[Tensor | None] = []  # sum of grad l(end_i; u) over forgotten u of task i
+        self._check_loss = False
 
     @property
     def state_key(self) -> str:
@@ -62,19 +86,67 @@ class TaskDeltaRecorder(RecorderCallback):
     def task_index(self, experience: int) -> int:
         return self.experience_ids.index(experience)
 
+    def module_loss(self, module: nn.Module) -> hf.ModuleLoss:
+        """[CCL]'s per-sample loss ``l`` of ``module`` (``loss_fn`` plus the ridge ``mu = l2``)."""
+        return hf.ModuleLoss(module, float(self.l2 or 0.0), self.loss_fn)
+
+    def _device(self, module: nn.Module) -> torch.device:
+        return torch.device("cpu") if self.offload else hf.flat_params(module).device
+
+    # -- the contract: regulariser, optimizer, loss ---------------------------------------------------
+    def read_optimizer(self, optimizers: list[torch.optim.Optimizer], module: nn.Module) -> None:
+        """Take the ridge from the optimizer's ``weight_decay`` (see :func:`contract.read_optimizer`)."""
+        self.weight_decay = contract.read_optimizer(optimizers, module, type(self).__name__).weight_decay
+
     def begin_experience(self, module: nn.Module) -> None:
-        lam, l2 = _proximal_lambda(module), float(module.l2)
+        if self.regularizer is None and isinstance(module, L.LightningModule):  # e.g. ProximalClassifier's own
+            own = [c for c in module.configure_callbacks() or () if isinstance(c, ProximalRegularizer)]
+            self.regularizer = own[0] if len(own) == 1 else None
+        reg = self.regularizer
+        if reg is None:
+            raise ValueError(
+                f"{type(self).__name__} needs [CCL]'s proximal regulariser (Eq. (1)): "
+                "add a ProximalRegularizer(reg_lambda) "
+                "callback (or pass regularizer=...), or use ProximalClassifier"
+            )
+        lam, l2 = reg.reg_lambda, reg.ridge + (self.weight_decay or 0.0)
         if (self.reg_lambda, self.l2) not in ((None, None), (lam, l2)):
-            raise ValueError(f"module has reg_lambda={lam}, l2={l2} but the recorded tasks used {self.reg_lambda}, {self.l2}")
+            raise ValueError(
+                f"the fit has reg_lambda={lam}, l2={l2} but the recorded tasks used {self.reg_lambda}, {self.l2}"
+            )
         self.reg_lambda, self.l2 = lam, l2
+        reg.begin_experience(module)
         super().begin_experience(module)
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        found = [c for c in trainer.callbacks if isinstance(c, ProximalRegularizer)]  # type: ignore[attr-defined]
+        if self.regularizer is None and len(found) > 1:
+            raise ValueError(
+                f"{type(self).__name__} found {len(found)} ProximalRegularizer callbacks: pass regularizer=..."
+            )
+        if self.regularizer is None and found:
+            self.regularizer = found[0]
+        self.read_optimizer(trainer.optimizers, pl_module)
+        super().on_train_start(trainer, pl_module)
+        self._check_loss = True
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._check_loss:
+            reg = self.regularizer
+            penalty = reg.penalty if reg is not None and reg.in_loss else None
+            contract.resolve_loss_fn(pl_module, self.loss_fn, batch, keys=self.batch_keys, penalty=penalty)
+            self._check_loss = False
+
+    # -- recording ---------------------------------------------------------------------------------
     def _record(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any) -> None:
         """Nothing per batch: the task size comes from the staged ids."""
 
     def _commit(self, module: nn.Module) -> None:
-        start = torch.cat([a.detach().reshape(-1) for a in module.anchors()]).clone()
-        end = hf.flat_params(module).clone()
+        device = self._device(module)
+        start = self.regularizer.anchor_vector(module).detach().clone().to(device)  # type: ignore[union-attr]
+        end = hf.flat_params(module).clone().to(device)
         n = int(sum(t.numel() for t in self._staged_ids))
         if self._fit_experience in self.experience_ids:  # a fit resumed within this experience
             i = self.task_index(self._fit_experience)
@@ -104,7 +176,11 @@ class TaskDeltaRecorder(RecorderCallback):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        missing = [k for k in ("catalog", "experience_ids", "starts", "ends", "sizes", "reg_lambda") if state_dict.get(k) is None]
+        missing = [
+            k
+            for k in ("catalog", "experience_ids", "starts", "ends", "sizes", "reg_lambda")
+            if state_dict.get(k) is None
+        ]
         if missing:
             raise ValueError(f"{type(self).__name__} state lacks recorded statistics {missing}")
         k = state_dict["experience_ids"].numel()
@@ -120,22 +196,35 @@ class TaskDeltaRecorder(RecorderCallback):
 
 
 class HessianRecorder(TaskDeltaRecorder):
-    """:class:`TaskDeltaRecorder` plus what the Newton-style removal of Alg. 2 needs: at the end of each
+    """:class:`TaskDeltaRecorder` plus what the Newton-style removal of [CCL] Alg. 2 needs: at the end of each
     experience, ``H_i = (1/n_i) sum_{z in D_i} hess l(end_i; z)`` (Alg. 2 line 5; ``l`` includes the
-    ``l2`` ridge, not 004's regulariser), evaluated at the task's solution.
+    ridge ``mu``, not Eq. (1)'s regulariser), evaluated at the task's solution, module in eval mode.
 
     ``hessian="exact"`` stores the dense ``d x d`` matrix (``d**2`` floats per task: use up to
     ~1e4 parameters); ``"diagonal"`` stores a Hutchinson estimate ``mean_k z_k * (H z_k)`` with
     ``n_probes`` Rademacher probes, clamped below at ``l2`` [approximation, not in the paper;
     ``d`` floats per task]; ``"lowrank"`` stores the top ``rank`` eigenpairs from Lanczos on HVPs,
     the complement given curvature ``l2`` [approximation, not in the paper; ``rank * d`` floats];
-    ``"auto"`` picks exact up to ``max_exact_dim`` parameters, diagonal above.
-    The task's samples are held (CPU) only until the end of the experience, to evaluate ``H_i``
-    at the solution, then dropped. The recorder also keeps the largest per-sample gradient
-    norm and Hessian norm seen at the solutions (estimates of L and M for the certificate)
-    and, with ``store_sample_gradients``, each sample's ``grad l(end_i; u)`` by id (``n d``
-    floats) so sample-level requests need no data. It logs how exactly each task was solved,
-    ``||mean grad l(end_i) + lambda (end_i - start_i)||``, and warns above ``tolerance``.
+    ``"auto"`` picks exact up to ``max_exact_dim`` parameters, diagonal above. The estimators and
+    inverse solvers are :func:`cl.dense_hessian`, :func:`cl.hutchinson_diagonal`, :func:`cl.lanczos`
+    and :func:`cl.inverse_solver`; this callback only records.
+    The task's samples are held (on the module's device, CPU with ``offload``) only until the end of
+    the experience, to evaluate ``H_i`` at the solution, then dropped. The recorder also keeps the
+    largest per-sample gradient norm and Hessian norm seen at the solutions (estimates of L and M for
+    the certificate) and, with ``store_sample_gradients``, each sample's ``grad l(end_i; u)`` by id
+    (``n d`` floats) so sample-level requests need no data. It warns when a task was not solved
+    exactly, ``||mean grad l(end_i) + lambda (end_i - start_i)|| > tolerance``.
+
+    Args:
+        hessian: ``"auto"``, ``"exact"``, ``"diagonal"`` or ``"lowrank"``.
+        max_exact_dim: largest ``d`` for which ``"auto"`` stores the dense Hessian.
+        n_probes: Hutchinson probes (``"diagonal"``).
+        rank: Lanczos steps (``"lowrank"``).
+        store_sample_gradients: keep ``grad l(end_i; u)`` of every sample.
+        chunk_size: samples per batched derivative call (bounds peak memory).
+        seed: seed of the probes / the Lanczos start vector.
+        tolerance: stationarity above which a warning says the task was not solved exactly.
+        loss_fn, regularizer, offload: as :class:`TaskDeltaRecorder`.
     """
 
     def __init__(
@@ -148,8 +237,11 @@ class HessianRecorder(TaskDeltaRecorder):
         chunk_size: int | None = 256,
         seed: int = 0,
         tolerance: float = 1e-3,
+        loss_fn: contract.LossFn | None = None,
+        regularizer: ProximalRegularizer | None = None,
+        offload: bool = False,
     ) -> None:
-        super().__init__()
+        super().__init__(loss_fn, regularizer, offload)
         if hessian not in ("auto", "exact", "diagonal", "lowrank"):
             raise ValueError(f"hessian must be 'auto', 'exact', 'diagonal' or 'lowrank', got {hessian!r}")
         self.hessian, self.max_exact_dim, self.n_probes, self.rank = hessian, max_exact_dim, n_probes, rank
@@ -179,72 +271,63 @@ class HessianRecorder(TaskDeltaRecorder):
             )
 
     def _record(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any) -> None:
-        self._x.append(x.detach().cpu())
-        self._y.append(y.detach().cpu())
+        device = self._device(module)
+        self._x.append(x.detach().to(device))
+        self._y.append(y.detach().to(device))
 
     def _commit(self, module: nn.Module) -> None:
-        known = self._fit_experience in self.experience_ids
-        if known:
-            raise ValueError("HessianRecorder cannot resume an experience mid-fit: its Hessian needs all the task's samples")
+        if self._fit_experience in self.experience_ids:
+            raise ValueError(
+                "HessianRecorder cannot resume an experience mid-fit: its Hessian needs all the task's samples"
+            )
         theta = hf.flat_params(module)
-        x, y, ids = torch.cat(self._x).to(theta.device), torch.cat(self._y).to(theta.device), torch.cat(self._staged_ids)
-        loss = hf.sample_loss_fn(module, self.l2)  # type: ignore[arg-type]
-        kind = self.hessian if self.hessian != "auto" else "exact" if theta.numel() <= self.max_exact_dim else "diagonal"
-        H = {"exact": self._dense_hessian, "diagonal": self._diagonal_hessian, "lowrank": self._lowrank_hessian}[kind](loss, theta, x, y)
-        grad_max, grads, grad_sum = 0.0, {}, torch.zeros_like(theta)
-        for k, xb, yb in self._chunks(x, y):
-            g = hf.per_sample_grads(loss, theta, xb, yb)
-            grad_max = max(grad_max, float(g.norm(dim=1).max()))
-            grad_sum += g.sum(0)
-            if self.store_sample_gradients:
-                grads.update({int(i): gi.cpu() for i, gi in zip(ids[k : k + len(xb)].tolist(), g)})
-        anchor = torch.cat([a.detach().reshape(-1) for a in module.anchors()])
+        x, y, ids = (
+            torch.cat(self._x).to(theta.device),
+            torch.cat(self._y).to(theta.device),
+            torch.cat(self._staged_ids),
+        )
+        loss, d = self.module_loss(module), theta.numel()
+        kind = self.hessian if self.hessian != "auto" else "exact" if d <= self.max_exact_dim else "diagonal"
+        g = torch.Generator().manual_seed(self.seed + len(self.hessians))
+        with eval_mode(module):  # the Hessian of a per-sample loss: BatchNorm statistics fixed
+            if kind == "exact":
+                H: Any = cl.dense_hessian(loss, theta, x, y, self.chunk_size)
+                top = torch.linalg.eigvalsh(H)
+            else:
+                apply_h = cl.hessian_operator(loss, theta, x, y, self.chunk_size)
+                if kind == "diagonal":
+                    H = top = cl.hutchinson_diagonal(
+                        apply_h, d, self.n_probes, float(self.l2), g, theta.dtype, theta.device
+                    )
+                else:
+                    values, vectors = cl.lanczos(
+                        lambda v: apply_h(v[None])[0], d, min(self.rank, d), theta.dtype, g, theta.device
+                    )
+                    H, top = {"values": values, "vectors": vectors}, values
+            grad_max, grads, grad_sum = 0.0, {}, torch.zeros_like(theta)
+            for k in range(0, len(x), self.chunk_size or len(x)):
+                xb, yb = x[k : k + (self.chunk_size or len(x))], y[k : k + (self.chunk_size or len(x))]
+                gb = hf.per_sample_grads(loss, theta, xb, yb)
+                grad_max = max(grad_max, float(gb.norm(dim=1).max()))
+                grad_sum += gb.sum(0)
+                if self.store_sample_gradients:
+                    grads.update(
+                        {int(i): gi.to(self._device(module)) for i, gi in zip(ids[k : k + len(xb)].tolist(), gb)}
+                    )
+        anchor = self.regularizer.anchor_vector(module).to(theta)  # type: ignore[union-attr]
         stationarity = float((grad_sum / len(x) + self.reg_lambda * (theta - anchor)).norm())  # type: ignore[operator]
         if stationarity > self.tolerance:
-            warnings.warn(f"task {self._fit_experience} is not solved exactly: ||grad of Eq. (1)|| = {stationarity:.3g} > "
-                          f"{self.tolerance:g}; 004's identities assume the exact minimiser", stacklevel=2)
+            warn(
+                f"task {self._fit_experience} is not solved exactly: ||grad of Eq. (1)|| = {stationarity:.3g} > "
+                f"{self.tolerance:g}; [CCL]'s identities assume the exact minimiser"
+            )
         super()._commit(module)
         self.stationarity.append(stationarity)
-        self.hessians.append(H if isinstance(H, dict) else H.cpu())
+        device = self._device(module)
+        self.hessians.append({k: v.to(device) for k, v in H.items()} if isinstance(H, dict) else H.to(device))
         self.lipschitz = max(self.lipschitz, grad_max)
-        top = H["values"] if kind == "lowrank" else torch.linalg.eigvalsh(H) if kind == "exact" else H
         self.smoothness = max(self.smoothness, float(top.abs().max()))
         self.sample_grads.update(grads)
-
-    def _chunks(self, x: Tensor, y: Tensor) -> list[tuple[int, Tensor, Tensor]]:
-        """Sample blocks of ``chunk_size`` (bounds the memory of the batched derivatives)."""
-        step = self.chunk_size or len(x)
-        return [(k, x[k : k + step], y[k : k + step]) for k in range(0, len(x), step)]
-
-    def _dense_hessian(self, loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        H = torch.zeros(theta.numel(), theta.numel(), dtype=theta.dtype)
-        for _, xb, yb in self._chunks(x, y):
-            H += hf.batch_hessian(loss, theta, xb, yb, self.chunk_size) * (len(xb) / len(x))
-        return H
-
-    def _diagonal_hessian(self, loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        g = torch.Generator().manual_seed(self.seed + len(self.hessians))
-        Z = (torch.randint(0, 2, (self.n_probes, theta.numel()), generator=g) * 2 - 1).to(theta.dtype)
-        HZ = sum(hf.hvps(loss, theta, xb, yb, Z, chunk_size=8) * (len(xb) / len(x)) for _, xb, yb in self._chunks(x, y))
-        return (Z * HZ).mean(0).clamp_min(self.l2)  # type: ignore[arg-type]
-
-    def _lowrank_hessian(self, loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -> dict[str, Tensor]:
-        def apply_h(v: Tensor) -> Tensor:
-            return sum(hf.hvps(loss, theta, xb, yb, v[None])[0] * (len(xb) / len(x)) for _, xb, yb in self._chunks(x, y))
-
-        g = torch.Generator().manual_seed(self.seed + len(self.hessians))
-        values, vectors = cl.lanczos(apply_h, theta.numel(), min(self.rank, theta.numel()), theta.dtype, g)
-        return {"values": values.cpu(), "vectors": vectors.cpu()}
-
-    def inverse_solver(self, i: int, lam: float) -> Any:
-        """A function applying ``(H_i + lambda I)^{-1}`` (Cholesky for dense ``H_i``)."""
-        H = self.hessians[i]
-        if isinstance(H, dict):
-            return cl.lowrank_inverse(H["values"], H["vectors"], self.l2, lam)  # type: ignore[arg-type]
-        if H.ndim == 1:
-            return lambda v: v / (H.to(v) + lam)
-        chol = torch.linalg.cholesky(H + lam * torch.eye(H.shape[0], dtype=H.dtype))
-        return lambda v: torch.cholesky_solve(v.reshape(-1, 1).to(chol), chol).reshape(-1).to(v)
 
     def require_fitted(self) -> None:
         super().require_fitted()

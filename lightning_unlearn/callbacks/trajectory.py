@@ -10,7 +10,9 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
+from lightning_unlearn import contract
 from lightning_unlearn.callbacks.base import RecorderCallback, _gather
+from lightning_unlearn.callbacks.proximal import ProximalRegularizer
 from lightning_unlearn.data import unpack_batch
 from lightning_unlearn.functional import hf
 from lightning_unlearn.store import RowStore
@@ -31,11 +33,15 @@ class TrajectoryRecorder(RecorderCallback):
     actual learning rate and batch size. After fit, ``w + a_u`` approximates the model retrained
     without ``u`` with the same initialisation and batch order (Eqs. (4)-(5), (11)).
 
+    The per-sample loss is ``l = loss_fn(module(x), y) + (l2/2)||theta||^2`` with ``l2`` the SGD
+    ``weight_decay`` (:mod:`lightning_unlearn.contract`): any LightningModule whose ``training_step``
+    returns ``mean loss_fn`` works; this is checked on the first batch of every fit (a label-smoothed
+    loss with the plain cross-entropy ``loss_fn`` is refused, naming both values).
+
     Continual learning (design decision): the recursion runs over the concatenated SGD
-    trajectory of all experiences of the module's own objective ``mean CE + (l2/2)||theta||^2``
-    (``SupervisedClassifier``; no previous-task penalty), never reset: earlier samples' vectors
-    keep contracting during later experiences, new samples start at 0 ([derived]).
-    Statistics of deleted samples are zeroed and no longer propagated.
+    trajectory of all experiences of that objective (no previous-task penalty), never reset:
+    earlier samples' vectors keep contracting during later experiences, new samples start at 0
+    ([derived]). Statistics of deleted samples are zeroed and no longer propagated.
 
     Memory: ``n_tracked * d * bytes(dtype)`` for the vectors (``d`` = trainable parameters;
     e.g. 10k samples x 1e5 parameters = 4 GB in float32, 2 GB in float16) plus the step log
@@ -51,10 +57,13 @@ class TrajectoryRecorder(RecorderCallback):
     included (they do enter the averaged gradient, so they inject once per occurrence); all
     ranks hold identical statistics.
 
-    Requirements (checked at fit start, ``ValueError`` otherwise): plain SGD (one param group,
-    no momentum / weight decay / Nesterov), no gradient accumulation or clipping, no
-    BatchNorm or Dropout, a module with ``l2`` and no ``reg_lambda`` penalty. Outside Lightning,
-    call :meth:`begin_experience`, then :meth:`before_step` at ``w_t`` before every optimizer step,
+    Requirements (checked at fit start, ``ValueError`` otherwise): plain SGD (``weight_decay`` is the
+    ridge; no momentum / Nesterov), no gradient accumulation or clipping, no
+    :class:`ProximalRegularizer`, no BatchNorm or Dropout in training mode (HF needs deterministic
+    per-sample losses: put BatchNorm layers in eval mode before fit, ``layer.eval()``, and keep them
+    there in an overridden ``train()``), a training loss equal to ``mean loss_fn``. Outside Lightning,
+    call :meth:`check_optimizer` (it reads ``l2``), :meth:`begin_experience`, then :meth:`before_step`
+    at ``w_t`` before every optimizer step,
     then :meth:`end_experience` (``UnlearningPlugin`` does it from Avalanche's ``before_update``
     hook). A checkpoint saved mid-fit (``ModelCheckpoint`` at an epoch or step end) holds the
     trajectory up to that step, consistent with the weights it saves, and registers the
@@ -73,6 +82,9 @@ class TrajectoryRecorder(RecorderCallback):
         chunk_size: ``vmap`` chunk size for HVPs and per-sample gradients (bounds peak memory).
         power_iters: power-iteration steps per SGD step to estimate ``M = ||H_t||`` (warm-started).
         row_block: vectors processed at a time (peak memory ``row_block * d`` besides the store).
+        loss_fn: ``loss_fn(outputs, targets) -> (n,)`` per-sample loss (default: cross-entropy).
+        offload: keep the vectors of an in-memory store on the CPU instead of the module's device
+            (each row block then visits the device for its step).
     """
 
     records_every_epoch = True
@@ -88,6 +100,8 @@ class TrajectoryRecorder(RecorderCallback):
         chunk_size: int | None = None,
         power_iters: int = 2,
         row_block: int = 4096,
+        loss_fn: contract.LossFn | None = None,
+        offload: bool = False,
     ) -> None:
         super().__init__()
         if dtype not in (torch.float16, torch.float32, torch.float64):
@@ -101,6 +115,8 @@ class TrajectoryRecorder(RecorderCallback):
         self.dtype, self.store, self.path, self.capacity = dtype, store, path, capacity
         self.track = None if track is None else {int(i) for i in track}
         self.hessian, self.chunk_size, self.power_iters, self.row_block = hessian, chunk_size, power_iters, row_block
+        self.loss_fn: contract.LossFn = loss_fn or contract.per_sample_cross_entropy
+        self.offload = offload
         self._rows: RowStore | None = None  # (rows allocated, d) approximators
         self.n_rows = 0
         self.row_of: dict[int, int] = {}
@@ -116,6 +132,8 @@ class TrajectoryRecorder(RecorderCallback):
         self._eig: Tensor | None = None
         self._in_fit = False
         self._interrupted = False
+        self._optimizer_l2: float | None = None  # weight_decay of the optimizer of the running fit
+        self._check_module = False
 
     @property
     def state_key(self) -> str:
@@ -142,34 +160,28 @@ class TrajectoryRecorder(RecorderCallback):
 
     # -- checks -------------------------------------------------------------------------------------
     @staticmethod
-    def check_module(module: nn.Module) -> float:
-        """``module.l2`` if the module fits HF's assumptions, else ``ValueError`` naming the problem."""
-        if not hasattr(module, "l2") or not hasattr(module, "objective"):
-            raise ValueError("TrajectoryRecorder needs a SupervisedClassifier-like module (objective, l2)")
-        if getattr(module, "reg_lambda", 0):
-            raise ValueError("TrajectoryRecorder follows mean CE + (l2/2)||theta||^2; a previous-task penalty (reg_lambda) is not supported")
-        bad = [n for n, m in module.named_modules() if isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.Dropout))]
+    def check_module(module: nn.Module) -> None:
+        """``ValueError`` naming BatchNorm / Dropout layers in training mode (no deterministic per-sample loss)."""
+        bad = [n for n, m in module.named_modules() if isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.Dropout)) and m.training]
         if bad:
-            raise ValueError(f"HF needs deterministic per-sample losses: remove BatchNorm/Dropout modules {bad[:5]}")
-        return float(module.l2)
+            raise ValueError(
+                f"HF needs deterministic per-sample losses: BatchNorm/Dropout layers {bad[:5]} are in training mode "
+                "(remove them, or call .eval() on them before fit and keep them there in the module's train())"
+            )
 
-    @staticmethod
-    def check_optimizer(optimizer: torch.optim.Optimizer) -> None:
-        """``ValueError`` unless ``optimizer`` is plain SGD: one param group, no momentum, weight decay or Nesterov."""
-        if type(optimizer) is not torch.optim.SGD or len(optimizer.param_groups) != 1:
-            raise ValueError(f"HF follows plain SGD: need one torch.optim.SGD with one param group, got {optimizer}")
-        g = optimizer.param_groups[0]
-        if g["momentum"] or g["weight_decay"] or g["nesterov"]:
-            raise ValueError("HF follows plain SGD: momentum, weight_decay and nesterov must be 0 (put the ridge in the loss, l2)")
+    def check_optimizer(self, optimizer: torch.optim.Optimizer, module: nn.Module | None = None) -> None:
+        """Read the ridge ``l2`` (``weight_decay``) of a plain SGD optimizer (:func:`contract.require_plain_sgd`)."""
+        self._optimizer_l2 = contract.require_plain_sgd([optimizer], module, "TrajectoryRecorder (HF)").weight_decay
 
-    @staticmethod
-    def check_trainer(trainer: L.Trainer) -> None:
-        opts = trainer.optimizers
-        if len(opts) != 1:
-            raise ValueError(f"HF follows plain SGD: need one torch.optim.SGD with one param group, got {opts}")
-        TrajectoryRecorder.check_optimizer(opts[0])
+    def check_trainer(self, trainer: L.Trainer, module: nn.Module) -> None:
+        """:meth:`check_optimizer` on the Trainer's one optimizer; no accumulation, clipping or proximal regulariser."""
+        if len(trainer.optimizers) != 1:
+            raise ValueError(f"HF follows plain SGD: need one torch.optim.SGD, the Trainer has {len(trainer.optimizers)} optimizers")
+        self.check_optimizer(trainer.optimizers[0], module)
         if trainer.accumulate_grad_batches != 1 or trainer.gradient_clip_val:
             raise ValueError("HF follows plain SGD: no gradient accumulation or clipping")
+        if any(isinstance(c, ProximalRegularizer) for c in trainer.callbacks):  # type: ignore[attr-defined]
+            raise ValueError("TrajectoryRecorder follows mean loss_fn + (l2/2)||theta||^2; a ProximalRegularizer is not supported")
 
     def require_fitted(self) -> None:
         super().require_fitted()
@@ -178,27 +190,36 @@ class TrajectoryRecorder(RecorderCallback):
 
     # -- framework-neutral API ------------------------------------------------------------------------
     def begin_experience(self, module: nn.Module) -> None:
-        """Check the module (:meth:`check_module`) and its ``l2`` against the recorded trajectory, start staging."""
-        l2 = self.check_module(module)
+        """Check the optimizer's ``l2`` against the recorded trajectory (call :meth:`check_optimizer` first), start staging."""
+        l2 = self._optimizer_l2
+        if l2 is None:
+            raise ValueError("TrajectoryRecorder reads l2 from the optimizer: call check_optimizer(optimizer) before begin_experience")
         if self.l2 is not None and l2 != self.l2:
-            raise ValueError(f"module l2={l2} differs from the l2={self.l2} of the recorded trajectory")
+            raise ValueError(f"the optimizer's weight_decay={l2} differs from the l2={self.l2} of the recorded trajectory")
         self.l2 = l2
         super().begin_experience(module)
-        self._in_fit = True
+        if self._rows is not None and not self._rows.mapped and not self.offload:
+            self._rows.data = self._rows.data.to(hf.flat_params(module).device)
+        self._in_fit, self._check_module = True, True
 
     def before_step(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, lr: float) -> None:
         """At ``w_t``, before the optimizer step with learning rate ``lr`` on this (rank-gathered) batch:
         register its new samples and apply one recursion step (Eq. (10)) to every live vector."""
+        if self._check_module:  # the first step of an experience: the modes the training loop set
+            self.check_module(module)
+            self._check_module = False
         super().record(module, x, y, ids)
         self._step(module, x, y, ids, lr)
 
     # -- Lightning hooks ----------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.check_trainer(trainer)
+        self.check_trainer(trainer, pl_module)
         super().on_train_start(trainer, pl_module)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         x, y, ids = unpack_batch(batch, self.batch_keys)
+        if self._check_module:  # once per fit, on its first batch: the module's own loss is loss_fn's
+            contract.resolve_loss_fn(pl_module, self.loss_fn, batch, keys=self.batch_keys)
         if trainer.world_size > 1:  # the DDP step averages all ranks' batches: gather every occurrence
             x, y, ids = (_gather(pl_module, t) for t in (x, y, ids))
         self.before_step(pl_module, x, y, ids, float(trainer.optimizers[0].param_groups[0]["lr"]))
@@ -226,11 +247,12 @@ class TrajectoryRecorder(RecorderCallback):
     def _record(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any) -> None:
         new = [i for i in ids.tolist() if (self.track is None or i in self.track) and i not in self.row_of]
         if new:
-            self._allocate(new, hf.flat_params(module).numel())
+            theta = hf.flat_params(module)
+            self._allocate(new, theta.numel(), torch.device("cpu") if self.offload else theta.device)
 
-    def _allocate(self, new_ids: list[int], dim: int) -> None:
+    def _allocate(self, new_ids: list[int], dim: int, device: torch.device | None = None) -> None:
         if self._rows is None:
-            self._rows = self._new_store(dim)
+            self._rows = self._new_store(dim, device)
         if self._rows.data.shape[1] != dim:
             have = self._rows.data.shape[1]
             raise ValueError(f"module has {dim} trainable parameters but the recorded vectors have {have}")
@@ -241,10 +263,10 @@ class TrajectoryRecorder(RecorderCallback):
             self.n_rows += 1
         self.active = torch.cat([self.active, torch.ones(len(new_ids), dtype=torch.bool)])
 
-    def _new_store(self, dim: int) -> RowStore:
+    def _new_store(self, dim: int, device: torch.device | None = None) -> RowStore:
         if self.store == "mmap":
             return RowStore.create(self.path, self.capacity, dim, self.dtype)  # type: ignore[arg-type]
-        return RowStore.memory(dim, self.dtype)
+        return RowStore.memory(dim, self.dtype, device=device)
 
     def _commit(self, module: nn.Module) -> None:
         """Nothing to fold in: the vectors were updated in place at every step."""
@@ -253,18 +275,23 @@ class TrajectoryRecorder(RecorderCallback):
         """One recursion step at ``w_t`` (Eq. (10); :func:`hf.recursion_step`) on all live vectors,
         ``row_block`` rows at a time (bounded memory for a memory-mapped store)."""
         theta = hf.flat_params(module)
-        loss = hf.sample_loss_fn(module, self.l2)  # type: ignore[arg-type]
+        loss = hf.ModuleLoss(module, float(self.l2 or 0.0), self.loss_fn)
         x, y = x.detach(), y.detach()
         live = self.active.nonzero().flatten()
         rows, in_batch = self._live_rows(ids)
-        grads = hf.per_sample_grads(loss, theta, x[in_batch], y[in_batch], self.chunk_size) if in_batch.any() else theta.new_zeros(0, theta.numel())
+        if in_batch.any():
+            mask = in_batch.to(x.device)
+            grads = hf.per_sample_grads(loss, theta, x[mask], y[mask], self.chunk_size)
+        else:
+            grads = theta.new_zeros(0, theta.numel())
         times_h, apply_h = self._hessian_operator(loss, theta, x, y, live.numel())
         position = torch.full((max(self.n_rows, 1),), -1, dtype=torch.long)
         for block in live.split(self.row_block) if live.numel() else ():
-            A = self.A[block].to(theta.dtype)
+            A = self.A[block].to(theta)
             position[block] = torch.arange(block.numel())
             mine = position[rows] >= 0
-            self.A[block] = hf.recursion_step(A, times_h(A), lr, position[rows][mine], grads[mine], batch_size=len(ids)).to(self.dtype)
+            new = hf.recursion_step(A, times_h(A), lr, position[rows][mine], grads[mine.to(grads.device)], len(ids))
+            self.A[block] = new.to(self.A)
             position[block] = -1
         self._update_estimates(apply_h, theta, grads)
         self._occ_rows.append(rows)

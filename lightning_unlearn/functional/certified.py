@@ -1,7 +1,6 @@
-"""Certified unlearning in continual learning (paper 004) and the shared Gaussian mechanism, pure torch.
+"""Certified unlearning in continual learning ([CCL]) and the shared Gaussian mechanism, pure torch.
 
-Equation numbers refer to "Machine Unlearning Meets Continuous Learning: A Theoretical Foundation"
-(``shared/papers/certified_unlearning_in_continual_learning.txt``, called 004). Tasks are indexed ``0..t-1`` in learning order.
+Equation numbers refer to [CCL] (called 004 below). Tasks are indexed ``0..t-1`` in learning order.
 Each task ``i`` is solved as ``w_i = argmin mean_{z in D_i} l(w; z) + (lambda/2)||w - w_{i-1}||^2``
 (Eq. (1), with the mean task loss of 004 Sec. 5.1) from the anchor ``start_i`` (``w_0 = 0`` for the first task);
 ``H_i`` is the mean Hessian of ``l`` (which includes the ``l2`` ridge, so ``mu = l2``) at ``end_i``.
@@ -18,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from lightning_unlearn.functional import hf
 
 
 # -- Gaussian mechanism (shared by HF and 004) ---------------------------------------------------
@@ -208,14 +209,63 @@ def sensitivity_hessian(status: Sequence[TaskStatus], c: CLConstants, gaps: Sequ
             "chain_term": chain, "rho": c.rho}
 
 
+# -- Hessian estimation at a task's solution (004 Alg. 2 line 5) --------------------------------------
+def _chunks(x: Tensor, y: Tensor, chunk_size: int | None) -> list[tuple[Tensor, Tensor, float]]:
+    """Sample blocks of ``chunk_size`` with their weight ``len(block)/n`` in the mean (bounds peak memory)."""
+    step = chunk_size or len(x)
+    return [(x[k : k + step], y[k : k + step], min(step, len(x) - k) / len(x)) for k in range(0, len(x), step)]
+
+
+def dense_hessian(loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = 256) -> Tensor:
+    """``H = (1/n) sum_z hess l(theta; z)``, dense ``(d, d)`` (004 Alg. 2 line 5), ``chunk_size`` samples at a time."""
+    H = torch.zeros(theta.numel(), theta.numel(), dtype=theta.dtype, device=theta.device)
+    for xb, yb, weight in _chunks(x, y, chunk_size):
+        H += hf.batch_hessian(loss, theta, xb, yb, chunk_size) * weight
+    return H
+
+
+def hessian_operator(
+    loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = 256
+) -> Callable[[Tensor], Tensor]:
+    """``V -> V H`` for the rows of ``V`` (``H`` the mean Hessian over all of ``x``), by chunked batched HVPs."""
+    def apply(V: Tensor) -> Tensor:
+        parts = [hf.hvps(loss, theta, xb, yb, V, chunk_size=8) * w for xb, yb, w in _chunks(x, y, chunk_size)]
+        return torch.stack(parts).sum(0)
+
+    return apply
+
+
+def hutchinson_diagonal(apply_h: Callable[[Tensor], Tensor], dim: int, n_probes: int, floor: float,
+                        generator: torch.Generator, dtype: torch.dtype, device: torch.device | str = "cpu") -> Tensor:
+    """Hutchinson's estimate ``diag(H) ~ mean_k z_k * (H z_k)`` with Rademacher probes, clamped below at
+    ``floor`` (the ridge ``mu``, a lower bound of the true diagonal). [approximation, not in 004]"""
+    Z = (torch.randint(0, 2, (n_probes, dim), generator=generator) * 2 - 1).to(dtype=dtype, device=device)
+    return (Z * apply_h(Z)).mean(0).clamp_min(floor)
+
+
+def inverse_solver(H: Tensor | dict[str, Tensor], floor: float, lam: float) -> Callable[[Tensor], Tensor]:
+    """A function applying ``(H + lambda I)^{-1}`` (the operator of Eq. (13)) for a recorded Hessian:
+    Cholesky for a dense ``(d, d)`` matrix, elementwise for a diagonal ``(d,)``, and :func:`lowrank_inverse`
+    for ``{"values", "vectors"}`` (complement curvature ``floor``)."""
+    if isinstance(H, dict):
+        return lowrank_inverse(H["values"], H["vectors"], floor, lam)
+    if H.ndim == 1:
+        return lambda v: v / (H.to(v) + lam)
+    chol = torch.linalg.cholesky(H + lam * torch.eye(H.shape[0], dtype=H.dtype, device=H.device))
+    return lambda v: torch.cholesky_solve(v.reshape(-1, 1).to(chol), chol).reshape(-1).to(v)
+
+
 # -- low-rank Hessian approximation (not in the paper) ------------------------------------------------
-def lanczos(apply_h: Callable[[Tensor], Tensor], dim: int, rank: int, dtype: torch.dtype, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+def lanczos(
+    apply_h: Callable[[Tensor], Tensor], dim: int, rank: int, dtype: torch.dtype, generator: torch.Generator,
+    device: torch.device | str = "cpu",
+) -> tuple[Tensor, Tensor]:
     """Top of the spectrum of a symmetric operator from ``rank`` HVPs: Lanczos with full
     reorthogonalisation. Returns Ritz values ``(k,)`` and orthonormal Ritz vectors ``(d, k)``.
     [approximation, not in 004] Used by ``HessianRecorder(hessian="lowrank")``.
     """
-    Q = torch.zeros(rank + 1, dim, dtype=dtype)
-    q = torch.randn(dim, generator=generator, dtype=dtype)
+    Q = torch.zeros(rank + 1, dim, dtype=dtype, device=device)
+    q = torch.randn(dim, generator=generator, dtype=dtype).to(device)
     Q[0] = q / q.norm()
     alphas, betas = [], []
     for j in range(rank):
@@ -229,7 +279,8 @@ def lanczos(apply_h: Callable[[Tensor], Tensor], dim: int, rank: int, dtype: tor
         betas.append(beta)
         Q[j + 1] = w / beta
     k = len(alphas)
-    T = torch.diag(torch.tensor(alphas, dtype=dtype)) + torch.diag(torch.tensor(betas[: k - 1], dtype=dtype), 1) + torch.diag(torch.tensor(betas[: k - 1], dtype=dtype), -1)
+    off = torch.tensor(betas[: k - 1], dtype=dtype, device=device)
+    T = torch.diag(torch.tensor(alphas, dtype=dtype, device=device)) + torch.diag(off, 1) + torch.diag(off, -1)
     values, vectors = torch.linalg.eigh(T)
     return values, Q[:k].T @ vectors
 

@@ -1,10 +1,9 @@
-"""Hessian-Free online certified unlearning (HF), pure torch.
+"""Hessian-Free online certified unlearning ([HF]), pure torch.
 
-Equation numbers refer to Qiao et al., "Hessian-Free Online Certified Unlearning"
-(``shared/papers/hessian_free_online_certified_unlearning.txt``). Parameters are handled as one flat vector
-``theta`` of length ``d`` (trainable parameters of a module, in ``named_parameters`` order); the
-per-sample loss is ``l(theta; z) = CE(f_theta(x), y) + (l2/2)||theta||^2``, whose batch mean is
-exactly the objective SGD follows (:class:`lightning_unlearn.models.SupervisedClassifier`).
+Equation numbers refer to [HF]. Parameters are handled as one flat vector ``theta`` of length ``d``
+(trainable parameters of a module, in ``named_parameters`` order); the per-sample loss is
+``l(theta; z) = loss_fn(f_theta(x), y) + (l2/2)||theta||^2`` (:class:`ModuleLoss`), whose batch mean is
+exactly the objective plain SGD with ``weight_decay=l2`` follows.
 
 Everything is batched with ``torch.func``: per-sample gradients are ``vmap(grad(l))`` and the
 Hessian-vector products of the recursion are ``vmap`` over vectors of ``jvp(grad(F_B))``
@@ -55,27 +54,37 @@ def set_flat_params(module: nn.Module, theta: Tensor) -> None:
                 p.copy_(params[name].to(p))
 
 
+def cross_entropy(outputs: Tensor, targets: Tensor) -> Tensor:
+    """Per-sample cross-entropy (no reduction): the default ``loss_fn`` of the recorders."""
+    logits = outputs.to(torch.promote_types(outputs.dtype, torch.float32))
+    return nn.functional.cross_entropy(logits, targets.reshape(-1).long(), reduction="none")
+
+
 class ModuleLoss:
-    """HF's per-sample loss ``l(theta; x, y) = CE(f_theta(x), y) + (l2/2)||theta||^2`` (Eq. (2)) of a module.
+    """The per-sample loss ``l(theta; x, y) = loss_fn(f_theta(x), y) + (l2/2)||theta||^2`` of a module
+    ([HF] Eq. (2); [CCL]'s ``l`` with ``mu = l2``), with ``f_theta`` the module called on the flat parameters.
 
     Calling it evaluates ONE sample (for ``vmap(grad(.))``); :meth:`mean` evaluates the batch mean
-    ``F_B(theta)`` with one batched forward (the objective of an SGD step, Eq. (3)).
+    ``F_B(theta)`` with one batched forward (the objective of an SGD step, [HF] Eq. (3)). The module's
+    buffers are used as they are (BatchNorm must be in eval mode for a per-sample loss to exist).
+
+    Args:
+        module: the network; only its trainable parameters are replaced by ``theta``.
+        l2: ridge coefficient (the optimizer's ``weight_decay`` in the recorders).
+        loss_fn: ``loss_fn(outputs, targets) -> (n,)`` per-sample loss (default: cross-entropy).
     """
 
-    def __init__(self, module: nn.Module, l2: float) -> None:
-        self.module, self.l2, self.spec = module, float(l2), param_spec(module)
+    def __init__(
+        self, module: nn.Module, l2: float = 0.0, loss_fn: Callable[[Tensor, Tensor], Tensor] = cross_entropy
+    ) -> None:
+        self.module, self.l2, self.loss_fn, self.spec = module, float(l2), loss_fn, param_spec(module)
 
     def mean(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        logits = functional_call(self.module, unflatten(theta, self.spec), (x,))
-        return nn.functional.cross_entropy(logits, y.reshape(-1).long()) + 0.5 * self.l2 * theta.pow(2).sum()
+        outputs = functional_call(self.module, unflatten(theta, self.spec), (x,))
+        return self.loss_fn(outputs, y).mean() + 0.5 * self.l2 * theta.pow(2).sum()
 
     def __call__(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        return self.mean(theta, x.unsqueeze(0), y.reshape(1))
-
-
-def sample_loss_fn(module: nn.Module, l2: float) -> ModuleLoss:
-    """The module's per-sample loss (see :class:`ModuleLoss`)."""
-    return ModuleLoss(module, l2)
+        return self.mean(theta, x.unsqueeze(0), y.reshape(1, *y.shape))
 
 
 def batch_mean_loss(loss: ModuleLoss, x: Tensor, y: Tensor) -> Callable[[Tensor], Tensor]:
@@ -131,7 +140,7 @@ def recursion_step(A: Tensor, AH: Tensor, lr: float, rows: Tensor, grads: Tensor
     if grads.shape != (rows.numel(), A.shape[1]):
         raise ValueError(f"{rows.numel()} batch rows but per-sample gradients of shape {tuple(grads.shape)}")
     out = A - lr * AH
-    return out.index_add(0, rows, grads.to(out.dtype), alpha=lr / batch_size)
+    return out.index_add(0, rows.to(out.device), grads.to(out), alpha=lr / batch_size)
 
 
 # -- noise calibration (Algorithm 1 line 13, Eqs. (12)-(13), (56)) --------------------------------
@@ -146,18 +155,30 @@ def per_sample_bound(
     [interp] ``eta = lrs[0]``, ``q`` is the largest observed step-size ratio (1 if the rate ever
     grows, e.g. when a new experience restarts its schedule), and ``C_2`` sums over the steps
     where u actually occurred (the paper's ``e B + b(u)``), with the actual ``|B_t|``.
+
+    Summed in log space (``logsumexp``): with ``rho > 1`` (a step size too large for the curvature, as
+    on a trained CNN) ``rho^T`` leaves the float range; a term that does is returned as ``inf``.
     """
     T = int(lrs.numel())
     eta = float(lrs[0])
     ratios = lrs[1:] / lrs[:-1] if T > 1 else lrs.new_ones(1)
     q = min(1.0, float(ratios.max()))
     k = torch.arange(T, dtype=torch.float64)
-    decay = torch.tensor(rho, dtype=torch.float64) ** (T - k - 1)
+    rho_t, q_t = torch.tensor(rho, dtype=torch.float64), torch.tensor(q, dtype=torch.float64)
+    log_decay = torch.xlogy(T - k - 1, rho_t)
     growth = k if q >= 1.0 else (q**k - q ** (2 * k)) / (1 - q)
-    c1 = 2 * eta**2 * grad_bound * float((decay * growth).sum())
+    c1 = _exp_sum(math.log(2 * eta**2 * grad_bound) if eta * grad_bound > 0 else -math.inf, log_decay + growth.log())
     t = occurrences.double()
-    c2 = float((2 * eta * grad_bound / batch_sizes[occurrences].double() * rho ** (T - t - 1) * q**t).sum())
+    log_c2 = (torch.xlogy(T - t - 1, rho_t) + torch.xlogy(t, q_t) - batch_sizes[occurrences].double().log())
+    c2 = _exp_sum(math.log(2 * eta * grad_bound) if eta * grad_bound > 0 else -math.inf, log_c2)
     return c1, c2
+
+
+def _exp_sum(log_scale: float, log_terms: Tensor) -> float:
+    """``exp(log_scale) * sum(exp(log_terms))`` in log space; ``inf`` past the float64 range, 0 for no terms."""
+    if not log_terms.numel() or log_scale == -math.inf:
+        return 0.0
+    return float(torch.exp(torch.logsumexp(log_terms, 0) + log_scale))
 
 
 def contraction_factor(lrs: Tensor, strong_convexity: float, smoothness: float) -> float:
@@ -168,7 +189,9 @@ def contraction_factor(lrs: Tensor, strong_convexity: float, smoothness: float) 
 
 def deletion_capacity(epsilon: float, delta: float, lr: float, dim: int, rho: float, steps: int) -> float:
     """Eq. (21), ``m = O(eps / (eta sqrt(ln(1/delta)) sqrt(d) rho^n))`` with the O-constant taken as 1
-    and ``rho^n`` read as ``rho^T`` (``rho^{nE/|B|}`` in Eq. (14)) [interp]; ``inf`` if ``rho < 1`` makes
-    the denominator underflow."""
-    denom = lr * math.sqrt(math.log(1 / delta)) * math.sqrt(dim) * rho**steps
-    return math.inf if denom == 0 else epsilon / denom
+    and ``rho^n`` read as ``rho^T`` (``rho^{nE/|B|}`` in Eq. (14)) [interp]; computed in log space:
+    ``inf`` when ``rho^T`` underflows, 0 when it overflows (``rho > 1`` over a long trajectory)."""
+    if rho == 0 or lr == 0:
+        return math.inf
+    log_denom = math.log(lr) + 0.5 * math.log(math.log(1 / delta)) + 0.5 * math.log(dim) + steps * math.log(rho)
+    return float(torch.exp(torch.tensor(math.log(epsilon) - log_denom, dtype=torch.float64)))

@@ -13,6 +13,7 @@ from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.functional import certified as cl
 from lightning_unlearn.functional import hf
+from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, UnlearningUpdate
 
 
@@ -201,10 +202,10 @@ class HessianCertifiedStrategy(_ContinualCertified):
             if x is None:
                 g = torch.stack([rec.sample_grads[int(u)] for u in ids[mine].tolist()]).sum(0)
             else:
-                helper = self.module
-                theta = rec.ends[i].to(hf.flat_params(helper))
-                loss = hf.sample_loss_fn(helper, rec.l2)  # type: ignore[arg-type]
-                g = hf.per_sample_grads(loss, theta, x[mine].to(theta.device), y[mine].to(theta.device)).sum(0)
+                theta = rec.ends[i].to(hf.flat_params(self.module))
+                with eval_mode(self.module):
+                    xm, ym = x[mine].to(theta.device), y[mine].to(theta.device)
+                    g = hf.per_sample_grads(rec.module_loss(self.module), theta, xm, ym).sum(0)
             sums[i] = g if sums[i] is None else sums[i] + g
         return sums
 
@@ -214,7 +215,10 @@ class HessianCertifiedStrategy(_ContinualCertified):
         c = self.constants()
         status = self.task_status(ids)
         sums = self._gradient_sums(ids, data, status)
-        solves = [None if s.kind == "deleted" else rec.inverse_solver(i, c.reg_lambda) for i, s in enumerate(status)]
+        solves = [
+            None if s.kind == "deleted" else cl.inverse_solver(rec.hessians[i], c.strong_convexity, c.reg_lambda)
+            for i, s in enumerate(status)
+        ]
         current = rec.ends[-1]
         e = cl.hessian_correction(status, rec.starts, rec.ends, current, solves, sums, c.reg_lambda)  # Eq. (13)
         internal = current + e

@@ -125,15 +125,16 @@ class HFStrategy(UnlearningStrategy):
         if bounds["rho"] >= 1:
             warnings.warn(f"HF contraction factor rho = {bounds['rho']:.4g} >= 1 (Lemma 3 needs eta < 2/(M + lambda) and lambda > 0): "
                           "the bound does not decay", stacklevel=4)
-        if not math.isfinite(bounds["sensitivity"]):
+        certified = self.noise and self.sigma_override is None
+        finite = math.isfinite(bounds["sensitivity"])
+        if not finite and certified:
             raise ValueError(f"HF noise bound is infinite (rho = {bounds['rho']:.4g} over {rec.n_steps} steps): step size too large for M")
-        sigma = gaussian_sigma(bounds["sensitivity"], self.epsilon, self.delta)
+        sigma = gaussian_sigma(bounds["sensitivity"], self.epsilon, self.delta) if finite else math.inf
         internal = self.clean_parameters()
-        update = rec.A[rows].to(internal.dtype).sum(0)  # a^{-U} = sum_u a^{-u} (Theorem 1)
+        update = rec.A[rows].to(internal).sum(0)  # a^{-U} = sum_u a^{-u} (Theorem 1)
         internal = internal + update  # Alg. 1 line 13
         std = sigma if self.sigma_override is None else self.sigma_override
         noise = std * torch.randn(internal.shape, generator=self.generator, dtype=internal.dtype) if self.noise else torch.zeros_like(internal)
-        certified = self.noise and self.sigma_override is None
         if not torch.isfinite(internal + noise).all():
             raise ValueError("HF update is not finite (diverged trajectory statistics?)")
         certificate = Certificate(
@@ -146,6 +147,7 @@ class HFStrategy(UnlearningStrategy):
             statement=(
                 "HF Alg. 1 + Theorem 4: ||w_retrain - (w + a^{-U})|| <= gamma (sum form of Eq. (56), estimated "
                 "constants), Gaussian mechanism" + uncertified_note(self.noise, self.sigma_override)
+                + ("" if finite else f"; the bound is infinite (rho = {bounds['rho']:.4g} over {rec.n_steps} steps)")
             ),
         )
         return UnlearningUpdate(
