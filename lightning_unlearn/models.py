@@ -158,6 +158,14 @@ class ProximalClassifier(SupervisedClassifier):
     def configure_callbacks(self) -> list[L.Callback]:
         return [self.regularizer]
 
+    def get_extra_state(self) -> Tensor:
+        """The regulariser's task counter, in the module's ``state_dict``: a model reset to an initial state
+        (e.g. by :class:`RetrainStrategy`) anchors its first task at ``w_0 = 0`` again."""
+        return self.regularizer.progress()
+
+    def set_extra_state(self, state: Tensor) -> None:
+        self.regularizer.load_progress(state)
+
     def start_task(self) -> None:
         """Anchor the regulariser (outside Lightning, e.g. under Avalanche, before each experience)."""
         self.regularizer.begin_experience(self)

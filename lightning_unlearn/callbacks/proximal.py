@@ -136,6 +136,14 @@ class ProximalRegularizer(L.Callback):
         self.end_experience(strategy.model)
 
     # -- state -------------------------------------------------------------------------------------
+    def progress(self) -> Tensor:
+        """``(tasks_learned, experience open)`` as a tensor (a module owning the regulariser keeps it in its state_dict)."""
+        return torch.tensor([self.tasks_learned, int(self._open)])
+
+    def load_progress(self, progress: Tensor) -> None:
+        """Restore :meth:`progress` (e.g. a module reset to its initial state starts over at ``w_0 = 0``)."""
+        self.tasks_learned, self._open = int(progress[0]), bool(progress[1])
+
     def state_dict(self) -> dict[str, Any]:
         anchors = None if self.anchors is None else {n: a.clone() for n, a in self.anchors.items()}
         return {
