@@ -188,7 +188,7 @@ class RowStore:
     def digest(self, rows: int) -> str:
         """XXH3-128 over the dtype, width and bytes of the first ``rows`` rows."""
         h = xxhash.xxh3_128(f"{self.data.dtype}|{self.data.shape[1]}|{rows}|".encode())
-        h.update(self.data[:rows].contiguous().view(torch.uint8).cpu().numpy())
+        h.update(self.data[:rows].contiguous().view(torch.uint8).cpu().numpy().data)
         return h.hexdigest()
 
     def close(self) -> None:

@@ -6,7 +6,12 @@ from helpers import analytic_model, quiet_trainer, toy_dataset
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
-from lightning_unlearn import ACUStrategy, AnalyticRecorder, ForgetRequest, HessianRecorder
+from lightning_unlearn import (
+    ACUStrategy,
+    AnalyticRecorder,
+    ForgetRequest,
+    HessianRecorder,
+)
 
 
 def test_checkpoint_restores_statistics_and_forgets_identically(tmp_path):

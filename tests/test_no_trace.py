@@ -20,13 +20,31 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from helpers_certified import D_IN, N_CLASSES, blobs, cl_tasks, proximal_model, sgd_model, trainer
+from helpers_certified import (
+    D_IN,
+    N_CLASSES,
+    blobs,
+    cl_tasks,
+    proximal_model,
+    sgd_model,
+    trainer,
+)
 from lightning.pytorch.loggers import CSVLogger
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from lightning_unlearn import AnalyticClassifier, AnalyticRecorder, ForgetRequest, Ledger
-from lightning_unlearn.callbacks import HessianRecorder, SampleRecorder, StreamingRecorder, TrajectoryRecorder
+from lightning_unlearn import (
+    AnalyticClassifier,
+    AnalyticRecorder,
+    ForgetRequest,
+    Ledger,
+)
+from lightning_unlearn.callbacks import (
+    HessianRecorder,
+    SampleRecorder,
+    StreamingRecorder,
+    TrajectoryRecorder,
+)
 from lightning_unlearn.models import SupervisedClassifier, mlp_backbone
 from lightning_unlearn.strategies import (
     ACUStrategy,

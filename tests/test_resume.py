@@ -94,7 +94,7 @@ def test_acu_resumed_mid_epoch_of_the_first_experience_equals_the_uninterrupted_
     data = toy_dataset(160)
     model, rec = analytic()()
     trainer([rec], max_epochs=2).fit(model, ResumableLoader(data, 16))
-    loader = lambda: ResumableLoader(data, 16)  # noqa: E731
+    loader = lambda: ResumableLoader(data, 16)
     model2, rec2 = interrupted_then_resumed(analytic(), tmp_path / "mid.ckpt", epoch, 4, loader, 2)
     assert len(rec2.catalog) == 160 and torch.equal(rec2.catalog.ids, rec.catalog.ids)  # same samples, same order
     for k in ("R", "Q", "T", "W"):  # bit for bit: the same float64 sums in the same order
@@ -118,7 +118,7 @@ def test_acu_resumed_mid_epoch_of_a_later_experience_equals_the_uninterrupted_fi
 
     m_ref, r_ref = make()
     trainer([r_ref], max_epochs=1).fit(m_ref, ResumableLoader(second, 16))
-    m2, r2 = interrupted_then_resumed(make, tmp_path / "mid.ckpt", 0, 2, lambda: ResumableLoader(second, 16), 1)
+    _, r2 = interrupted_then_resumed(make, tmp_path / "mid.ckpt", 0, 2, lambda: ResumableLoader(second, 16), 1)
     assert r2.catalog.experiences.unique().tolist() == [0, 1] and len(r2.catalog) == 160
     assert torch.equal(r2.catalog.ids, r_ref.catalog.ids) and torch.equal(r2.R, r_ref.R) and torch.equal(r2.W, r_ref.W)
 

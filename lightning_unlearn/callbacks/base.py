@@ -16,11 +16,10 @@ so statistics only ever reflect whole experiences.
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
-
-import ast
 
 import lightning as L
 import torch
@@ -276,7 +275,7 @@ class RecorderCallback(L.Callback):
         if self.state_key in states:
             return
         name = type(self).__qualname__
-        ours = _settings(self.state_key, name)
+        ours = _settings(self.state_key, name) or {}
         for key in states:
             theirs = _settings(key, name) if isinstance(key, str) else None
             if theirs is None:

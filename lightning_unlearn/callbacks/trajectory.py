@@ -425,15 +425,15 @@ class TrajectoryRecorder(RecorderCallback):
             if same:
                 self._rows = source
                 return
-            rows, dim = int(saved["rows"]), int(saved["dim"])
+            rows, dim, values = int(saved["rows"]), int(saved["dim"]), source.data
         else:
-            source, (rows, dim) = None, saved.shape
-        if self.store == "mmap" and self.capacity < rows:
+            source, (rows, dim), values = None, saved.shape, saved
+        if self.store == "mmap" and (self.capacity or 0) < rows:
             raise ValueError(f"TrajectoryRecorder capacity={self.capacity} is smaller than the {rows} recorded vectors")
         self.close()
         store = self._new_store(dim)
         store.reserve(rows)
-        store.data[:rows] = (source.data[:rows] if source is not None else saved).to(self.dtype)
+        store.data[:rows] = values[:rows].to(self.dtype)
         store.flush()
         if source is not None:
             source.close()
