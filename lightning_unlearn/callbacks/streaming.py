@@ -31,6 +31,11 @@ class StreamingRecorder(RecorderCallback):
     * :class:`StreamingStrategy` then subtracts each request's samples from these statistics and
       appends them to the forget buffer (the past forget sets ``F_1..F_t`` Eq. (25) sums over).
 
+    Device: the per-batch class sums and the anchor pass's gradient sums are computed and accumulated
+    on the module's device (no per-batch transfer); the totals move to the CPU once per experience,
+    where :class:`StreamingStrategy` computes its rounds. The deletion update of the class statistics
+    is :func:`safe.remove_samples`.
+
     ``l`` is the cross-entropy of ``module(x)`` (the prediction loss of Eq. (1); a regulariser in
     the module's training objective is not part of it).
 
@@ -69,6 +74,7 @@ class StreamingRecorder(RecorderCallback):
         self.rounds = 0
         self.cumulative_surrogate = 0.0
         self._staged: tuple[Tensor, Tensor, Tensor] | None = None
+        self._V_device: Tensor | None = None  # V on the device of the batches (class sums are taken there)
         self._prior: tuple[dict[str, Tensor], Tensor] = ({}, torch.zeros((), dtype=torch.float64))
         self._anchor_key: tuple[int, int] | None = None  # (experience, global step) of the last anchor pass
 
@@ -114,13 +120,15 @@ class StreamingRecorder(RecorderCallback):
             self.V = torch.randn(p, self.proj_dim, generator=g, dtype=torch.float64)
         elif self.V.shape[0] != p:
             raise ValueError(f"inputs have {p} features but the recorded projection V expects {self.V.shape[0]}")
-        n, s1, s2 = safe.class_sums(safe.project(x.detach().cpu(), self.V), y.cpu(), self.num_classes)
+        if self._V_device is None or self._V_device.device != x.device:
+            self._V_device = self.V.to(x.device)
+        n, s1, s2 = safe.class_sums(safe.project(x.detach(), self._V_device), y, self.num_classes)  # on the batch's device
         if self._staged is not None:
             n, s1, s2 = n + self._staged[0], s1 + self._staged[1], s2 + self._staged[2]
         self._staged = (n, s1, s2)
 
     def _commit(self, module: nn.Module) -> None:
-        n, s1, s2 = self._staged
+        n, s1, s2 = (t.to(self.counts.device) for t in self._staged)  # one transfer per experience
         self.counts, self.s1, self.s2 = self.counts + n, self.s1 + s1, self.s2 + s2
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -158,8 +166,8 @@ class StreamingRecorder(RecorderCallback):
         names = [n for n, p in module.named_parameters() if p.requires_grad]
         params = {n: p.detach() for n, p in module.named_parameters() if p.requires_grad}
         buffers = {n: b.detach().clone() for n, b in module.named_buffers()}
-        grads = {n: torch.zeros_like(p, dtype=torch.float64, device="cpu") for n, p in params.items()}
-        loss = torch.zeros((), dtype=torch.float64)
+        grads = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in params.items()}  # on the module's device
+        loss = torch.zeros((), dtype=torch.float64, device=next(iter(params.values())).device)
         seen: set[int] = set()
         with eval_mode(module):  # BN statistics must not move
             for x, y, ids in batches:
@@ -167,11 +175,11 @@ class StreamingRecorder(RecorderCallback):
                 if keep.numel():
                     g, value = safe.summed_loss_grad(module, params, buffers, x[keep], y[keep])
                     for n in names:
-                        grads[n] += g[n].detach().double().cpu()
-                    loss += value.double().cpu()
+                        grads[n] += g[n].detach().double()
+                    loss += value.double()
         prior_grads, prior_loss = self._prior
-        self.grad_sum = {n: grads[n] + prior_grads.get(n, 0.0) for n in names}
-        self.loss_sum = loss + prior_loss
+        self.grad_sum = {n: grads[n].cpu() + prior_grads.get(n, 0.0) for n in names}
+        self.loss_sum = loss.cpu() + prior_loss
         self.w0 = {n: p.detach().cpu().clone() for n, p in params.items()}
         self.buffers0 = {n: b.cpu() for n, b in buffers.items()}
         self.ref_counts = self.counts.clone()
@@ -200,9 +208,9 @@ class StreamingRecorder(RecorderCallback):
 
         Only the ids of ``F_t`` are kept (for the sum over ``F_1..F_t`` of Eq. (25)), never its inputs.
         """
-        n, s1, s2 = safe.class_sums(safe.project(x, self.V), y, self.num_classes)
+        counts, s1, s2 = safe.remove_samples(self.counts, self.s1, self.s2, safe.project(x, self.V), y)
         return {
-            "counts": self.counts - n, "s1": self.s1 - s1, "s2": self.s2 - s2, "grad_sum": grad_sum, "loss_sum": loss_sum,
+            "counts": counts, "s1": s1, "s2": s2, "grad_sum": grad_sum, "loss_sum": loss_sum,
             "forget_ids": torch.cat([self.forget_ids, ids]), "rounds": self.rounds + 1,
             "cumulative_surrogate": self.cumulative_surrogate + surrogate,
         }

@@ -286,14 +286,21 @@ class TrajectoryRecorder(RecorderCallback):
             grads = theta.new_zeros(0, theta.numel())
         times_h, apply_h = self._hessian_operator(loss, theta, x, y, live.numel())
         position = torch.full((max(self.n_rows, 1),), -1, dtype=torch.long)
+        probe = self._power_start(theta) if self.power_iters else None
+        first_hv = None
         for block in live.split(self.row_block) if live.numel() else ():
             A = self.A[block].to(theta)
             position[block] = torch.arange(block.numel())
             mine = position[rows] >= 0
-            new = hf.recursion_step(A, times_h(A), lr, position[rows][mine], grads[mine.to(grads.device)], len(ids))
+            if probe is not None and first_hv is None:  # the power iteration's first HVP rides in the same batched call
+                AH = times_h(torch.cat([A, probe[None]]))
+                AH, first_hv = AH[:-1], AH[-1]
+            else:
+                AH = times_h(A)
+            new = hf.recursion_step(A, AH, lr, position[rows][mine], grads[mine.to(grads.device)], len(ids))
             self.A[block] = new.to(self.A)
             position[block] = -1
-        self._update_estimates(apply_h, theta, grads)
+        self._update_estimates(apply_h, theta, grads, probe, first_hv)
         self._occ_rows.append(rows)
         self._occ_steps.append(torch.full((rows.numel(),), self.n_steps, dtype=torch.long))
         self.lrs.append(lr)
@@ -314,11 +321,23 @@ class TrajectoryRecorder(RecorderCallback):
             return (lambda A: A @ H), (lambda v: H @ v)
         return (lambda A: hf.hvps(loss, theta, x, y, A, self.chunk_size)), (lambda v: hf.hvps(loss, theta, x, y, v.unsqueeze(0))[0])
 
-    def _update_estimates(self, apply_h: Any, theta: Tensor, grads: Tensor) -> None:
-        """Running maxima of ``||H_t||`` (warm-started power iteration; M) and ``||grad l(w_t; u)||`` (G)."""
-        if self.power_iters:
-            start = self._eig if self._eig is not None else torch.ones_like(theta)
-            value, self._eig = hf.top_eigenvalue(apply_h, start.to(theta), self.power_iters)
+    def _power_start(self, theta: Tensor) -> Tensor:
+        """The unit start vector of this step's power iteration (warm: the previous step's eigenvector estimate)."""
+        start = self._eig.to(theta) if self._eig is not None else torch.ones_like(theta)
+        return start / start.norm().clamp_min(1e-30)
+
+    def _update_estimates(
+        self, apply_h: Any, theta: Tensor, grads: Tensor, probe: Tensor | None, first_hv: Tensor | None
+    ) -> None:
+        """Running maxima of ``||H_t||`` (warm-started power iteration from ``probe``, whose first product
+        ``first_hv`` may have been computed with the recursion's HVPs; M) and ``||grad l(w_t; u)||`` (G)."""
+        if probe is not None:
+            if first_hv is None:
+                first_hv = apply_h(probe)
+            value = float(first_hv.norm())
+            self._eig = first_hv / max(value, 1e-30)
+            if self.power_iters > 1:
+                value, self._eig = hf.top_eigenvalue(apply_h, self._eig, self.power_iters - 1)
             self.smoothness = max(self.smoothness, value)
         if grads.numel():
             self.grad_max = max(self.grad_max, float(grads.norm(dim=1).max()))

@@ -35,9 +35,25 @@ def class_sums(u: Tensor, y: Tensor, num_classes: int) -> tuple[Tensor, Tensor, 
     k = u.shape[1]
     y = y.long()
     n = torch.bincount(y, minlength=num_classes).to(u.dtype)
-    s1 = torch.zeros(num_classes, k, dtype=u.dtype).index_add_(0, y, u)
-    s2 = torch.zeros(num_classes, k, k, dtype=u.dtype).index_add_(0, y, u[:, :, None] * u[:, None, :])
+    s1 = torch.zeros(num_classes, k, dtype=u.dtype, device=u.device).index_add_(0, y, u)
+    s2 = torch.zeros(num_classes, k, k, dtype=u.dtype, device=u.device).index_add_(0, y, u[:, :, None] * u[:, None, :])
     return n, s1, s2
+
+
+def remove_samples(
+    counts: Tensor, s1: Tensor, s2: Tensor, u: Tensor, y: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The deletion update of the class statistics (Eq. (22)-(23) in sufficient-statistics form, [derived]):
+    ``n(c) - |F(c)|``, ``sum u - sum_F u``, ``sum u u^T - sum_F u u^T`` for projected forget samples ``u``.
+
+    Raises:
+        ValueError: a class would be left with a negative count (samples removed twice or never added).
+    """
+    n, f1, f2 = class_sums(u.to(s1), y.to(s1.device), counts.numel())
+    left = counts - n.to(counts)
+    if bool((left < 0).any()):
+        raise ValueError(f"removing these samples leaves negative class counts {left.tolist()}: they were not all recorded")
+    return left, s1 - f1, s2 - f2
 
 
 def class_moments(n: Tensor, s1: Tensor, s2: Tensor, ridge: float) -> tuple[Tensor, Tensor]:
