@@ -93,7 +93,7 @@ def main() -> None:
             label = label if len(label) <= 43 else label[:40] + "..."
             m["time_s"] = result.wall_time_s if result else float("nan")
             rows.append({"step": label, **m})
-            log_metrics(trainer, m, step=len(rows)) if trainer.loggers else None
+            log_metrics(trainer, m)  # at the trainer's next step, after the experience's training and requests
 
     fit_stream(model, bm.train_stream, callbacks=[recorder], unlearning=strategy, requests=schedule,
                trainer_kwargs={"logger": logger}, batch_size=64, after_experience=report)

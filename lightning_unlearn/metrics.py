@@ -18,6 +18,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.functional.classification import binary_roc
 
 from lightning_unlearn.modes import eval_mode
+from lightning_unlearn.reporting import log_step, set_log_step
 
 Data = Dataset | DataLoader
 
@@ -100,7 +101,23 @@ def evaluate_unlearning(
     return out
 
 
-def log_metrics(trainer: L.Trainer, metrics: Mapping[str, float], step: int, prefix: str = "unlearn/") -> None:
-    """Send metrics to every logger of ``trainer`` (TensorBoard, CSV, ...)."""
+def log_metrics(
+    trainer: L.Trainer, metrics: Mapping[str, float], step: int | None = None, prefix: str = "unlearn/"
+) -> None:
+    """Send metrics to every logger of ``trainer`` (TensorBoard, CSV, ...) and flush them.
+
+    Args:
+        trainer: whose loggers receive the metrics (nothing happens without loggers).
+        metrics: name -> value, logged as ``prefix + name``.
+        step: the step to log at; by default the trainer's next step (after its training steps and
+            the requests logged so far, :mod:`lightning_unlearn.reporting`), which is then advanced:
+            evaluations, training and requests share one increasing axis.
+    """
+    if not trainer.loggers:
+        return
+    at = log_step(trainer) if step is None else int(step)
     for logger in trainer.loggers:
-        logger.log_metrics({prefix + k: v for k, v in metrics.items()}, step=step)
+        logger.log_metrics({prefix + k: v for k, v in metrics.items()}, step=at)
+        logger.save()
+    if step is None:
+        set_log_step(trainer, at + 1)

@@ -20,7 +20,7 @@ from lightning_unlearn.warnings import warn
 if TYPE_CHECKING:
     from lightning_unlearn.strategies.base import UnlearningResult
 
-PREFIX = "unlearning"
+PREFIX = "unlearn"
 
 
 def _scalar(value: Any) -> float | None:

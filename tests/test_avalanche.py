@@ -328,7 +328,7 @@ def test_sample_recorder_in_naive_ewc_and_replay(bm, template):
     assert len(rec.catalog) == N  # replayed samples are not learned twice
     assert rec.catalog.experiences_of(torch.tensor(exp_ids(bm, 1))).unique().tolist() == [1]
     assert sorted(rec.catalog.ids[rec.catalog.forgotten].tolist()) == forget
-    removed = [(v, x) for name, v, x in logger.received if name == "unlearning/removed"]
+    removed = [(v, x) for name, v, x in logger.received if name == "unlearn/removed"]
     assert removed == [(3.0, 2 * 24 // 8)]  # reported once, at the iteration count after experience 0
     if template is Replay:  # the forgotten samples left the replay buffer (a batch holding one is refused)
         buffer = next(p for p in strategy.plugins if hasattr(p, "storage_policy")).storage_policy.buffer
@@ -374,12 +374,12 @@ def test_requests_reach_the_csv_logger_on_one_increasing_step_axis(bm, tmp_path)
         rows = list(csv.DictReader(f))
     steps = [int(r["step"]) for r in rows]
     train = [int(r["step"]) for r in rows if r.get("train_loss")]
-    requests = [(int(r["step"]), float(r["unlearning/removed"])) for r in rows if r.get("unlearning/removed")]
+    requests = [(int(r["step"]), float(r["unlearn/removed"])) for r in rows if r.get("unlearn/removed")]
     per_exp = 2 * 24 // 8
     assert train == list(range(per_exp)) + list(range(per_exp + 2, 2 * per_exp + 2))
     assert requests == [(per_exp, 1.0), (per_exp + 1, 2.0), (2 * per_exp + 2, 1.0)]
     assert steps == sorted(steps)
-    assert all(r["unlearning/exact"] == "0.0" for r in rows if r.get("unlearning/removed"))
+    assert all(r["unlearn/exact"] == "0.0" for r in rows if r.get("unlearn/removed"))
 
 
 def test_mismatched_recorder_model_or_replayed_steps_are_clear_errors(bm):

@@ -12,6 +12,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger
 from torch.utils.data import DataLoader
 
 from lightning_unlearn import ForgetRequest, HFStrategy, TrajectoryRecorder
+from lightning_unlearn.metrics import log_metrics
 from lightning_unlearn.reporting import result_metrics
 from lightning_unlearn.warnings import UnlearningWarning
 
@@ -33,17 +34,19 @@ def test_a_users_own_loop_logs_requests_between_experiences_on_one_step_axis(tmp
     logger = CSVLogger(tmp_path, name="run")
     fit(model, rec, tasks[0], logger, 0)
     first = strategy.forget(ForgetRequest.samples([3, 5]))
-    fit(model, rec, tasks[1], logger, 1)
+    second = fit(model, rec, tasks[1], logger, 1)
     strategy.forget(ForgetRequest.samples([101]))
+    log_metrics(second, {"retain_acc": 0.5})  # a user's evaluation: after the request, flushed
 
     with open(logger.log_dir + "/metrics.csv") as f:  # on disk: each request's row was flushed
         rows = list(csv.DictReader(f))
     train = [int(r["step"]) for r in rows if r.get("train_loss")]
-    requests = [(int(r["step"]), float(r["unlearning/removed"])) for r in rows if r.get("unlearning/removed")]
+    requests = [(int(r["step"]), float(r["unlearn/removed"])) for r in rows if r.get("unlearn/removed")]
     assert train == [0, 1, 3, 4]  # the second Trainer continues after the first one's request
     assert requests == [(2, 2.0), (5, 1.0)]
-    logged = next(r for r in rows if r.get("unlearning/removed") == "2.0")
-    assert float(logged["unlearning/epsilon"]) == 1.0 and float(logged["unlearning/sigma"]) == first.certificate.sigma
+    assert [(int(r["step"]), r["unlearn/retain_acc"]) for r in rows if r.get("unlearn/retain_acc")] == [(6, "0.5")]
+    logged = next(r for r in rows if r.get("unlearn/removed") == "2.0")
+    assert float(logged["unlearn/epsilon"]) == 1.0 and float(logged["unlearn/sigma"]) == first.certificate.sigma
 
 
 def test_result_metrics_carry_the_certificate_summary_and_scalar_extras():
@@ -52,11 +55,11 @@ def test_result_metrics_carry_the_certificate_summary_and_scalar_extras():
     result = HFStrategy(model, rec, noise=False, max_deletions=10).forget(ForgetRequest.samples([1]))
     result.extra["vector"] = torch.ones(3)  # not a scalar: left out
     metrics = result_metrics(result)
-    assert metrics["unlearning/removed"] == 1.0 and metrics["unlearning/exact"] == 0.0
-    assert metrics["unlearning/certified"] == 0.0 and "unlearning/epsilon" not in metrics  # noise=False: uncertified
-    bounds = {k for k in metrics if k.startswith("unlearning/bound/")}
+    assert metrics["unlearn/removed"] == 1.0 and metrics["unlearn/exact"] == 0.0
+    assert metrics["unlearn/certified"] == 0.0 and "unlearn/epsilon" not in metrics  # noise=False: uncertified
+    bounds = {k for k in metrics if k.startswith("unlearn/bound/")}
     assert bounds and all(isinstance(v, float) for v in metrics.values())
-    assert "unlearning/extra/vector" not in metrics
+    assert "unlearn/extra/vector" not in metrics
 
 
 class BrokenLogger(Logger):
@@ -66,7 +69,7 @@ class BrokenLogger(Logger):
         return None
 
     def log_metrics(self, metrics, step=None) -> None:
-        if any(k.startswith("unlearning/") for k in metrics):
+        if any(k.startswith("unlearn/") for k in metrics):
             raise OSError("disk full")
 
 
