@@ -15,7 +15,13 @@ from lightning_unlearn.callbacks import (
 )
 from lightning_unlearn.core import Certificate, ForgetRequest, Ledger, LedgerEntry, SampleCatalog
 from lightning_unlearn.data import IndexedDataset
-from lightning_unlearn.models import AnalyticClassifier, ProximalClassifier, RandomExpansion, SupervisedClassifier
+from lightning_unlearn.models import (
+    AnalyticClassifier,
+    AnalyticHead,
+    ProximalClassifier,
+    RandomExpansion,
+    SupervisedClassifier,
+)
 from lightning_unlearn.strategies import (
     ACUStrategy,
     GradientCertifiedStrategy,
@@ -30,6 +36,7 @@ from lightning_unlearn.strategies import (
 __all__ = [
     "ACUStrategy",
     "AnalyticClassifier",
+    "AnalyticHead",
     "AnalyticRecorder",
     "Certificate",
     "ForgetRequest",

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any
 
 import lightning as L
 import torch
 from torch import Tensor, nn
+from torch.func import functional_call
 
 from lightning_unlearn.callbacks.proximal import ProximalRegularizer
+from lightning_unlearn.modes import eval_mode
 
 
 class RandomExpansion(nn.Module):
@@ -27,15 +30,71 @@ class RandomExpansion(nn.Module):
         return torch.relu(b @ self.P.to(b.dtype))
 
 
+def float64_forward(module: nn.Module, x: Tensor) -> Tensor:
+    """``module(x)`` computed in float64 and eval mode, without changing ``module``.
+
+    The analytic path runs the frozen backbone in float64: a float32 matmul's last bits depend
+    on the batch's row count (the BLAS kernel chosen for it), so the float32 features of one
+    sample differ between its training batch and a forget request by up to ~1e-7 relative, and
+    forgetting would subtract a slightly different ``f^T f`` than was learned. In float64 the same
+    effect is ~1e-16 relative. The module's floating-point parameters and buffers are cast for the
+    call only (``torch.func.functional_call``); integer inputs (e.g. token ids) are passed as they are.
+    """
+    tensors = {
+        name: t.to(torch.float64) if t.is_floating_point() else t
+        for name, t in chain(module.named_parameters(), module.named_buffers())
+    }
+    with torch.no_grad(), eval_mode(module):
+        return functional_call(module, tensors, (x.to(torch.float64) if x.is_floating_point() else x,))
+
+
+class AnalyticHead(nn.Module):
+    """An analytic classifier for a user's frozen backbone: optional expansion G and a float64 ridge head.
+
+    Add it to your own ``LightningModule`` beside the frozen backbone, apply it to the backbone's
+    output in ``forward`` and name both to an :class:`AnalyticRecorder`
+    (``AnalyticRecorder(backbone="trunk", head="head")``), which solves ``linear`` in closed form
+    after each experience (eq. 3) and is the only writer of its weights. It is never trained by
+    gradients (its parameters do not require them).
+
+    Args:
+        in_features: width of the backbone's (flattened) output.
+        num_classes: ``d_C``.
+        expansion_dim: width of the random expansion G of eq. (1) (``None``: no expansion).
+        bias: add a bias; it is solved as the weight of a constant feature 1 appended to ``f``, so
+            it is regularised by ``gamma`` like the other weights [interp].
+        seed: seed of G's projection.
+    """
+
+    def __init__(
+        self, in_features: int, num_classes: int, expansion_dim: int | None = None, bias: bool = False, seed: int = 0
+    ) -> None:
+        super().__init__()
+        self.expansion = RandomExpansion(in_features, expansion_dim, seed) if expansion_dim else nn.Identity()
+        self.linear = nn.Linear(expansion_dim or in_features, num_classes, bias=bias, dtype=torch.float64)
+        nn.init.zeros_(self.linear.weight)
+        if bias:
+            nn.init.zeros_(self.linear.bias)
+        self.linear.requires_grad_(False)
+
+    def features(self, b: Tensor) -> Tensor:
+        """``f = G(b)`` of eq. (1) for a batch of backbone outputs ``b`` (flattened, float64)."""
+        return self.expansion(b.flatten(1).to(torch.float64))
+
+    def forward(self, b: Tensor) -> Tensor:
+        return self.linear(self.features(b))
+
+
 class AnalyticClassifier(L.LightningModule):
     """Frozen backbone, optional expansion G, and a bias-free float64 ridge head ``W`` (eq. 1-3).
 
     Training is gradient-free: fit it with an :class:`AnalyticRecorder` callback, which solves
-    the head in closed form after each experience. ``training_step`` only computes features and
-    hands them to the recorder. It steps an optimizer that changes nothing (SGD with ``lr=0`` and
+    the head in closed form after each experience. ``training_step`` computes float64 features
+    (see :func:`float64_forward`) and hands them to the recorder. It steps an optimizer that changes nothing (SGD with ``lr=0`` and
     no gradients) once per batch, so that Lightning counts training steps: ``ModelCheckpoint``
     writes the checkpoints of an analytic fit as of any other (it skips a fit whose step count
-    never moves), and ``max_steps`` / ``every_n_train_steps`` mean batches.
+    never moves), and ``max_steps`` / ``every_n_train_steps`` mean batches. For a backbone inside
+    your own ``LightningModule`` use :class:`AnalyticHead` instead.
     """
 
     def __init__(self, backbone: nn.Module, backbone_dim: int, num_classes: int, expansion_dim: int | None = None, seed: int = 0) -> None:
@@ -57,7 +116,7 @@ class AnalyticClassifier(L.LightningModule):
 
     @torch.no_grad()
     def features(self, x: Tensor) -> Tensor:
-        return self.expansion(self.backbone(x)).to(torch.float64)
+        return self.expansion(float64_forward(self.backbone, x))
 
     def forward(self, x: Tensor) -> Tensor:
         return self.head(self.features(x))

@@ -1,17 +1,15 @@
 """Recorded statistics live in the callback state_dict, so a checkpoint can still unlearn."""
 
+from pathlib import Path
+
 import pytest
 import torch
-from helpers import analytic_model, quiet_trainer, toy_dataset
+from helpers import N_CLASSES, analytic_model, quiet_trainer, toy_dataset, toy_tensors
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
-from lightning_unlearn import (
-    ACUStrategy,
-    AnalyticRecorder,
-    ForgetRequest,
-    HessianRecorder,
-)
+from lightning_unlearn import ACUStrategy, AnalyticRecorder, ForgetRequest, HessianRecorder
+from lightning_unlearn.functional import acu
 
 
 def test_checkpoint_restores_statistics_and_forgets_identically(tmp_path):
@@ -95,3 +93,60 @@ def test_model_checkpoint_writes_the_checkpoints_of_an_analytic_fit(tmp_path):
     restored.load_from_checkpoint(at_epoch_end.best_model_path)
     assert len(restored.catalog) == 64 and torch.equal(restored.W, rec.W)
     assert torch.equal(model.head.weight, rec.W.T)  # the no-op optimizer step never moved the head
+
+
+def test_model_checkpoint_writes_analytic_runs_and_the_restored_recorder_forgets_exactly(tmp_path):
+    """No gradient step happens in an analytic fit, yet Lightning's own ModelCheckpoint writes its checkpoints."""
+    data = toy_dataset(100)
+    model, rec = analytic_model(), AnalyticRecorder(ridge=0.5)
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    quiet_trainer([rec, ckpt], enable_checkpointing=True).fit(model, DataLoader(data, batch_size=16))
+    assert ckpt.last_model_path and Path(ckpt.last_model_path).exists()
+    saved = torch.load(ckpt.last_model_path, weights_only=True)
+    assert saved["global_step"] == 7  # one (no-op) step per batch: 100 samples / 16
+
+    restored_model, restored = analytic_model(), AnalyticRecorder(ridge=0.5)
+    restored_model.load_state_dict(saved["state_dict"])
+    restored.load_from_checkpoint(ckpt.last_model_path)
+    assert torch.equal(restored.W, rec.W) and len(restored.catalog) == 100
+    ACUStrategy(restored_model, restored).forget(ForgetRequest.samples([0, 1, 2]), data)
+    keep = restored.catalog.active_ids()
+    x, y = toy_tensors(100)
+    F = restored_model.features(x[keep])
+    W_ref = acu.ridge_solution(F.T @ F, F.T @ acu.one_hot(y[keep], N_CLASSES), 0.5)[1]
+    # float64: cond(R + gamma I) ~ 1e3 here, a ridge solve is accurate to ~ eps * 1e3; 500x margin
+    assert float((restored.W - W_ref).norm() / W_ref.norm()) <= 1e-10
+
+
+@pytest.mark.parametrize(
+    ("tamper", "message"),
+    [
+        (lambda s: {**s, "W": s["W"] * 1.01}, r"W != T Q \(eq. 3\)"),
+        (lambda s: {**s, "T": s["T"] + 1e-3 * torch.eye(len(s["T"]), dtype=s["T"].dtype)}, r"T \(R \+ gamma I\) != I"),
+        (lambda s: {**s, "R": s["R"][:-1]}, "R has shape"),
+        (lambda s: {**s, "Q": s["Q"] * float("nan")}, r"non-finite values in \['Q'\]"),
+    ],
+)
+def test_a_tampered_recorder_state_is_refused_naming_what_fails(tamper, message):
+    data = toy_dataset(60)
+    model, rec = analytic_model(), AnalyticRecorder(ridge=0.5)
+    quiet_trainer([rec]).fit(model, DataLoader(data, batch_size=16))
+    ACUStrategy(model, rec).forget(ForgetRequest.samples([4]), data)
+    fresh = AnalyticRecorder(ridge=0.5)
+    fresh.load_state_dict(rec.state_dict())  # the honest state, after a request, is accepted
+    fresh = AnalyticRecorder(ridge=0.5)
+    with pytest.raises(ValueError, match=message):
+        fresh.load_state_dict(tamper(rec.state_dict()))
+    assert len(fresh.catalog) == 0 and fresh.W is None
+
+
+def test_a_module_whose_head_differs_from_the_recorder_is_refused():
+    data = toy_dataset(60)
+    model, rec = analytic_model(), AnalyticRecorder(ridge=0.5)
+    quiet_trainer([rec]).fit(model, DataLoader(data, batch_size=16))
+    with torch.no_grad():
+        model.head.weight.mul_(1.01)  # e.g. a tampered module checkpoint
+    W = rec.W.clone()
+    with pytest.raises(ValueError, match=r"module's head \['head.weight'\] differs from the recorder's W"):
+        ACUStrategy(model, rec).forget(ForgetRequest.samples([4]), data)
+    assert torch.equal(rec.W, W) and rec.catalog.n_active == 60

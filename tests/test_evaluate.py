@@ -42,7 +42,10 @@ def test_retrain_has_zero_gap_to_an_independent_retrain(report):
 def test_acu_gaps_are_zero_up_to_floating_point(report):
     rep, _ = report
     s = rep.summary()["acu"]
-    assert s["l2_to_retrain"] < 1e-8
+    # Float64 features and statistics: ACU's head and the retrained one are two float64 ridge solves of a
+    # system with cond(R + gamma I) ~ 1e3 (tiny_info, d_F = 48, gamma = 1), each accurate to ~ eps * 1e3
+    # relative, and ||W|| ~ 2.6: the gap is ~1e-12 at most; the bound allows 100x that (1e4 * eps * ||W|| * 10)
+    assert s["l2_to_retrain"] < 1e4 * torch.finfo(torch.float64).eps * 2.6 * 10
     assert s["retain_gap_pp"] == s["forget_gap_pp"] == s["test_gap_pp"] == s["mia_gap"] == 0.0
 
 

@@ -2,120 +2,372 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import lightning as L
 import torch
+import xxhash
 from torch import Tensor, nn
 
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.functional import acu
+from lightning_unlearn.models import AnalyticHead, float64_forward
+from lightning_unlearn.warnings import warn
+
+_STATISTICS = ("R", "Q", "T", "W")
 
 
 class AnalyticRecorder(RecorderCallback):
-    """Accumulates ``R = sum f^T f`` and ``Q = sum f^T y`` (float64) and keeps the ridge head.
+    """Accumulates ``R = sum f^T f`` and ``Q = sum f^T y`` (float64) and keeps the ridge head ([ACU] eq. 1-4).
 
-    Works with any module that has ``features(x) -> (n, d_F)`` (frozen backbone + expansion G,
-    eq. 1) and a bias-free ``head: nn.Linear(d_F, d_C)``; :class:`AnalyticClassifier` is one.
-    If the module's ``training_step`` returns ``{"features": f}`` they are reused, otherwise the
-    recorder calls ``module.features``. No input is ever stored: after each experience the
-    recorder solves eq. (3)/(4) for ``W`` and ``T`` and writes ``W`` into ``module.head``.
+    Two ways to name the model parts:
+
+    * ``backbone="trunk", head="head"``: any ``LightningModule`` with a frozen submodule ``trunk``
+      and an :class:`AnalyticHead` (or a plain ``nn.Linear``, with or without bias) ``head`` on its
+      output. The recorder runs the backbone itself, in float64 and eval mode
+      (:func:`~lightning_unlearn.models.float64_forward`); it puts the backbone in eval mode at fit
+      start and refuses an experience during which the backbone's parameters or buffers changed
+      (e.g. batch-norm statistics updated by a train-mode forward).
+    * ``backbone=None`` (default): the module has ``features(x) -> (n, d_F)`` and an
+      ``nn.Linear`` ``head``, e.g. :class:`~lightning_unlearn.models.AnalyticClassifier`; features a
+      ``training_step`` returns as ``{"features": f}`` are reused.
+
+    A head with a bias is solved on features with a constant 1 appended (``W`` then has
+    ``d_F + 1`` rows, the last one the bias). No input is ever stored: after each experience the
+    recorder solves eq. (3)/(4) for ``W`` and ``T`` and writes ``W`` into the head.
+
+    Under DDP each rank accumulates the samples it sees and the ranks' sums are added once per
+    experience (``gathers_inputs = False``); ids, labels and fingerprints are gathered.
+
+    Forgetting (:class:`~lightning_unlearn.strategies.acu.ACUStrategy`) updates ``T`` in place by a
+    rank-``k`` product and leaves ``R`` to be brought up to date lazily: reading :attr:`T` or
+    :attr:`R` (or :meth:`state_dict`) applies the committed but not yet applied updates in place.
+    The forgotten samples' feature rows wait for that in memory only; nothing the library writes
+    holds them.
 
     Args:
         ridge: the ridge regulariser, ``gamma`` of eq. (2).
         dtype: dtype of the statistics (float64 is what makes forgetting exact to ~1e-12).
+        backbone: name of the frozen backbone submodule (see above), or ``None``.
+        head: name of the head submodule.
+        device: where the statistics live (default: the head's device; e.g. ``"cpu"`` to offload).
+        fingerprint: see :class:`RecorderCallback`.
+
+    Raises:
+        ValueError: ``ridge`` is not positive.
     """
 
-    def __init__(self, ridge: float = 1.0, dtype: torch.dtype = torch.float64) -> None:
-        super().__init__()
+    gathers_inputs = False
+
+    def __init__(
+        self, ridge: float = 1.0, dtype: torch.dtype = torch.float64, *, backbone: str | None = None,
+        head: str = "head", device: str | torch.device | None = None, fingerprint: bool = True,
+    ) -> None:
+        super().__init__(fingerprint=fingerprint)
         if ridge <= 0:
             raise ValueError(f"AnalyticRecorder ridge must be positive, got {ridge}")
         self.ridge = float(ridge)
         self.dtype = dtype
-        self.R: Tensor | None = None  # sum f^T f over learned, not-forgotten samples
+        self.backbone = backbone
+        self.head = head
+        self.device = torch.device(device) if device is not None else None
+        self._R: Tensor | None = None  # sum f^T f, less the rows in _pending_rows
         self.Q: Tensor | None = None  # sum f^T y
-        self.T: Tensor | None = None  # knowledge tracking matrix, eq. (4) then eq. (5)
+        self._T: Tensor | None = None  # knowledge tracking matrix, eq. (4) then eq. (5), less _pending_T
         self.W: Tensor | None = None  # analytic head, eq. (3) then eq. (6)
-        self._dR: Tensor | None = None
+        self._pending_rows: list[Tensor] = []  # features of forgotten samples not yet subtracted from _R
+        self._pending_T: tuple[Tensor, Tensor] | None = None  # (FT, S) of eq. (5) not yet added to _T
+        self._dR: Tensor | None = None  # this rank's staged sums
         self._dQ: Tensor | None = None
+        self._staged_restored: tuple[Tensor, Tensor] | None = None  # every rank's staged sums, from a checkpoint
+        self._frozen_digest: str | None = None
 
     @property
     def state_key(self) -> str:
         return self._generate_state_key(ridge=self.ridge)
 
-    @staticmethod
-    def head_of(module: nn.Module) -> nn.Linear:
-        head = getattr(module, "head", None)
-        if not isinstance(head, nn.Linear) or head.bias is not None or not hasattr(module, "features"):
-            raise ValueError(
-                "ACU needs a module with features(x) and a bias-free nn.Linear `head` "
-                "(e.g. lightning_unlearn.AnalyticClassifier)"
-            )
-        return head
+    # -- statistics, brought up to date on read ---------------------------------------------------
+    @property
+    def R(self) -> Tensor | None:
+        """``sum f^T f`` over the learned, not forgotten samples (reading it subtracts pending rows in place)."""
+        self._subtract_pending_rows()
+        return self._R
 
-    def head_name(self, module: nn.Module) -> str:
-        """``state_dict`` name of the head's weight (``W^T``, as ``nn.Linear`` stores it)."""
-        head = self.head_of(module)
-        return next(n for n, p in module.named_parameters() if p is head.weight)
+    @R.setter
+    def R(self, value: Tensor | None) -> None:
+        self._R, self._pending_rows = value, []
+
+    @property
+    def T(self) -> Tensor | None:
+        """Tracking matrix ``(R + gamma I)^{-1}`` (reading it applies a pending eq. (5) update in place)."""
+        self._apply_pending_tracking_update()
+        return self._T
+
+    @T.setter
+    def T(self, value: Tensor | None) -> None:
+        self._T, self._pending_T = value, None
+
+    def _subtract_pending_rows(self) -> None:
+        if self._pending_rows:
+            P = torch.cat(self._pending_rows)
+            self._R.addmm_(P.T, P, alpha=-1)  # type: ignore[union-attr]
+            self._pending_rows = []
+
+    def _apply_pending_tracking_update(self) -> None:
+        if self._pending_T is not None:
+            acu.apply_tracking_update(self._T, *self._pending_T)  # type: ignore[arg-type]
+            self._pending_T = None
+
+    # -- the model parts ----------------------------------------------------------------------------
+    def head_of(self, module: nn.Module) -> nn.Linear:
+        """The ``nn.Linear`` whose weights are ``W`` (that of an :class:`AnalyticHead`).
+
+        Raises:
+            ValueError: the module has no such head, or (without ``backbone``) no ``features`` method.
+        """
+        try:
+            head = module.get_submodule(self.head)
+        except AttributeError:
+            head = None
+        linear = head.linear if isinstance(head, AnalyticHead) else head
+        if not isinstance(linear, nn.Linear):
+            raise ValueError(
+                f"ACU needs an nn.Linear or AnalyticHead submodule {self.head!r}, "
+                f"got {type(head).__name__ if head is not None else 'none'}"
+            )
+        if self.backbone is None and not callable(getattr(module, "features", None)):
+            raise ValueError(
+                "ACU needs the frozen backbone: name it (AnalyticRecorder(backbone='...')) or give the module "
+                "a features(x) method (e.g. lightning_unlearn.AnalyticClassifier)"
+            )
+        return linear
+
+    def backbone_of(self, module: nn.Module) -> nn.Module:
+        """The named frozen backbone. Raises ``ValueError`` if the module has none of that name."""
+        try:
+            return module.get_submodule(self.backbone)  # type: ignore[arg-type]
+        except AttributeError as err:
+            raise ValueError(f"the module has no backbone submodule {self.backbone!r}") from err
+
+    def head_names(self, module: nn.Module) -> list[str]:
+        """``state_dict`` names of the head's weight and (if any) bias."""
+        linear = self.head_of(module)
+        names = {id(p): n for n, p in module.named_parameters()}
+        return [names[id(p)] for p in (linear.weight, linear.bias) if p is not None]
+
+    def head_weights(self, module: nn.Module, W: Tensor) -> dict[str, Tensor]:
+        """``{state_dict name: value}`` of the head's weight (``W^T``) and bias (last row of ``W``) for ``W``."""
+        d_F = self.head_of(module).in_features
+        return dict(zip(self.head_names(module), (W[:d_F].T, *W[d_F:])))
 
     def features(self, module: nn.Module, x: Tensor) -> Tensor:
-        with torch.no_grad():
-            return module.features(x).to(self.dtype)
+        """Float64 features ``f`` of eq. (1) for inputs ``x`` (with a constant 1 appended for a biased head)."""
+        linear = self.head_of(module)
+        if self.backbone is not None:
+            b = float64_forward(self.backbone_of(module), x)
+            head = module.get_submodule(self.head)
+            F = head.features(b) if isinstance(head, AnalyticHead) else b.flatten(1)
+        else:
+            with torch.no_grad():
+                F = module.features(x)
+        return self._augment(F, linear)
+
+    def _augment(self, F: Tensor, linear: nn.Linear) -> Tensor:
+        if F.dtype != torch.float64:
+            warn(
+                f"ACU features are {F.dtype}: their last bits depend on the batch size, so forgetting is exact "
+                "only up to that precision (compute them in float64, see lightning_unlearn.models.float64_forward)"
+            )
+        F = F.detach().to(device=self._stats_device(linear), dtype=self.dtype)
+        if linear.bias is not None:
+            F = torch.cat([F, F.new_ones(len(F), 1)], dim=1)
+        return F
+
+    def _stats_device(self, linear: nn.Linear) -> torch.device:
+        return self.device if self.device is not None else linear.weight.device
+
+    def _frozen_state_digest(self, module: nn.Module) -> str:
+        """XXH3 of the backbone's (without ``backbone``: every non-head) parameters and buffers."""
+        part = self.backbone_of(module) if self.backbone is not None else module
+        head_names = set(self.head_names(module)) if self.backbone is None else set()
+        h = xxhash.xxh3_64()
+        for name, t in sorted(part.state_dict().items()):
+            if name in head_names:
+                continue
+            t = t.detach().cpu().contiguous()
+            h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+            if t.numel():
+                h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+
+    # -- recording ----------------------------------------------------------------------------------
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.backbone is not None:
+            self.backbone_of(pl_module).eval()  # frozen: batch-norm statistics and dropout must not move
+        super().on_train_start(trainer, pl_module)
 
     def begin_experience(self, module: nn.Module) -> None:
-        head = self.head_of(module)
-        trainable = [n for n, p in module.named_parameters() if p.requires_grad and not n.startswith("head.")]
+        linear = self.head_of(module)
+        if self.backbone is not None:
+            trainable = [n for n, p in self.backbone_of(module).named_parameters() if p.requires_grad]
+            where = f"backbone {self.backbone!r}"
+        else:
+            head = set(self.head_names(module))
+            trainable = [n for n, p in module.named_parameters() if p.requires_grad and n not in head]
+            where = "module outside the head"
         if trainable:
-            raise ValueError(f"ACU needs a frozen backbone, but these parameters are trainable: {trainable[:5]}")
-        d_F, d_C = head.in_features, head.out_features
-        if self.R is None:
-            self.R = torch.zeros(d_F, d_F, dtype=self.dtype)
-            self.Q = torch.zeros(d_F, d_C, dtype=self.dtype)
-        elif self.R.shape[0] != d_F or self.Q.shape[1] != d_C:
-            raise ValueError(f"module head is {d_F}x{d_C} but the recorded statistics are {tuple(self.Q.shape)}")
+            raise ValueError(f"ACU needs a frozen backbone, but these parameters of the {where} are trainable: {trainable[:5]}")
+        d_F = linear.in_features + (linear.bias is not None)
+        d_C = linear.out_features
+        device = self._stats_device(linear)
+        if self._R is None:
+            self.R = torch.zeros(d_F, d_F, dtype=self.dtype, device=device)
+            self.Q = torch.zeros(d_F, d_C, dtype=self.dtype, device=device)
+        elif self._R.shape[0] != d_F or self.Q.shape[1] != d_C:  # type: ignore[union-attr]
+            raise ValueError(
+                f"module head is {d_F}x{d_C} (bias counted as a row) but the recorded statistics are "
+                f"{tuple(self.Q.shape)}"  # type: ignore[union-attr]
+            )
+        else:
+            self._to(device)
+        self._frozen_digest = self._frozen_state_digest(module)
         super().begin_experience(module)
+
+    def _to(self, device: torch.device) -> None:
+        self.R, self.T = (v.to(device) if v is not None else None for v in (self.R, self.T))
+        self.Q, self.W = (v.to(device) if v is not None else None for v in (self.Q, self.W))
 
     def _drop_staged(self) -> None:
         super()._drop_staged()
-        self._dR = self._dQ = None
+        self._dR = self._dQ = self._staged_restored = None
+
+    def _staged_sums(self) -> tuple[Tensor, Tensor]:
+        """The staged block's ``(dR, dQ)`` summed over the ranks (a collective call under DDP)."""
+        dR = self._dR if self._dR is not None else torch.zeros_like(self._R)  # type: ignore[arg-type]
+        dQ = self._dQ if self._dQ is not None else torch.zeros_like(self.Q)  # type: ignore[arg-type]
+        dR, dQ = self.sum_over_ranks(dR), self.sum_over_ranks(dQ)
+        if self._staged_restored is not None:
+            dR, dQ = dR + self._staged_restored[0].to(dR), dQ + self._staged_restored[1].to(dQ)
+        return dR, dQ
+
+    def _staged_state(self) -> dict[str, Any]:
+        # every rank saves the sums over all ranks (Lightning builds a checkpoint on every rank)
+        dR, dQ = self._staged_sums()
+        return {"dR": dR, "dQ": dQ, "frozen_digest": self._frozen_digest}
+
+    def _load_staged_state(self, state: dict[str, Any]) -> None:
+        if state.get("dR") is not None:
+            self._staged_restored = (state["dR"], state["dQ"])
+        self._frozen_digest = state.get("frozen_digest", self._frozen_digest)
 
     def _record(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any) -> None:
-        f = outputs.get("features") if isinstance(outputs, dict) else None
-        F = (f.detach() if f is not None else self.features(module, x)).to(self.dtype).cpu()
-        Y = acu.one_hot(y.cpu(), self.Q.shape[1], self.dtype)
+        f = outputs.get("features") if isinstance(outputs, dict) and self.backbone is None else None
+        F = self._augment(f, self.head_of(module)) if f is not None else self.features(module, x)
+        Y = acu.one_hot(y.to(F.device), self.Q.shape[1], self.dtype)  # type: ignore[union-attr]
         if self._dR is None:
-            self._dR, self._dQ = torch.zeros_like(self.R), torch.zeros_like(self.Q)
-        self._dR, self._dQ = acu.accumulate(self._dR, self._dQ, F, Y)
+            self._dR, self._dQ = torch.zeros_like(self._R), torch.zeros_like(self.Q)  # type: ignore[arg-type]
+        self._dR, self._dQ = acu.accumulate(self._dR, self._dQ, F, Y)  # type: ignore[arg-type]
 
     def _commit(self, module: nn.Module) -> None:
-        R, Q = self.R + self._dR, self.Q + self._dQ
+        if self._frozen_state_digest(module) != self._frozen_digest:
+            where = f"backbone {self.backbone!r}" if self.backbone is not None else "module outside the head"
+            raise ValueError(
+                f"the {where} changed during the experience (parameters or buffers, e.g. batch-norm running "
+                "statistics of a train-mode forward): ACU needs a frozen backbone; its statistics were not updated"
+            )
+        dR, dQ = self._staged_sums()
+        R, Q = self.R + dR, self.Q + dQ  # type: ignore[operator]
         T, W = acu.ridge_solution(R, Q, self.ridge)
         self.R, self.Q, self.T, self.W = R, Q, T, W
         self.write_head(module)
 
     def write_head(self, module: nn.Module) -> None:
-        """Copy ``W`` into ``module.head`` (an ``nn.Linear`` stores ``W^T``)."""
-        head = self.head_of(module)
+        """Copy ``W`` into the head (an ``nn.Linear`` stores ``W^T``; a bias is the last row of ``W``)."""
+        params = dict(module.named_parameters())
         with torch.no_grad():
-            head.weight.copy_(self.W.T.to(head.weight))
+            for name, value in self.head_weights(module, self.W).items():  # type: ignore[arg-type]
+                params[name].copy_(value)
+
+    # -- forgetting ---------------------------------------------------------------------------------
+    def apply_forget(self, ids: Tensor, change: Mapping[str, Any]) -> Callable[[], None]:
+        """Commit an ACU request; return its exact undo.
+
+        ``change`` is either new ``R, Q, T, W`` (the re-solve path: replaced by reference, see
+        :meth:`RecorderCallback.apply_forget`) or the Woodbury path's ``{"tracking_update": (FT, S),
+        "forgotten_rows": F, "Q": Q, "W": W}``: ``Q`` and ``W`` (``d_F x d_C``) are replaced by
+        reference and the ``d_F x d_F`` updates are kept as their ``O(k d_F)`` factors, applied in
+        place when :attr:`T` or :attr:`R` is next read. The undo drops the factors, so it is exact
+        (bit for bit). Were they applied before the undo, it takes them back by the inverse
+        rank-``k`` update instead, exact up to a few ulps of rounding per entry.
+
+        Raises:
+            ValueError: ``change`` has other keys, or ``ids`` cannot be marked forgotten.
+        """
+        if "tracking_update" not in change:
+            return super().apply_forget(ids, change)
+        expected = {"tracking_update", "forgotten_rows", "Q", "W"}
+        if set(change) != expected:
+            raise ValueError(f"an ACU Woodbury change has keys {sorted(expected)}, got {sorted(change)}")
+        FT, S = change["tracking_update"]
+        F = change["forgotten_rows"]
+        self._apply_pending_tracking_update()  # an earlier committed update, if any, goes first
+        if sum(len(P) for P in self._pending_rows) + len(F) > self._R.shape[0]:  # type: ignore[union-attr]
+            self._subtract_pending_rows()  # hold at most d_F rows: no more memory than R itself
+        prints = self.catalog.mark_forgotten(ids)
+        old_Q, old_W, old_rows = self.Q, self.W, self._pending_rows
+        rows = [*old_rows, F]
+        update = (FT, S)
+        self.Q, self.W, self._pending_rows, self._pending_T = change["Q"], change["W"], rows, update
+
+        def undo() -> None:
+            if self._pending_T is update:
+                self._pending_T = None
+            else:
+                acu.apply_tracking_update(self._T, FT, S, alpha=-1)  # type: ignore[arg-type]
+            if self._pending_rows is rows:
+                self._pending_rows = old_rows
+            else:
+                self._R.addmm_(F.T, F)  # type: ignore[union-attr]
+            self.Q, self.W = old_Q, old_W
+            self.catalog.unmark_forgotten(ids, prints)
+
+        return undo
+
+    # -- state --------------------------------------------------------------------------------------
+    def check_consistency(self) -> None:
+        """Raise ``ValueError`` naming what fails if ``W != T Q`` or ``T (R + gamma I) != I`` (float64 tolerance)."""
+        errors = acu.consistency_errors(self.R, self.Q, self.T, self.W, self.ridge)  # type: ignore[arg-type]
+        if errors:
+            raise ValueError(f"AnalyticRecorder statistics are inconsistent: {'; '.join(errors)}")
 
     def state_dict(self) -> dict[str, Any]:
-        stats = {k: getattr(self, k) for k in ("R", "Q", "T", "W")}
-        return {**super().state_dict(), "ridge": self.ridge, **{k: v.clone() if v is not None else None for k, v in stats.items()}}
-
-    def _staged_state(self) -> dict[str, Any]:
-        return {"dR": self._dR, "dQ": self._dQ}
-
-    def _load_staged_state(self, state: dict[str, Any]) -> None:
-        self._dR, self._dQ = state.get("dR"), state.get("dQ")
+        stats = {k: getattr(self, k) for k in _STATISTICS}  # reading R and T applies pending updates
+        return {
+            **super().state_dict(),
+            "ridge": self.ridge,
+            **{k: v.clone() if v is not None else None for k, v in stats.items()},
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the statistics after checking them.
+
+        Raises:
+            ValueError: statistics are missing, ``ridge`` differs, or they are inconsistent
+                (``W != T Q``, ``T (R + gamma I) != I``: a tampered or corrupted state); nothing is changed.
+        """
         # saved during the first fit, before its first commit: no solution W, T yet
         first_fit = state_dict.get("fit") is not None and not len((state_dict.get("catalog") or {}).get("ids", ()))
-        needed = ("catalog", "R", "Q") if first_fit else ("catalog", "R", "Q", "T", "W")
+        needed = ("catalog", "R", "Q") if first_fit else ("catalog", *_STATISTICS)
         missing = [k for k in needed if state_dict.get(k) is None]
         if missing:
             raise ValueError(f"AnalyticRecorder state lacks recorded statistics {missing}")
         if float(state_dict["ridge"]) != self.ridge:
             raise ValueError(f"checkpoint was recorded with ridge={state_dict['ridge']}, this recorder has {self.ridge}")
+        stats = {k: None if state_dict.get(k) is None else state_dict[k].to(self.dtype) for k in _STATISTICS}
+        if not first_fit:
+            errors = acu.consistency_errors(*(stats[k] for k in _STATISTICS), self.ridge)  # type: ignore[arg-type]
+            if errors:
+                raise ValueError(f"refusing AnalyticRecorder state: {'; '.join(errors)}")
         super().load_state_dict(state_dict)
-        self.R, self.Q, self.T, self.W = (None if state_dict[k] is None else state_dict[k].clone() for k in "RQTW")
+        self.R, self.Q, self.T, self.W = (None if stats[k] is None else stats[k].clone() for k in _STATISTICS)

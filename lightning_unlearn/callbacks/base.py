@@ -10,7 +10,9 @@ training loader resumes mid-epoch too (``state_dict``/``load_state_dict``, resto
 Lightning), and refuses otherwise. A checkpoint whose recorder of this class was created
 with other settings is refused, naming them. Under DDP
 every rank all-gathers each batch, so all ranks hold the same statistics, and ids repeated by
-``DistributedSampler`` padding are counted once. An exception during fit drops the staged block,
+``DistributedSampler`` padding are counted once; recorders of additive statistics
+(``gathers_inputs = False``) gather only ids, labels and fingerprints and sum their statistics
+over the ranks once per experience. An exception during fit drops the staged block,
 so statistics only ever reflect whole experiences.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +68,7 @@ class RecorderCallback(L.Callback):
         self._staged_labels: list[Tensor] = []
         self._staged_prints: list[Tensor] = []
         self._staged_seen: set[int] = set()
+        self._sum_ranks: Callable[[Tensor], Tensor] | None = None
         self._fitting = False  # inside a Lightning fit: state_dict carries the running fit
         self._resume: dict[str, Any] | None = None  # the running fit of a restored state, until on_train_start
         self._loader_state_saved = False  # the restored checkpoint holds the training loader's position
@@ -82,32 +86,68 @@ class RecorderCallback(L.Callback):
 
     def record(self, module: torch.nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any = None) -> None:
         """Stage one (already rank-gathered) batch; repeated ids within the fit are skipped."""
-        fresh = [k for k, i in enumerate(ids.tolist()) if i not in self._staged_seen]
-        if not fresh:
+        keep = self._unseen(ids)
+        if not len(keep):
             return
-        keep = torch.tensor(fresh, device=ids.device)
-        ids, y, x = ids[keep], y[keep], x[keep]
-        known = torch.tensor([i in self.catalog for i in ids.tolist()], dtype=torch.bool, device=ids.device)
+        ids, y, x, outputs = ids[keep], y[keep], x[keep], _select(outputs, keep)
+        self._record(module, x, y, ids, outputs)
+        self._stage(ids, y, self._prints(x, len(ids)))
+
+    def record_shard(
+        self, module: torch.nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any,
+        gather: Callable[[Tensor], Tensor], rank: int,
+    ) -> None:
+        """Stage one batch of which this rank holds its own rows only (DDP, ``gathers_inputs = False``).
+
+        Ids, labels and fingerprints are gathered (``gather`` stacks every rank's tensor, rank-major),
+        so every rank stages the same samples; :meth:`_record` sees this rank's new rows only, and an id
+        repeated by ``DistributedSampler`` padding is recorded by the first rank (in rank-major order) that holds it.
+        """
+        prints = self._prints(x, len(ids))
+        all_ids, all_y, all_prints = (gather(t) for t in (ids, y.long(), prints.to(ids.device)))
+        keep = self._unseen(all_ids)
+        if not len(keep):
+            return
+        n = len(ids)
+        mine = keep[(keep >= rank * n) & (keep < (rank + 1) * n)] - rank * n
+        if len(mine):
+            self._record(module, x[mine], y[mine], ids[mine], _select(outputs, mine))
+        self._stage(all_ids[keep], all_y[keep], all_prints[keep])
+
+    def _unseen(self, ids: Tensor) -> Tensor:
+        """Positions of the ids not staged yet in this fit (first occurrence) nor committed by a resumed one.
+
+        Raises ``ValueError`` for ids learned in an earlier experience.
+        """
+        first: dict[int, int] = {}
+        for k, i in enumerate(ids.tolist()):
+            if i not in self._staged_seen and i not in first:
+                first[i] = k
+        if not first:
+            return torch.empty(0, dtype=torch.long, device=ids.device)
+        keep = torch.tensor(list(first.values()), device=ids.device)
+        known = torch.tensor([i in self.catalog for i in first], dtype=torch.bool, device=ids.device)
         if bool(known.any()):
-            earlier = self.catalog.experiences_of(ids[known].cpu()) != self._fit_experience
+            earlier = self.catalog.experiences_of(ids[keep][known].cpu()) != self._fit_experience
             if bool(earlier.any()):
                 raise ValueError(
-                    f"{type(self).__name__}: sample ids {ids[known][earlier][:10].tolist()} were already learned "
+                    f"{type(self).__name__}: sample ids {ids[keep][known][earlier][:10].tolist()} were already learned "
                     "in an earlier experience; each sample may be learned once (give every sample a unique id)"
                 )
             # a fit resumed from a checkpoint of this experience: those samples are already in
-            keep = (~known).nonzero().flatten()
-            ids, y, x, outputs = ids[keep], y[keep], x[keep], _select(outputs, keep)
-            if not len(ids):
-                return
-        self._record(module, x, y, ids, _select(outputs, keep))
+            keep = keep[~known]
+        return keep
+
+    def _prints(self, x: Any, n: int) -> Tensor:
+        if self.fingerprint and isinstance(x, Tensor):
+            return fingerprints(x)
+        return torch.zeros(n, dtype=torch.long)
+
+    def _stage(self, ids: Tensor, y: Tensor, prints: Tensor) -> None:
         self._staged_seen.update(ids.tolist())
         self._staged_ids.append(ids.cpu())
         self._staged_labels.append(y.detach().long().cpu())
-        if self.fingerprint and isinstance(x, Tensor):
-            self._staged_prints.append(fingerprints(x))
-        else:
-            self._staged_prints.append(torch.zeros(len(ids), dtype=torch.long))
+        self._staged_prints.append(prints.cpu())
 
     def end_experience(self, module: torch.nn.Module) -> None:
         """Commit the staged block: register its samples and fold in its statistics."""
@@ -149,6 +189,7 @@ class RecorderCallback(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         continue_log_step(self.trainer, trainer)
         self.trainer = trainer
+        self._sum_ranks = partial(trainer.strategy.reduce, reduce_op="sum") if trainer.world_size > 1 else None
         resume, self._resume = self._resume, None
         done = trainer.fit_loop.epoch_loop.batch_progress.current.ready  # restored, not yet reset
         mid_epoch = trainer.fit_loop.restarting and 0 < done < trainer.num_training_batches
@@ -197,6 +238,9 @@ class RecorderCallback(L.Callback):
         if trainer.current_epoch > self._first_epoch and not self.records_every_epoch:
             return
         x, y, ids = unpack_batch(batch, self.batch_keys)
+        if trainer.world_size > 1 and not self.gathers_inputs:
+            self.record_shard(pl_module, x, y, ids, outputs, lambda t: _gather(pl_module, t), trainer.global_rank)
+            return
         if trainer.world_size > 1:
             x, y, ids = (_gather(pl_module, t) for t in (x, y, ids))
             outputs = _gather_outputs(pl_module, outputs)
@@ -217,6 +261,14 @@ class RecorderCallback(L.Callback):
     # -- to implement ----------------------------------------------------------------------------
     #: recorders that follow the whole training trajectory (HF) see every epoch, not just the first
     records_every_epoch: bool = False
+    #: under DDP, whether every rank records every sample (inputs gathered per batch); recorders whose
+    #: statistics are sums over samples set it to False: each rank records the samples it holds
+    #: (:meth:`record_shard`) and adds the ranks' sums once per experience with :meth:`sum_over_ranks`
+    gathers_inputs: bool = True
+
+    def sum_over_ranks(self, t: Tensor) -> Tensor:
+        """``t`` summed over the ranks of the current DDP fit (``t`` itself otherwise); every rank must call it."""
+        return self._sum_ranks(t) if self._sum_ranks is not None else t
 
     def _record(self, module: torch.nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any) -> None:
         raise NotImplementedError

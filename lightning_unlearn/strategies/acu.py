@@ -1,4 +1,4 @@
-"""`ACUStrategy`: exact continual unlearning of an analytic head (ACU, Tang et al.)."""
+"""`ACUStrategy`: exact continual unlearning of an analytic head [ACU]."""
 
 from __future__ import annotations
 
@@ -13,11 +13,16 @@ from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, Un
 
 
 class ACUStrategy(UnlearningStrategy):
-    """Exact forgetting by the recursive Woodbury update of eq. (5) and eq. (6).
+    """Exact forgetting by the recursive Woodbury update of eq. (5) and eq. (6), or a re-solve for large requests.
 
     Needs only the samples to forget (their features and labels), never the retained data.
     Sample-, class- and experience-level requests are all a forget set of sample ids.
     Theorem 1: the result equals the ridge solution recomputed on the retained set.
+
+    A request of ``k`` samples costs ``O(k d_F^2)`` through eq. (5)/(6) (the tracking matrix is
+    updated in place at commit, see :meth:`AnalyticRecorder.apply_forget`); once ``k`` is a sizeable
+    fraction of ``d_F`` re-solving eq. (8) from ``R - F^T F`` is cheaper and is used instead
+    (:func:`~lightning_unlearn.functional.acu.woodbury_is_cheaper`). Both are exact.
     """
 
     method = "acu"
@@ -30,11 +35,27 @@ class ACUStrategy(UnlearningStrategy):
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         rec = self.recorder
+        head = rec.head_weights(self.module, rec.W)  # type: ignore[arg-type]
+        params = dict(self.module.named_parameters())
+        changed = [k for k, v in head.items() if not torch.equal(params[k].detach(), v.to(params[k]))]
+        if changed:
+            raise ValueError(
+                f"the module's head {changed} differs from the recorder's W: the module was changed after "
+                "learning, or its weights and the recorder's statistics come from different runs"
+            )
         x, labels = self.forget_samples(ids, data)
-        F = rec.features(self.module, x).cpu()
-        Y = acu.one_hot(labels, rec.Q.shape[1], rec.dtype)
-        T, W = acu.forget(rec.T, rec.W, F, Y)  # eq. (5), eq. (6)
-        head = rec.head_name(self.module)
+        F = rec.features(self.module, x)
+        Y = acu.one_hot(labels.to(F.device), rec.Q.shape[1], rec.dtype)  # type: ignore[union-attr]
+        d_F, d_C = rec.Q.shape  # type: ignore[union-attr]
+        if acu.woodbury_is_cheaper(d_F, d_C, len(F)):
+            FT, S, W = acu.forget_factors(rec.T, rec.W, F, Y)  # type: ignore[arg-type]  # eq. (5), eq. (6)
+            Q = torch.addmm(rec.Q, F.T, Y, alpha=-1)  # type: ignore[arg-type]
+            statistics = {"tracking_update": (FT, S), "forgotten_rows": F, "Q": Q, "W": W}
+            path = "woodbury"
+        else:
+            R, Q, T, W = acu.resolve(rec.R, rec.Q, F, Y, rec.ridge)  # type: ignore[arg-type]  # eq. (8)
+            statistics = {"R": R, "Q": Q, "T": T, "W": W}
+            path = "resolve"
         certificate = Certificate(
             method=self.method,
             exact=True,
@@ -42,7 +63,7 @@ class ACUStrategy(UnlearningStrategy):
         )
         return UnlearningUpdate(
             certificate,
-            weights={head: W.T},
-            statistics={"R": rec.R - F.T @ F, "Q": rec.Q - F.T @ Y, "T": T, "W": W},
-            extra={"n_forgotten": int(ids.numel())},
+            weights=rec.head_weights(self.module, W),
+            statistics=statistics,
+            extra={"n_forgotten": int(ids.numel()), "path": path},
         )

@@ -22,6 +22,9 @@ warnings.filterwarnings("ignore")
 def main(out: str, devices: int) -> None:
     ds = toy_dataset(n=203)  # odd: DistributedSampler pads one rank with a repeated sample
     model, recorder = analytic_model(), AnalyticRecorder(ridge=0.5)
+    rows_here = []  # rows this rank's recorder computed features for and accumulated
+    record = recorder._record
+    recorder._record = lambda module, x, y, ids, outputs: (rows_here.append(len(ids)), record(module, x, y, ids, outputs))
     trainer = L.Trainer(
         strategy="ddp" if devices > 1 else "auto", accelerator="cpu", devices=devices, max_epochs=2,
         callbacks=[recorder], logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -29,6 +32,7 @@ def main(out: str, devices: int) -> None:
     trainer.fit(model, DataLoader(ds, batch_size=16, shuffle=True))
     state = recorder.state_dict()
     state["rank"] = trainer.global_rank
+    state["rows_recorded_here"] = sum(rows_here)
     torch.save(state, out.replace(".pt", f".rank{trainer.global_rank}.pt"))
 
 
