@@ -80,7 +80,6 @@ class AnalyticRecorder(RecorderCallback):
         self._pending_T: tuple[Tensor, Tensor] | None = None  # (FT, S) of eq. (5) not yet added to _T
         self._dR: Tensor | None = None  # this rank's staged sums
         self._dQ: Tensor | None = None
-        self._staged_restored: tuple[Tensor, Tensor] | None = None  # every rank's staged sums, from a checkpoint
         self._frozen_digest: str | None = None
 
     @property
@@ -240,16 +239,13 @@ class AnalyticRecorder(RecorderCallback):
 
     def _drop_staged(self) -> None:
         super()._drop_staged()
-        self._dR = self._dQ = self._staged_restored = None
+        self._dR = self._dQ = None
 
     def _staged_sums(self) -> tuple[Tensor, Tensor]:
         """The staged block's ``(dR, dQ)`` summed over the ranks (a collective call under DDP)."""
         dR = self._dR if self._dR is not None else torch.zeros_like(self._R)  # type: ignore[arg-type]
         dQ = self._dQ if self._dQ is not None else torch.zeros_like(self.Q)  # type: ignore[arg-type]
-        dR, dQ = self.sum_over_ranks(dR), self.sum_over_ranks(dQ)
-        if self._staged_restored is not None:
-            dR, dQ = dR + self._staged_restored[0].to(dR), dQ + self._staged_restored[1].to(dQ)
-        return dR, dQ
+        return self.sum_over_ranks(dR), self.sum_over_ranks(dQ)
 
     def _staged_state(self) -> dict[str, Any]:
         # every rank saves the sums over all ranks (Lightning builds a checkpoint on every rank)
@@ -257,8 +253,9 @@ class AnalyticRecorder(RecorderCallback):
         return {"dR": dR, "dQ": dQ, "frozen_digest": self._frozen_digest}
 
     def _load_staged_state(self, state: dict[str, Any]) -> None:
-        if state.get("dR") is not None:
-            self._staged_restored = (state["dR"], state["dQ"])
+        # the saved sums cover every rank: one rank carries them on (the same summation order as uninterrupted)
+        if state.get("dR") is not None and (self.trainer is None or self.trainer.global_rank == 0):
+            self._dR, self._dQ = state["dR"].to(self._R), state["dQ"].to(self._R)  # type: ignore[arg-type]
         self._frozen_digest = state.get("frozen_digest", self._frozen_digest)
 
     def _record(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any) -> None:
@@ -270,7 +267,7 @@ class AnalyticRecorder(RecorderCallback):
         self._dR, self._dQ = acu.accumulate(self._dR, self._dQ, F, Y)  # type: ignore[arg-type]
 
     def _commit(self, module: nn.Module) -> None:
-        if self._frozen_state_digest(module) != self._frozen_digest:
+        if self._frozen_digest is not None and self._frozen_state_digest(module) != self._frozen_digest:
             where = f"backbone {self.backbone!r}" if self.backbone is not None else "module outside the head"
             raise ValueError(
                 f"the {where} changed during the experience (parameters or buffers, e.g. batch-norm running "

@@ -62,7 +62,8 @@ def ridge_solution(R: Tensor, Q: Tensor, ridge: float) -> tuple[Tensor, Tensor]:
     """Tracking matrix ``T = (R + gamma I)^{-1}`` (eq. 4) and head ``W = T Q`` (eq. 3 / eq. 8).
 
     Solved through a Cholesky factorisation (``R + gamma I`` is symmetric positive definite
-    for ``gamma > 0``), then symmetrised.
+    for ``gamma > 0``) and two triangular solves against ``I`` (LAPACK's ``potri``, behind
+    ``torch.cholesky_inverse``, ran 5x slower on CPU), then symmetrised.
 
     Args:
         R: autocorrelation ``sum f^T f``.
@@ -75,7 +76,7 @@ def ridge_solution(R: Tensor, Q: Tensor, ridge: float) -> tuple[Tensor, Tensor]:
     if ridge <= 0:
         raise ValueError(f"the ridge regulariser must be positive, got {ridge}")
     A = R + ridge * torch.eye(R.shape[0], dtype=R.dtype, device=R.device)
-    T = torch.cholesky_inverse(torch.linalg.cholesky(A))
+    T = torch.cholesky_solve(torch.eye(R.shape[0], dtype=R.dtype, device=R.device), torch.linalg.cholesky(A))
     T = (T + T.T) / 2
     return T, T @ Q
 
@@ -153,16 +154,17 @@ def woodbury_flops(d_F: int, k: int) -> float:
 
 
 def resolve_flops(d_F: int, d_C: int) -> float:
-    """Floating-point operations of a re-solve: Cholesky (``d^3/3``), its inverse (``2 d^3/3``) and ``T Q``.
+    """Floating-point operations of a re-solve: Cholesky (``d^3/3``), two triangular solves against ``I``
+    (``2 d^3``) and ``T Q``.
 
     Both paths also subtract ``F^T F`` from ``R`` (the Woodbury path lazily), so that term is left out.
     """
-    return d_F**3 + 2.0 * d_F**2 * d_C
+    return 7 * d_F**3 / 3 + 2.0 * d_F**2 * d_C
 
 
-#: LAPACK's Cholesky inverse runs at a lower rate than GEMM; measured ratio on 2 CPU cores
-#: (float64, d_F = 2048) with ``benchmarks/acu.py --crossover``
-RESOLVE_SLOWDOWN = 1.5
+#: triangular solves and the Cholesky run at a lower rate than the GEMMs of the Woodbury path; their
+#: time ratio per operation, measured on 2 CPU cores (float64, d_F = 2048)
+RESOLVE_SLOWDOWN = 1.3
 
 
 def woodbury_is_cheaper(d_F: int, d_C: int, k: int) -> bool:
