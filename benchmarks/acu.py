@@ -35,9 +35,9 @@ from lightning_unlearn.functional import acu
 N_CLASSES, RIDGE = 100, 1.0
 
 
-def seconds(fn: Callable[[], object]) -> float:
+def seconds(fn: Callable[..., object], *args: object) -> float:
     start = time.perf_counter()
-    fn()
+    fn(*args)
     return time.perf_counter() - start
 
 
@@ -90,9 +90,9 @@ def rows_for(d: int, n: int, ks: tuple[int, ...], reps: int, big: int = 0) -> li
             ids = torch.arange(start, start + k)
             start += k
             Fk, Yk = F[ids], Y[ids]
-            ours.append(seconds(lambda: our_request(rec, ids, Fk, Yk)))
-            ref.append(seconds(lambda: inplace_reference(T_ref, W_ref, Fk, Yk)))
-            catch_up.append(seconds(lambda: R_copy.addmm_(Fk.T, Fk, alpha=-1)))
+            ours.append(seconds(our_request, rec, ids, Fk, Yk))
+            ref.append(seconds(inplace_reference, T_ref, W_ref, Fk, Yk))
+            catch_up.append(seconds(R_copy.addmm_, Fk.T, Fk))  # (adds instead of subtracting: same cost)
         path = "woodbury" if acu.woodbury_is_cheaper(d, N_CLASSES, k) else "re-solve"
         out.append({"d": d, "n": n, "k": k, "path": path, "ours": min(ours), "ref": min(ref), "catch_up": min(catch_up)})
     del T_ref, W_ref, R_copy
@@ -117,8 +117,8 @@ def crossover(d: int, n: int) -> None:
         Y = acu.one_hot(torch.randint(0, N_CLASSES, (n + k,), generator=g), N_CLASSES)
         R, Q = F.T @ F, F.T @ Y
         T, W = acu.ridge_solution(R, Q, RIDGE)
-        t_w = seconds(lambda: inplace_reference(T.clone(), W.clone(), F[:k], Y[:k]))
-        t_r = seconds(lambda: acu.resolve(R, Q, F[:k], Y[:k], RIDGE))
+        t_w = seconds(inplace_reference, T.clone(), W.clone(), F[:k], Y[:k])
+        t_r = seconds(acu.resolve, R, Q, F[:k], Y[:k], RIDGE)
         model = acu.woodbury_flops(d, k) / acu.resolve_flops(d, N_CLASSES)
         print(f"{k:>6} {t_w:>9.3f} {t_r:>9.3f} {t_w / t_r:>13.2f} {model:>10.2f}")
 

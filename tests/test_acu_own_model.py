@@ -7,7 +7,13 @@ from helpers import quiet_trainer, toy_tensors
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_unlearn import ACUStrategy, AnalyticHead, AnalyticRecorder, ForgetRequest, IndexedDataset
+from lightning_unlearn import (
+    ACUStrategy,
+    AnalyticHead,
+    AnalyticRecorder,
+    ForgetRequest,
+    IndexedDataset,
+)
 from lightning_unlearn.functional import acu
 
 N = 96

@@ -8,7 +8,12 @@ from helpers import N_CLASSES, analytic_model, quiet_trainer, toy_dataset, toy_t
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
-from lightning_unlearn import ACUStrategy, AnalyticRecorder, ForgetRequest, HessianRecorder
+from lightning_unlearn import (
+    ACUStrategy,
+    AnalyticRecorder,
+    ForgetRequest,
+    HessianRecorder,
+)
 from lightning_unlearn.functional import acu
 
 

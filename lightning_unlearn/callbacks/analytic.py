@@ -131,7 +131,7 @@ class AnalyticRecorder(RecorderCallback):
             head = None
         linear = head.linear if isinstance(head, AnalyticHead) else head
         if not isinstance(linear, nn.Linear):
-            raise ValueError(
+            raise ValueError(  # noqa: TRY004  (a configuration error, like the other ACU refusals)
                 f"ACU needs an nn.Linear or AnalyticHead submodule {self.head!r}, "
                 f"got {type(head).__name__ if head is not None else 'none'}"
             )
@@ -169,7 +169,7 @@ class AnalyticRecorder(RecorderCallback):
             F = head.features(b) if isinstance(head, AnalyticHead) else b.flatten(1)
         else:
             with torch.no_grad():
-                F = module.features(x)
+                F = module.features(x)  # type: ignore[operator]
         return self._augment(F, linear)
 
     def _augment(self, F: Tensor, linear: nn.Linear) -> Tensor:
@@ -361,10 +361,13 @@ class AnalyticRecorder(RecorderCallback):
             raise ValueError(f"AnalyticRecorder state lacks recorded statistics {missing}")
         if float(state_dict["ridge"]) != self.ridge:
             raise ValueError(f"checkpoint was recorded with ridge={state_dict['ridge']}, this recorder has {self.ridge}")
-        stats = {k: None if state_dict.get(k) is None else state_dict[k].to(self.dtype) for k in _STATISTICS}
+        stats: dict[str, Tensor | None] = {
+            k: None if state_dict.get(k) is None else state_dict[k].to(self.dtype) for k in _STATISTICS
+        }
+        R, Q, T, W = (stats[k] for k in _STATISTICS)
         if not first_fit:
-            errors = acu.consistency_errors(*(stats[k] for k in _STATISTICS), self.ridge)  # type: ignore[arg-type]
+            errors = acu.consistency_errors(R, Q, T, W, self.ridge)  # type: ignore[arg-type]
             if errors:
                 raise ValueError(f"refusing AnalyticRecorder state: {'; '.join(errors)}")
         super().load_state_dict(state_dict)
-        self.R, self.Q, self.T, self.W = (None if stats[k] is None else stats[k].clone() for k in _STATISTICS)
+        self.R, self.Q, self.T, self.W = (None if v is None else v.clone() for v in (R, Q, T, W))

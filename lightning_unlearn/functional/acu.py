@@ -162,9 +162,10 @@ def resolve_flops(d_F: int, d_C: int) -> float:
     return 7 * d_F**3 / 3 + 2.0 * d_F**2 * d_C
 
 
-#: triangular solves and the Cholesky run at a lower rate than the GEMMs of the Woodbury path; their
-#: time ratio per operation, measured on 2 CPU cores (float64, d_F = 2048)
-RESOLVE_SLOWDOWN = 1.3
+#: the Cholesky and triangular solves run at about half the rate of the Woodbury path's GEMMs
+#: (``benchmarks/acu.py --crossover``, 2 CPU cores, float64, d_F = 2048: measured time ratio / flop ratio
+#: 0.45-0.75 for k = 512..2048), so the re-solve takes over from k ~ 0.7 d_F (1,432 at d_F = 2048, d_C = 100)
+RESOLVE_SLOWDOWN = 2.0
 
 
 def woodbury_is_cheaper(d_F: int, d_C: int, k: int) -> bool:

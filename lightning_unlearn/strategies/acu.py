@@ -9,7 +9,11 @@ from lightning_unlearn.callbacks.analytic import AnalyticRecorder
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.functional import acu
-from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, UnlearningUpdate
+from lightning_unlearn.strategies.base import (
+    ForgetData,
+    UnlearningStrategy,
+    UnlearningUpdate,
+)
 
 
 class ACUStrategy(UnlearningStrategy):

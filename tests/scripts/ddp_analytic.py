@@ -12,9 +12,9 @@ import torch
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0] + "/..")
-from helpers import analytic_model, toy_dataset  # noqa: E402
+from helpers import analytic_model, toy_dataset
 
-from lightning_unlearn import AnalyticRecorder  # noqa: E402
+from lightning_unlearn import AnalyticRecorder
 
 warnings.filterwarnings("ignore")
 
