@@ -32,7 +32,7 @@ from torch.utils.data import Subset, TensorDataset
 from lightning_unlearn import ForgetRequest, IndexedDataset
 from lightning_unlearn.avalanche import class_incremental_benchmark, fit_stream
 from lightning_unlearn.callbacks import HessianRecorder, TrajectoryRecorder
-from lightning_unlearn.datasets import digits_splits
+from lightning_unlearn.harness.digits import digits_splits
 from lightning_unlearn.functional import hf
 from lightning_unlearn.metrics import evaluate_unlearning
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from lightning_unlearn import ACUStrategy, AnalyticClassifier, AnalyticRecorder, ForgetRequest, IndexedDataset, Ledger
 from lightning_unlearn.avalanche import class_incremental_benchmark, fit_stream
-from lightning_unlearn.datasets import digits_splits
+from lightning_unlearn.harness.digits import digits_splits
 from lightning_unlearn.metrics import evaluate_unlearning, log_metrics
 from lightning_unlearn.models import SupervisedClassifier, mlp_backbone
 

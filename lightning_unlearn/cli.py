@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning_unlearn.registry import available_methods, get_method
+from lightning_unlearn.harness.registry import available_methods, get_method
 
 #: every registered method, the exact and certified ones first
 DEFAULT_METHODS = "acu,hf,hessian,gradient,safe,rbm,salun,retrain,finetune,neggrad,neggrad_plus,randomlabel"
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def compare(args: argparse.Namespace) -> str:
     """Run the harness for each K and return the printed tables."""
-    from lightning_unlearn.evaluate import digits_benchmark, evaluate
+    from lightning_unlearn.harness import digits_benchmark, evaluate
 
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
     options = _options(args.option, names)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from helpers import N_FEATURES, toy_tensors
 
-from lightning_unlearn.evaluate import BenchmarkInfo, describe_benchmark
+from lightning_unlearn.harness import BenchmarkInfo, describe_benchmark
 from lightning_unlearn.models import mlp_backbone
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lightning_unlearn.cli import _options, main
-from lightning_unlearn.registry import get_method
+from lightning_unlearn.harness import get_method
 
 pytestmark = pytest.mark.slow
 

@@ -2,15 +2,25 @@
 
 import csv
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from helpers_eval import tiny_info
 
 from lightning_unlearn import ForgetRequest
-from lightning_unlearn.evaluate import TABLE1, evaluate
-from lightning_unlearn.registry import available_methods, get_method, register
+from lightning_unlearn.harness import (
+    TABLE1,
+    MethodSpec,
+    available_methods,
+    evaluate,
+    get_method,
+    method_spec,
+    register,
+)
+from lightning_unlearn.harness.registry import HARNESS_ARGUMENTS, keyword_options
 from lightning_unlearn.schedule import Schedule, make_schedule, validate_schedule
+from lightning_unlearn.strategies import ACUStrategy, HFStrategy, StreamingStrategy
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +42,7 @@ def report(info, tmp_path_factory):
 
 def test_retrain_has_zero_gap_to_an_independent_retrain(report):
     rep, _ = report
-    for name in ("retrain[analytic,ridge=1,d=48]", "retrain[supervised]"):
+    for name in ("retrain[analytic,ridge=1,expansion_dim=48]", "retrain[supervised]"):
         rows = rep.table(name)
         assert len(rows) == 3
         assert all(r["l2_to_retrain"] == 0.0 and r["certificate"] == "exact" for r in rows), name
@@ -73,7 +83,7 @@ def test_report_rows_csv_plot_and_table(report):
     assert len(rows) == 4 * 3 + 2 * 3  # methods and references, 3 requests each
     assert {(r["method"], r["family"]) for r in rows} >= {("acu", "analytic"), ("retrain[supervised] (reference)", "supervised")}
     acu_rows = [r for r in rows if r["method"] == "acu"]
-    assert {r["reference"] for r in acu_rows} == {"retrain[analytic,ridge=1,d=48] (reference)"}
+    assert {r["reference"] for r in acu_rows} == {"retrain[analytic,ridge=1,expansion_dim=48] (reference)"}
     # every removed id, not the first five: the 8 ids of request 1 and all of request 2's class
     assert [int(i) for i in acu_rows[0]["removed_ids"].split()] == sorted(rep.schedule.requests[0].sample_ids)
     assert len(acu_rows[1]["removed_ids"].split()) == int(acu_rows[1]["n_removed"]) > 5
@@ -82,7 +92,7 @@ def test_report_rows_csv_plot_and_table(report):
     text = rep.format()
     assert "K = 3" in text and "neggrad" in text and "dParams(L2)" in text
     assert [line.split()[:2] for line in text.splitlines()[3:]] == [
-        ["acu", "analytic"], ["retrain[analytic,ridge=1,d=48]", "analytic"], ["neggrad", "analytic"],
+        ["acu", "analytic"], ["retrain[analytic,ridge=1,expansion_dim=48]", "analytic"], ["neggrad", "analytic"],
         ["retrain[supervised]", "supervised"]]
     assert len({len(line) for line in text.splitlines()[1:]}) == 1  # aligned columns
 
@@ -125,19 +135,46 @@ def test_registry_names_and_errors():
                                         "rbm", "salun", "hf", "hessian", "gradient", "safe"}
     with pytest.raises(ValueError, match="unknown method 'sisa'; registered methods: acu"):
         get_method("sisa")
-    with pytest.raises(ValueError, match=r"RBMStrategy takes no option\(s\) \['masking'\]"):
+    with pytest.raises(ValueError, match=r"'rbm' \(RBMStrategy\) takes no option\(s\) \['masking'\]"):
         get_method("rbm", masking="forget")  # fixed by the name: use "salun"
-    with pytest.raises(ValueError, match="bad options .* 'hf'"):
+    with pytest.raises(ValueError, match=r"'hf' \(HFStrategy\) takes no option\(s\) \['lr'\]; its options: \['capacity', 'delta'"):
         get_method("hf", lr=0.1)
     assert get_method("hf", noise=False).name == "hf[noise=off]" and get_method("hessian", epsilon=2.0).name == "hessian[eps=2,delta=1e-05]"
-    with pytest.raises(ValueError, match=r"FinetuneStrategy takes no option\(s\) \['epocs'\]; its options: \['batch_size', 'epochs'"):
+    with pytest.raises(ValueError, match=r"FinetuneStrategy\) takes no option\(s\) \['epocs'\]; its options: \['batch_size', 'epochs'"):
         get_method("finetune", epocs=3)
-    with pytest.raises(ValueError, match="bad options .* 'acu'"):
+    with pytest.raises(ValueError, match=r"'acu' \(ACUStrategy\) takes no option\(s\) \['lr'\]; its options: \['expansion_dim', 'ridge'\]"):
         get_method("acu", lr=0.1)
     with pytest.raises(ValueError, match="already registered"):
-        register("acu", lambda: None)
-    with pytest.raises(ValueError, match="unknown model family"):
+        register(MethodSpec("acu", ACUStrategy, families=("analytic",)))
+    with pytest.raises(ValueError, match="unknown model family 'cnn' for method 'neggrad'"):
         get_method("neggrad", family="cnn")
+    with pytest.raises(ValueError, match=r"model family 'analytic' takes no setting\(s\) \['l2'\]; its settings: \['expansion_dim', 'ridge'\]"):
+        get_method("finetune", l2=0.1)
+
+
+def test_registry_options_are_the_strategy_constructors_keyword_only_parameters():
+    """Every keyword-only parameter of each registered class is an option, except those the harness sets."""
+    for name in available_methods():
+        spec = method_spec(name)
+        own = keyword_options(spec.strategy) - HARNESS_ARGUMENTS - spec.managed - set(spec.fixed)
+        assert own <= spec.options(), (name, own - spec.options())
+        assert not (spec.options() & (HARNESS_ARGUMENTS | set(spec.fixed))), name
+    # HF: all nine of its own options (was 4), and the linear family's l2
+    assert method_spec("hf").options() == {"epsilon", "delta", "strong_convexity", "smoothness", "grad_bound", "noise",
+                                          "sigma_override", "capacity", "max_deletions", "l2"}
+    assert keyword_options(HFStrategy) - HARNESS_ARGUMENTS <= method_spec("hf").options()
+    assert {"forget_weight", "lr_constant", "expected_rounds", "step_size", "forget_scope", "kl_direction", "noise_std",
+            "epsilon", "delta", "weight_bound"} == keyword_options(StreamingStrategy) - HARNESS_ARGUMENTS
+    assert keyword_options(StreamingStrategy) - HARNESS_ARGUMENTS <= method_spec("safe").options()
+
+
+def test_registry_options_reach_the_strategy_and_names_are_the_certificates_method(info):
+    hf = get_method("hf", capacity="error", max_deletions=3, grad_bound=2.0, epsilon=2.0).build(info).strategy()
+    assert (hf.capacity, hf.max_deletions, hf.grad_bound, hf.epsilon) == ("error", 3, 2.0, 2.0)
+    safe = get_method("safe", forget_scope="all", noise_std=0.5).build(info).strategy()
+    assert safe.noise_std == 0.5
+    for name in available_methods():
+        assert get_method(name).build(info).strategy().method == name, name
 
 
 def test_every_certified_and_masking_method_runs_in_the_harness(info):
@@ -161,3 +198,12 @@ def test_every_certified_and_masking_method_runs_in_the_harness(info):
     # 004's Newton correction (tasks solved exactly by L-BFGS) lands closer to retraining than natural
     # forgetting, which leaves the weights as they are (measured: 0.07 vs 0.24)
     assert summary["hessian[noise=off]"]["l2_to_retrain"] < 0.5 * summary["gradient[noise=off]"]["l2_to_retrain"]
+
+
+def test_library_code_never_sets_a_global_matplotlib_backend():
+    """The harness draws with Figure + FigureCanvasAgg; a user's own plots keep their backend."""
+    import lightning_unlearn
+
+    root = Path(lightning_unlearn.__file__).parent
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py") if "matplotlib.use(" in p.read_text()]
+    assert offenders == []

@@ -43,6 +43,7 @@ class _ContinualCertified(UnlearningStrategy):
         module: nn.Module,
         recorder: TaskDeltaRecorder,
         ledger: Ledger | None = None,
+        *,
         epsilon: float = 1.0,
         delta: float = 1e-5,
         lipschitz: float | None = None,

@@ -53,6 +53,7 @@ class HFStrategy(UnlearningStrategy):
         module: nn.Module,
         recorder: TrajectoryRecorder,
         ledger: Ledger | None = None,
+        *,
         epsilon: float = 1.0,
         delta: float = 1e-5,
         strong_convexity: float | None = None,

@@ -1,0 +1,218 @@
+"""Model families of the harness: a model, its continual-learning recipe, and its gold standard.
+
+Each family builds a model for a benchmark, says how the stream is learned with it (Trainer
+options, batch size, the recorder methods on it default to) and has a gold standard: retraining
+from scratch on the retained data (:func:`reference`).
+
+* ``"analytic"``: the frozen backbone + ridge head of [ACU] (:class:`AnalyticClassifier`), learned
+  with an :class:`AnalyticRecorder`; its retrain is a fresh analytic fit on the retained set.
+  [ACU]'s protocol (Section 4.1: "all baselines are updated starting from the same base model")
+  runs the baselines on this model too, so they default to it. Settings: ``ridge`` (``gamma`` of
+  [ACU] eq. (2)) and ``expansion_dim``.
+* ``"supervised"``: the backbone (trainable copy) + a linear layer trained by SGD
+  (:class:`SupervisedClassifier`, ``info.epochs`` epochs per experience at ``info.lr``); its
+  retrain replays that recipe on the retained samples.
+* ``"linear"``: the frozen backbone + a linear layer trained by SGD on ``mean CE + (l2/2)||theta||^2``:
+  L2-regularised logistic regression on fixed features, the strongly convex setting in which
+  [HF]'s certificate holds (Assumption 1); its retrain replays the recipe. Setting: ``l2``.
+* ``"proximal"``: the same model with [CCL]'s regulariser ``(lambda/2)||theta - theta_{t-1}||^2``
+  (:class:`ProximalClassifier`), for the certified continual-learning methods; each task is solved
+  by full-batch L-BFGS, as [CCL] assumes (exact solutions); its retrain replays the recipe.
+  Settings: ``l2`` and ``reg_lambda``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import lightning as L
+from torch import nn
+
+from lightning_unlearn.callbacks.analytic import AnalyticRecorder
+from lightning_unlearn.callbacks.base import RecorderCallback
+from lightning_unlearn.callbacks.samples import SampleRecorder
+from lightning_unlearn.harness.types import BenchmarkInfo, Built, Method
+from lightning_unlearn.models import (
+    AnalyticClassifier,
+    ProximalClassifier,
+    SupervisedClassifier,
+)
+from lightning_unlearn.strategies.baselines import RetrainStrategy
+
+FAMILIES = ("analytic", "supervised", "linear", "proximal")
+#: each family's settings and their defaults
+SETTINGS: dict[str, dict[str, Any]] = {
+    "analytic": {"ridge": 1.0, "expansion_dim": 512},
+    "supervised": {},
+    "linear": {"l2": 1e-2},
+    "proximal": {"l2": 1e-2, "reg_lambda": 1.0},
+}
+#: the proximal family's batch (larger than any experience: one batch per experience) and L-BFGS steps per task
+FULL_BATCH, LBFGS_STEPS = 1 << 30, 2
+
+
+@dataclass
+class FamilyModel:
+    """A family's model for one benchmark and how the stream is learned with it.
+
+    ``recorder()`` makes the family's own recorder (what methods on it record with, unless they
+    bring theirs); ``refit()`` the callbacks that learn the module besides the optimizer (a
+    fresh :class:`AnalyticRecorder` for the analytic head; none otherwise), which retraining
+    needs again. ``batch_size`` ``None`` means the benchmark's.
+    """
+
+    module: L.LightningModule
+    recorder: Callable[[], RecorderCallback]
+    refit: Callable[[], list[L.Callback]]
+    trainer_kwargs: dict[str, Any]
+    batch_size: int | None = None
+
+
+def family_settings(family: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The family's settings: its defaults updated with ``settings``.
+
+    Raises:
+        ValueError: an unknown family, or a setting the family does not have (naming its settings).
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}; one of {FAMILIES}")
+    unknown = sorted(set(settings) - set(SETTINGS[family]))
+    if unknown:
+        raise ValueError(
+            f"model family {family!r} takes no setting(s) {unknown}; its settings: {sorted(SETTINGS[family])}"
+        )
+    return {**SETTINGS[family], **settings}
+
+
+def build_model(
+    info: BenchmarkInfo, family: str, settings: Mapping[str, Any]
+) -> FamilyModel:
+    """A fresh model of ``family`` for ``info`` (the harness seeds the RNG first, so two builds are equal).
+
+    Raises:
+        ValueError: an unknown family or setting.
+    """
+    s = family_settings(family, settings)
+    trainer_kwargs, batch_size = recipe(info, family)
+    return FamilyModel(
+        _module(info, family, s),
+        _recorder(family, s),
+        _refit(family, s),
+        trainer_kwargs,
+        batch_size,
+    )
+
+
+def recipe(info: BenchmarkInfo, family: str) -> tuple[dict[str, Any], int | None]:
+    """Continual-learning Trainer options and batch size (``None``: the benchmark's) of a family."""
+    if family == "analytic":
+        return {"max_epochs": 1}, None
+    if family == "proximal":
+        return {"max_epochs": LBFGS_STEPS}, FULL_BATCH
+    return {"max_epochs": info.epochs}, None
+
+
+def _module(
+    info: BenchmarkInfo, family: str, s: Mapping[str, Any]
+) -> L.LightningModule:
+    if family == "analytic":
+        return AnalyticClassifier(
+            copy.deepcopy(info.backbone),
+            info.backbone_dim,
+            info.num_classes,
+            expansion_dim=s["expansion_dim"],
+            seed=info.seed,
+        )
+    trainable = family == "supervised"
+    net = nn.Sequential(
+        copy.deepcopy(info.backbone).requires_grad_(trainable),
+        nn.Linear(info.backbone_dim, info.num_classes),
+    )
+    if family == "supervised":
+        return SupervisedClassifier(net, lr=info.lr)
+    if family == "linear":
+        return SupervisedClassifier(net, lr=info.lr, l2=s["l2"])
+    return ProximalClassifier(
+        net, lr=1.0, l2=s["l2"], reg_lambda=s["reg_lambda"], optimizer="lbfgs"
+    )
+
+
+def _recorder(family: str, s: Mapping[str, Any]) -> Callable[[], RecorderCallback]:
+    return (
+        (lambda: AnalyticRecorder(s["ridge"]))
+        if family == "analytic"
+        else SampleRecorder
+    )
+
+
+def _refit(family: str, s: Mapping[str, Any]) -> Callable[[], list[L.Callback]]:
+    return (lambda: [AnalyticRecorder(s["ridge"])]) if family == "analytic" else list
+
+
+def retrain_method(
+    name: str,
+    module: Callable[[BenchmarkInfo], L.LightningModule],
+    trainer_kwargs: Callable[[BenchmarkInfo], dict[str, Any]],
+    refit: Callable[[], list[L.Callback]] = list,
+    batch_size: int | None = None,
+    family: str = "custom",
+) -> Method:
+    """A gold standard: :class:`RetrainStrategy` replaying a model's continual recipe on the retained data.
+
+    ``module(info)`` builds the model (the harness seeds the RNG first, so two builds are equal),
+    ``trainer_kwargs(info)`` gives its continual-learning Trainer options and ``refit()`` the
+    callbacks that learn with it (e.g. a fresh :class:`AnalyticRecorder` for an analytic head);
+    ``batch_size`` that of its fits (``None``: the benchmark's); ``family`` names the model. Give
+    methods on a model of your own a reference built the same way.
+    """
+
+    def build(info: BenchmarkInfo) -> Built:
+        model, recorder, kwargs = module(info), SampleRecorder(), trainer_kwargs(info)
+        refits = refit()
+        initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+        def strategy() -> RetrainStrategy:
+            return RetrainStrategy(
+                model,
+                recorder,
+                info.train,
+                initial,
+                fit_callbacks=refit,
+                trainer_kwargs=kwargs,
+                batch_size=batch_size or info.batch_size,
+                seed=info.seed,
+            )
+
+        return Built(model, [recorder, *refits], strategy, kwargs, batch_size)
+
+    return Method(name, build, family=family)
+
+
+def reference(family: str = "analytic", **settings: Any) -> Method:
+    """The gold standard of a model family: retraining from scratch (a fresh analytic fit, or the recipe replayed).
+
+    Named ``retrain`` (the analytic family with its defaults), ``retrain[<family>]``, or with the
+    settings that differ from the defaults, e.g. ``retrain[analytic,ridge=1,expansion_dim=48]``.
+
+    Raises:
+        ValueError: an unknown family or setting.
+    """
+    s = family_settings(family, settings)
+    if s == SETTINGS[family]:
+        name = "retrain" if family == "analytic" else f"retrain[{family}]"
+    else:
+        name = (
+            "retrain[" + ",".join([family, *(f"{k}={v:g}" for k, v in s.items())]) + "]"
+        )
+
+    return retrain_method(
+        name,
+        lambda info: _module(info, family, s),
+        lambda info: recipe(info, family)[0],
+        refit=_refit(family, s),
+        batch_size=FULL_BATCH if family == "proximal" else None,
+        family=family,
+    )

@@ -1,0 +1,119 @@
+"""The built-in methods of the registry, each an unlearning strategy class on its model families.
+
+Registered: ``acu``, ``hf``, ``hessian``, ``gradient``, ``safe``, ``rbm``, ``salun`` and the baselines
+``retrain``, ``finetune``, ``neggrad``, ``neggrad_plus``, ``randomlabel``. The baselines, RBM and
+SalUn run on every family (default: analytic, [ACU]'s protocol; their defaults are [ACU] App. E.3's);
+[HF] on the linear family, [CCL]'s Hessian and gradient methods on the proximal family (with a
+:class:`HessianRecorder`, whose estimates are their Lipschitz and smoothness constants), [SAFE]
+on the supervised family by default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from lightning_unlearn.callbacks.hessian import HessianRecorder
+from lightning_unlearn.callbacks.streaming import StreamingRecorder
+from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
+from lightning_unlearn.harness.registry import MethodSpec, register
+from lightning_unlearn.harness.types import BenchmarkInfo
+from lightning_unlearn.strategies.acu import ACUStrategy
+from lightning_unlearn.strategies.baselines import (
+    FinetuneStrategy,
+    NegGradPlusStrategy,
+    NegGradStrategy,
+    RandomLabelStrategy,
+    RetrainStrategy,
+)
+from lightning_unlearn.strategies.certified import (
+    GradientCertifiedStrategy,
+    HessianCertifiedStrategy,
+)
+from lightning_unlearn.strategies.hf import HFStrategy
+from lightning_unlearn.strategies.rbm import RBMStrategy
+from lightning_unlearn.strategies.streaming import StreamingStrategy
+
+
+def certified_label(name: str) -> Any:
+    """``name``, tagged with the options that change its certificate (so variants can be compared side by side)."""
+
+    def label(options: Mapping[str, Any]) -> str:
+        if not options.get("noise", True):
+            return f"{name}[noise=off]"
+        if options.get("sigma_override") is not None:
+            return f"{name}[sigma={options['sigma_override']:g}]"
+        epsilon, delta = options.get("epsilon", 1.0), options.get("delta", 1e-5)
+        return (
+            name
+            if (epsilon, delta) == (1.0, 1e-5)
+            else f"{name}[eps={epsilon:g},delta={delta:g}]"
+        )
+
+    return label
+
+
+def _trajectory(info: BenchmarkInfo) -> TrajectoryRecorder:
+    return TrajectoryRecorder()
+
+
+def _hessian(info: BenchmarkInfo, hessian: str) -> HessianRecorder:
+    return HessianRecorder(hessian=hessian)
+
+
+def _streaming(info: BenchmarkInfo, num_classes: int | None) -> StreamingRecorder:
+    return StreamingRecorder(num_classes or info.num_classes, seed=info.seed)
+
+
+register(MethodSpec("acu", ACUStrategy, families=("analytic",)))
+register(
+    MethodSpec(
+        "retrain",
+        RetrainStrategy,
+        managed=frozenset({"fit_callbacks", "trainer_kwargs", "batch_size"}),
+    )
+)
+register(MethodSpec("finetune", FinetuneStrategy))
+register(MethodSpec("neggrad", NegGradStrategy))
+register(MethodSpec("neggrad_plus", NegGradPlusStrategy))
+register(MethodSpec("randomlabel", RandomLabelStrategy))
+register(MethodSpec("rbm", RBMStrategy, fixed={"masking": "retain"}))
+register(MethodSpec("salun", RBMStrategy, fixed={"masking": "forget"}))
+register(
+    MethodSpec(
+        "hf",
+        HFStrategy,
+        families=("linear",),
+        recorder=_trajectory,
+        label=certified_label("hf"),
+    )
+)
+register(
+    MethodSpec(
+        "hessian",
+        HessianCertifiedStrategy,
+        families=("proximal",),
+        recorder=_hessian,
+        recorder_options={"hessian": "auto"},
+        label=certified_label("hessian"),
+    )
+)
+register(
+    MethodSpec(
+        "gradient",
+        GradientCertifiedStrategy,
+        families=("proximal",),
+        recorder=_hessian,
+        recorder_options={"hessian": "auto"},
+        label=certified_label("gradient"),
+    )
+)
+register(
+    MethodSpec(
+        "safe",
+        StreamingStrategy,
+        families=("supervised", "analytic", "linear", "proximal"),
+        recorder=_streaming,
+        recorder_options={"num_classes": None},
+    )
+)

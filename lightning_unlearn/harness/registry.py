@@ -1,0 +1,218 @@
+"""Method registry: the names the CLI and the harness know, each mapped to an unlearning strategy class.
+
+A :class:`MethodSpec` names a :class:`~lightning_unlearn.strategies.base.UnlearningStrategy`
+class and the model families it runs on. Its options are the class constructor's keyword-only
+parameters (followed through ``**kwargs`` to its base classes), plus ``family`` and the family's
+settings (:mod:`lightning_unlearn.harness.families`) and the recorder's options it declares;
+an unknown option is a ``ValueError`` listing the valid ones. Adding a method is one spec::
+
+    register(MethodSpec("mine", MyStrategy, families=("supervised",), recorder=lambda info: MyRecorder()))
+    get_method("mine", epsilon=0.5)  # MyStrategy(module, recorder, epsilon=0.5)
+
+The harness sets ``ledger``, ``seed`` and ``generator`` itself (runs are reproducible from the
+benchmark's seed), and a ``train=`` dataset (the stream's training set) when the class takes one.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lightning_unlearn.callbacks.base import RecorderCallback
+from lightning_unlearn.harness.families import (
+    FAMILIES,
+    SETTINGS,
+    build_model,
+    family_settings,
+    reference,
+)
+from lightning_unlearn.harness.types import BenchmarkInfo, Built, Method
+from lightning_unlearn.strategies.base import UnlearningStrategy
+from lightning_unlearn.strategies.baselines import RetrainStrategy
+
+#: constructor arguments the harness sets (from the benchmark's seed, its own ledger): never options
+HARNESS_ARGUMENTS = frozenset({"ledger", "seed", "generator"})
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A registered method: an unlearning strategy class on a model family.
+
+    Args:
+        name: the registry name (what the strategy's certificates name as their method).
+        strategy: the :class:`UnlearningStrategy` class; its keyword-only constructor parameters
+            are the method's options.
+        families: the model families it runs on, its default first.
+        recorder: ``recorder(info, **recorder_options)`` makes its recorder; ``None``: the family's.
+        recorder_options: the options handed to ``recorder``, with their defaults.
+        fixed: strategy options fixed by the name (e.g. ``salun`` is :class:`RBMStrategy` with
+            ``masking="forget"``); they are not options.
+        managed: keyword-only parameters set from the family's recipe rather than by the user.
+        label: the method's name for a set of strategy options (default: ``name``); a family
+            other than the default is appended as ``name[family]``.
+    """
+
+    name: str
+    strategy: type[UnlearningStrategy]
+    families: tuple[str, ...] = FAMILIES
+    recorder: Callable[..., RecorderCallback] | None = None
+    recorder_options: Mapping[str, Any] = field(default_factory=dict)
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    managed: frozenset[str] = frozenset()
+    label: Callable[[Mapping[str, Any]], str] | None = None
+
+    def strategy_options(self) -> set[str]:
+        """The strategy class's keyword-only parameters the user may set."""
+        return (
+            keyword_options(self.strategy)
+            - HARNESS_ARGUMENTS
+            - self.managed
+            - set(self.fixed)
+        )
+
+    def options(self) -> set[str]:
+        """Every option :func:`get_method` accepts for this method."""
+        family = {"family"} if len(self.families) > 1 else set()
+        settings = {k for f in self.families for k in SETTINGS[f]}
+        return family | settings | set(self.recorder_options) | self.strategy_options()
+
+    def method(self, **options: Any) -> Method:
+        """The :class:`Method` for these options.
+
+        Raises:
+            ValueError: an unknown option (listing the valid ones), family or family setting.
+        """
+        unknown = sorted(set(options) - self.options())
+        if unknown:
+            raise ValueError(
+                f"method {self.name!r} ({self.strategy.__name__}) takes no option(s) {unknown}; "
+                f"its options: {sorted(self.options())}"
+            )
+        family = options.pop("family", self.families[0])
+        if family not in self.families:
+            raise ValueError(
+                f"unknown model family {family!r} for method {self.name!r}; it runs on {list(self.families)}"
+            )
+        settings = {k: options.pop(k) for k in list(options) if k in _all_settings()}
+        family_settings(family, settings)  # a setting of another family is an error
+        gold = reference(family, **settings)
+        if self.strategy is RetrainStrategy:
+            return gold
+        recorder_options = {
+            **self.recorder_options,
+            **{k: options.pop(k) for k in list(options) if k in self.recorder_options},
+        }
+        name = self.label(options) if self.label is not None else self.name
+        name = name if family == self.families[0] else f"{name}[{family}]"
+        spec = self
+
+        def build(info: BenchmarkInfo) -> Built:
+            model = build_model(info, family, settings)
+            recorder = (
+                spec.recorder(info, **recorder_options)
+                if spec.recorder is not None
+                else model.recorder()
+            )
+            return Built(
+                model.module,
+                [recorder],
+                lambda: spec._strategy(model.module, recorder, info, options),
+                model.trainer_kwargs,
+                model.batch_size,
+            )
+
+        return Method(name, build, reference=gold, family=family)
+
+    def _strategy(
+        self,
+        module: Any,
+        recorder: RecorderCallback,
+        info: BenchmarkInfo,
+        options: Mapping[str, Any],
+    ) -> Any:
+        own = inspect.signature(self.strategy.__init__).parameters
+        chained = keyword_options(self.strategy)
+        given: dict[str, Any] = {}
+        if "train" in own:
+            given["train"] = info.train
+        if "seed" in chained:
+            given["seed"] = info.seed
+        if "generator" in chained:
+            given["generator"] = torch.Generator().manual_seed(
+                info.seed
+            )  # seeded: a report is reproducible
+        return self.strategy(module, recorder, **given, **self.fixed, **options)
+
+
+def keyword_options(cls: type) -> set[str]:
+    """Keyword-only parameters of a class's constructor, following ``**kwargs`` up to its base classes.
+
+    A base class's keyword-only parameter without a default is one its subclass supplies (e.g.
+    the trained baselines' ``default_lr``), so it is not counted.
+    """
+    names: set[str] = set()
+    derived = True
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(klass.__init__).parameters.values()
+        names |= {
+            p.name
+            for p in params
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and (derived or p.default is not inspect.Parameter.empty)
+        }
+        derived = False
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            break
+    return names
+
+
+def _all_settings() -> set[str]:
+    return {k for s in SETTINGS.values() for k in s}
+
+
+_SPECS: dict[str, MethodSpec] = {}
+
+
+def register(spec: MethodSpec, *, replace: bool = False) -> None:
+    """Make ``spec`` available by its name (to :func:`get_method` and the CLI's ``--methods``).
+
+    Raises:
+        ValueError: the name is taken (unless ``replace``).
+    """
+    if spec.name in _SPECS and not replace:
+        raise ValueError(
+            f"method {spec.name!r} is already registered; pass replace=True to override it"
+        )
+    _SPECS[spec.name] = spec
+
+
+def available_methods() -> list[str]:
+    """The registered names, sorted."""
+    return sorted(_SPECS)
+
+
+def method_spec(name: str) -> MethodSpec:
+    """The :class:`MethodSpec` registered as ``name``.
+
+    Raises:
+        ValueError: an unknown name (listing the registered ones).
+    """
+    if name not in _SPECS:
+        raise ValueError(
+            f"unknown method {name!r}; registered methods: {', '.join(available_methods())}"
+        )
+    return _SPECS[name]
+
+
+def get_method(name: str, **options: Any) -> Method:
+    """The registered method ``name`` with ``options`` (:meth:`MethodSpec.method`).
+
+    Raises:
+        ValueError: an unknown name, or an unknown option (listing the valid ones).
+    """
+    return method_spec(name).method(**options)

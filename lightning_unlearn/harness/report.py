@@ -1,0 +1,154 @@
+"""A harness run's results: per-request rows, the Table 1 summary ([ACU] Table 1), CSVs and a text table."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lightning_unlearn.schedule import Schedule
+
+#: summary columns ([ACU] Table 1 plus time) and the per-request metric each averages, with its scale
+TABLE1 = {
+    "l2_to_retrain": ("l2_to_retrain", 1.0),
+    "retain_gap_pp": ("retain_acc_gap", 100.0),
+    "forget_gap_pp": ("forget_acc_gap", 100.0),
+    "test_gap_pp": ("test_acc_gap", 100.0),
+    "mia_gap": ("mia_gap", 1.0),
+    "time_per_request_s": ("time_s", 1.0),
+}
+
+
+@dataclass
+class Report:
+    """Per-request metrics of every method (``rows``) and of the references (``reference_rows``).
+
+    Each row holds the method, the request (counted from 1), its kind, size, wall time and
+    guarantee, and the :func:`evaluate_unlearning` metrics after it (with the gaps to the reference).
+    """
+
+    schedule: Schedule
+    rows: list[dict[str, Any]]
+    reference_rows: list[dict[str, Any]]
+
+    @property
+    def k(self) -> int:
+        return len(self.schedule)
+
+    def methods(self) -> list[str]:
+        return list(dict.fromkeys(r["method"] for r in self.rows))
+
+    def table(self, method: str) -> list[dict[str, Any]]:
+        """The per-request rows of one method."""
+        return [r for r in self.rows if r["method"] == method]
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Paper Table 1 row per method: mean over requests of each gap, and time per request."""
+        out = {}
+        for m in self.methods():
+            rows = self.table(m)
+            out[m] = {
+                col: scale * sum(float(r[key]) for r in rows) / len(rows)
+                for col, (key, scale) in TABLE1.items()
+            }
+        return out
+
+    def family(self, method: str) -> str:
+        """The model family ``method`` (or a reference, ``"<name> (reference)"``) ran on."""
+        return next(
+            r["family"]
+            for r in self.rows + self.reference_rows
+            if r["method"] == method
+        )
+
+    def format(self) -> str:
+        """The summary as an aligned plain-text table."""
+        head = [
+            "method",
+            "family",
+            "dParams(L2)",
+            "dRetain(pp)",
+            "dForget(pp)",
+            "dTest(pp)",
+            "dMIA",
+            "s/request",
+            "guarantee",
+        ]
+        body = [
+            [
+                m,
+                self.family(m),
+                *(
+                    f"{s[c]:.4g}" if c == "time_per_request_s" else f"{s[c]:.2f}"
+                    for c in TABLE1
+                ),
+                self._guarantee(m),
+            ]
+            for m, s in self.summary().items()
+        ]
+        title = f"K = {self.k} requests ({describe(self.schedule)}); gaps to retraining from scratch"
+        return format_table(head, body, title=title)
+
+    def _guarantee(self, method: str) -> str:
+        certs = {r["certificate"] for r in self.table(method)}
+        return certs.pop() if len(certs) == 1 else "/".join(sorted(certs))
+
+    def write(self, out_dir: str | Path, stem: str = "") -> list[Path]:
+        """Write ``<stem>requests.csv`` (every row), ``<stem>summary.csv`` and ``<stem>accuracies.png``."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = [
+            out / f"{stem}requests.csv",
+            out / f"{stem}summary.csv",
+            out / f"{stem}accuracies.png",
+        ]
+        _write_csv(paths[0], self.rows + self.reference_rows)
+        _write_csv(
+            paths[1],
+            [
+                {"method": m, "family": self.family(m), "k": self.k, **s}
+                for m, s in self.summary().items()
+            ],
+        )
+        self.plot(paths[2])
+        return paths
+
+    def plot(self, path: str | Path) -> None:
+        """The accuracies over the requests as a PNG (:func:`~lightning_unlearn.harness.plot.plot_accuracies`)."""
+        from lightning_unlearn.harness.plot import plot_accuracies
+
+        plot_accuracies(self, path)
+
+
+def describe(schedule: Schedule) -> str:
+    kinds = "/".join(dict.fromkeys(r.kind for r in schedule))
+    seed = f", seed {schedule.seed}" if schedule.seed is not None else ""
+    return f"{kinds}{seed}"
+
+
+def format_table(
+    head: Sequence[str], body: Sequence[Sequence[str]], title: str = ""
+) -> str:
+    """Columns padded to their widest cell: the first left-aligned, the others right-aligned."""
+    widths = [max(len(str(row[c])) for row in [head, *body]) for c in range(len(head))]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(
+            str(v).ljust(w) if c == 0 else str(v).rjust(w)
+            for c, (v, w) in enumerate(zip(row, widths))
+        )
+
+    rule = "-" * len(line(head))
+    return "\n".join(
+        [*([title] if title else []), line(head), rule, *(line(r) for r in body)]
+    )
+
+
+def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
