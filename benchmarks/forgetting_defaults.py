@@ -17,8 +17,7 @@ import logging
 import time
 import warnings
 
-from lightning_unlearn.evaluate import digits_benchmark, evaluate, format_table
-from lightning_unlearn.registry import get_method
+from lightning_unlearn.harness import digits_benchmark, evaluate, format_table, get_method
 from lightning_unlearn.schedule import make_schedule
 
 METHODS = ("finetune", "neggrad", "neggrad_plus", "randomlabel", "rbm", "salun")
