@@ -23,7 +23,12 @@ from avalanche.training import Naive
 from avalanche.training.plugins import EvaluationPlugin
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_unlearn import ACUStrategy, AnalyticClassifier, AnalyticRecorder, ForgetRequest
+from lightning_unlearn import (
+    ACUStrategy,
+    AnalyticClassifier,
+    AnalyticRecorder,
+    ForgetRequest,
+)
 from lightning_unlearn.avalanche import UnlearningPlugin, class_incremental_benchmark
 from lightning_unlearn.harness.digits import digits_splits
 from lightning_unlearn.models import SupervisedClassifier, mlp_backbone

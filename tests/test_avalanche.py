@@ -46,7 +46,11 @@ with warnings.catch_warnings():
     from avalanche.training import EWC, Naive, Replay
     from avalanche.training.plugins import EvaluationPlugin
 
-from lightning_unlearn.avalanche import UnlearningPlugin, class_incremental_benchmark, fit_stream
+from lightning_unlearn.avalanche import (
+    UnlearningPlugin,
+    class_incremental_benchmark,
+    fit_stream,
+)
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Call to deprecated function update:DeprecationWarning"

@@ -7,8 +7,17 @@
 Importing this package imports Avalanche (slow: ~5-15 s); the rest of the library does not.
 """
 
-from lightning_unlearn.avalanche.benchmarks import class_incremental_benchmark, require_sample_ids
+from lightning_unlearn.avalanche.benchmarks import (
+    class_incremental_benchmark,
+    require_sample_ids,
+)
 from lightning_unlearn.avalanche.plugin import UnlearningPlugin
 from lightning_unlearn.avalanche.stream import RequestsByExperience, fit_stream
 
-__all__ = ["RequestsByExperience", "UnlearningPlugin", "class_incremental_benchmark", "fit_stream", "require_sample_ids"]
+__all__ = [
+    "RequestsByExperience",
+    "UnlearningPlugin",
+    "class_incremental_benchmark",
+    "fit_stream",
+    "require_sample_ids",
+]

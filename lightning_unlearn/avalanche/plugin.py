@@ -12,11 +12,19 @@ from torch import Tensor
 from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
 from lightning_unlearn.avalanche.benchmarks import require_sample_ids
-from lightning_unlearn.avalanche.stream import RequestsByExperience, check_unlearning, restore_internal
+from lightning_unlearn.avalanche.stream import (
+    RequestsByExperience,
+    check_unlearning,
+    restore_internal,
+)
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.data import unpack_batch
 from lightning_unlearn.reporting import result_metrics
-from lightning_unlearn.strategies.base import UnlearningResult, UnlearningStrategy
+from lightning_unlearn.strategies.base import (
+    ForgetData,
+    UnlearningResult,
+    UnlearningStrategy,
+)
 
 
 class UnlearningPlugin(SupervisedPlugin):
@@ -138,14 +146,19 @@ class UnlearningPlugin(SupervisedPlugin):
         if callable(anchor):
             anchor(model, self._batches(experience.dataset, _device(model)), strategy.clock.train_iterations)
         self._seen.append(experience.dataset)
-        for request in self.requests.get(experience.current_experience, ()):
-            data = ConcatDataset(self._seen) if self.unlearning.reads_data else None  # type: ignore[union-attr]
-            result = self.unlearning.forget(request, data)  # type: ignore[union-attr]
-            self.results.append(result)
-            self._publish(strategy, result)
+        if self.unlearning is not None:
+            self._execute(strategy, self.unlearning, experience.current_experience)
         self._purge_replay(strategy)
 
     # -- helpers ---------------------------------------------------------------------------------
+    def _execute(self, strategy: Any, unlearning: UnlearningStrategy, experience: int) -> None:
+        """Run the experience's requests (forget data: the experiences seen so far) and publish each result."""
+        data: ForgetData = ConcatDataset(self._seen) if unlearning.reads_data else None
+        for request in self.requests.get(experience, ()):
+            result = unlearning.forget(request, data)
+            self.results.append(result)
+            self._publish(strategy, result)
+
     def _batch(self, strategy: Any) -> tuple[Tensor, Tensor, Tensor]:
         """``(x, y, ids)`` of the current mini-batch (Avalanche appends the task label); forgotten ids refused."""
         x, y, ids = unpack_batch(list(strategy.mbatch[:-1]))
@@ -197,12 +210,12 @@ class UnlearningPlugin(SupervisedPlugin):
                 if drop.any():
                     group.buffer = group.buffer.subset((~drop).nonzero().flatten().tolist())
 
-    def _ids_of(self, dataset: Dataset) -> Tensor:
-        batches = DataLoader(dataset, batch_size=self.anchor_batch_size)
-        return (
-            torch.cat([unpack_batch(list(b[:-1]))[2] for b in batches])
-            if len(dataset)
-            else torch.zeros(0, dtype=torch.long)
+    def _ids_of(self, dataset: Any) -> Tensor:
+        """Sample ids of an Avalanche dataset (items ``(x, y, sample_id, task)``)."""
+        if not len(dataset):
+            return torch.zeros(0, dtype=torch.long)
+        return torch.cat(
+            [unpack_batch(list(b[:-1]))[2] for b in DataLoader(dataset, batch_size=self.anchor_batch_size)]
         )
 
 

@@ -12,7 +12,11 @@ from lightning_unlearn.avalanche.benchmarks import require_sample_ids
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.reporting import log_step, set_log_step
-from lightning_unlearn.strategies.base import UnlearningResult, UnlearningStrategy
+from lightning_unlearn.strategies.base import (
+    ForgetData,
+    UnlearningResult,
+    UnlearningStrategy,
+)
 
 #: forget requests to execute right after experience ``k`` (its ``current_experience``), by ``k``
 RequestsByExperience = Mapping[int, Sequence[ForgetRequest]]
@@ -105,7 +109,7 @@ def fit_stream(
         set_log_step(trainer, step)
         trainer.fit(module, DataLoader(experience.dataset, batch_size=batch_size, shuffle=True))
         seen.append(experience.dataset)
-        data = ConcatDataset(seen) if unlearning is not None and unlearning.reads_data else None
+        data: ForgetData = ConcatDataset(seen) if unlearning is not None and unlearning.reads_data else None
         done = [unlearning.forget(r, data) for r in (requests or {}).get(k, ())]  # type: ignore[union-attr]
         step = log_step(trainer)
         results.extend(done)
