@@ -133,3 +133,30 @@ def test_bad_input_raises_and_changes_nothing():
         FinetuneStrategy(model, rec, train, lr=0.0)
     with pytest.raises(ValueError, match="initial_state keys"):
         RetrainStrategy(model, rec, train, {"w": torch.zeros(1)})
+
+
+@pytest.mark.slow
+def test_defaults_forget_a_class_as_retraining_does_in_the_harness():
+    """The trained baselines and SalUn with their defaults, on the harness's default analytic family: the forgotten
+    class ends within 25 points of the accuracy of retraining from scratch (0%: never learned), and retained accuracy
+    stays above 90%. The only option is the batch size, 32 instead of 256, so that this tiny stream (160 samples)
+    takes about as many steps per epoch as the defaults take on the digits harness (898 samples); there
+    (``benchmarks/forgetting_defaults.py``) every method with its defaults, RBM included, ends the forgotten classes
+    at 0-19% against retraining's 0%. RBM is left out here: it keeps the weights salient for the retained classes,
+    and on these blobs the class stays at 85%. At App. E.3's rates (1e-2 / 1e-3) the four baselines left the class
+    here at 57-87% (measured)."""
+    from helpers_eval import tiny_info
+
+    from lightning_unlearn.evaluate import evaluate
+    from lightning_unlearn.registry import get_method
+    from lightning_unlearn.schedule import make_schedule
+
+    info = tiny_info()
+    schedule = make_schedule(info.catalog(), 1, kinds=("class",), seed=0)
+    names = ("finetune", "neggrad", "neggrad_plus", "randomlabel", "salun")
+    report = evaluate([get_method(n, expansion_dim=48, batch_size=32) for n in names], info, schedule)
+    (reference,) = report.reference_rows
+    for name in names:
+        (row,) = report.table(name)
+        assert row["forget_acc"] <= reference["forget_acc"] + 0.25, (name, row["forget_acc"], reference["forget_acc"])
+        assert row["retain_acc"] >= 0.9, (name, row["retain_acc"])

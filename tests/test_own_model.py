@@ -174,6 +174,7 @@ def test_lr_override_of_a_module_with_a_scheduler_is_refused():
     assert rec.catalog.n_active == 31
 
 
+@pytest.mark.slow
 def test_torchvision_resnet18_on_fake_data():
     torchvision = pytest.importorskip("torchvision")
 
@@ -262,6 +263,7 @@ def built(name: str, ledger: Ledger) -> tuple[Any, Dataset, ForgetRequest]:
 STAGES = ("compute", "apply_forget", "swap_weights", "ledger")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [*TRAINED, "acu"])
 def test_a_failure_at_any_stage_changes_nothing_and_the_request_can_be_retried(name, tmp_path, monkeypatch):
     """Failures injected after the whole computation, in the recorder's write-back, part-way through the weight swap
