@@ -40,11 +40,23 @@ def main() -> None:
         ref = report.reference_rows
         for m in report.methods():
             rows = report.table(m)
-            body.append([m, family, *(f"{100 * r['forget_acc']:.1f} / {100 * q['forget_acc']:.1f}" for r, q in zip(rows, ref)),
-                         f"{100 * sum(r['retain_acc'] for r in rows) / len(rows):.1f}",
-                         f"{100 * sum(q['retain_acc'] for q in ref) / len(ref):.1f}"])
+            body.append(
+                [
+                    m,
+                    family,
+                    *(f"{100 * r['forget_acc']:.1f} / {100 * q['forget_acc']:.1f}" for r, q in zip(rows, ref)),
+                    f"{100 * sum(r['retain_acc'] for r in rows) / len(rows):.1f}",
+                    f"{100 * sum(q['retain_acc'] for q in ref) / len(ref):.1f}",
+                ]
+            )
         print(f"[{family}: {time.perf_counter() - start:.0f} s]")
-    head = ["method", "family", *(f"forget acc % req {i + 1} (method / retrain)" for i in range(args.k)), "retain acc %", "retrain's"]
+    head = [
+        "method",
+        "family",
+        *(f"forget acc % req {i + 1} (method / retrain)" for i in range(args.k)),
+        "retain acc %",
+        "retrain's",
+    ]
     print(format_table(head, body, title=f"Class requests {[str(r) for r in schedule]}, defaults"))
 
 

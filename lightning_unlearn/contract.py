@@ -74,7 +74,11 @@ from lightning_unlearn.modes import eval_mode
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
 #: default key names of a dict batch, in order of precedence
-DEFAULT_KEYS: dict[str, tuple[str, ...]] = {"input": ("x", "input"), "target": ("y", "target", "label"), "sample_id": ("sample_id", "id")}
+DEFAULT_KEYS: dict[str, tuple[str, ...]] = {
+    "input": ("x", "input"),
+    "target": ("y", "target", "label"),
+    "sample_id": ("sample_id", "id"),
+}
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,7 @@ class BatchKeys:
     sample_id: str | None = None
 
     def key(self, batch: Mapping[str, Any], field: str) -> str:
-        """The key of ``field`` (``"input"``, ``"target"`` or ``"sample_id"``) in ``batch``; ``ValueError`` if absent."""
+        """The key of ``field`` (``"input"``, ``"target"`` or ``"sample_id"``) in ``batch``; ``ValueError`` if none."""
         chosen = getattr(self, field)
         names = (chosen,) if chosen is not None else DEFAULT_KEYS[field]
         for name in names:
@@ -132,7 +136,9 @@ def with_target(item: Any, target: Any, keys: BatchKeys | None = None) -> Any:
     if isinstance(item, (list, tuple)) and len(item) >= 2:
         new = [item[0], _like(item[1], target), *item[2:]]
         return new if isinstance(item, list) else tuple(new)
-    raise ValueError(f"cannot replace the target of an item of type {type(item).__name__}: expected a tuple (x, y, ...) or a dict")
+    raise ValueError(
+        f"cannot replace the target of an item of type {type(item).__name__}: expected a tuple (x, y, ...) or a dict"
+    )
 
 
 def _like(old: Any, value: Any) -> Any:
@@ -169,11 +175,15 @@ def training_loss(module: L.LightningModule, batch: Any, batch_idx: int = 0) -> 
         except RuntimeError as err:
             if "not attached to a `Trainer`" not in str(err):
                 raise
-            raise ValueError(f"{type(module).__name__}.training_step needs self.trainer; lightning-unlearn calls it outside "
-                             "the Trainer to read the loss (see lightning_unlearn.contract)") from err
+            raise ValueError(
+                f"{type(module).__name__}.training_step needs self.trainer; lightning-unlearn calls it outside "
+                "the Trainer to read the loss (see lightning_unlearn.contract)"
+            ) from err
     loss = out.get("loss") if isinstance(out, Mapping) else out
     if not isinstance(loss, Tensor) or loss.ndim != 0:
-        raise ValueError(f"{type(module).__name__}.training_step must return the scalar loss (or a dict with 'loss'), got {out!r:.80}")
+        raise ValueError(
+            f"{type(module).__name__}.training_step must return the scalar loss or a dict with 'loss', got {out!r:.80}"
+        )
     return loss
 
 
@@ -207,7 +217,9 @@ def check_loss_fn(
         expected = float(training_loss(module, batch))
         per_sample = loss_fn(module(x), y)
         if per_sample.shape != y.shape[:1]:
-            raise ValueError(f"loss_fn must return one loss per sample, shape ({len(y)},), got {tuple(per_sample.shape)}")
+            raise ValueError(
+                f"loss_fn must return one loss per sample, shape ({len(y)},), got {tuple(per_sample.shape)}"
+            )
         got = float(per_sample.float().mean()) + (float(penalty(module)) if penalty is not None else 0.0)
     if abs(got - expected) > rtol * max(1.0, abs(expected)):
         raise ValueError(

@@ -42,7 +42,9 @@ class IndexedDataset(Dataset):
             targets = dataset.tensors[1]
         self.targets = torch.as_tensor(targets) if targets is not None else None
         if n and isinstance(first := dataset[0], Mapping) and id_key in first:
-            raise ValueError(f"IndexedDataset: the dataset's items already have a {id_key!r} entry; pass another id_key")
+            raise ValueError(
+                f"IndexedDataset: the dataset's items already have a {id_key!r} entry; pass another id_key"
+            )
 
     def __len__(self) -> int:
         return int(self.ids.numel())
@@ -54,7 +56,9 @@ class IndexedDataset(Dataset):
         return item[0], item[1], self.ids[i]
 
 
-def select_by_ids(data: Dataset | DataLoader, ids: Tensor, batch_size: int = 512, keys: BatchKeys | None = None) -> tuple[Tensor, Tensor]:
+def select_by_ids(
+    data: Dataset | DataLoader, ids: Tensor, batch_size: int = 512, keys: BatchKeys | None = None
+) -> tuple[Tensor, Tensor]:
     """Inputs and labels of exactly ``ids`` (in that order) from a dataset yielding sample ids (tuples or dicts,
     read with ``keys``, see :mod:`lightning_unlearn.contract`).
 

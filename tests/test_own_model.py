@@ -12,7 +12,7 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
-from helpers import N_CLASSES, N_FEATURES, fit_analytic, quiet_trainer, toy_dataset, toy_tensors
+from helpers import N_CLASSES, N_FEATURES, fit_analytic, quiet_trainer, toy_dataset
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -57,7 +57,9 @@ class UserCNN(L.LightningModule):
 
     def __init__(self) -> None:
         super().__init__()
-        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()
+        )
         self.head = nn.Linear(8, N_CLASSES)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -74,8 +76,14 @@ class UserCNN(L.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=1e-2)
 
 
-def strategy(name: str, module: nn.Module, rec: SampleRecorder, train: Dataset, initial: dict[str, Tensor] | None = None,
-             **kw: Any) -> Any:
+def strategy(
+    name: str,
+    module: nn.Module,
+    rec: SampleRecorder,
+    train: Dataset,
+    initial: dict[str, Tensor] | None = None,
+    **kw: Any,
+) -> Any:
     """The method ``name`` with 1 epoch and small batches."""
     kw = {"epochs": 1, "batch_size": 16, **kw}
     if name == "retrain":
@@ -84,7 +92,9 @@ def strategy(name: str, module: nn.Module, rec: SampleRecorder, train: Dataset, 
         return NegGradStrategy(module, rec, **kw)
     if name in ("rbm", "salun"):
         return RBMStrategy(module, rec, train, masking="retain" if name == "rbm" else "forget", **kw)
-    return {"finetune": FinetuneStrategy, "neggrad_plus": NegGradPlusStrategy, "randomlabel": RandomLabelStrategy}[name](module, rec, train, **kw)
+    return {"finetune": FinetuneStrategy, "neggrad_plus": NegGradPlusStrategy, "randomlabel": RandomLabelStrategy}[
+        name
+    ](module, rec, train, **kw)
 
 
 def clone_state(module: nn.Module) -> dict[str, Tensor]:
@@ -147,12 +157,17 @@ def test_plain_module_falls_back_to_cross_entropy_and_sgd():
     torch.manual_seed(0)
     net = bn_mlp()
     rec = SampleRecorder()
-    quiet_trainer([rec], max_epochs=2).fit(SupervisedClassifier(net, lr=0.1), DataLoader(train, batch_size=16, shuffle=True))
+    quiet_trainer([rec], max_epochs=2).fit(
+        SupervisedClassifier(net, lr=0.1), DataLoader(train, batch_size=16, shuffle=True)
+    )
     before = clone_state(net)
     s = FinetuneStrategy(net, rec, train, epochs=1, batch_size=16)
     assert not s.trains_itself and s.lr == 0.1  # the documented default step of plain modules
     s.forget(ForgetRequest.of_class(2))
-    assert not torch.equal(net[0].weight, before["0.weight"]) and net[1].num_batches_tracked > before["1.num_batches_tracked"]
+    assert (
+        not torch.equal(net[0].weight, before["0.weight"])
+        and net[1].num_batches_tracked > before["1.num_batches_tracked"]
+    )
     with pytest.raises(ValueError, match="trains with its own training_step"):
         FinetuneStrategy(SupervisedClassifier(bn_mlp()), rec, train, momentum=0.9)
 
@@ -192,7 +207,9 @@ def test_torchvision_resnet18_on_fake_data():
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
 
-    fake = torchvision.datasets.FakeData(16, (3, 32, 32), N_CLASSES, transform=torchvision.transforms.ToTensor(), random_offset=0)
+    fake = torchvision.datasets.FakeData(
+        16, (3, 32, 32), N_CLASSES, transform=torchvision.transforms.ToTensor(), random_offset=0
+    )
     train = IndexedDataset(fake)
     torch.manual_seed(0)
     model, rec = ResNet(), SampleRecorder()
@@ -200,7 +217,10 @@ def test_torchvision_resnet18_on_fake_data():
     for name in ("finetune", "rbm"):
         before = clone_state(model)
         s = strategy(name, model, rec, train, batch_size=8)
-        s.forget(ForgetRequest.samples([2 * len(s.history) + 1 if name == "finetune" else 4]), train if s.reads_data else None)
+        s.forget(
+            ForgetRequest.samples([2 * len(s.history) + 1 if name == "finetune" else 4]),
+            train if s.reads_data else None,
+        )
         after = model.state_dict()
         assert not torch.equal(after["net.fc.weight"], before["net.fc.weight"]), name
         assert not torch.equal(after["net.bn1.running_var"], before["net.bn1.running_var"]), name
@@ -226,8 +246,13 @@ class _Exploding:
 
 
 def snapshot(s: Any, ledger_path: Any) -> dict[str, Any]:
-    return {"weights": clone_state(s.module), "recorder": copy.deepcopy(s.recorder.state_dict()),
-            "ledger": ledger_path.read_bytes() if ledger_path.exists() else b"", "entries": len(s.ledger), "history": len(s.history)}
+    return {
+        "weights": clone_state(s.module),
+        "recorder": copy.deepcopy(s.recorder.state_dict()),
+        "ledger": ledger_path.read_bytes() if ledger_path.exists() else b"",
+        "entries": len(s.ledger),
+        "history": len(s.history),
+    }
 
 
 def assert_identical(a: Any, b: Any, where: str = "") -> None:
@@ -242,7 +267,9 @@ def assert_identical(a: Any, b: Any, where: str = "") -> None:
             assert_identical(x, y, f"{where}[{i}]")
     elif isinstance(a, Tensor):
         assert a.dtype == b.dtype and a.shape == b.shape, where
-        assert torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)), where
+        assert torch.equal(
+            a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)
+        ), where
     else:
         assert a == b, where
 
@@ -303,4 +330,8 @@ def test_a_failure_at_any_stage_changes_nothing_and_the_request_can_be_retried(n
                 s.forget(request, data)
         assert_identical(snapshot(s, path), before, stage)
     result = s.forget(request, data)
-    assert len(s.ledger) == 2 and len(Ledger(path)) == 2 and int(s.recorder.catalog.forgotten.sum()) == 1 + result.removed_ids.numel()
+    assert (
+        len(s.ledger) == 2
+        and len(Ledger(path)) == 2
+        and int(s.recorder.catalog.forgotten.sum()) == 1 + result.removed_ids.numel()
+    )

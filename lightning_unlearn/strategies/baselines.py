@@ -58,7 +58,15 @@ from torch import Tensor, nn
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset, default_collate
 
 from lightning_unlearn.callbacks.base import RecorderCallback
-from lightning_unlearn.contract import BatchKeys, LossFn, resolve_loss_fn, trains_itself, training_loss, unpack_batch, with_target
+from lightning_unlearn.contract import (
+    BatchKeys,
+    LossFn,
+    resolve_loss_fn,
+    training_loss,
+    trains_itself,
+    unpack_batch,
+    with_target,
+)
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.modes import eval_mode
@@ -67,8 +75,14 @@ from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, Un
 Batch = Any
 #: the module's loss on one batch (with its index), ``L(batch)`` of the module docstring
 BatchLoss = Callable[[Batch, int], Tensor]
-_QUIET = {"logger": False, "enable_checkpointing": False, "enable_model_summary": False, "enable_progress_bar": False,
-          "num_sanity_val_steps": 0, "limit_val_batches": 0}
+_QUIET = {
+    "logger": False,
+    "enable_checkpointing": False,
+    "enable_model_summary": False,
+    "enable_progress_bar": False,
+    "num_sanity_val_steps": 0,
+    "limit_val_batches": 0,
+}
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
@@ -182,14 +196,20 @@ class _Trained(UnlearningStrategy):
         self.trains_itself = trains_itself(module)
         if self.trains_itself and (momentum or loss_fn is not None):
             raise ValueError(
-                f"{type(module).__name__} trains with its own training_step and configure_optimizers: momentum and loss_fn "
+                f"{type(module).__name__} trains with its own training_step and configure_optimizers: "
+                "momentum and loss_fn "
                 "apply only to modules without them (set them in the module)"
             )
         self.loss_fn = resolve_loss_fn(module, loss_fn)
         self.train_data = train
         #: ``None``: the module's own optimizer's learning rate
         self.lr = lr if lr is not None or self.trains_itself else default_lr
-        self.epochs, self.momentum, self.batch_size, self.seed = int(epochs), float(momentum), int(batch_size), int(seed)
+        self.epochs, self.momentum, self.batch_size, self.seed = (
+            int(epochs),
+            float(momentum),
+            int(batch_size),
+            int(seed),
+        )
         self.trainer_kwargs = dict(trainer_kwargs or {})
         self._rows = id_rows(train, recorder.batch_keys) if train is not None else {}
 
@@ -199,14 +219,18 @@ class _Trained(UnlearningStrategy):
         active = self.catalog.active_ids()
         keep = active[~torch.isin(active, forget_ids)].tolist()
         if not keep:
-            raise ValueError(f"{self.method}: no retained samples would be left; it cannot train on an empty retained set")
+            raise ValueError(
+                f"{self.method}: no retained samples would be left; it cannot train on an empty retained set"
+            )
         missing = [i for i in keep if i not in self._rows]
         if missing:
-            raise ValueError(f"{self.method}: the training data lacks {len(missing)} retained sample ids, e.g. {missing[:10]}")
+            raise ValueError(
+                f"{self.method}: the training data lacks {len(missing)} retained sample ids, e.g. {missing[:10]}"
+            )
         return Subset(self.train_data, [self._rows[i] for i in keep])  # type: ignore[arg-type]
 
     def forget_set(self, ids: Tensor, data: ForgetData) -> tuple[Dataset, Tensor]:
-        """The samples to forget as items of ``data`` (in its format), checked against what was learned, and their labels."""
+        """The samples to forget as items of ``data`` (its format), checked against the learned ones; their labels."""
         _, labels = self.forget_samples(ids, data)
         dataset = data.dataset if isinstance(data, DataLoader) else data
         where = id_rows(dataset, self.recorder.batch_keys)  # type: ignore[arg-type]
@@ -220,7 +244,11 @@ class _Trained(UnlearningStrategy):
         if n_classes < 2:
             raise ValueError(f"{self.method} needs at least 2 classes to draw a wrong label")
         g = torch.Generator().manual_seed(self.seed + len(self.history))
-        return _Relabelled(forget, (labels + torch.randint(1, n_classes, labels.shape, generator=g)) % n_classes, self.recorder.batch_keys)
+        return _Relabelled(
+            forget,
+            (labels + torch.randint(1, n_classes, labels.shape, generator=g)) % n_classes,
+            self.recorder.batch_keys,
+        )
 
     def loader(self, dataset: Dataset, salt: int = 0) -> DataLoader:
         generator = torch.Generator().manual_seed(self.seed + len(self.history) + salt)
@@ -228,7 +256,7 @@ class _Trained(UnlearningStrategy):
 
     # -- training --------------------------------------------------------------------------------
     def batch_loss(self, model: nn.Module) -> BatchLoss:
-        """``L(batch)``: the model's own training loss, or mean ``loss_fn``; a one-sample batch with batch norm in eval mode."""
+        """``L(batch)``: the model's own training loss or mean ``loss_fn``; batch norm in eval for one sample."""
         keys = self.recorder.batch_keys
 
         def loss(batch: Batch, batch_idx: int) -> Tensor:
@@ -245,13 +273,15 @@ class _Trained(UnlearningStrategy):
         return loss(batch)
 
     def fit(self, work: nn.Module, loaders: Any, callbacks: Sequence[L.Callback] = ()) -> None:
-        """Train ``work`` (a copy of the module) in place for ``epochs`` epochs on :meth:`objective` (global RNG untouched)."""
+        """Train ``work`` (a copy of the module) in place: ``epochs`` epochs of :meth:`objective` (global RNG kept)."""
         batch_loss = self.batch_loss(work)
 
         def step(batch: Batch, batch_idx: int) -> Tensor:
             value = self.objective(lambda b: batch_loss(b, batch_idx), batch)
             if not torch.isfinite(value):
-                raise ValueError(f"unlearning loss became {float(value.detach())}; lower the learning rate or the number of epochs")
+                raise ValueError(
+                    f"unlearning loss became {float(value.detach())}; lower the learning rate or the number of epochs"
+                )
             return value
 
         extra: list[L.Callback] = []
@@ -290,7 +320,9 @@ class FinetuneStrategy(_Trained):
 
     method = "finetune"
 
-    def __init__(self, module: nn.Module, recorder: RecorderCallback, train: Dataset, *, epochs: int = 10, **kwargs: Any) -> None:
+    def __init__(
+        self, module: nn.Module, recorder: RecorderCallback, train: Dataset, *, epochs: int = 10, **kwargs: Any
+    ) -> None:
         super().__init__(module, recorder, train, epochs=epochs, default_lr=0.1, **kwargs)
 
     def _train(self, work: nn.Module, ids: Tensor, data: ForgetData) -> dict[str, Any]:
@@ -336,8 +368,16 @@ class NegGradPlusStrategy(_Trained):
     reads_data = True
     needs_forget_data = True
 
-    def __init__(self, module: nn.Module, recorder: RecorderCallback, train: Dataset, *, epochs: int = 10, alpha: float = 0.95,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        recorder: RecorderCallback,
+        train: Dataset,
+        *,
+        epochs: int = 10,
+        alpha: float = 0.95,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(module, recorder, train, epochs=epochs, default_lr=0.1, **kwargs)
         if not 0 <= alpha <= 1:
             raise ValueError(f"NegGrad+ weighting factor alpha must lie in [0, 1], got {alpha}")
@@ -348,7 +388,9 @@ class NegGradPlusStrategy(_Trained):
 
     def _train(self, work: nn.Module, ids: Tensor, data: ForgetData) -> dict[str, Any]:
         retained, (forget, _) = self.retained(ids), self.forget_set(ids, data)
-        loaders = CombinedLoader({"retain": self.loader(retained), "forget": self.loader(forget, salt=1)}, mode="max_size_cycle")
+        loaders = CombinedLoader(
+            {"retain": self.loader(retained), "forget": self.loader(forget, salt=1)}, mode="max_size_cycle"
+        )
         self.fit(work, loaders)
         return {"n_retained": len(retained), "alpha": self.alpha}
 
@@ -367,15 +409,19 @@ class RandomLabelStrategy(_Trained):
     reads_data = True
     needs_forget_data = True
 
-    def __init__(self, module: nn.Module, recorder: RecorderCallback, train: Dataset, *, epochs: int = 10, **kwargs: Any) -> None:
+    def __init__(
+        self, module: nn.Module, recorder: RecorderCallback, train: Dataset, *, epochs: int = 10, **kwargs: Any
+    ) -> None:
         super().__init__(module, recorder, train, epochs=epochs, default_lr=0.1, **kwargs)
 
     def _train(self, work: nn.Module, ids: Tensor, data: ForgetData) -> dict[str, Any]:
         (forget, labels), retained = self.forget_set(ids, data), self.retained(ids)
         formats = _item_format(retained[0]), _item_format(forget[0])
         if formats[0] != formats[1]:
-            raise ValueError(f"{self.method} batches retained and forget samples together: the training data and data must yield "
-                             f"items of one format, got {formats[0]} and {formats[1]}")
+            raise ValueError(
+                f"{self.method} batches retained and forget samples together: the training data and data must yield "
+                f"items of one format, got {formats[0]} and {formats[1]}"
+            )
         self.fit(work, self.loader(ConcatDataset([retained, self.relabelled(forget, labels)])))
         return {"n_retained": len(retained)}
 
@@ -419,10 +465,14 @@ class RetrainStrategy(UnlearningStrategy):
     ) -> None:
         super().__init__(module, recorder, ledger)
         if not isinstance(module, L.LightningModule):
-            raise TypeError(f"retrain replays the module's own training: it needs a LightningModule, got {type(module).__name__}")
+            raise TypeError(
+                f"retrain replays the module's own training: it needs a LightningModule, got {type(module).__name__}"
+            )
         expected = set(module.state_dict())
         if set(initial_state) != expected:
-            raise ValueError(f"initial_state keys differ from the module's: {sorted(set(initial_state) ^ expected)[:5]}")
+            raise ValueError(
+                f"initial_state keys differ from the module's: {sorted(set(initial_state) ^ expected)[:5]}"
+            )
         self.train_data = train
         self.initial_state = {k: v.detach().clone() for k, v in initial_state.items()}
         self.fit_callbacks = fit_callbacks
@@ -435,7 +485,9 @@ class RetrainStrategy(UnlearningStrategy):
         keep = active[~torch.isin(active, ids)]
         missing = [i for i in keep.tolist() if i not in self._rows]
         if missing:
-            raise ValueError(f"retrain: the training data lacks {len(missing)} retained sample ids, e.g. {missing[:10]}")
+            raise ValueError(
+                f"retrain: the training data lacks {len(missing)} retained sample ids, e.g. {missing[:10]}"
+            )
         work = copy.deepcopy(self.module)
         work.load_state_dict(self.initial_state)
         if trains_itself(work):
@@ -448,13 +500,22 @@ class RetrainStrategy(UnlearningStrategy):
                 if isinstance(c, RecorderCallback):
                     c.experience = int(e)
             loader = DataLoader(
-                Subset(self.train_data, rows), batch_size=self.batch_size, shuffle=True, generator=torch.Generator().manual_seed(self.seed + int(e))
+                Subset(self.train_data, rows),
+                batch_size=self.batch_size,
+                shuffle=True,
+                generator=torch.Generator().manual_seed(self.seed + int(e)),
             )
             with torch.random.fork_rng():
                 torch.manual_seed(self.seed + int(e))
                 L.Trainer(**{**_QUIET, **self.trainer_kwargs, "callbacks": callbacks}).fit(work, loader)
-        certificate = Certificate(method=self.method, exact=True, statement="retrained from scratch on the retained data")
-        return UnlearningUpdate(certificate, weights=trained_weights(work), extra={"n_forgotten": int(ids.numel()), "n_retained": int(keep.numel())})
+        certificate = Certificate(
+            method=self.method, exact=True, statement="retrained from scratch on the retained data"
+        )
+        return UnlearningUpdate(
+            certificate,
+            weights=trained_weights(work),
+            extra={"n_forgotten": int(ids.numel()), "n_retained": int(keep.numel())},
+        )
 
     def _one_sample_safe(self, work: L.LightningModule) -> Callable[[Batch, int], Any]:
         """The module's own ``training_step``, run with batch norm in eval mode on a batch of one sample."""

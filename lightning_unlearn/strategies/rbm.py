@@ -53,7 +53,9 @@ class MaskProjection(L.Callback):
         self.module, self.trainable = module, trainable
         self.original = {n: p.detach().clone() for n, p in module.named_parameters() if n in trainable}
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         with torch.no_grad():
             for name, p in self.module.named_parameters():
                 if name in self.trainable:
@@ -149,5 +151,12 @@ class RBMStrategy(_Trained):
         self.fit(work, CombinedLoader(loaders, mode="max_size_cycle"), callbacks=[MaskProjection(work, trainable)])
         n_trainable = sum(int(m.sum()) for m in trainable.values())
         n_weights = sum(m.numel() for m in trainable.values())
-        return {"n_retained": len(retained), "masking": self.masking, "sparsity": self.sparsity, "threshold": self.threshold,
-                "alpha": self.alpha, "trainable_fraction": n_trainable / n_weights, "lr": self.lr}
+        return {
+            "n_retained": len(retained),
+            "masking": self.masking,
+            "sparsity": self.sparsity,
+            "threshold": self.threshold,
+            "alpha": self.alpha,
+            "trainable_fraction": n_trainable / n_weights,
+            "lr": self.lr,
+        }
