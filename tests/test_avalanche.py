@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import warnings
 
+import lightning as L
 import pytest
 import torch
 from helpers import analytic_model, toy_tensors
@@ -28,6 +29,7 @@ from lightning_unlearn import (
     HessianRecorder,
     HFStrategy,
     ProximalClassifier,
+    ProximalRegularizer,
     StreamingRecorder,
     StreamingStrategy,
     SupervisedClassifier,
@@ -401,3 +403,44 @@ def test_mismatched_recorder_model_or_replayed_steps_are_clear_errors(bm):
     with pytest.raises(ValueError, match="replaying samples of earlier experiences"):
         avalanche_run(bm, model, UnlearningPlugin(rec), epochs=1, template=Replay, mem_size=8)
     assert rec.catalog.experiences.unique().tolist() == [0]  # experience 0 was recorded, the replayed step refused
+
+
+class _UserLinear(L.LightningModule):
+    """A user module: its own CE training step and SGD with weight decay (no library base class)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Linear(D, C).double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.2, weight_decay=0.1)
+
+
+def test_proximal_regularizer_callback_on_a_user_module_is_also_an_avalanche_plugin(bm):
+    """[CCL]'s regulariser as a Lightning callback and as an Avalanche plugin (before_training_exp anchors,
+    before_update adds lambda (w - anchor)): the same task chain either way, recorded by a HessianRecorder."""
+    m1, reg1, r1 = _UserLinear(), ProximalRegularizer(1.0), HessianRecorder(hessian="exact")
+    with pytest.warns(UserWarning, match="not solved exactly"):  # four SGD epochs do not solve a task
+        kwargs = {"max_epochs": 4, **QUIET}
+        fit_stream(m1, bm.train_stream, callbacks=[reg1, r1], batch_size=FULL_BATCH, trainer_kwargs=kwargs)
+    m2, reg2, r2 = _UserLinear(), ProximalRegularizer(1.0), HessianRecorder(hessian="exact")
+    r2.regularizer = reg2
+    r2.read_optimizer([torch.optim.SGD(m2.parameters(), lr=0.2, weight_decay=0.1)], m2)
+    strategy = Naive(model=m2, optimizer=torch.optim.SGD(m2.parameters(), lr=0.2, weight_decay=0.1),
+                     criterion=F.cross_entropy, train_mb_size=FULL_BATCH, train_epochs=4,
+                     plugins=[reg2, UnlearningPlugin(r2)], evaluator=None)
+    with pytest.warns(UserWarning, match="not solved exactly"):
+        for experience in bm.train_stream:
+            strategy.train(experience)
+    assert reg1.tasks_learned == reg2.tasks_learned == 2
+    assert (r1.reg_lambda, r1.l2) == (r2.reg_lambda, r2.l2) == (1.0, 0.1)
+    assert torch.count_nonzero(r2.starts[0]) == 0 and torch.equal(r2.starts[1], r2.ends[0])
+    for a, b in zip(r1.starts + r1.ends + r1.hessians, r2.starts + r2.ends + r2.hessians):
+        assert_close(a, b)
