@@ -80,7 +80,10 @@ class TrajectoryRecorder(RecorderCallback):
         hessian: ``"hvp"``, ``"dense"`` or ``"auto"`` (dense when ``d <= 2048`` and there are
             more vectors than parameters).
         chunk_size: ``vmap`` chunk size for HVPs and per-sample gradients (bounds peak memory).
-        power_iters: power-iteration steps per SGD step to estimate ``M = ||H_t||`` (warm-started).
+        power_iters: power-iteration steps per SGD step to estimate ``M = ||H_t||``, warm-started from the
+            previous step's estimate (a power iteration continued along the trajectory); the first one rides in
+            the recursion's batched HVP call, each further one costs a separate call (about the price of all K HVPs
+            on a small CNN).
         row_block: vectors processed at a time (peak memory ``row_block * d`` besides the store).
         loss_fn: ``loss_fn(outputs, targets) -> (n,)`` per-sample loss (default: cross-entropy).
         offload: keep the vectors of an in-memory store on the CPU instead of the module's device
@@ -98,7 +101,7 @@ class TrajectoryRecorder(RecorderCallback):
         track: Collection[int] | None = None,
         hessian: str = "auto",
         chunk_size: int | None = None,
-        power_iters: int = 2,
+        power_iters: int = 1,
         row_block: int = 4096,
         loss_fn: contract.LossFn | None = None,
         offload: bool = False,
