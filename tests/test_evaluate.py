@@ -207,3 +207,21 @@ def test_library_code_never_sets_a_global_matplotlib_backend():
     root = Path(lightning_unlearn.__file__).parent
     offenders = [str(p.relative_to(root)) for p in root.rglob("*.py") if "matplotlib.use(" in p.read_text()]
     assert offenders == []
+
+
+def test_a_spec_context_supplies_managed_arguments_and_callbacks(info):
+    import lightning as L
+
+    from lightning_unlearn.callbacks import TrajectoryRecorder
+
+    check = L.Callback()
+    spec = MethodSpec("hf_ctx", HFStrategy, families=("linear",), recorder=lambda info: TrajectoryRecorder(),
+                      managed=frozenset({"grad_bound"}), context=lambda info, module, s: ({"grad_bound": 5.0}, [check]))
+    assert "grad_bound" not in spec.options()
+    built = spec.method(epsilon=2.0).build(info)
+    assert check in built.callbacks
+    strategy = built.strategy()
+    assert (strategy.grad_bound, strategy.epsilon) == (5.0, 2.0)
+    bad = MethodSpec("hf_bad", HFStrategy, families=("linear",), context=lambda info, module, s: ({"grad_bound": 5.0}, []))
+    with pytest.raises(ValueError, match=r"context arguments \['grad_bound'\] are not declared as managed"):
+        bad.method().build(info)

@@ -54,6 +54,10 @@ class MethodSpec:
         managed: keyword-only parameters set from the family's recipe rather than by the user.
         label: the method's name for a set of strategy options (default: ``name``); a family
             other than the default is appended as ``name[family]``.
+        context: ``context(info, module, settings) -> (arguments, callbacks)``: constructor
+            arguments the harness computes for the strategy (their names must be in ``managed``,
+            e.g. closed-form constants of the family's model) and further callbacks that learn
+            the stream with the recorder (e.g. a check the strategy reads).
     """
 
     name: str
@@ -64,6 +68,7 @@ class MethodSpec:
     fixed: Mapping[str, Any] = field(default_factory=dict)
     managed: frozenset[str] = frozenset()
     label: Callable[[Mapping[str, Any]], str] | None = None
+    context: Callable[[BenchmarkInfo, Any, Mapping[str, Any]], tuple[dict[str, Any], list[Any]]] | None = None
 
     def strategy_options(self) -> set[str]:
         """The strategy class's keyword-only parameters the user may set."""
@@ -117,10 +122,18 @@ class MethodSpec:
                 if spec.recorder is not None
                 else model.recorder()
             )
+            arguments, callbacks = (
+                spec.context(info, model.module, family_settings(family, settings))
+                if spec.context is not None
+                else ({}, [])
+            )
+            unmanaged = sorted(set(arguments) - spec.managed)
+            if unmanaged:
+                raise ValueError(f"method {spec.name!r}: context arguments {unmanaged} are not declared as managed")
             return Built(
                 model.module,
-                [recorder],
-                lambda: spec._strategy(model.module, recorder, info, options),
+                [recorder, *callbacks],
+                lambda: spec._strategy(model.module, recorder, info, {**arguments, **options}),
                 model.trainer_kwargs,
                 model.batch_size,
             )
