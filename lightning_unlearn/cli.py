@@ -1,11 +1,15 @@
 """``lightning-unlearn``: compare unlearning methods on a continual stream from the terminal.
 
     lightning-unlearn compare --methods acu,hf,hessian,rbm,finetune,neggrad,retrain --requests 5,25
+    lightning-unlearn tradeoff --epsilons 0.1,1,10 --out results/
     lightning-unlearn methods
 
 ``compare`` learns scikit-learn's digits as a class-incremental stream (no download), executes
 K seeded forget requests with every method, and prints the paper-000 Table 1 columns (gaps to
-retraining from scratch) per K; with ``--out`` it also writes CSVs and a PNG plot.
+retraining from scratch) per K; with ``--out`` it also writes CSVs and a PNG plot. ``tradeoff``
+prints the privacy-utility table of the certified methods (test accuracy vs the per-release
+epsilon, with the accountant's total epsilon; :mod:`lightning_unlearn.tradeoff`) and with ``--out``
+writes ``tradeoff.csv`` and ``tradeoff.png``.
 """
 
 from __future__ import annotations
@@ -82,7 +86,45 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--option", action="append", default=[], metavar="METHOD.KEY=VALUE", help="a method option, e.g. finetune.epochs=2")
     c.add_argument("--out", type=Path, default=None, help="directory for CSVs and the PNG plot")
     c.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    t = sub.add_parser("tradeoff", help="privacy-utility curve of the certified methods on digits logistic regression")
+    t.add_argument("--epsilons", type=_floats, default=[0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 100.0], help="per-release epsilons")
+    t.add_argument("--delta", type=float, default=1e-5)
+    t.add_argument("--epochs", type=int, default=15, help="SGD epochs of the logistic regression")
+    t.add_argument("--batch-size", type=int, default=32)
+    t.add_argument("--fraction", type=float, default=0.05, help="fraction of the training samples deleted, one per request")
+    t.add_argument("--methods", default="hf,hessian,gradient,safe", help="comma-separated: hf, hessian, gradient, safe")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--out", type=Path, default=None, help="directory for tradeoff.csv and tradeoff.png")
     return parser
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return values
+
+
+def tradeoff(args: argparse.Namespace) -> str:
+    """Run the privacy-utility benchmark and return the printed table."""
+    from lightning_unlearn.tradeoff import format_tradeoff, run_tradeoff, write_tradeoff
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = sorted(set(methods) - {"hf", "hessian", "gradient", "safe"})
+    if unknown:
+        raise ValueError(f"--methods: unknown certified method(s) {unknown}; choose among hf, hessian, gradient, safe")
+    if not 0 < args.fraction < 1:
+        raise ValueError(f"--fraction must lie in (0, 1), got {args.fraction}")
+    rows, setup = run_tradeoff(args.epsilons, delta=args.delta, epochs=args.epochs, batch_size=args.batch_size,
+                               fraction=args.fraction, seed=args.seed, methods=methods, log=lambda _: None)
+    table = format_tradeoff(rows)
+    print(table, flush=True)
+    if args.out is not None:
+        print("wrote " + ", ".join(str(p) for p in write_tradeoff(rows, setup.recipe, args.out)))
+    return table
 
 
 def compare(args: argparse.Namespace) -> str:
@@ -119,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.filterwarnings("ignore", noise)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     try:
-        compare(args)
+        tradeoff(args) if args.command == "tradeoff" else compare(args)
     except ValueError as err:
         parser.error(str(err))
     return 0

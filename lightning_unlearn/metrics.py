@@ -1,8 +1,10 @@
 """Evaluation of an unlearned model with torchmetrics: accuracies, membership inference, distances.
 
-Follows the metrics of ACU's Appendix E.2: accuracy on the retained, forgotten and test sets,
+Follows the metrics of ACU's Appendix E.2 (accuracy on the retained, forgotten and test sets,
 a loss-threshold membership-inference score on the forgotten set, and the L2 distance of the
-parameters to a model retrained from scratch on the retained data.
+parameters to a model retrained from scratch on the retained data), plus two stronger attacks
+reported as AUC: MIA against unlearning (:func:`mia_u_auc`, [HF] Sec. 6) and an offline
+likelihood-ratio attack with shadow models (:func:`lira_auc`, [LiRA]).
 """
 
 from __future__ import annotations
@@ -83,9 +85,11 @@ def evaluate_unlearning(
     test: Data,
     num_classes: int,
     reference: nn.Module | None = None,
+    before: nn.Module | None = None,
 ) -> dict[str, float]:
-    """Retain/forget/test accuracy, MIA score on the forgotten set, and (with ``reference``,
-    a model retrained on the retained data) the L2 distance and the gaps to it."""
+    """Retain/forget/test accuracy, MIA score on the forgotten set, (with ``before``, the model before the
+    requests) the MIA-U AUC of :func:`mia_u_auc` (forgotten vs test samples; NaN with fewer than 2 of
+    either), and (with ``reference``, a model retrained on the retained data) the L2 distance and the gaps to it."""
     out = {
         "retain_acc": accuracy(module, retain, num_classes),
         "forget_acc": accuracy(module, forget, num_classes),
@@ -93,6 +97,9 @@ def evaluate_unlearning(
     }
     retain_l, test_l = sample_losses(module, retain), sample_losses(module, test)
     out["mia"] = loss_threshold_mia(retain_l, test_l, sample_losses(module, forget))
+    if before is not None:
+        folds = min(5, len(forget), len(test))  # type: ignore[arg-type]
+        out["mia_u_auc"] = mia_u_auc(before, module, forget, test, folds=folds) if folds >= 2 else float("nan")
     if reference is not None:
         ref = evaluate_unlearning(reference, retain=retain, forget=forget, test=test, num_classes=num_classes)
         out["l2_to_retrain"] = parameter_distance(module, reference)
@@ -121,3 +128,90 @@ def log_metrics(
         logger.save()
     if step is None:
         set_log_step(trainer, at + 1)
+
+
+
+# -- attacks: MIA against unlearning ([HF] Sec. 6, App. D.4) and an offline likelihood-ratio attack ([LiRA]) ------
+@torch.no_grad()
+def posteriors(module: nn.Module, data: Data) -> Tensor:
+    """Softmax posteriors of the module on ``data`` (float64, eval mode)."""
+    with eval_mode(module):
+        out = [torch.softmax(module(b[0]).double(), -1).cpu() for b in _batches(data)]
+    return torch.cat(out) if out else torch.empty(0)
+
+
+MIA_U_FEATURES = ("direct_diff", "euc_dist")
+
+
+def mia_u_features(before: Tensor, after: Tensor, feature: str = "direct_diff") -> Tensor:
+    """Attack features from the posteriors of the models before and after a request ([HF] App. D.4):
+    ``"direct_diff"`` = ``p_before - p_after`` (one row per sample), ``"euc_dist"`` = ``||p_before - p_after||_2``."""
+    if feature not in MIA_U_FEATURES:
+        raise ValueError(f"MIA-U feature must be one of {MIA_U_FEATURES}, got {feature!r}")
+    diff = before - after
+    return diff if feature == "direct_diff" else diff.norm(dim=1, keepdim=True)
+
+
+def attack_auc(members: Tensor, nonmembers: Tensor, folds: int = 5, seed: int = 0) -> float:
+    """AUC of a random-forest attack model (one of Chen et al.'s attack models) telling ``members`` rows
+    from ``nonmembers`` rows, scored out of fold (stratified ``folds``-fold cross-validation), so no row
+    is scored by a model trained on it. Constant features give 0.5."""
+    from sklearn.ensemble import RandomForestClassifier
+    from sklearn.metrics import roc_auc_score
+    from sklearn.model_selection import StratifiedKFold
+
+    x = torch.cat([members, nonmembers]).double().numpy()
+    y = torch.cat([torch.ones(len(members)), torch.zeros(len(nonmembers))]).numpy()
+    if len(members) < folds or len(nonmembers) < folds:
+        raise ValueError(f"attack_auc needs at least {folds} members and non-members, got {len(members)} and {len(nonmembers)}")
+    scores = torch.zeros(len(y), dtype=torch.float64).numpy()
+    for train, test in StratifiedKFold(folds, shuffle=True, random_state=seed).split(x, y):
+        model = RandomForestClassifier(n_estimators=30, random_state=seed).fit(x[train], y[train])
+        scores[test] = model.predict_proba(x[test])[:, 1]
+    return float(roc_auc_score(y, scores))
+
+
+def mia_u_auc(before: nn.Module, after: nn.Module, forgotten: Data, nonmembers: Data, feature: str = "direct_diff",
+              folds: int = 5, seed: int = 0) -> float:
+    """MIA against unlearning ([HF] Sec. 6, after Chen et al. 2021): can an attacker holding the models
+    before and after a request tell the forgotten samples (members of ``before`` only) from samples
+    neither model saw, from the change of their posteriors? AUC of :func:`attack_auc` on
+    :func:`mia_u_features`; 0.5 is chance. Report it next to the retrained model's AUC (retraining
+    itself leaks under MIA-U when few samples are deleted)."""
+    members = mia_u_features(posteriors(before, forgotten), posteriors(after, forgotten), feature)
+    others = mia_u_features(posteriors(before, nonmembers), posteriors(after, nonmembers), feature)
+    return attack_auc(members, others, folds, seed)
+
+
+def logit_confidence(probs: Tensor, labels: Tensor) -> Tensor:
+    """``log(p_y / (1 - p_y))`` of the true label ([LiRA] Sec. IV-B), clipped away from 0 and 1."""
+    p = probs.gather(1, labels.long().view(-1, 1)).squeeze(1).clamp(1e-12, 1 - 1e-12)
+    return torch.log(p) - torch.log1p(-p)
+
+
+def lira_offline_scores(target: Tensor, shadows: Tensor) -> Tensor:
+    """Offline [LiRA] (Sec. VI-C): per example, fit ``N(mu_out, sigma_out^2)`` to the confidences of shadow
+    models that did not train on it (``shadows``, one row per shadow) and score the target model's
+    confidence by the one-sided test ``Phi((target - mu_out) / sigma_out)`` (higher: more likely a member)."""
+    if shadows.shape[0] < 2:
+        raise ValueError(f"offline LiRA needs at least 2 shadow models, got {shadows.shape[0]}")
+    mu, sd = shadows.mean(0), shadows.std(0).clamp_min(1e-6)
+    return torch.distributions.Normal(0.0, 1.0).cdf((target - mu) / sd)
+
+
+def lira_auc(module: nn.Module, shadows: Iterable[nn.Module], members: Data, nonmembers: Data) -> float:
+    """AUC of offline [LiRA] telling ``members`` from ``nonmembers`` for ``module``, with ``shadows``
+    trained on data that contains neither (so every shadow is an OUT model for every example).
+    For unlearning, pass the forgotten samples as ``members``: a model that forgot them scores ~0.5,
+    like the retrained model."""
+    from sklearn.metrics import roc_auc_score
+
+    def labels(data: Data) -> Tensor:
+        return torch.cat([torch.as_tensor(b[1]) for b in _batches(data)])
+
+    y_in, y_out = labels(members), labels(nonmembers)
+    shadows = list(shadows)
+    conf = lambda m: torch.cat([logit_confidence(posteriors(m, members), y_in), logit_confidence(posteriors(m, nonmembers), y_out)])  # noqa: E731
+    scores = lira_offline_scores(conf(module), torch.stack([conf(s) for s in shadows]))
+    truth = torch.cat([torch.ones(len(y_in)), torch.zeros(len(y_out))])
+    return float(roc_auc_score(truth.numpy(), scores.numpy()))

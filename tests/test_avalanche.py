@@ -251,7 +251,7 @@ def test_hessian_recorder_and_restored_internal_model_under_the_plugin(bm):
     schedule = {0: [ForgetRequest.samples(exp_ids(bm, 0)[:3])], 1: [ForgetRequest.samples(exp_ids(bm, 1)[:2])]}
 
     def strategy(model, rec):
-        return HessianCertifiedStrategy(model, rec, generator=torch.Generator().manual_seed(3))
+        return HessianCertifiedStrategy(model, rec, seed=3)
 
     m1, r1 = proximal(), HessianRecorder(hessian="exact")
     m2, r2 = proximal(), HessianRecorder(hessian="exact")

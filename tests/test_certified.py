@@ -11,8 +11,8 @@ from torch.utils.data import ConcatDataset, DataLoader
 from lightning_unlearn import ForgetRequest
 from lightning_unlearn.callbacks import HessianRecorder, ProximalRegularizer, TaskDeltaRecorder
 from lightning_unlearn.functional import hf
-from lightning_unlearn.functional.certified import gaussian_sigma
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
+from lightning_unlearn.privacy import analytic_sigma
 from lightning_unlearn.strategies import GradientCertifiedStrategy, HessianCertifiedStrategy
 
 EPS, DELTA = 1.0, 1e-5
@@ -68,7 +68,7 @@ def test_gradient_strategy_keeps_weights_within_natural_forgetting_bound(trained
     model, rec = copy_of(trained)
     w = hf.flat_params(model)
     w_retrain = hf.flat_params(fit_tasks([TASKS[1], TASKS[2]]))
-    strategy = GradientCertifiedStrategy(model, rec, epsilon=EPS, delta=DELTA, generator=torch.Generator().manual_seed(0))
+    strategy = GradientCertifiedStrategy(model, rec, epsilon=EPS, delta=DELTA, seed=0)
     cert = strategy.forget(ForgetRequest.of_experience(0)).certificate
     assert torch.equal(strategy.clean_parameters(), w)  # Alg. 1: the internal model is not modified
     assert float((w - w_retrain).norm()) <= cert.bounds["sensitivity"]  # Theorem 4.1
@@ -77,7 +77,7 @@ def test_gradient_strategy_keeps_weights_within_natural_forgetting_bound(trained
     rho = lam / (mu + lam)
     gamma = L / lam * rho**2
     assert cert.bounds["sensitivity"] == pytest.approx(gamma, rel=1e-12)
-    assert cert.sigma == pytest.approx(gamma * math.sqrt(2 * math.log(1.25 / DELTA)) / EPS, rel=1e-12)
+    assert cert.sigma == pytest.approx(analytic_sigma(gamma, EPS, DELTA), rel=1e-12)
     noise = hf.flat_params(model) - w
     assert torch.allclose(noise, cert.sigma * torch.randn(w.shape, generator=torch.Generator().manual_seed(0), dtype=w.dtype))
 
@@ -89,8 +89,8 @@ def test_hessian_sigma_matches_formula(trained):
     rho, kappa = lam / (mu + lam), 2
     gamma = kappa * rho**kappa * (M - mu) / (mu + lam) * L / lam  # gamma^H, one deleted task
     assert cert.bounds["sensitivity"] == pytest.approx(gamma, rel=1e-12)
-    assert cert.sigma == pytest.approx(gamma * math.sqrt(2 * math.log(1.25 / DELTA)) / EPS, rel=1e-12)
-    assert cert.sigma == pytest.approx(gaussian_sigma(gamma, EPS, DELTA), rel=1e-12)
+    assert cert.sigma == pytest.approx(analytic_sigma(gamma, EPS, DELTA), rel=1e-12)
+    assert cert.bounds["sigma_classical"] == pytest.approx(gamma * math.sqrt(2 * math.log(1.25 / DELTA)) / EPS, rel=1e-12)
 
 
 def test_sample_level_newton_from_stored_gradients_and_from_data(trained):
@@ -184,7 +184,7 @@ def test_requests_between_experiences_follow_the_recorded_chain():
     """Alg. 2 over time: forget task 0 after 2 tasks, continue from the internal model, forget task 1 after task 2."""
     rec = HessianRecorder()
     model = fit_tasks(TASKS[:2], rec)
-    strategy = HessianCertifiedStrategy(model, rec, generator=torch.Generator().manual_seed(0))
+    strategy = HessianCertifiedStrategy(model, rec, seed=0)
     first = strategy.forget(ForgetRequest.of_experience(0)).certificate
     assert first.bounds["chain_term"] == 0.0
     strategy.restore_internal()  # Alg. 2: the next task starts from the noise-free internal model

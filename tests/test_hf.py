@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_unlearn import ForgetRequest, IndexedDataset
 from lightning_unlearn.callbacks import TrajectoryRecorder
 from lightning_unlearn.functional import hf
+from lightning_unlearn.privacy import analytic_sigma
 from lightning_unlearn.strategies import HFStrategy
 
 EPS, DELTA = 0.5, 1e-5
@@ -54,7 +55,7 @@ def test_deletion_closer_to_retrain_and_within_bound(fitted):
     ds, model, rec, w0 = fresh_copy(fitted)
     U = [3, 17, 40, 77]
     w, w_retrain = hf.flat_params(model), replay(model, rec, w0, ds, set(U))
-    strategy = HFStrategy(model, rec, epsilon=EPS, delta=DELTA, generator=torch.Generator().manual_seed(0))
+    strategy = HFStrategy(model, rec, epsilon=EPS, delta=DELTA, seed=0)
     result = strategy.forget(ForgetRequest.samples(U))
     w_bar = strategy.clean_parameters()
     original, approx = float((w - w_retrain).norm()), float((w_bar - w_retrain).norm())
@@ -93,11 +94,14 @@ def independent_gamma(rec: TrajectoryRecorder, ids: list[int]) -> float:
 
 def test_sigma_matches_formula(fitted):
     ds, model, rec, w0 = fresh_copy(fitted)
-    strategy = HFStrategy(model, rec, epsilon=EPS, delta=DELTA, generator=torch.Generator().manual_seed(3))
+    strategy = HFStrategy(model, rec, epsilon=EPS, delta=DELTA, seed=3)
     cert = strategy.forget(ForgetRequest.samples([1, 2])).certificate
     gamma = independent_gamma(rec, [1, 2])
     assert cert.bounds["sensitivity"] == pytest.approx(gamma, rel=1e-9)
-    assert cert.sigma == pytest.approx(gamma * math.sqrt(2 * math.log(1.25 / DELTA)) / EPS, rel=1e-12)
+    # calibrated by the analytic Gaussian mechanism; the papers' classical formula is reported beside it
+    assert cert.sigma == pytest.approx(analytic_sigma(gamma, EPS, DELTA), rel=1e-12)
+    assert cert.bounds["sigma_classical"] == pytest.approx(gamma * math.sqrt(2 * math.log(1.25 / DELTA)) / EPS, rel=1e-12)
+    assert cert.seeded and not cert.certified  # a seeded release is reproducible, hence not private
     noise = hf.flat_params(model) - strategy.clean_parameters()
     expected = cert.sigma * torch.randn(noise.shape, generator=torch.Generator().manual_seed(3), dtype=noise.dtype)
     assert torch.allclose(noise, expected, rtol=1e-9, atol=1e-9)
@@ -106,7 +110,7 @@ def test_sigma_matches_formula(fitted):
     assert cert2.bounds["sensitivity"] == pytest.approx(independent_gamma(rec, [1, 2, 9]), rel=1e-9)
 
 
-def test_analytic_gaussian_for_epsilon_above_one(fitted):
+def test_analytic_gaussian_is_tight(fitted):
     ds, model, rec, _ = fresh_copy(fitted)
     cert = HFStrategy(model, rec, epsilon=3.0, delta=DELTA).forget(ForgetRequest.samples([4])).certificate
     s, sig, eps = cert.bounds["sensitivity"], cert.sigma, 3.0
@@ -190,7 +194,7 @@ def test_checkpoint_roundtrip_and_mmap_float16_store(tmp_path):
 
 def test_bad_input_changes_nothing(fitted):
     ds, model, rec, _ = fresh_copy(fitted)
-    strategy = HFStrategy(model, rec, capacity="error", max_deletions=3, generator=torch.Generator().manual_seed(0))
+    strategy = HFStrategy(model, rec, capacity="error", max_deletions=3, seed=0)
     strategy.forget(ForgetRequest.samples([0, 1]))
     before_w, before_stats, before_ledger = hf.flat_params(model), recorded(rec), len(strategy.ledger)
     bad = [([1], "already forgotten"), ([9999], "unknown"), ([2, 3], "capacity")]
@@ -264,7 +268,7 @@ def test_gaussian_mechanism_rejects_bad_privacy_parameters(fitted):
 
 def test_sigma_override_is_reported_as_uncertified(fitted):
     ds, model, rec, _ = fresh_copy(fitted)
-    strategy = HFStrategy(model, rec, sigma_override=0.01, generator=torch.Generator().manual_seed(0))
+    strategy = HFStrategy(model, rec, sigma_override=0.01, seed=0)
     cert = strategy.forget(ForgetRequest.samples([8])).certificate
     assert cert.epsilon is None and not cert.certified and cert.sigma == 0.01 and cert.bounds["sigma_formula"] > 0.01
     noise = hf.flat_params(model) - strategy.clean_parameters()

@@ -1,10 +1,20 @@
-"""Metrics: torchmetrics accuracy, loss-threshold MIA, parameter distance."""
+"""Metrics: torchmetrics accuracy, loss-threshold MIA, parameter distance, MIA-U and offline LiRA."""
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from lightning_unlearn.metrics import accuracy, evaluate_unlearning, loss_threshold_mia, parameter_distance
+from lightning_unlearn.metrics import (
+    accuracy,
+    evaluate_unlearning,
+    lira_auc,
+    lira_offline_scores,
+    loss_threshold_mia,
+    mia_u_auc,
+    mia_u_features,
+    parameter_distance,
+)
 
 
 class Fixed(nn.Module):
@@ -39,3 +49,53 @@ def test_parameter_distance_and_gaps():
     data = TensorDataset(torch.randn(20, 2), torch.randint(0, 2, (20,)))
     out = evaluate_unlearning(a, retain=data, forget=data, test=data, num_classes=2, reference=a)
     assert out["l2_to_retrain"] == 0.0 and out["retain_acc_gap"] == 0.0
+
+
+# -- attacks ----------------------------------------------------------------------------------------------
+N_ROWS, N_LABELS = 120, 4
+ROWS = torch.eye(N_ROWS, dtype=torch.float64)  # one-hot inputs: a linear model can memorise every row
+LABELS = torch.randint(0, N_LABELS, (N_ROWS,), generator=torch.Generator().manual_seed(0))
+
+
+def memoriser(rows: list[int], seed: int, steps: int = 60) -> nn.Module:
+    """A linear model on one-hot rows, trained by full-batch gradient descent on ``rows`` only."""
+    g = torch.Generator().manual_seed(seed)
+    net = nn.Linear(N_ROWS, N_LABELS, bias=False).double()
+    with torch.no_grad():
+        net.weight.copy_(0.1 * torch.randn(N_LABELS, N_ROWS, generator=g, dtype=torch.float64))
+    opt = torch.optim.SGD(net.parameters(), lr=20.0)
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.cross_entropy(net(ROWS[rows]), LABELS[rows]).backward()
+        opt.step()
+    return net
+
+
+def subset(rows: list[int]) -> TensorDataset:
+    return TensorDataset(ROWS[rows], LABELS[rows])
+
+
+FORGOTTEN, RETAINED, OUTSIDE = list(range(20)), list(range(20, 80)), list(range(80, 120))
+
+
+def test_mia_u_is_chance_on_identical_models_and_detects_a_leaking_update():
+    before = memoriser(FORGOTTEN + RETAINED, seed=0)
+    after = memoriser(RETAINED, seed=0)  # retrained without the forgotten rows: their posteriors change
+    for feature in ("direct_diff", "euc_dist"):
+        # identical models: every feature is 0, so the attack cannot beat chance
+        assert mia_u_auc(before, before, subset(FORGOTTEN), subset(OUTSIDE), feature) == 0.5
+        # before/after differ exactly on the forgotten rows: the attack finds them
+        assert mia_u_auc(before, after, subset(FORGOTTEN), subset(OUTSIDE), feature) > 0.9
+    with pytest.raises(ValueError, match="feature"):
+        mia_u_features(torch.zeros(2, 3), torch.zeros(2, 3), "sorted_diff")
+
+
+def test_offline_lira_flags_members_and_not_forgotten_samples():
+    shadows = [memoriser(OUTSIDE[:10] + RETAINED, seed=s) for s in range(1, 5)]  # OUT for every target row
+    trained = memoriser(FORGOTTEN + RETAINED, seed=0)
+    retrained = memoriser(RETAINED, seed=0)
+    targets_out = subset(OUTSIDE[10:])
+    assert lira_auc(trained, shadows, subset(FORGOTTEN), targets_out) > 0.9  # memorised rows are flagged
+    assert abs(lira_auc(retrained, shadows, subset(FORGOTTEN), targets_out) - 0.5) < 0.25  # forgotten rows look unseen
+    with pytest.raises(ValueError, match="2 shadow"):
+        lira_offline_scores(torch.zeros(3), torch.zeros(1, 3))

@@ -128,7 +128,7 @@ def run_hf(store: str) -> Callable[[Path, Path], dict[str, bytes]]:
         else:
             torch.save(rec.state_dict(), control / "state.pt")
         ledger = Ledger(run / "ledger.jsonl")
-        strategy = HFStrategy(model, rec, ledger=ledger, generator=torch.Generator().manual_seed(5))
+        strategy = HFStrategy(model, rec, ledger=ledger, seed=5)
         strategy.forget(ForgetRequest.samples(FORGET[:2]))
         strategy.forget(ForgetRequest.samples(FORGET[2:]))
         save(tr, rec, run)

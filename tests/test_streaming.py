@@ -14,6 +14,7 @@ from lightning_unlearn.callbacks import StreamingRecorder
 from lightning_unlearn.functional import streaming as safe
 from lightning_unlearn.metrics import accuracy
 from lightning_unlearn.models import SupervisedClassifier
+from lightning_unlearn.privacy import analytic_sigma
 from lightning_unlearn.strategies import StreamingStrategy
 
 N = 120
@@ -146,7 +147,7 @@ def test_forgetting_a_class_drops_its_accuracy_and_keeps_the_others(fitted):
     assert accuracy(model, retain, N_CLASSES) > 0.9
 
 
-def test_theorem2_noise_matches_its_formula(fitted):
+def test_theorem2_noise_is_calibrated_on_twice_the_weight_bound(fitted):
     eps, delta = 1.0, 1e-5
     _, plain_model, plain_rec = copies(fitted)
     ds, model, rec = copies(fitted)
@@ -155,12 +156,18 @@ def test_theorem2_noise_matches_its_formula(fitted):
     StreamingStrategy(plain_model, plain_rec, step_size=0.1).forget(request, ds)
     noisy = StreamingStrategy(model, rec, step_size=0.1, epsilon=eps, delta=delta, seed=3)
     cert = noisy.forget(request, ds).certificate
-    expected = W * math.sqrt(2 * math.log(1.25 / delta)) / eps  # phi_t of Theorem 2(iii)
-    assert cert.certified and cert.epsilon == eps and cert.delta == delta
-    assert math.isclose(cert.sigma, expected, rel_tol=1e-12) and cert.bounds == {"W": pytest.approx(W)}
+    expected = analytic_sigma(2 * W, eps, delta)  # two models in the ball ||w|| <= W are at most 2W apart
+    assert cert.epsilon == eps and cert.delta == delta and cert.seeded and cert.constants == "estimated"
+    assert not cert.certified  # W = ||w_0|| is an assumption no later model is bound to respect, and the noise is seeded
+    assert math.isclose(cert.sigma, expected, rel_tol=1e-12) and cert.bounds["W"] == pytest.approx(W)
+    phi = W * math.sqrt(2 * math.log(1.25 / delta)) / eps  # phi_t of Theorem 2(iii), reported
+    assert cert.bounds["sigma_classical_theorem2"] == pytest.approx(phi, rel=1e-12)
     b = flat(plain_model) - flat(model)  # w_t = w_0 - gamma g/||g|| - b_t
     assert abs(float(b.std()) / expected - 1) < 0.2  # 163 draws: the sample std is within 20 % w.p. > 0.999
     assert noisy.ledger[0].certificate["sigma"] == cert.sigma
+    _, m3, r3 = copies(fitted)
+    given = StreamingStrategy(m3, r3, step_size=0.1, epsilon=eps, delta=delta, weight_bound=2 * W)
+    assert given.forget(request, ds).certificate.certified  # a stated W and OS-entropy noise
 
 
 def test_state_survives_a_lightning_checkpoint_and_forgets_the_same(fitted, tmp_path):

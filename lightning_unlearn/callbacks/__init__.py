@@ -4,6 +4,7 @@ from lightning_unlearn.callbacks.analytic import AnalyticRecorder
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.callbacks.hessian import HessianRecorder, TaskDeltaRecorder
 from lightning_unlearn.callbacks.proximal import ProximalRegularizer
+from lightning_unlearn.callbacks.optimality import TaskOptimality
 from lightning_unlearn.callbacks.samples import SampleRecorder
 from lightning_unlearn.callbacks.streaming import StreamingRecorder
 from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
@@ -17,4 +18,5 @@ __all__ = [
     "RecorderCallback",
     "SampleRecorder",
     "StreamingRecorder",
+    "TaskOptimality",
 ]

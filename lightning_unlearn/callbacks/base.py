@@ -59,6 +59,8 @@ class RecorderCallback(L.Callback):
         self.batch_keys = batch_keys
         #: ``{"count", "head"}`` of the ledger after the last request (verify a ledger against a checkpoint)
         self.ledger_anchor: dict[str, Any] | None = None
+        #: accountant state of each noise-adding strategy's releases, by method (survives checkpoints)
+        self.privacy: dict[str, Any] | None = None
         self.experience: int | None = None
         #: the Trainer of the last Lightning fit: executed requests are logged to its loggers
         self.trainer: L.Trainer | None = None
@@ -303,7 +305,7 @@ class RecorderCallback(L.Callback):
             )
 
     def state_dict(self) -> dict[str, Any]:
-        state = {"catalog": self.catalog.state_dict(), "ledger_anchor": self.ledger_anchor}
+        state = {"catalog": self.catalog.state_dict(), "ledger_anchor": self.ledger_anchor, "privacy": self.privacy}
         if self._fitting:  # saved mid-fit (e.g. by ModelCheckpoint): the running fit, to resume it
             empty = torch.zeros(0, dtype=torch.long)
             state["fit"] = {
@@ -319,6 +321,7 @@ class RecorderCallback(L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.catalog.load_state_dict(state_dict["catalog"])
         self.ledger_anchor = state_dict.get("ledger_anchor")
+        self.privacy = state_dict.get("privacy")
         self._resume = state_dict.get("fit")
 
     def _check_settings(self, states: Mapping[str, Any], where: str) -> None:

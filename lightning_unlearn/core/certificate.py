@@ -6,16 +6,32 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+CONSTANTS = ("bounded", "given", "estimated")
+RECIPES = ("checked", "unchecked")
+
 
 @dataclass(frozen=True)
 class Certificate:
     """The guarantee attached to one executed forget request.
 
     ``exact=True``: the new weights equal those of retraining on the retained data (up to floating
-    point), and ``statement`` names the theorem. Otherwise the step is (epsilon, delta)-certified:
+    point), and ``statement`` names the theorem. Otherwise the step may be (epsilon, delta)-certified:
     Gaussian noise of standard deviation ``sigma`` was added, calibrated on the bound terms in
-    ``bounds`` (e.g. the gradient-residual or parameter-distance bound ``delta_bound``).
+    ``bounds`` (e.g. the gradient-residual or parameter-distance bound ``gamma``).
     An uncertified heuristic (fine-tuning, NegGrad, ...) has ``exact=False`` and ``epsilon=None``.
+
+    A noised release states what its (epsilon, delta) rests on, and is :attr:`certified` only if
+    all of it holds:
+
+    * ``constants``: ``"bounded"`` (the smoothness, gradient and strong-convexity constants are
+      proved upper/lower bounds for the model and data), ``"given"`` (asserted by the caller) or
+      ``"estimated"`` (observed maxima along training: not a proof, so not certified);
+    * ``recipe``: ``"checked"`` (the training satisfied the theorem's conditions, e.g. the step
+      size of [HF] Lemma 3 or each [CCL] task solved to the stated tolerance) or ``"unchecked"``;
+    * ``seeded``: the noise came from a user seed (reproducible, so removable: not private);
+    * ``accounting``: the composition of all releases so far (``releases``, ``epsilon_total`` at
+      ``delta_total``, the ``accountant`` used, and this ``release``), whatever the per-release
+      epsilon says.
     """
 
     method: str
@@ -25,6 +41,10 @@ class Certificate:
     sigma: float | None = None
     bounds: dict[str, float] = field(default_factory=dict)
     statement: str = ""
+    constants: str | None = None
+    recipe: str | None = None
+    seeded: bool = False
+    accounting: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.exact and (self.epsilon is not None or self.sigma):
@@ -36,11 +56,27 @@ class Certificate:
                 raise ValueError(f"Certificate delta must lie in (0, 1), got {self.delta}")
             if self.sigma is None or self.sigma < 0:
                 raise ValueError(f"a certified Certificate needs a noise sigma >= 0, got {self.sigma}")
+        if self.constants not in (None, *CONSTANTS):
+            raise ValueError(f"Certificate constants must be one of {CONSTANTS}, got {self.constants!r}")
+        if self.recipe not in (None, *RECIPES):
+            raise ValueError(f"Certificate recipe must be one of {RECIPES}, got {self.recipe!r}")
+
+    @property
+    def caveats(self) -> list[str]:
+        """Why an (epsilon, delta) statement is not a certificate (empty when it is)."""
+        out = []
+        if self.constants == "estimated":
+            out.append("estimated constants")
+        if self.recipe == "unchecked":
+            out.append("recipe unchecked")
+        if self.seeded:
+            out.append("seeded: not private")
+        return out
 
     @property
     def certified(self) -> bool:
-        """True for exact removal or an (epsilon, delta) guarantee; False for heuristics."""
-        return self.exact or self.epsilon is not None
+        """True for exact removal, or an (epsilon, delta) guarantee without :attr:`caveats`; False otherwise."""
+        return self.exact or (self.epsilon is not None and not self.caveats)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,5 +89,8 @@ class Certificate:
         if self.exact:
             return f"{self.method}: exact ({self.statement})"
         if self.epsilon is not None:
-            return f"{self.method}: ({self.epsilon:g}, {self.delta:g})-certified, sigma={self.sigma:.3g}"
+            total = self.accounting.get("epsilon_total")
+            spent = f", total epsilon {total:.3g} after {int(self.accounting['releases'])} releases" if total is not None else ""
+            status = "certified" if self.certified else f"NOT certified ({'; '.join(self.caveats)})"
+            return f"{self.method}: ({self.epsilon:g}, {self.delta:g}) {status}, sigma={self.sigma:.3g}{spent}"
         return f"{self.method}: uncertified"

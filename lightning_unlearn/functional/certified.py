@@ -1,4 +1,4 @@
-"""Certified unlearning in continual learning ([CCL]) and the shared Gaussian mechanism, pure torch.
+"""Certified unlearning in continual learning ([CCL]), pure torch (noise calibration: :mod:`lightning_unlearn.privacy`).
 
 Equation numbers refer to [CCL] (called 004 below). Tasks are indexed ``0..t-1`` in learning order.
 Each task ``i`` is solved as ``w_i = argmin mean_{z in D_i} l(w; z) + (lambda/2)||w - w_{i-1}||^2``
@@ -11,7 +11,6 @@ its samples; [derived]: 004 gives no formula).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -21,51 +20,7 @@ from torch import Tensor
 from lightning_unlearn.functional import hf
 
 
-# -- Gaussian mechanism (shared by HF and 004) ---------------------------------------------------
-def _phi(x: float) -> float:
-    return 0.5 * math.erfc(-x / math.sqrt(2))
-
-
-def classical_sigma(sensitivity: float, epsilon: float, delta: float) -> float:
-    """``sigma = gamma sqrt(2 ln(1.25/delta)) / epsilon`` (HF Alg. 1 line 13, 004 Alg. 1 line 12), epsilon <= 1."""
-    return sensitivity * math.sqrt(2 * math.log(1.25 / delta)) / epsilon
-
-
-def analytic_sigma(sensitivity: float, epsilon: float, delta: float, iters: int = 200) -> float:
-    """Smallest sigma of the analytic Gaussian mechanism (Balle & Wang 2018, Thm. 8), valid for any epsilon.
-
-    ``delta(sigma) = Phi(s/(2 sigma) - eps sigma/s) - e^eps Phi(-s/(2 sigma) - eps sigma/s)`` is
-    decreasing in sigma; bisection on ``log sigma``.
-    """
-    def excess(sigma: float) -> float:
-        a, b = sensitivity / (2 * sigma), epsilon * sigma / sensitivity
-        return _phi(a - b) - math.exp(epsilon) * _phi(-a - b) - delta
-
-    lo, hi = math.log(sensitivity) - 20, math.log(sensitivity) + 20
-    for _ in range(iters):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (lo, mid) if excess(math.exp(mid)) <= 0 else (mid, hi)
-    return math.exp(hi)
-
-
-def gaussian_sigma(sensitivity: float, epsilon: float, delta: float) -> float:
-    """Noise std for an (epsilon, delta) guarantee given an L2 bound ``sensitivity`` on ``||approx - retrain||``.
-
-    Classical mechanism for ``epsilon <= 1`` (both papers' formula); the analytic Gaussian
-    mechanism for ``epsilon > 1`` (HF Sec. 2 note). ``N(0, sigma I)`` in the papers
-    is read as standard deviation sigma.
-    """
-    if not (epsilon > 0 and math.isfinite(epsilon)):
-        raise ValueError(f"epsilon must be positive and finite, got {epsilon}")
-    if not 0 < delta < 1:
-        raise ValueError(f"delta must lie in (0, 1), got {delta}")
-    if sensitivity < 0 or not math.isfinite(sensitivity):
-        raise ValueError(f"noise sensitivity (bound) must be finite and >= 0, got {sensitivity}")
-    if sensitivity == 0:
-        return 0.0
-    return classical_sigma(sensitivity, epsilon, delta) if epsilon <= 1 else analytic_sigma(sensitivity, epsilon, delta)
-
-
+# -- notes shared by the noise-adding strategies ------------------------------------------------
 def uncertified_note(noise: bool, sigma_override: float | None) -> str:
     """Statement suffix for releases without a calibrated (epsilon, delta) guarantee (HF App. C.3)."""
     if not noise:

@@ -17,7 +17,6 @@ from torch import Tensor, nn
 from torch.distributions import MultivariateNormal
 from torch.func import functional_call, grad_and_value
 
-from lightning_unlearn.functional.certified import classical_sigma
 
 Params = dict[str, Tensor]
 
@@ -161,11 +160,6 @@ def normalised_step(w0: Tensor, g: Tensor, step: float, noise: Tensor) -> Tensor
     norm = g.norm()
     direction = g / norm if norm > 0 else torch.zeros_like(g)
     return w0 - step * direction - noise
-
-
-def theorem2_sigma(weight_bound: float, epsilon: float, delta: float) -> float:
-    """``phi_t = W sqrt(2 ln(1.25/delta)) / epsilon``: Theorem 2(iii)'s noise std for (epsilon, delta)-unlearning per round."""
-    return classical_sigma(weight_bound, epsilon, delta)
 
 
 def theorem1_bound(num_classes: int, n_forgotten: int, n_retained: int) -> float:

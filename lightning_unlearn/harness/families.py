@@ -30,10 +30,12 @@ from typing import Any
 
 import lightning as L
 from torch import nn
+from torch.utils.data import DataLoader
 
 from lightning_unlearn.callbacks.analytic import AnalyticRecorder
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.callbacks.samples import SampleRecorder
+from lightning_unlearn.functional.bounds import module_constants
 from lightning_unlearn.harness.types import BenchmarkInfo, Built, Method
 from lightning_unlearn.models import (
     AnalyticClassifier,
@@ -43,6 +45,8 @@ from lightning_unlearn.models import (
 from lightning_unlearn.strategies.baselines import RetrainStrategy
 
 FAMILIES = ("analytic", "supervised", "linear", "proximal")
+#: the linear family's step size as a fraction of [HF]'s limit 2/(M + l2), when ``info.lr`` exceeds it
+LR_MARGIN = 0.9
 #: each family's settings and their defaults
 SETTINGS: dict[str, dict[str, Any]] = {
     "analytic": {"ridge": 1.0, "expansion_dim": 512},
@@ -134,7 +138,9 @@ def _module(
     if family == "supervised":
         return SupervisedClassifier(net, lr=info.lr)
     if family == "linear":
-        return SupervisedClassifier(net, lr=info.lr, l2=s["l2"])
+        # [HF] Lemma 3: the step size at most 2/(M + l2), M the closed-form per-sample smoothness bound
+        c = module_constants(net, (b[0] for b in DataLoader(info.train, batch_size=1024)), l2=s["l2"])
+        return SupervisedClassifier(net, lr=min(info.lr, LR_MARGIN * c.max_lr), l2=s["l2"])
     return ProximalClassifier(
         net, lr=1.0, l2=s["l2"], reg_lambda=s["reg_lambda"], optimizer="lbfgs"
     )

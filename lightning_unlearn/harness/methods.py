@@ -13,9 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from torch.utils.data import DataLoader
+
 from lightning_unlearn.callbacks.hessian import HessianRecorder
+from lightning_unlearn.callbacks.optimality import TaskOptimality
 from lightning_unlearn.callbacks.streaming import StreamingRecorder
 from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
+from lightning_unlearn.functional.bounds import linear_head, linear_model_constants, max_feature_norm, module_constants
 from lightning_unlearn.harness.registry import MethodSpec, register
 from lightning_unlearn.harness.types import BenchmarkInfo
 from lightning_unlearn.strategies.acu import ACUStrategy
@@ -61,6 +65,27 @@ def _hessian(info: BenchmarkInfo, hessian: str) -> HessianRecorder:
     return HessianRecorder(hessian=hessian)
 
 
+#: largest gradient residual of a proximal task's solution accepted for a certified [CCL] release
+TASK_TOLERANCE = 1e-3
+
+
+def _closed_form(info: BenchmarkInfo, module: Any, settings: Mapping[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    """[HF]'s context: closed-form constants of the linear head over the stream's training inputs.
+
+    [interp] The weights' norm bound ``max(||theta_0||, L_CE/l2)`` reads ``||theta_0||`` from the freshly
+    built module (the harness builds the context before training)."""
+    return {"constants": module_constants(module, (b[0] for b in DataLoader(info.train, batch_size=1024)))}, []
+
+
+def _closed_form_checked(info: BenchmarkInfo, module: Any, settings: Mapping[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    """[CCL]'s context: closed-form constants (the first task's anchor is ``w_0 = 0``) and a :class:`TaskOptimality` check."""
+    inputs = (b[0] for b in DataLoader(info.train, batch_size=1024))
+    features, head = linear_head(module)
+    constants = linear_model_constants(max_feature_norm(features, inputs), float(module.l2), bias=head.bias is not None)
+    check = TaskOptimality(TASK_TOLERANCE)
+    return {"constants": constants, "optimality": check}, [check]
+
+
 def _streaming(info: BenchmarkInfo, num_classes: int | None) -> StreamingRecorder:
     return StreamingRecorder(num_classes or info.num_classes, seed=info.seed)
 
@@ -86,6 +111,8 @@ register(
         families=("linear",),
         recorder=_trajectory,
         label=certified_label("hf"),
+        context=_closed_form,
+        managed=frozenset({"constants"}),
     )
 )
 register(
@@ -96,6 +123,8 @@ register(
         recorder=_hessian,
         recorder_options={"hessian": "auto"},
         label=certified_label("hessian"),
+        context=_closed_form_checked,
+        managed=frozenset({"constants", "optimality"}),
     )
 )
 register(
@@ -106,6 +135,8 @@ register(
         recorder=_hessian,
         recorder_options={"hessian": "auto"},
         label=certified_label("gradient"),
+        context=_closed_form_checked,
+        managed=frozenset({"constants", "optimality"}),
     )
 )
 register(

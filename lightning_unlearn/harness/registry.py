@@ -152,8 +152,8 @@ class MethodSpec:
         given: dict[str, Any] = {}
         if "train" in own:
             given["train"] = info.train
-        if "seed" in chained:
-            given["seed"] = info.seed
+        if "seed" in chained and not self.strategy.certified_noise:
+            given["seed"] = info.seed  # certified noise is never seeded: it comes from the OS entropy source
         if "generator" in chained:
             given["generator"] = torch.Generator().manual_seed(
                 info.seed

@@ -32,6 +32,7 @@ from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.data import select_by_ids
+from lightning_unlearn.privacy.accountant import PrivacyAccountant
 from lightning_unlearn.reporting import log_to_trainer
 
 ForgetData = Dataset | DataLoader | None
@@ -138,6 +139,11 @@ class UnlearningStrategy(ABC):
     reads_data: ClassVar[bool] = False
     #: whether ``forget`` needs the samples to forget (their inputs), passed as ``data``
     needs_forget_data: ClassVar[bool] = False
+    #: whether ``seed=`` seeds noise that carries a guarantee (the harness then leaves it unseeded)
+    certified_noise: ClassVar[bool] = False
+    #: the composed privacy loss of the models this strategy published (noise-adding strategies set it;
+    #: a new accountant comes in ``UnlearningUpdate.state["accountant"]`` and is mirrored into the recorder)
+    accountant: PrivacyAccountant | None = None
 
     def __init__(self, module: nn.Module, recorder: RecorderCallback, ledger: Ledger | None = None) -> None:
         self.module = module
@@ -197,6 +203,16 @@ class UnlearningStrategy(ABC):
                 step()
             raise
         self.recorder.ledger_anchor = self.ledger.anchor()
+        if self.accountant is not None:
+            self.recorder.privacy = {**(self.recorder.privacy or {}), self.method: self.accountant.state_dict()}
+
+    def restore_accountant(self, mechanism: str = "pld") -> PrivacyAccountant:
+        """The accountant of this method's earlier releases: from the recorder's state (a checkpoint),
+        else rebuilt from the ledger's entries, else empty."""
+        saved = (self.recorder.privacy or {}).get(self.method)
+        if saved is not None:
+            return PrivacyAccountant.from_state_dict(saved)
+        return PrivacyAccountant.from_ledger(self.ledger, self.method, mechanism)
 
     @abstractmethod
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:

@@ -1,20 +1,25 @@
-"""Certified unlearning in continual learning (paper 004): Hessian-based (Alg. 2) and gradient-based (Alg. 1)."""
+"""Certified unlearning in continual learning ([CCL]): Hessian-based (Alg. 2) and gradient-based (Alg. 1)."""
 
 from __future__ import annotations
 
-import warnings
+import math
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from lightning_unlearn.callbacks.hessian import HessianRecorder, TaskDeltaRecorder
+from lightning_unlearn.callbacks.optimality import TaskOptimality
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.functional import certified as cl
 from lightning_unlearn.functional import hf
 from lightning_unlearn.modes import eval_mode
+from lightning_unlearn.functional.bounds import ModelConstants
+from lightning_unlearn.privacy import normalise_budget, plan_release
+from lightning_unlearn.privacy.analysis import check_privacy_parameters
 from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, UnlearningUpdate
+from lightning_unlearn.warnings import warn
 
 
 def _is_linear(module: nn.Module) -> bool:
@@ -30,13 +35,21 @@ class _ContinualCertified(UnlearningStrategy):
     from the internal model as the algorithms prescribe, call :meth:`restore_internal` before the
     next experience (``fit_stream`` and ``UnlearningPlugin`` do; otherwise training continues from the published model; the Hessian strategy
     stays consistent either way because it measures the chain of recorded starts and ends).
-    Constants: ``lipschitz`` L and ``smoothness`` M default to the :class:`HessianRecorder`'s
-    observed maxima at the task solutions (estimates, not proofs; a :class:`TaskDeltaRecorder`
-    alone needs them given); mu is the module's ``l2``. 004 states no deletion capacity;
-    with ``l2 = 0`` (rho = 1) or a non-linear network the certificate is vacuous or
-    heuristic and a warning says so. ``noise=False`` or a fixed ``sigma_override`` give an
-    uncertified certificate (``epsilon=None``), the bound terms still reported.
+    Constants: ``constants`` (proved bounds, e.g. :func:`~lightning_unlearn.functional.bounds.linear_model_constants`
+    with ``init_norm=0``: L is its ``grad_bound``), or ``lipschitz`` L and ``smoothness`` M asserted by
+    the caller (``"given"``), else the :class:`HessianRecorder`'s observed maxima at the task
+    solutions (``"estimated"``: not certified; a :class:`TaskDeltaRecorder` alone needs them
+    given); mu is the module's ``l2``. Recipe: with ``optimality`` (the :class:`TaskOptimality`
+    callback that watched every fit) a certified release is refused unless every task was solved
+    to its tolerance; without it the certificate says ``recipe="unchecked"`` (not certified).
+    [CCL] states no deletion capacity; with ``l2 = 0`` (rho = 1) or a non-linear network the
+    certificate is vacuous or heuristic and a warning says so. ``noise=False`` or a fixed
+    ``sigma_override`` give an uncertified certificate (``epsilon=None``), the bound terms still
+    reported. Noise, accounting, ``budget`` and ``seed`` as in :class:`~lightning_unlearn.strategies.hf.HFStrategy`
+    (analytic Gaussian mechanism, OS-entropy noise, composed total in every certificate).
     """
+
+    certified_noise = True
 
     def __init__(
         self,
@@ -46,18 +59,26 @@ class _ContinualCertified(UnlearningStrategy):
         *,
         epsilon: float = 1.0,
         delta: float = 1e-5,
+        constants: ModelConstants | None = None,
         lipschitz: float | None = None,
         smoothness: float | None = None,
+        optimality: TaskOptimality | None = None,
         noise: bool = True,
         sigma_override: float | None = None,
-        generator: torch.Generator | None = None,
+        seed: int | None = None,
+        budget: float | tuple[float, float] | None = None,
+        accountant: str = "pld",
     ) -> None:
         super().__init__(module, recorder, ledger)
-        cl.gaussian_sigma(1.0, epsilon, delta)  # validates epsilon, delta
+        check_privacy_parameters(epsilon, delta)
+        if constants is not None and (lipschitz, smoothness) != (None, None):
+            raise ValueError("give either constants= or lipschitz=/smoothness=, not both")
         self.recorder: TaskDeltaRecorder = recorder
         self.epsilon, self.delta = float(epsilon), float(delta)
-        self.lipschitz, self.smoothness = lipschitz, smoothness
-        self.noise, self.generator, self.sigma_override = noise, generator, sigma_override
+        self.model_constants, self.lipschitz, self.smoothness, self.optimality = constants, lipschitz, smoothness, optimality
+        self.noise, self.seed, self.sigma_override = noise, seed, sigma_override
+        self.budget = normalise_budget(budget, self.delta)
+        self.accountant = self.restore_accountant(accountant)
         self._internal: Tensor | None = None
         self._internal_end: Tensor | None = None
 
@@ -73,18 +94,32 @@ class _ContinualCertified(UnlearningStrategy):
         hf.set_flat_params(self.module, self.clean_parameters())
 
     def require_constants(self) -> tuple[float, float]:
-        """``(L, M)``: given, or the recorder's estimates; ``ValueError`` if neither (checkable before any training)."""
+        """``(L, M)``: bounded or given, or the recorder's estimates; ``ValueError`` if none (checkable before any training)."""
         rec = self.recorder
+        if self.model_constants is not None:
+            return self.model_constants.grad_bound, self.model_constants.smoothness
         L = self.lipschitz if self.lipschitz is not None else getattr(rec, "lipschitz", None)
         M = self.smoothness if self.smoothness is not None else getattr(rec, "smoothness", None)
         if L is None or M is None:
             raise ValueError(f"{self.method} needs lipschitz= and smoothness= (a TaskDeltaRecorder does not estimate them)")
         return float(L), float(M)
 
-    def constants(self) -> cl.CLConstants:
+    def constants(self) -> tuple[cl.CLConstants, str]:
+        """Assumption 2.1's constants and their kind (``"bounded"``, ``"given"`` or ``"estimated"``)."""
         rec = self.recorder
         L, M = self.require_constants()
-        return cl.CLConstants(lipschitz=float(L), smoothness=float(M), strong_convexity=float(rec.l2), reg_lambda=float(rec.reg_lambda))
+        if self.model_constants is not None:
+            if not math.isclose(self.model_constants.strong_convexity, float(rec.l2), rel_tol=1e-9):
+                raise ValueError(f"constants are for mu = {self.model_constants.strong_convexity:g} but the recorded tasks used l2 = {rec.l2:g}")
+            kind = self.model_constants.kind
+        else:
+            kind = "given" if self.lipschitz is not None and self.smoothness is not None else "estimated"
+        cc = cl.CLConstants(lipschitz=float(L), smoothness=float(M), strong_convexity=float(rec.l2), reg_lambda=float(rec.reg_lambda))
+        return cc, kind
+
+    def recipe_problem(self) -> str | None:
+        """Why the recorded tasks do not meet [CCL]'s exact-solution condition (``None`` if they do or nothing checked it)."""
+        return None if self.optimality is None else self.optimality.problem(len(self.recorder.ends))
 
     def check_shapes(self) -> None:
         """``ValueError`` if the module's parameters do not match the recorded task vectors."""
@@ -110,40 +145,45 @@ class _ContinualCertified(UnlearningStrategy):
 
     def _warn_assumptions(self, c: cl.CLConstants) -> None:
         if c.strong_convexity == 0:
-            warnings.warn("l2 = 0: mu = 0 so rho = 1 and the 004 bound does not decay (certificate vacuous)", stacklevel=4)
+            warn("l2 = 0: mu = 0 so rho = 1 and the [CCL] bound does not decay (certificate vacuous)", stacklevel=5)
         if not _is_linear(self.module):
-            warnings.warn("non-linear network: Assumption 2.1 (strong convexity) fails, the 004 certificate is heuristic", stacklevel=4)
+            warn("non-linear network: Assumption 2.1 (strong convexity) fails, the [CCL] certificate is heuristic", stacklevel=5)
 
-    def _publish(self, internal: Tensor, bounds: dict[str, float], c: cl.CLConstants, statement: str) -> UnlearningUpdate:
-        """The update publishing ``internal`` with Gaussian noise calibrated on ``bounds["sensitivity"]``."""
+    def _publish(self, internal: Tensor, bounds: dict[str, float], c: cl.CLConstants, kind: str, statement: str) -> UnlearningUpdate:
+        """The update publishing ``internal`` with Gaussian noise calibrated on ``bounds["sensitivity"]`` ([AGM]), accounted."""
         self._warn_assumptions(c)
-        sigma = cl.gaussian_sigma(bounds["sensitivity"], self.epsilon, self.delta)
-        std = sigma if self.sigma_override is None else self.sigma_override
-        noise = std * torch.randn(internal.shape, generator=self.generator, dtype=internal.dtype) if self.noise else torch.zeros_like(internal)
         certified = self.noise and self.sigma_override is None
-        if not torch.isfinite(internal + noise).all():
+        problem = self.recipe_problem()
+        if problem is not None and certified:
+            raise ValueError(f"{self.method} refuses a certified release: {problem}")
+        plan = plan_release(bounds["sensitivity"], internal.shape, internal.dtype, epsilon=self.epsilon, delta=self.delta,
+                            accountant=self.accountant, noise=self.noise, sigma_override=self.sigma_override,
+                            seed=self.seed, budget=self.budget)
+        if not torch.isfinite(internal + plan.noise).all():
             raise ValueError(f"{self.method} update is not finite")
-        bounds = {**bounds, "sigma_formula": sigma, "lipschitz": c.lipschitz, "smoothness": c.smoothness,
-                  "strong_convexity": c.strong_convexity, "reg_lambda": c.reg_lambda}
+        bounds = {**bounds, "sigma_formula": plan.sigma_formula, "sigma_classical": plan.sigma_classical, "lipschitz": c.lipschitz,
+                  "smoothness": c.smoothness, "strong_convexity": c.strong_convexity, "reg_lambda": c.reg_lambda}
         certificate = Certificate(
             method=self.method, exact=False,
             epsilon=self.epsilon if certified else None, delta=self.delta if certified else None,
-            sigma=std if self.noise else None, bounds=bounds,
-            statement=statement + cl.uncertified_note(self.noise, self.sigma_override),
+            sigma=plan.sigma if self.noise else None, bounds=bounds,
+            statement=statement + f" ({kind} constants)" + cl.uncertified_note(self.noise, self.sigma_override),
+            constants=kind, recipe="unchecked" if self.optimality is None or problem is not None else "checked",
+            seeded=plan.seeded, accounting=plan.accounting,
         )
         return UnlearningUpdate(
             certificate,
-            weights=hf.unflatten(internal + noise, hf.param_spec(self.module)),
-            state={"_internal": internal, "_internal_end": self.recorder.ends[-1]},
-            extra={"noise_norm": float(noise.norm())},
+            weights=hf.unflatten(internal + plan.noise, hf.param_spec(self.module)),
+            state={"_internal": internal, "_internal_end": self.recorder.ends[-1], "accountant": plan.accountant},
+            extra={"noise_norm": float(plan.noise.norm())},
         )
 
 
 class GradientCertifiedStrategy(_ContinualCertified):
-    """004 Alg. 1 (natural forgetting, the gradient-based adaptation): weights unchanged, noise only.
+    """[CCL] Alg. 1 (natural forgetting, the gradient-based adaptation): weights unchanged, noise only.
 
-    Stores nothing beyond the catalog and task sizes. ``sigma = gamma^NF sqrt(2 ln(1.25/delta))/eps``
-    with ``gamma^NF = sum_{s deleted} rho^{kappa_t(s)} L/lambda`` (Theorem 4.1, Eq. (9) with the
+    Stores nothing beyond the catalog and task sizes. ``sigma`` is the analytic Gaussian mechanism's
+    ([AGM]) for sensitivity ``gamma^NF = sum_{s deleted} rho^{kappa_t(s)} L/lambda`` (Theorem 4.1, Eq. (9) with the
     conservative exponent), and for sample-level requests the [derived] partial-task
     injection ``2 m L / ((n - m)(mu + lambda))``, plus ``rho^kappa ||gap||`` for any
     change between tasks (training continued from a published, noised model; [derived]). The
@@ -155,16 +195,16 @@ class GradientCertifiedStrategy(_ContinualCertified):
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         rec = self.recorder
         self.check_shapes()
-        c = self.constants()
+        c, kind = self.constants()
         bounds = cl.sensitivity_natural_forgetting(self.task_status(ids), c, self.chain_gaps())
         internal = rec.ends[-1].clone()
-        update = self._publish(internal, bounds, c, "004 Alg. 1 / Theorem 4.1: ||w_retrain - w_t|| <= gamma^NF; Gaussian mechanism")
+        update = self._publish(internal, bounds, c, kind, "[CCL] Alg. 1 / Theorem 4.1: ||w_retrain - w_t|| <= gamma^NF; Gaussian mechanism")
         update.extra["n_forgotten"] = int(ids.numel())
         return update
 
 
 class HessianCertifiedStrategy(_ContinualCertified):
-    """004 Alg. 2: the Newton-style correction of the corrected Eq. (13), then noise.
+    """[CCL] Alg. 2: the Newton-style correction of the corrected Eq. (13), then noise.
 
     The correction runs the linearised error recursion over all recorded tasks
     (:func:`cl.hessian_correction`): kept tasks transport the error by
@@ -213,7 +253,7 @@ class HessianCertifiedStrategy(_ContinualCertified):
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         rec = self.recorder
         self.check_shapes()
-        c = self.constants()
+        c, kind = self.constants()
         status = self.task_status(ids)
         sums = self._gradient_sums(ids, data, status)
         solves = [
@@ -224,7 +264,8 @@ class HessianCertifiedStrategy(_ContinualCertified):
         e = cl.hessian_correction(status, rec.starts, rec.ends, current, solves, sums, c.reg_lambda)  # Eq. (13)
         internal = current + e
         bounds = cl.sensitivity_hessian(status, c, self.chain_gaps())
-        update = self._publish(internal, bounds, c, "004 Alg. 2 / Prop. 5.1 (Lemma D.2 bound gamma^H): Newton correction + Gaussian mechanism")
+        update = self._publish(internal, bounds, c, kind,
+                               "[CCL] Alg. 2 / Prop. 5.1 (Lemma D.2 bound gamma^H): Newton correction + Gaussian mechanism")
         gone = set(ids.tolist())  # a forgotten sample's stored gradient is a per-sample statistic: erased
         kept = {u: g for u, g in rec.sample_grads.items() if u not in gone}
         update.statistics = {"forgotten_grad_sums": sums, "sample_grads": kept}

@@ -1,10 +1,8 @@
-"""`HFStrategy`: Hessian-free online certified unlearning (Qiao et al., Algorithm 1 Stage III)."""
+"""`HFStrategy`: Hessian-free online certified unlearning ([HF] Algorithm 1 Stage III)."""
 
 from __future__ import annotations
 
 import math
-import warnings
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -13,8 +11,25 @@ from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.functional import hf
-from lightning_unlearn.functional.certified import gaussian_sigma, uncertified_note
+from lightning_unlearn.functional.bounds import ModelConstants
+from lightning_unlearn.functional.certified import uncertified_note
+from lightning_unlearn.privacy import normalise_budget, plan_release
+from lightning_unlearn.privacy.analysis import check_privacy_parameters
 from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, UnlearningUpdate
+from lightning_unlearn.warnings import warn
+
+
+def check_step_sizes(lrs: Tensor, constants: ModelConstants) -> str | None:
+    """``None`` if every recorded step size satisfies ``eta <= 2/(M + lambda)`` with ``lambda > 0`` ([HF]
+    Lemma 3 / Theorem 6: contraction ``rho < 1``), else the reason, naming lr, M and lambda."""
+    lam, M = constants.strong_convexity, constants.smoothness
+    if lam <= 0:
+        return f"strong convexity lambda = {lam:g} (the ridge l2) must be positive ([HF] Assumption 1)"
+    lr = float(lrs.max())
+    if lr > constants.max_lr:
+        return (f"step size lr = {lr:.4g} exceeds 2/(M + lambda) = {constants.max_lr:.4g} (M = {M:.4g}, lambda = {lam:.4g}; "
+                "[HF] Lemma 3 needs it for rho < 1): train with a smaller lr (see lightning_unlearn.recipes.propose_recipe)")
+    return None
 
 
 class HFStrategy(UnlearningStrategy):
@@ -23,30 +38,40 @@ class HFStrategy(UnlearningStrategy):
     Works per request in a stream (online: each request adds its vectors to the noise-free
     internal model) and in batches (one request with many ids); by Theorem 1 both give the same
     internal model. Reads no data. Each release publishes ``internal + N(0, sigma^2 I)`` with
-    fresh noise, ``sigma = gamma sqrt(2 ln(1.25/delta)) / epsilon`` (analytic Gaussian mechanism
-    for epsilon > 1), where the sensitivity ``gamma`` (``certificate.bounds["sensitivity"]``) is the
-    sum over ALL samples deleted so far of the per-sample bound (sum form of Eq. (56),
-    :func:`hf.per_sample_bound`; "m x per-sample bound" generalised to the samples' own terms). The constants are lambda = ``strong_convexity``
-    (default: the module's ``l2``), M = ``smoothness`` and G = ``grad_bound`` (defaults: the
-    recorder's observed maxima, which are estimates, not proofs). Caveats: the bound
-    assumes Assumption 1 (strongly convex, e.g. L2-regularised logistic regression); the paper's
-    Taylor-remainder step is heuristic; repeated releases compose and are not accounted for.
+    fresh noise from the OS entropy source (``seed`` for experiments only: the certificate is then
+    marked seeded, not private), calibrated by the analytic Gaussian mechanism ([AGM]) on
+    ``gamma = sum over ALL samples deleted so far of the per-sample bound`` (sum form of Eq. (56),
+    :func:`hf.per_sample_bound`). Every release is recorded in :attr:`accountant`; the certificate
+    reports the total (epsilon, delta) of all releases so far, and ``budget`` refuses a release
+    that would exceed it (nothing changes).
+
+    Constants (Assumption 1): ``constants`` (e.g. :func:`~lightning_unlearn.functional.bounds.module_constants`,
+    proved bounds for a linear model), or ``smoothness`` M and ``grad_bound`` G asserted by the
+    caller (``"given"``), else the recorder's observed maxima (``"estimated"``: the certificate is
+    then not certified). lambda is ``strong_convexity`` (default: the recorder's ``l2``).
+
+    Recipe guard: a certified release requires every recorded step size (what the Trainer's
+    optimizer and scheduler actually used) to satisfy ``eta <= 2/(M + lambda)`` with ``lambda > 0``
+    (:func:`check_step_sizes`); otherwise ``forget`` raises ``ValueError`` naming lr, M and lambda.
+    Uncertified releases (``noise=False``, ``sigma_override``) only warn.
 
     The noise-free internal model is :meth:`clean_parameters`; if the recorder has taken SGD
     steps since the last request (a new experience was learned), the module's current weights
     become the internal model (the published, noised state then continues).
 
     Deletion capacity: Eq. (21) with its O-constant set to 1 (:func:`hf.deletion_capacity`), or
-    ``max_deletions``. Exceeding it warns (``capacity="warn"``, documented: the guarantee is
-    then outside the paper's capacity) or raises ``ValueError`` and changes nothing
-    (``capacity="error"``).
+    ``max_deletions``. Exceeding it warns (``capacity="warn"``) or raises ``ValueError`` and changes
+    nothing (``capacity="error"``). The paper's Taylor-remainder step (Eq. (53)) is its own argument.
 
-    ``noise=False`` (pre-noise weights) or ``sigma_override`` (a fixed std, as the paper's
-    ResNet experiments used) give an uncertified certificate (``epsilon=None``); the bound terms
-    and the formula's sigma stay in ``bounds``.
+    Args:
+        epsilon, delta: the per-release target.
+        budget: ``epsilon`` or ``(epsilon, delta)`` of the composition of all releases.
+        seed: reproducible noise (experiments only; marks the certificate seeded, not certified).
+        accountant: ``"pld"`` or ``"rdp"`` (:class:`~lightning_unlearn.privacy.PrivacyAccountant`).
     """
 
     method = "hf"
+    certified_noise = True
 
     def __init__(
         self,
@@ -56,6 +81,7 @@ class HFStrategy(UnlearningStrategy):
         *,
         epsilon: float = 1.0,
         delta: float = 1e-5,
+        constants: ModelConstants | None = None,
         strong_convexity: float | None = None,
         smoothness: float | None = None,
         grad_bound: float | None = None,
@@ -63,18 +89,24 @@ class HFStrategy(UnlearningStrategy):
         sigma_override: float | None = None,
         capacity: str = "warn",
         max_deletions: int | None = None,
-        generator: torch.Generator | None = None,
+        seed: int | None = None,
+        budget: float | tuple[float, float] | None = None,
+        accountant: str = "pld",
     ) -> None:
         super().__init__(module, recorder, ledger)
         if capacity not in ("warn", "error"):
             raise ValueError(f"capacity must be 'warn' or 'error', got {capacity!r}")
-        gaussian_sigma(1.0, epsilon, delta)  # validates epsilon, delta
+        check_privacy_parameters(epsilon, delta)
+        if constants is not None and (smoothness, grad_bound, strong_convexity) != (None, None, None):
+            raise ValueError("give either constants= or smoothness=/grad_bound=/strong_convexity=, not both")
         self.recorder: TrajectoryRecorder = recorder
         self.epsilon, self.delta = float(epsilon), float(delta)
+        self.model_constants = constants
         self.strong_convexity, self.smoothness, self.grad_bound = strong_convexity, smoothness, grad_bound
         self.noise, self.capacity, self.max_deletions = noise, capacity, max_deletions
-        self.sigma_override = sigma_override
-        self.generator = generator
+        self.sigma_override, self.seed = sigma_override, seed
+        self.budget = normalise_budget(budget, self.delta)
+        self.accountant = self.restore_accountant(accountant)
         self._internal: Tensor | None = None
         self._internal_step = -1
 
@@ -84,13 +116,25 @@ class HFStrategy(UnlearningStrategy):
             return hf.flat_params(self.module)
         return self._internal.clone()
 
-    def bound_terms(self, rows: Tensor) -> dict[str, float]:
+    def constants(self) -> ModelConstants:
+        """Assumption 1's (M, G, lambda) and their kind (see the class docstring)."""
+        rec = self.recorder
+        if self.model_constants is not None:
+            c = self.model_constants
+            if rec.l2 is not None and not math.isclose(c.strong_convexity, rec.l2, rel_tol=1e-9):
+                raise ValueError(f"constants are for lambda = {c.strong_convexity:g} but the recorded trajectory used l2 = {rec.l2:g}")
+            return c
+        lam = float(rec.l2 or 0.0) if self.strong_convexity is None else float(self.strong_convexity)
+        M = rec.smoothness if self.smoothness is None else self.smoothness
+        G = rec.grad_max if self.grad_bound is None else self.grad_bound
+        kind = "given" if self.smoothness is not None and self.grad_bound is not None else "estimated"
+        return ModelConstants(smoothness=max(float(M), lam), grad_bound=float(G), strong_convexity=lam, kind=kind)
+
+    def bound_terms(self, rows: Tensor, c: ModelConstants) -> dict[str, float]:
         """Per-sample bound terms (:func:`hf.per_sample_bound`) summed over ``rows``, and the constants used."""
         rec = self.recorder
         lrs = torch.tensor(rec.lrs, dtype=torch.float64)
-        lam = float(rec.l2) if self.strong_convexity is None else self.strong_convexity
-        M = rec.smoothness if self.smoothness is None else self.smoothness
-        G = rec.grad_max if self.grad_bound is None else self.grad_bound
+        lam, M, G = c.strong_convexity, c.smoothness, c.grad_bound
         rho = hf.contraction_factor(lrs, lam, M)
         occ_rows, occ_steps = rec.occurrences()
         sizes = torch.tensor(rec.batch_sizes)
@@ -98,8 +142,8 @@ class HFStrategy(UnlearningStrategy):
         for r in rows.tolist():
             t1, t2 = hf.per_sample_bound(occ_steps[occ_rows == r], lrs, sizes, G, rho)
             c1, c2 = c1 + t1, c2 + t2
-        return {"taylor_term": c1, "gradient_mismatch_term": c2, "sensitivity": c1 + c2, "rho": rho,
-                "strong_convexity": lam, "smoothness": M, "grad_bound": G, "steps": float(rec.n_steps), "lr0": float(lrs[0])}
+        return {"taylor_term": c1, "gradient_mismatch_term": c2, "sensitivity": c1 + c2, "rho": rho, "strong_convexity": lam,
+                "smoothness": M, "grad_bound": G, "steps": float(rec.n_steps), "lr0": float(lrs[0]), "lr_max": float(lrs.max())}
 
     def _check_capacity(self, m: int, bounds: dict[str, float], dim: int) -> float:
         cap = self.max_deletions
@@ -109,7 +153,7 @@ class HFStrategy(UnlearningStrategy):
             msg = f"HF deletion capacity exceeded: {m} deletions > capacity {cap:.3g} (Eq. (21), constant 1, or max_deletions)"
             if self.capacity == "error":
                 raise ValueError(msg)
-            warnings.warn(msg + "; the (epsilon, delta) statement is outside the paper's deletion capacity", stacklevel=4)
+            warn(msg + "; the (epsilon, delta) statement is outside the paper's deletion capacity", stacklevel=5)
         return float(cap)
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
@@ -120,40 +164,47 @@ class HFStrategy(UnlearningStrategy):
         rows = rec.rows_for(ids)
         deleted = (~rec.active[: rec.n_rows]).nonzero().flatten()
         all_rows = torch.cat([deleted, rows])
-        bounds = self.bound_terms(all_rows)
+        c = self.constants()
+        certified_noise = self.noise and self.sigma_override is None
+        problem = check_step_sizes(torch.tensor(rec.lrs, dtype=torch.float64), c)
+        if problem is not None and certified_noise:
+            raise ValueError(f"HF refuses a certified release: {problem}")
+        if problem is not None:
+            warn(f"HF recipe outside the theorem ({problem}); the release is not certified anyway", stacklevel=5)
+        bounds = self.bound_terms(all_rows, c)
         bounds["capacity"] = self._check_capacity(int(all_rows.numel()), bounds, d)
         bounds["deleted_total"] = float(all_rows.numel())
-        if bounds["rho"] >= 1:
-            warnings.warn(f"HF contraction factor rho = {bounds['rho']:.4g} >= 1 (Lemma 3 needs eta < 2/(M + lambda) and lambda > 0): "
-                          "the bound does not decay", stacklevel=4)
-        certified = self.noise and self.sigma_override is None
         finite = math.isfinite(bounds["sensitivity"])
-        if not finite and certified:
+        if not finite and certified_noise:
             raise ValueError(f"HF noise bound is infinite (rho = {bounds['rho']:.4g} over {rec.n_steps} steps): step size too large for M")
-        sigma = gaussian_sigma(bounds["sensitivity"], self.epsilon, self.delta) if finite else math.inf
         internal = self.clean_parameters()
         update = rec.A[rows].to(internal).sum(0)  # a^{-U} = sum_u a^{-u} (Theorem 1)
         internal = internal + update  # Alg. 1 line 13
-        std = sigma if self.sigma_override is None else self.sigma_override
-        noise = std * torch.randn(internal.shape, generator=self.generator, dtype=internal.dtype) if self.noise else torch.zeros_like(internal)
-        if not torch.isfinite(internal + noise).all():
+        plan = plan_release(bounds["sensitivity"], internal.shape, internal.dtype, epsilon=self.epsilon, delta=self.delta,
+                            accountant=self.accountant, noise=self.noise, sigma_override=self.sigma_override,
+                            seed=self.seed, budget=self.budget)
+        if not torch.isfinite(internal + plan.noise).all():
             raise ValueError("HF update is not finite (diverged trajectory statistics?)")
         certificate = Certificate(
             method=self.method,
             exact=False,
-            epsilon=self.epsilon if certified else None,
-            delta=self.delta if certified else None,
-            sigma=std if self.noise else None,
-            bounds={**bounds, "sigma_formula": sigma},
+            epsilon=self.epsilon if certified_noise else None,
+            delta=self.delta if certified_noise else None,
+            sigma=plan.sigma if self.noise else None,
+            bounds={**bounds, "sigma_formula": plan.sigma_formula, "sigma_classical": plan.sigma_classical},
             statement=(
-                "HF Alg. 1 + Theorem 4: ||w_retrain - (w + a^{-U})|| <= gamma (sum form of Eq. (56), estimated "
-                "constants), Gaussian mechanism" + uncertified_note(self.noise, self.sigma_override)
+                f"HF Alg. 1 + Theorem 4: ||w_retrain - (w + a^{{-U}})|| <= gamma (sum form of Eq. (56), {c.kind} constants), "
+                "analytic Gaussian mechanism" + uncertified_note(self.noise, self.sigma_override)
                 + ("" if finite else f"; the bound is infinite (rho = {bounds['rho']:.4g} over {rec.n_steps} steps)")
             ),
+            constants=c.kind,
+            recipe="checked" if problem is None else "unchecked",
+            seeded=plan.seeded,
+            accounting=plan.accounting,
         )
         return UnlearningUpdate(
             certificate,
-            weights=hf.unflatten(internal + noise, hf.param_spec(self.module)),
-            state={"_internal": internal, "_internal_step": rec.n_steps},
-            extra={"n_forgotten": int(ids.numel()), "noise_norm": float(noise.norm()), "update_norm": float(update.norm())},
+            weights=hf.unflatten(internal + plan.noise, hf.param_spec(self.module)),
+            state={"_internal": internal, "_internal_step": rec.n_steps, "accountant": plan.accountant},
+            extra={"n_forgotten": int(ids.numel()), "noise_norm": float(plan.noise.norm()), "update_norm": float(update.norm())},
         )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -13,6 +12,7 @@ from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.data import select_by_ids
 from lightning_unlearn.functional import streaming as safe
 from lightning_unlearn.modes import eval_mode
+from lightning_unlearn.privacy import PlannedRelease, gaussian_noise, normalise_budget, plan_release
 from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, UnlearningUpdate
 
 _SCOPES = ("all", "current")
@@ -62,18 +62,27 @@ class StreamingStrategy(UnlearningStrategy):
         forget_scope: ``"all"`` (Eq. (25)) or ``"current"`` (Alg. 1 line 8).
         kl_direction: ``"model_to_target"`` (``KL(f(x;w) || target)``, [interp]) or ``"target_to_model"``.
         noise_std: a fixed std of ``b_t`` (uncertified). [interp] 0 by default: the paper reports no value.
-        epsilon, delta: calibrate ``b_t`` by Theorem 2(iii) instead: std ``phi_t = W sqrt(2 ln(1.25/delta)) / epsilon``
-            and an (epsilon, delta) certificate. The noise is of the order of the whole weight norm
-            ``W`` (for epsilon ~ 1), which the theorem needs and which erases most of what the model knows.
-        weight_bound: ``W`` of Theorem 2, an assumed bound on ``||w||_2`` of every model; default
-            ``||w_0||_2`` ([interp]; the theorem states it as an assumption).
-        seed: seed of the noise (``seed + t``).
+        epsilon, delta: calibrate ``b_t`` for an (epsilon, delta) certificate instead (Theorem 2(iii)): the
+            analytic Gaussian mechanism ([AGM]) with sensitivity ``2W`` ([derived]: the published and the
+            retrained model both lie in the ball ``||w||_2 <= W``, so they are at most ``2W`` apart; the
+            theorem's ``phi_t = W sqrt(2 ln(1.25/delta))/epsilon`` uses ``W`` and the classical formula,
+            valid for epsilon <= 1 only). The noise is of the order of the whole weight norm, which
+            erases most of what the model knows. Every such release is accounted (:attr:`accountant`,
+            total in the certificate).
+        weight_bound: ``W`` of Theorem 2, an assumed bound on ``||w||_2`` of every model (constants
+            ``"given"``); default ``||w_0||_2`` ([interp]), which no model after a step is bound to
+            respect: constants ``"estimated"``, so the certificate is not certified.
+        seed: reproducible noise (``seed`` and the round), for experiments only: the certificate is
+            then marked seeded (not private). Default: OS-entropy noise nobody can recompute.
+        budget: ``epsilon`` or ``(epsilon, delta)`` of the composition of all releases; a release
+            that would exceed it is refused and nothing changes.
 
     Without ``epsilon`` the certificate is uncertified (``exact=False``, no epsilon): Theorem 2(i)-(ii)
     bound the expected dynamic regret, not the distance to retraining.
     """
 
     method = "safe"
+    certified_noise = True
     reads_data = True
     needs_forget_data = True
 
@@ -92,7 +101,8 @@ class StreamingStrategy(UnlearningStrategy):
         epsilon: float | None = None,
         delta: float | None = None,
         weight_bound: float | None = None,
-        seed: int = 0,
+        seed: int | None = None,
+        budget: float | tuple[float, float] | None = None,
         ledger: Ledger | None = None,
     ) -> None:
         super().__init__(module, recorder, ledger)
@@ -116,8 +126,12 @@ class StreamingStrategy(UnlearningStrategy):
         self.recorder: StreamingRecorder = recorder
         self.forget_weight, self.lr_constant, self.expected_rounds = float(forget_weight), float(lr_constant), int(expected_rounds)
         self.fixed_step = None if step_size is None else float(step_size)
-        self.forget_scope, self.kl_direction, self.noise_std, self.seed = forget_scope, kl_direction, float(noise_std), int(seed)
+        self.forget_scope, self.kl_direction, self.noise_std, self.seed = forget_scope, kl_direction, float(noise_std), seed
         self.epsilon, self.delta, self.weight_bound = epsilon, delta, weight_bound
+        if budget is not None and epsilon is None:
+            raise ValueError("StreamingStrategy budget= accounts (epsilon, delta) releases: give epsilon and delta too")
+        self.budget = None if budget is None else normalise_budget(budget, float(delta))  # type: ignore[arg-type]
+        self.accountant = self.restore_accountant() if epsilon is not None else None
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         rec = self.recorder
@@ -162,8 +176,13 @@ class StreamingStrategy(UnlearningStrategy):
         step = self.fixed_step if self.fixed_step is not None else safe.step_size(float(safe.flatten(rec.w0, names).norm()), self.lr_constant, max(t, self.expected_rounds))
         flat0 = safe.flatten(rec.w0, names)
         W = self.weight_bound if self.weight_bound is not None else float(flat0.norm())
-        sigma = safe.theorem2_sigma(W, self.epsilon, self.delta) if self.epsilon is not None else self.noise_std
-        noise = torch.randn(flat0.shape, generator=torch.Generator().manual_seed(self.seed + t), dtype=torch.float64) * sigma
+        plan = None
+        if self.epsilon is not None:
+            plan = plan_release(2 * W, flat0.shape, torch.float64, epsilon=self.epsilon, delta=self.delta,  # type: ignore[arg-type]
+                                accountant=self.accountant, seed=self.seed, budget=self.budget)  # type: ignore[arg-type]
+            noise = plan.noise
+        else:
+            noise = gaussian_noise(flat0.shape, self.noise_std, torch.float64, self.seed, t) if self.noise_std else torch.zeros_like(flat0)
         flat_t = safe.normalised_step(flat0, g, step, noise)
         w_t = safe.unflatten(flat_t, rec.w0, names)
 
@@ -196,15 +215,19 @@ class StreamingStrategy(UnlearningStrategy):
 
         weights = {**w_t, **rec.buffers0}
         change = rec.round_change(x, labels, ids, grad_sum, loss_sum, surrogate)
-        return UnlearningUpdate(self._certificate(sigma, W), weights=weights, statistics=change, extra=extra)
+        state = {} if plan is None else {"accountant": plan.accountant}
+        return UnlearningUpdate(self._certificate(plan, W), weights=weights, statistics=change, state=state, extra=extra)
 
-    def _certificate(self, sigma: float, weight_bound: float) -> Certificate:
-        if self.epsilon is None:
-            note = f"; fixed noise std {sigma:g}" if sigma else ""
+    def _certificate(self, plan: PlannedRelease | None, weight_bound: float) -> Certificate:
+        if plan is None:
+            note = f"; fixed noise std {self.noise_std:g}" if self.noise_std else ""
             return Certificate(method=self.method, exact=False,
-                               statement=f"SAFE (001 Alg. 1): heuristic{note}; Thm 2 bounds expected dynamic regret, not distance to retraining")
-        return Certificate(method=self.method, exact=False, epsilon=self.epsilon, delta=self.delta, sigma=sigma, bounds={"W": weight_bound},
-                           statement="SAFE (001 Thm 2(iii)): noise phi_t = W sqrt(2 ln(1.25/delta))/epsilon, assuming ||w||_2 <= W")
+                               statement=f"SAFE ([SAFE] Alg. 1): heuristic{note}; Thm 2 bounds expected dynamic regret, not distance to retraining")
+        kind = "estimated" if self.weight_bound is None else "given"
+        return Certificate(method=self.method, exact=False, epsilon=self.epsilon, delta=self.delta, sigma=plan.sigma,
+                           bounds={"W": weight_bound, "sensitivity": 2 * weight_bound, "sigma_classical_theorem2": plan.sigma_classical / 2},
+                           statement=f"SAFE ([SAFE] Thm 2(iii)): analytic Gaussian noise on sensitivity 2W, assuming ||w||_2 <= W ({kind} W)",
+                           constants=kind, seeded=plan.seeded, accounting=plan.accounting)
 
     def _scope(self, x: Tensor, y: Tensor, data: ForgetData) -> tuple[Tensor, Tensor]:
         """The samples the forgetting term sums over: ``F_1..F_t`` (Eq. (25)) or ``F_t`` (Alg. 1 line 8).

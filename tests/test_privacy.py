@@ -1,0 +1,292 @@
+"""Privacy analysis: [AGM] calibration, composition accounting against dp-accounting, secure noise,
+closed-form constants of linear models, and their use by HFStrategy (recipe guard, budget, checkpoints)."""
+
+import copy
+import math
+
+import pytest
+import torch
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+from helpers_certified import D_IN, N_CLASSES, blobs, fit_hf, sgd_model
+from scipy import integrate, stats
+from torch import nn
+from torch.func import grad, hessian, vmap
+
+from lightning_unlearn import ForgetRequest, Ledger
+from lightning_unlearn.callbacks import TrajectoryRecorder
+from lightning_unlearn.functional import hf
+from lightning_unlearn.functional.bounds import linear_model_constants, module_constants
+from lightning_unlearn.privacy import (
+    PrivacyAccountant,
+    Release,
+    analytic_sigma,
+    classical_sigma,
+    gaussian_delta,
+    gaussian_noise,
+    secure_gaussian,
+)
+from lightning_unlearn.strategies import HFStrategy
+
+DELTA = 1e-5
+
+
+# -- [AGM] calibration -------------------------------------------------------------------------------
+def hockey_stick_delta(sigma: float, sensitivity: float, epsilon: float) -> float:
+    """delta(epsilon) = int max(0, p(x) - e^eps q(x)) dx for p = N(Delta, sigma^2), q = N(0, sigma^2),
+    by numerical quadrature (independent of the closed form of [AGM] Theorem 8)."""
+    p, q = stats.norm(sensitivity, sigma), stats.norm(0.0, sigma)
+    # p > e^eps q  <=>  x > x0 (the likelihood ratio is increasing in x)
+    x0 = sigma**2 * epsilon / sensitivity + sensitivity / 2
+    value, _ = integrate.quad(lambda x: p.pdf(x) - math.exp(epsilon) * q.pdf(x), x0, x0 + 40 * sigma, epsabs=1e-15, epsrel=1e-10)
+    return value
+
+
+@pytest.mark.parametrize("epsilon", [0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 100.0])
+def test_analytic_sigma_satisfies_the_agm_condition_tightly(epsilon):
+    sigma = analytic_sigma(2.0, epsilon, DELTA)
+    # the condition holds (checked by quadrature, not by the formula used to calibrate) ...
+    assert hockey_stick_delta(sigma, 2.0, epsilon) <= DELTA * (1 + 1e-6)
+    # ... and a 0.1% smaller sigma violates it: the calibration is tight
+    assert hockey_stick_delta(0.999 * sigma, 2.0, epsilon) > DELTA
+    assert gaussian_delta(sigma, 2.0, epsilon) == pytest.approx(DELTA, rel=1e-8)
+
+
+@pytest.mark.parametrize("epsilon", [0.1, 0.5, 1.0])
+def test_classical_formula_is_valid_but_looser_for_epsilon_at_most_one(epsilon):
+    classical, analytic = classical_sigma(1.0, epsilon, DELTA), analytic_sigma(1.0, epsilon, DELTA)
+    assert hockey_stick_delta(classical, 1.0, epsilon) <= DELTA
+    assert analytic < classical
+
+
+def test_classical_formula_fails_for_large_epsilon():
+    # documented: sqrt(2 ln(1.25/delta))/epsilon is not an (epsilon, delta) calibration beyond epsilon = 1
+    assert hockey_stick_delta(classical_sigma(1.0, 10.0, DELTA), 1.0, 10.0) > DELTA
+
+
+def test_calibration_rejects_bad_parameters():
+    for eps, delta, sens in [(0.0, DELTA, 1.0), (math.inf, DELTA, 1.0), (1.0, 0.0, 1.0), (1.0, 1.0, 1.0), (1.0, DELTA, -1.0)]:
+        with pytest.raises(ValueError):
+            analytic_sigma(sens, eps, delta)
+    assert analytic_sigma(0.0, 1.0, DELTA) == 0.0
+
+
+# -- accounting ----------------------------------------------------------------------------------------
+def test_accountant_totals_equal_dp_accounting_called_directly():
+    releases = [Release(sigma=3.0, sensitivity=1.0), Release(sigma=6.0, sensitivity=2.0), Release(sigma=2.0, sensitivity=1.0),
+                Release(sigma=0.5, sensitivity=0.0)]  # the last removed nothing: no privacy cost
+    acc = PrivacyAccountant("pld")
+    for r in releases:
+        acc = acc.with_release(r)
+    direct = pld_privacy_accountant.PLDAccountant()
+    for z in (3.0, 3.0, 2.0):
+        direct.compose(dp_event.GaussianDpEvent(noise_multiplier=z))
+    assert acc.get_epsilon(DELTA) == pytest.approx(direct.get_epsilon(DELTA), rel=1e-3)
+    rdp = PrivacyAccountant("rdp", acc.history)
+    direct_rdp = rdp_privacy_accountant.RdpAccountant()
+    direct_rdp.compose(dp_event.GaussianDpEvent(noise_multiplier=3.0), count=2)
+    direct_rdp.compose(dp_event.GaussianDpEvent(noise_multiplier=2.0))
+    assert rdp.get_epsilon(DELTA) == pytest.approx(direct_rdp.get_epsilon(DELTA), rel=1e-9)
+    assert acc.totals(DELTA)["releases"] == 4
+
+
+def test_one_analytic_release_spends_its_own_epsilon():
+    sigma = analytic_sigma(1.0, 1.0, DELTA)
+    acc = PrivacyAccountant().with_release(Release(sigma=sigma, sensitivity=1.0))
+    # the PLD of one Gaussian release is exact up to its (pessimistic) discretisation
+    assert acc.get_epsilon(DELTA) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_noise_free_release_spends_everything_and_budget_refuses():
+    acc = PrivacyAccountant().with_release(Release(sigma=0.0, sensitivity=1.0))
+    assert acc.get_epsilon(DELTA) == math.inf
+    assert PrivacyAccountant().get_epsilon(DELTA) == 0.0
+    with pytest.raises(ValueError, match="budget"):
+        acc.check_budget((10.0, DELTA))
+    restored = PrivacyAccountant.from_state_dict(acc.state_dict())
+    assert restored.history == acc.history and restored.mechanism == "pld"
+
+
+# -- noise -----------------------------------------------------------------------------------------------
+def test_secure_noise_is_standard_normal_and_never_repeats():
+    z = secure_gaussian((200_000,))
+    # mean within 5 standard errors, variance within 5 standard errors (sd of s^2 ~ sqrt(2/n))
+    assert abs(float(z.mean())) < 5 / math.sqrt(len(z)) and abs(float(z.var()) - 1) < 5 * math.sqrt(2 / len(z))
+    assert not torch.equal(gaussian_noise((50,), 1.0, torch.float64, None, 0), gaussian_noise((50,), 1.0, torch.float64, None, 0))
+    seeded = gaussian_noise((50,), 2.0, torch.float64, 7, 3)
+    assert torch.equal(seeded, 2.0 * torch.randn(50, generator=torch.Generator().manual_seed(10), dtype=torch.float64))
+
+
+# -- closed-form constants ---------------------------------------------------------------------------------
+def per_sample_loss(theta, x, y, num_classes: int, l2: float, binary: bool):
+    d = x.numel() + 1
+    if binary:
+        z = theta[: d - 1] @ x + theta[d - 1]
+        ce = nn.functional.binary_cross_entropy_with_logits(z, y.double())
+    else:
+        W, b = theta[: num_classes * (d - 1)].view(num_classes, d - 1), theta[num_classes * (d - 1) :]
+        ce = nn.functional.cross_entropy((W @ x + b).unsqueeze(0), y.view(1))
+    return ce + 0.5 * l2 * theta.pow(2).sum()
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_closed_form_bounds_dominate_exact_per_sample_hessians_and_gradients(binary):
+    g = torch.Generator().manual_seed(0)
+    n, d_in, k, l2 = 64, 5, (1 if binary else 4), 0.05
+    x = 3 * torch.randn(n, d_in, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 2 if binary else k, (n,), generator=g)
+    c = linear_model_constants(float(x.norm(dim=1).max()), l2, binary=binary)
+    dim = (d_in + 1) * k
+    loss = lambda th, xi, yi: per_sample_loss(th, xi, yi, k, l2, binary)  # noqa: E731
+    theta, eta, worst_m, worst_g, least = torch.zeros(dim, dtype=torch.float64), c.max_lr, 0.0, 0.0, math.inf
+    for step in range(60):  # full-batch gradient descent at the largest step size the recipe allows
+        H = vmap(hessian(loss), in_dims=(None, 0, 0))(theta, x, y)
+        eig = torch.linalg.eigvalsh(H)
+        G = vmap(grad(loss), in_dims=(None, 0, 0))(theta, x, y)
+        worst_m, least = max(worst_m, float(eig.max())), min(least, float(eig.min()))
+        worst_g = max(worst_g, float(G.norm(dim=1).max()))
+        theta = theta - eta * G.mean(0)
+    # exact per-sample extremes (float64 eigvalsh: accurate to ~1e-12 relative) within the closed-form bounds
+    assert worst_m <= c.smoothness and least >= l2 * (1 - 1e-9)
+    assert worst_g <= c.grad_bound
+    assert float(theta.norm()) <= (c.grad_bound - c.grad_bound / 2) / l2 + 1e-9  # ||theta|| <= L_CE / l2
+    # and not vacuous: the curvature bound is within a factor 3 of what training met
+    assert c.smoothness <= 3 * worst_m
+
+
+def test_module_constants_read_the_linear_head_and_refuse_deep_models():
+    ds = blobs(40, seed=0)
+    model = sgd_model(l2=0.1)
+    c = module_constants(model, [ds.dataset.tensors[0]])
+    r2 = float(ds.dataset.tensors[0].norm(dim=1).max()) ** 2 + 1
+    assert c.smoothness == pytest.approx(r2 / 2 + 0.1) and c.kind == "bounded"
+    deep = sgd_model(nn.Sequential(nn.Linear(D_IN, 8), nn.Tanh(), nn.Linear(8, N_CLASSES)).double())
+    with pytest.raises(ValueError, match="linear model"):
+        module_constants(deep, [ds.dataset.tensors[0]])
+
+
+# -- HFStrategy with bounded constants -----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bounded():
+    ds = blobs(64, seed=0)
+    model = sgd_model(l2=0.5)
+    c = module_constants(model, [ds.dataset.tensors[0]])
+    model.lr = 0.9 * c.max_lr
+    rec = TrajectoryRecorder(dtype=torch.float64)
+    fit_hf(model, ds, rec, epochs=2)
+    return model, rec, c
+
+
+def copy_of(bounded):
+    model, rec, c = bounded
+    m2 = copy.deepcopy(model)
+    r2 = TrajectoryRecorder(dtype=torch.float64)
+    r2.load_state_dict(rec.state_dict())
+    return m2, r2, c
+
+
+def test_bounded_release_is_certified_and_reports_the_composition(bounded):
+    model, rec, c = copy_of(bounded)
+    strategy = HFStrategy(model, rec, epsilon=1.0, delta=DELTA, constants=c)
+    first = strategy.forget(ForgetRequest.samples([3])).certificate
+    second = strategy.forget(ForgetRequest.samples([4])).certificate
+    assert first.certified and first.constants == "bounded" and first.recipe == "checked" and not first.seeded
+    direct = pld_privacy_accountant.PLDAccountant()
+    direct.compose(dp_event.GaussianDpEvent(noise_multiplier=second.sigma / second.bounds["sensitivity"]), count=2)
+    assert second.accounting["releases"] == 2
+    assert second.accounting["epsilon_total"] == pytest.approx(direct.get_epsilon(DELTA), rel=1e-3)
+    assert second.accounting["epsilon_total"] > 1.2 and first.accounting["epsilon_total"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_estimated_constants_are_not_certified(bounded):
+    model, rec, _ = copy_of(bounded)
+    cert = HFStrategy(model, rec, epsilon=1.0, delta=DELTA).forget(ForgetRequest.samples([3])).certificate
+    assert cert.constants == "estimated" and not cert.certified and "estimated constants" in str(cert)
+
+
+def test_two_releases_with_the_same_inputs_differ_and_a_seeded_one_reproduces(bounded):
+    outs = []
+    for seed in (None, None, 5, 5):
+        model, rec, c = copy_of(bounded)
+        cert = HFStrategy(model, rec, constants=c, seed=seed).forget(ForgetRequest.samples([7])).certificate
+        outs.append((hf.flat_params(model), cert))
+    assert not torch.equal(outs[0][0], outs[1][0])
+    assert torch.equal(outs[2][0], outs[3][0])
+    assert outs[2][1].seeded and not outs[2][1].certified and "seeded: not private" in str(outs[2][1])
+
+
+def test_recipe_guard_refuses_a_step_size_above_two_over_m_plus_lambda(bounded):
+    model, rec, c = copy_of(bounded)
+    tight = type(c)(smoothness=c.smoothness * 10, grad_bound=c.grad_bound, strong_convexity=c.strong_convexity)
+    strategy = HFStrategy(model, rec, constants=tight)
+    before = hf.flat_params(model)
+    with pytest.raises(ValueError, match=r"lr = .* exceeds 2/\(M \+ lambda\).*M = .*lambda = 0.5"):
+        strategy.forget(ForgetRequest.samples([3]))
+    assert torch.equal(hf.flat_params(model), before) and len(strategy.ledger) == 0 and len(strategy.accountant) == 0
+
+
+def test_budget_refusal_changes_nothing(bounded):
+    model, rec, c = copy_of(bounded)
+    strategy = HFStrategy(model, rec, epsilon=1.0, delta=DELTA, constants=c, budget=1.2)
+    strategy.forget(ForgetRequest.samples([3]))
+    weights, state, n_active = hf.flat_params(model), copy.deepcopy(rec.state_dict()), len(strategy.catalog.active_ids())
+    with pytest.raises(ValueError, match="privacy budget exceeded"):
+        strategy.forget(ForgetRequest.samples([4]))  # two releases at epsilon = 1 compose to about 1.4 > 1.2
+    assert torch.equal(hf.flat_params(model), weights) and len(strategy.catalog.active_ids()) == n_active
+    assert len(strategy.accountant) == 1 and len(strategy.ledger) == 1
+    assert torch.equal(rec.state_dict()["A"], state["A"]) and rec.privacy == state["privacy"]
+
+
+def test_accountant_survives_a_checkpoint_and_a_ledger(bounded, tmp_path):
+    model, rec, c = copy_of(bounded)
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    strategy = HFStrategy(model, rec, constants=c, ledger=ledger)
+    strategy.forget(ForgetRequest.samples([3]))
+    strategy.forget(ForgetRequest.samples([4]))
+    restored = TrajectoryRecorder(dtype=torch.float64)
+    restored.load_state_dict(rec.state_dict())  # what a checkpoint holds
+    again = HFStrategy(copy.deepcopy(model), restored, constants=c)
+    assert again.accountant.history == strategy.accountant.history and len(again.accountant) == 2
+    fresh = TrajectoryRecorder(dtype=torch.float64)
+    fresh.load_state_dict({**rec.state_dict(), "privacy": None})  # an older checkpoint: rebuilt from the ledger
+    from_ledger = HFStrategy(copy.deepcopy(model), fresh, constants=c, ledger=Ledger(tmp_path / "ledger.jsonl"))
+    assert from_ledger.accountant.history == strategy.accountant.history
+
+
+def test_tiny_noise_multipliers_fall_back_to_rdp():
+    acc = PrivacyAccountant("pld").with_release(Release(sigma=1e-4, sensitivity=10.0))
+    direct = rdp_privacy_accountant.RdpAccountant()
+    direct.compose(dp_event.GaussianDpEvent(noise_multiplier=1e-5))
+    assert acc.totals(DELTA)["accountant"] == "rdp" and acc.get_epsilon(DELTA) == pytest.approx(direct.get_epsilon(DELTA))
+
+
+# -- [CCL] strategies: task optimality as the recipe condition ---------------------------------------------------
+def fit_checked(max_epochs: int, tolerance: float):
+    from helpers_certified import cl_tasks, proximal_model, trainer
+    from torch.utils.data import DataLoader
+
+    from lightning_unlearn.callbacks import HessianRecorder, TaskOptimality
+
+    tasks, model, rec, check = cl_tasks(40)[:2], proximal_model(), HessianRecorder(), TaskOptimality(tolerance)
+    c = linear_model_constants(max(float(t.dataset.tensors[0].norm(dim=1).max()) for t in tasks), model.l2)
+    for k, ds in enumerate(tasks):
+        rec.experience = k
+        trainer([rec, check], max_epochs=max_epochs).fit(model, DataLoader(ds, batch_size=len(ds)))
+    return model, rec, check, c
+
+
+def test_continual_certified_release_needs_every_task_solved_to_tolerance():
+    from lightning_unlearn.strategies import GradientCertifiedStrategy
+
+    model, rec, check, c = fit_checked(max_epochs=2, tolerance=1e-6)
+    assert max(check.residuals) <= 1e-6  # full-batch L-BFGS solves these tasks
+    fresh = lambda: (copy.deepcopy(model), copy.deepcopy(rec))  # noqa: E731
+    cert = GradientCertifiedStrategy(*fresh(), constants=c, optimality=check).forget(ForgetRequest.of_experience(0)).certificate
+    assert cert.certified and cert.recipe == "checked" and cert.constants == "bounded"
+    unchecked = GradientCertifiedStrategy(*fresh(), constants=c).forget(ForgetRequest.of_experience(0)).certificate
+    assert unchecked.recipe == "unchecked" and not unchecked.certified
+    check.residuals[1] = 1e-3  # as if the second task had stopped early
+    strategy = GradientCertifiedStrategy(*fresh(), constants=c, optimality=check)
+    with pytest.raises(ValueError, match=r"task 1 was solved to a gradient residual 0.001 > tolerance 1e-06"):
+        strategy.forget(ForgetRequest.of_experience(0))
