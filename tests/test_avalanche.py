@@ -231,7 +231,7 @@ def test_task_delta_recorder_anchors_each_task_under_the_plugin(bm):
 
     def strategy(model, rec):
         return GradientCertifiedStrategy(
-            model, rec, lipschitz=2.0, smoothness=1.0, generator=torch.Generator().manual_seed(5)
+            model, rec, lipschitz=2.0, smoothness=1.0, seed=5
         )
 
     m1, r1 = proximal(), TaskDeltaRecorder()

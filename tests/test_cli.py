@@ -81,3 +81,14 @@ def test_console_script_is_installed():
     assert script is not None
     done = subprocess.run([script, "methods"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "neggrad_plus" in done.stdout
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--methods", "hf,foo"], "unknown certified method"),
+    (["--fraction", "1.5"], "--fraction must lie in"),
+    (["--epsilons", "1,-2"], "expected positive numbers"),
+])
+def test_tradeoff_refuses_bad_arguments_before_training(capsys, extra, message):
+    with pytest.raises(SystemExit):
+        main(["tradeoff", *extra])
+    assert message in capsys.readouterr().err
