@@ -19,8 +19,8 @@ class TaskOptimality(L.Callback):
     certified [CCL] strategies refuse a certified release when a recorded task's residual exceeds
     ``tolerance`` (and state ``recipe="unchecked"`` without this callback).
 
-    The objective is the module's own ``objective(x, y)`` (mean loss plus its regularisers), whose
-    data term is averaged over all the fit's batches (weighted by their sizes).
+    The objective is the module's own ``objective(x, y)`` (mean loss plus its penalties), averaged
+    over all the fit's batches (weighted by their sizes), plus the optimizer's weight decay (the ridge).
 
     Args:
         tolerance: the largest accepted residual ``||grad objective(end_i)||``.
@@ -37,7 +37,8 @@ class TaskOptimality(L.Callback):
         return self._generate_state_key(tolerance=self.tolerance)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.residuals.append(task_residual(pl_module, trainer.train_dataloader))
+        decay = {id(p): float(g.get("weight_decay", 0.0)) for opt in trainer.optimizers for g in opt.param_groups for p in g["params"]}
+        self.residuals.append(task_residual(pl_module, trainer.train_dataloader, decay))
 
     def problem(self, n_tasks: int) -> str | None:
         """``None`` if ``n_tasks`` fits were checked and all met the tolerance, else the reason."""
@@ -57,14 +58,15 @@ class TaskOptimality(L.Callback):
         self.residuals = [float(r) for r in state_dict.get("residuals", [])]
 
 
-def task_residual(module: L.LightningModule, loader: Any) -> float:
-    """``||grad (mean over the loader's samples of the loss + regularisers)||`` at the module's weights.
+def task_residual(module: L.LightningModule, loader: Any, weight_decay: dict[int, float] | None = None) -> float:
+    """``||grad (mean over the loader's samples of the objective) + weight_decay * theta||`` at the module's weights.
 
-    The module's ``objective(x, y)`` on a batch is its mean loss plus regularisers; the regulariser
-    part is ``objective`` minus ``sample_losses().mean()``, added once.
+    The module's ``objective(x, y)`` on a batch is its mean loss plus any penalty; batches are
+    weighted by their sizes. ``weight_decay`` maps ``id(parameter)`` to the optimizer's decay (the
+    ridge when it lives in the optimizer).
     """
     params = [p for p in module.parameters() if p.requires_grad]
-    total_loss, n, reg = None, 0, None
+    total, n = None, 0
     was_training = module.training
     module.eval()
     try:
@@ -72,14 +74,14 @@ def task_residual(module: L.LightningModule, loader: Any) -> float:
             for batch in loader:
                 x, y, _ = unpack_batch(batch)
                 x, y = x.to(module.device), y.to(module.device)
-                losses = module.sample_losses(x, y)
-                total_loss = losses.sum() if total_loss is None else total_loss + losses.sum()
+                term = len(y) * module.objective(x, y)
+                total = term if total is None else total + term
                 n += len(y)
-                if reg is None:
-                    reg = module.objective(x, y) - losses.mean()
-            if total_loss is None:
+            if total is None:
                 return 0.0
-            grads = torch.autograd.grad(total_loss / n + reg, params)
+            grads = torch.autograd.grad(total / n, params, allow_unused=True)
     finally:
         module.train(was_training)
-    return float(torch.sqrt(sum(g.double().pow(2).sum() for g in grads)))
+    decay = weight_decay or {}
+    out = [(torch.zeros_like(p) if g is None else g) + decay.get(id(p), 0.0) * p.detach() for p, g in zip(params, grads)]
+    return float(torch.sqrt(sum(g.double().pow(2).sum() for g in out)))
