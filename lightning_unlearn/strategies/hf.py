@@ -28,7 +28,7 @@ def check_step_sizes(lrs: Tensor, constants: ModelConstants) -> str | None:
     lr = float(lrs.max())
     if lr > constants.max_lr:
         return (f"step size lr = {lr:.4g} exceeds 2/(M + lambda) = {constants.max_lr:.4g} (M = {M:.4g}, lambda = {lam:.4g}; "
-                "[HF] Lemma 3 needs it for rho < 1): train with a smaller lr (see lightning_unlearn.recipes.propose_recipe)")
+                "[HF] Lemma 3 needs it for rho < 1): train with a smaller lr (see lightning_unlearn.privacy.recipe.propose_recipe)")
     return None
 
 
