@@ -15,8 +15,8 @@ For each width ``d_F``, one model learns ``N`` samples; then ``reps`` consecutiv
 ``R catch-up`` is the deferred cost the Woodbury path leaves for later: subtracting the request's
 rows from ``R`` (done lazily, in blocks of up to ``d_F`` rows, when ``R`` is next needed).
 ``gap`` is ``||W_ours - W_retrain|| / ||W_retrain||`` after all requests at that width (the same
-for its rows). Features are synthetic standard Gaussian, float64, 100 classes; feature extraction is left out (the same per sample
-for every path). ``--crossover`` times both exact paths over ``k`` to calibrate the cost model.
+for its rows). Features are synthetic standard Gaussian, float64, 100 classes; feature extraction
+is left out (the same per sample for every path). ``--crossover`` times both exact paths over ``k`` to calibrate the cost model.
 
     python benchmarks/acu.py [--reps 7] [--crossover]
 """
@@ -53,7 +53,7 @@ def recorder_for(F: torch.Tensor, Y: torch.Tensor, labels: torch.Tensor) -> Anal
 
 
 def our_request(rec: AnalyticRecorder, ids: torch.Tensor, F: torch.Tensor, Y: torch.Tensor) -> None:
-    """ACUStrategy's math and commit for features ``F`` (as in ``ACUStrategy._compute``), then ``T`` brought up to date."""
+    """ACUStrategy's math and commit for features ``F`` (as ``ACUStrategy._compute``), then ``T`` brought up to date."""
     d_F, d_C = rec.Q.shape
     if acu.woodbury_is_cheaper(d_F, d_C, len(F)):
         FT, S, W = acu.forget_factors(rec.T, rec.W, F, Y)
@@ -94,7 +94,8 @@ def rows_for(d: int, n: int, ks: tuple[int, ...], reps: int, big: int = 0) -> li
             ref.append(seconds(inplace_reference, T_ref, W_ref, Fk, Yk))
             catch_up.append(seconds(R_copy.addmm_, Fk.T, Fk))  # (adds instead of subtracting: same cost)
         path = "woodbury" if acu.woodbury_is_cheaper(d, N_CLASSES, k) else "re-solve"
-        out.append({"d": d, "n": n, "k": k, "path": path, "ours": min(ours), "ref": min(ref), "catch_up": min(catch_up)})
+        times = {"ours": min(ours), "ref": min(ref), "catch_up": min(catch_up)}
+        out.append({"d": d, "n": n, "k": k, "path": path, **times})
     del T_ref, W_ref, R_copy
     keep = torch.arange(start, n)
     t0 = time.perf_counter()

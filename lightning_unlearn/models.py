@@ -90,10 +90,11 @@ class AnalyticClassifier(L.LightningModule):
 
     Training is gradient-free: fit it with an :class:`AnalyticRecorder` callback, which solves
     the head in closed form after each experience. ``training_step`` computes float64 features
-    (see :func:`float64_forward`) and hands them to the recorder. It steps an optimizer that changes nothing (SGD with ``lr=0`` and
-    no gradients) once per batch, so that Lightning counts training steps: ``ModelCheckpoint``
-    writes the checkpoints of an analytic fit as of any other (it skips a fit whose step count
-    never moves), and ``max_steps`` / ``every_n_train_steps`` mean batches. For a backbone inside
+    (see :func:`float64_forward`) and hands them to the recorder. It steps an optimizer that
+    changes nothing (SGD with ``lr=0`` and no gradients) once per batch, so that Lightning counts
+    training steps: ``ModelCheckpoint`` writes the checkpoints of an analytic fit as of any other
+    (it skips a fit whose step count never moves), and ``max_steps`` / ``every_n_train_steps``
+    mean batches. For a backbone inside
     your own ``LightningModule`` use :class:`AnalyticHead` instead.
     """
 

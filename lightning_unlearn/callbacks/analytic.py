@@ -216,7 +216,9 @@ class AnalyticRecorder(RecorderCallback):
             trainable = [n for n, p in module.named_parameters() if p.requires_grad and n not in head]
             where = "module outside the head"
         if trainable:
-            raise ValueError(f"ACU needs a frozen backbone, but these parameters of the {where} are trainable: {trainable[:5]}")
+            raise ValueError(
+                f"ACU needs a frozen backbone, but these parameters of the {where} are trainable: {trainable[:5]}"
+            )
         d_F = linear.in_features + (linear.bias is not None)
         d_C = linear.out_features
         device = self._stats_device(linear)
@@ -360,7 +362,9 @@ class AnalyticRecorder(RecorderCallback):
         if missing:
             raise ValueError(f"AnalyticRecorder state lacks recorded statistics {missing}")
         if float(state_dict["ridge"]) != self.ridge:
-            raise ValueError(f"checkpoint was recorded with ridge={state_dict['ridge']}, this recorder has {self.ridge}")
+            raise ValueError(
+                f"checkpoint was recorded with ridge={state_dict['ridge']}, this recorder has {self.ridge}"
+            )
         stats: dict[str, Tensor | None] = {
             k: None if state_dict.get(k) is None else state_dict[k].to(self.dtype) for k in _STATISTICS
         }

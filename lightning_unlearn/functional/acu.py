@@ -133,7 +133,8 @@ def forget(T: Tensor, W: Tensor, F: Tensor, Y: Tensor) -> tuple[Tensor, Tensor]:
 def resolve(R: Tensor, Q: Tensor, F: Tensor, Y: Tensor, ridge: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Forget ``(F, Y)`` by re-solving the ridge problem (eq. 8) from the statistics minus the block.
 
-    Returns the new ``(R, Q, T, W)`` (``ridge`` is ``gamma``). Equal to eq. (5)/(6) by Theorem 1; ``O(k d_F^2 + d_F^3)``.
+    Returns the new ``(R, Q, T, W)`` (``ridge`` is ``gamma``). Equal to eq. (5)/(6) by Theorem 1;
+    ``O(k d_F^2 + d_F^3)``.
 
     Raises:
         ValueError: shapes or dtypes disagree.
@@ -178,11 +179,11 @@ def consistency_errors(R: Tensor, Q: Tensor, T: Tensor, W: Tensor, ridge: float,
 
     Checks ``W = T Q`` (eq. 3) and ``T (R + gamma I) = I`` (eq. 4), the latter on ``probes``
     random vectors (Freivalds' check, ``O(d_F^2)`` each) [derived]. The tolerance follows from
-    float64 rounding (``ridge`` is ``gamma``): the computed ``T`` solves eq. (4) up to ``~ d_F eps kappa`` with ``kappa <=
-    (tr R + gamma) / gamma`` a bound on the condition number of ``R + gamma I``, and each
-    Woodbury request adds errors of the same order; ``tol = 64 d_F eps kappa`` (at most ``1e-2``,
-    so a badly conditioned but honest state is not refused while a tampered one, off by O(1),
-    still is).
+    float64 rounding (``ridge`` is ``gamma``): the computed ``T`` solves eq. (4) up to
+    ``~ d_F eps kappa`` with ``kappa <= (tr R + gamma) / gamma`` a bound on the condition number
+    of ``R + gamma I``, and each Woodbury request adds errors of the same order;
+    ``tol = 64 d_F eps kappa`` (at most ``1e-2``, so a badly conditioned but honest state is not
+    refused while a tampered one, off by O(1), still is).
     """
     d_F, d_C = T.shape[0], W.shape[1]
     given = {"R": R, "Q": Q, "T": T, "W": W}

@@ -24,7 +24,7 @@ def main(out: str, devices: int) -> None:
     model, recorder = analytic_model(), AnalyticRecorder(ridge=0.5)
     rows_here = []  # rows this rank's recorder computed features for and accumulated
     record = recorder._record
-    recorder._record = lambda module, x, y, ids, outputs: (rows_here.append(len(ids)), record(module, x, y, ids, outputs))
+    recorder._record = lambda module, x, y, ids, out: (rows_here.append(len(ids)), record(module, x, y, ids, out))
     trainer = L.Trainer(
         strategy="ddp" if devices > 1 else "auto", accelerator="cpu", devices=devices, max_epochs=2,
         callbacks=[recorder], logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
