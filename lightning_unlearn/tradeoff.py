@@ -53,7 +53,7 @@ class _Setup:
     """Data, recipe, deletion set and the trained models every method starts from."""
 
     def __init__(self, *, epochs: int, batch_size: int, fraction: float, delta: float, seed: int) -> None:
-        from lightning_unlearn.datasets import digits_splits
+        from lightning_unlearn.harness.digits import digits_splits
 
         splits = digits_splits(seed=seed)
         (self.xb, self.yb), (x, y), (xt, yt) = splits["base"], splits["train"], splits["test"]

@@ -147,8 +147,7 @@ def test_defaults_forget_a_class_as_retraining_does_in_the_harness():
     here at 57-87% (measured)."""
     from helpers_eval import tiny_info
 
-    from lightning_unlearn.evaluate import evaluate
-    from lightning_unlearn.registry import get_method
+    from lightning_unlearn.harness import evaluate, get_method
     from lightning_unlearn.schedule import make_schedule
 
     info = tiny_info()
