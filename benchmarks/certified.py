@@ -10,7 +10,7 @@ minutes on 2 CPU cores). Prints:
 * recording overhead of each callback as a ratio of the plain fit time: TrajectoryRecorder (HF,
   tracking a forgettable subset of K samples; its cost is linear in K, so it is also projected
   to all N), TaskDeltaRecorder and HessianRecorder (diagonal approximation: a dense Hessian is
-  out of reach at this d) on the proximal model of paper 004;
+  out of reach at this d) on the proximal model of [CCL];
 * memory of the stored statistics, measured and by formula.
 
 Cheap fits (plain, TaskDeltaRecorder, retraining) are timed as the best of 3.
@@ -129,7 +129,7 @@ def main() -> None:
     print("time per deletion request (median of 10 single-sample HF requests)")
     print(f"  HF vector addition + noise : {hf_request * 1e3:10.2f} ms")
     print(f"  Newton step (CG, {CG_ITERS} HVPs) : {newton * 1e3:10.2f} ms   ({newton / hf_request:,.0f}x HF)")
-    print(f"  004 Newton, recorded Hessian: {recorded_newton * 1e3:10.2f} ms   ({recorded_newton / hf_request:,.0f}x HF; low-rank k=16, "
+    print(f"  [CCL] Newton, recorded Hessian: {recorded_newton * 1e3:10.2f} ms   ({recorded_newton / hf_request:,.0f}x HF; low-rank k=16, "
           "gradient of the sample from data=)")
     print(f"  retrain from scratch       : {retrain * 1e3:10.2f} ms   ({retrain / hf_request:,.0f}x HF, {retrain / newton:.3g}x Newton)")
 

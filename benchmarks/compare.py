@@ -14,8 +14,8 @@ percentage points, MIA as a fraction. Three groups of comparable methods:
   naive fine-tuning, so earlier classes are largely forgotten); SAFE, RBM, SalUn and the
   baselines update the whole network; the reference replays that recipe on the retained data.
 * certified: the frozen backbone + a linear layer (L2-regularised logistic regression, the convex
-  setting of the certificates): HF on the ``linear`` family (SGD), 004's Hessian and gradient
-  methods on the ``proximal`` family (004's regulariser, each task solved by full-batch L-BFGS),
+  setting of the certificates): HF on the ``linear`` family (SGD), [CCL]'s Hessian and gradient
+  methods on the ``proximal`` family ([CCL]'s regulariser, each task solved by full-batch L-BFGS),
   each certified at (1, 1e-5) and without noise (what the update itself achieves); the references
   replay each recipe on the retained data.
 

@@ -7,7 +7,7 @@ scikit-learn's digits:
    single-sample forget requests, each answered by vector addition + Gaussian noise
    (``HFStrategy``). Reference: retraining with the same initialisation and batch order,
    the forgotten samples' gradients dropped (HF's Eqs. (4)-(5)).
-2. Paper 004: the same MLP trained with 004's regulariser toward the previous task's model,
+2. [CCL]: the same MLP trained with [CCL]'s regulariser toward the previous task's model,
    each task solved by full-batch L-BFGS, with a ``HessianRecorder`` (exact Hessian, d ~ 1.2k);
    then one whole experience is forgotten by the Newton-style correction of Eq. (13) + noise
    (``HessianCertifiedStrategy``). Reference: the regularised chain re-run without that task.
@@ -118,14 +118,14 @@ def main() -> None:
     report(f"HF: {N_REQUESTS} single-sample requests (online)", model, reference, strategy.clean_parameters(), data,
            [r.wall_time_s for r in results], results[-1].certificate)
 
-    # -- 2. paper 004, Hessian-based ------------------------------------------------------------------
+    # -- 2. [CCL], Hessian-based ------------------------------------------------------------------
     def proximal() -> ProximalClassifier:
         return ProximalClassifier(mlp(), lr=1.0, l2=1e-3, reg_lambda=0.1, optimizer="lbfgs")
 
     model, recorder = proximal(), HessianRecorder(hessian="exact")
     start = perf_counter()
     fit_stream(model, stream, callbacks=[recorder], batch_size=4096, trainer_kwargs={"max_epochs": 3, **TRAINER})
-    print(f"\n[004] trained with HessianRecorder in {perf_counter() - start:.1f} s: {len(recorder.hessians)} Hessians of "
+    print(f"\n[CCL] trained with HessianRecorder in {perf_counter() - start:.1f} s: {len(recorder.hessians)} Hessians of "
           f"{recorder.hessians[0].shape[0]}^2 floats ({sum(h.numel() * h.element_size() for h in recorder.hessians) / 2**20:.1f} MiB)")
     original = with_params(model, hf.flat_params(model))
     forget_exp = 1
@@ -137,7 +137,7 @@ def main() -> None:
     forgotten_ids = recorder.catalog.ids[recorder.catalog.forgotten].tolist()
     keep = [i for i in train_ids.tolist() if i not in set(forgotten_ids)]
     data = {"retain": Subset(train, keep), "forget": Subset(train, forgotten_ids), "test": test_seen, "original": original}
-    report(f"004 Hessian: forget experience {forget_exp} ({len(forgotten_ids)} samples)", model, reference, hessian.clean_parameters(), data,
+    report(f"[CCL] Hessian: forget experience {forget_exp} ({len(forgotten_ids)} samples)", model, reference, hessian.clean_parameters(), data,
            [result.wall_time_s], result.certificate)
 
 

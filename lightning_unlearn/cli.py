@@ -5,7 +5,7 @@
     lightning-unlearn methods
 
 ``compare`` learns scikit-learn's digits as a class-incremental stream (no download), executes
-K seeded forget requests with every method, and prints the paper-000 Table 1 columns (gaps to
+K seeded forget requests with every method, and prints the [ACU] Table 1 columns (gaps to
 retraining from scratch) per K; with ``--out`` it also writes CSVs and a PNG plot. ``tradeoff``
 prints the privacy-utility table of the certified methods (test accuracy vs the per-release
 epsilon, with the accountant's total epsilon; :mod:`lightning_unlearn.tradeoff`) and with ``--out``

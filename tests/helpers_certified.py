@@ -1,4 +1,4 @@
-"""Tiny convex (L2-regularised logistic regression) and MLP setups for the HF and paper-004 tests."""
+"""Tiny convex (L2-regularised logistic regression) and MLP setups for the HF and [CCL] tests."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def replay(model: nn.Module, recorder: TrajectoryRecorder, w0: Tensor, ds: Index
     return theta
 
 
-# -- paper 004: tasks solved exactly (L-BFGS, full batch) -----------------------------------------------
+# -- [CCL]: tasks solved exactly (L-BFGS, full batch) -----------------------------------------------
 def cl_tasks(n: int = 60) -> list[IndexedDataset]:
     return [blobs(n, seed=k, shift=0.3 * k, id_offset=100 * k) for k in range(3)]
 

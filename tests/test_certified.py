@@ -1,4 +1,4 @@
-"""Paper 004: HessianRecorder / TaskDeltaRecorder and the Hessian- and gradient-based certified strategies."""
+"""[CCL]: HessianRecorder / TaskDeltaRecorder and the Hessian- and gradient-based certified strategies."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Under DDP (2 CPU processes, gloo) the HF, SAFE and 004 recorders hold the same statistics as in one process."""
+"""Under DDP (2 CPU processes, gloo) the HF, SAFE and [CCL] recorders hold the same statistics as in one process."""
 
 from pathlib import Path
 

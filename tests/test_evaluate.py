@@ -178,7 +178,7 @@ def test_registry_options_reach_the_strategy_and_names_are_the_certificates_meth
 
 
 def test_every_certified_and_masking_method_runs_in_the_harness(info):
-    """HF, 004 Hessian/gradient, SAFE, RBM and SalUn on their model families, against their references."""
+    """HF, [CCL] Hessian/gradient, SAFE, RBM and SalUn on their model families, against their references."""
     schedule = make_schedule(info.catalog(), 2, kinds=("samples", "class"), samples_per_request=8, seed=2)
     names = ["hf", "hessian", "gradient", "safe", "rbm", "salun"]
     report = evaluate([get_method(n) for n in names] + [get_method(n, noise=False) for n in ("hf", "hessian", "gradient")], info, schedule)
@@ -195,7 +195,7 @@ def test_every_certified_and_masking_method_runs_in_the_harness(info):
     # the certified noise is what moves HF's weights away from retraining
     summary = report.summary()
     assert summary["hf[noise=off]"]["l2_to_retrain"] < summary["hf"]["l2_to_retrain"]
-    # 004's Newton correction (tasks solved exactly by L-BFGS) lands closer to retraining than natural
+    # [CCL]'s Newton correction (tasks solved exactly by L-BFGS) lands closer to retraining than natural
     # forgetting, which leaves the weights as they are (measured: 0.07 vs 0.24)
     assert summary["hessian[noise=off]"]["l2_to_retrain"] < 0.5 * summary["gradient[noise=off]"]["l2_to_retrain"]
 

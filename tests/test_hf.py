@@ -1,4 +1,4 @@
-"""HF (paper 002): TrajectoryRecorder statistics and HFStrategy deletions against masked-gradient retraining."""
+"""HF ([HF]): TrajectoryRecorder statistics and HFStrategy deletions against masked-gradient retraining."""
 
 import math
 

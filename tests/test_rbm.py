@@ -1,4 +1,4 @@
-"""RBM and SalUn (paper 003): the synthetic linear experiment of App. B.1 and the masked-fine-tuning strategy."""
+"""RBM and SalUn ([RBM]): the synthetic linear experiment of App. B.1 and the masked-fine-tuning strategy."""
 
 from __future__ import annotations
 

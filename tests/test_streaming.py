@@ -1,4 +1,4 @@
-"""SAFE streaming unlearning (paper 001): recorded statistics against direct recomputation, the round's step, noise, state."""
+"""SAFE streaming unlearning ([SAFE]): recorded statistics against direct recomputation, the round's step, noise, state."""
 
 import copy
 import math

@@ -39,7 +39,7 @@ def check_unlearning(unlearning: UnlearningStrategy | None, requests: RequestsBy
 
 def restore_internal(unlearning: UnlearningStrategy | None) -> None:
     """Before an experience: put a certified unlearning strategy's noise-free internal model back into the
-    module (004 Alg. 1-2 continue learning from it, not from the published noisy weights)."""
+    module ([CCL] Alg. 1-2 continue learning from it, not from the published noisy weights)."""
     restore = getattr(unlearning, "restore_internal", None)
     if callable(restore):
         restore()

@@ -1,4 +1,4 @@
-"""`StreamingRecorder`: records during fit what SAFE (paper 001) keeps instead of the training data."""
+"""`StreamingRecorder`: records during fit what SAFE ([SAFE]) keeps instead of the training data."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ _STATE = ("V", "counts", "s1", "s2", "ref_counts", "ref_mean", "ref_cov", "w0", 
 
 
 class StreamingRecorder(RecorderCallback):
-    """The statistics of Algorithm 1's inputs (001, Sec. 3.2), recorded during fit; no retained data is kept.
+    """The statistics of Algorithm 1's inputs ([SAFE] Sec. 3.2), recorded during fit; no retained data is kept.
 
     * During the first epoch, per class ``c``: the count ``n(c)`` and the sums of ``u`` and ``u u^T``
       of the random projection ``u = V^T vec(x)`` (Eq. (21); ``V`` has i.i.d. N(0, 1) entries, seeded).

@@ -1,12 +1,12 @@
 """Certified unlearning in continual learning ([CCL]), pure torch (noise calibration: :mod:`lightning_unlearn.privacy`).
 
-Equation numbers refer to [CCL] (called 004 below). Tasks are indexed ``0..t-1`` in learning order.
+Equation numbers refer to [CCL]. Tasks are indexed ``0..t-1`` in learning order.
 Each task ``i`` is solved as ``w_i = argmin mean_{z in D_i} l(w; z) + (lambda/2)||w - w_{i-1}||^2``
-(Eq. (1), with the mean task loss of 004 Sec. 5.1) from the anchor ``start_i`` (``w_0 = 0`` for the first task);
+(Eq. (1), with the mean task loss of [CCL] Sec. 5.1) from the anchor ``start_i`` (``w_0 = 0`` for the first task);
 ``H_i`` is the mean Hessian of ``l`` (which includes the ``l2`` ridge, so ``mu = l2``) at ``end_i``.
 
 Task status for a request: ``"kept"``, ``"deleted"`` (the whole task) or ``"partial"`` (some of
-its samples; [derived]: 004 gives no formula).
+its samples; [derived]: [CCL] gives no formula).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def uncertified_note(noise: bool, sigma_override: float | None) -> str:
     return ""
 
 
-# -- 004: tasks, transport and the Hessian-based correction ---------------------------------------
+# -- [CCL]: tasks, transport and the Hessian-based correction ---------------------------------------
 @dataclass
 class TaskStatus:
     """What a request leaves of task ``i``: ``n`` samples learned, ``m`` forgotten (by now, incl. this request)."""
@@ -97,10 +97,10 @@ def hessian_correction(
     return e - (current - prev_end)
 
 
-# -- 004: noise bounds -----------------------------------------------------------------------------
+# -- [CCL]: noise bounds -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CLConstants:
-    """Assumption 2.1 constants: ``lipschitz`` L, ``smoothness`` M, ``strong_convexity`` mu; and 004's ``reg_lambda``."""
+    """Assumption 2.1 constants: ``lipschitz`` L, ``smoothness`` M, ``strong_convexity`` mu; and [CCL]'s ``reg_lambda``."""
 
     lipschitz: float
     smoothness: float
@@ -144,10 +144,10 @@ def sensitivity_hessian(status: Sequence[TaskStatus], c: CLConstants, gaps: Sequ
 
     Each deleted/partial task contributes ``kappa rho^kappa (M - mu)/(mu + lambda) * injection``
     (the product-of-transports mismatch; 0 when nothing is transported) and a partial task also
-    its own Newton error ``rho^kappa (M - mu)/(mu + lambda) * injection`` [derived]. 004's
+    its own Newton error ``rho^kappa (M - mu)/(mu + lambda) * injection`` [derived]. [CCL]'s
     ``Delta-bar_tau`` terms become the measured gaps ``||start_i - end_{i-1}||`` between tasks
     (earlier corrections plus any published noise training continued from), each adding
-    ``kappa rho^kappa (M - mu)/(mu + lambda) ||gap||`` [derived, data-dependent: 004's
+    ``kappa rho^kappa (M - mu)/(mu + lambda) ||gap||`` [derived, data-dependent: [CCL]'s
     data-independent ``B-bar_tau`` cannot cover noise]. With ``mu = 0`` rho = 1 and nothing decays.
     """
     ratio = max(c.smoothness - c.strong_convexity, 0.0) / (c.strong_convexity + c.reg_lambda)
@@ -164,7 +164,7 @@ def sensitivity_hessian(status: Sequence[TaskStatus], c: CLConstants, gaps: Sequ
             "chain_term": chain, "rho": c.rho}
 
 
-# -- Hessian estimation at a task's solution (004 Alg. 2 line 5) --------------------------------------
+# -- Hessian estimation at a task's solution ([CCL] Alg. 2 line 5) --------------------------------------
 def _chunks(x: Tensor, y: Tensor, chunk_size: int | None) -> list[tuple[Tensor, Tensor, float]]:
     """Sample blocks of ``chunk_size`` with their weight ``len(block)/n`` in the mean (bounds peak memory)."""
     step = chunk_size or len(x)
@@ -172,7 +172,7 @@ def _chunks(x: Tensor, y: Tensor, chunk_size: int | None) -> list[tuple[Tensor, 
 
 
 def dense_hessian(loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = 256) -> Tensor:
-    """``H = (1/n) sum_z hess l(theta; z)``, dense ``(d, d)`` (004 Alg. 2 line 5), ``chunk_size`` samples at a time."""
+    """``H = (1/n) sum_z hess l(theta; z)``, dense ``(d, d)`` ([CCL] Alg. 2 line 5), ``chunk_size`` samples at a time."""
     H = torch.zeros(theta.numel(), theta.numel(), dtype=theta.dtype, device=theta.device)
     for xb, yb, weight in _chunks(x, y, chunk_size):
         H += hf.batch_hessian(loss, theta, xb, yb, chunk_size) * weight
@@ -193,7 +193,7 @@ def hessian_operator(
 def hutchinson_diagonal(apply_h: Callable[[Tensor], Tensor], dim: int, n_probes: int, floor: float,
                         generator: torch.Generator, dtype: torch.dtype, device: torch.device | str = "cpu") -> Tensor:
     """Hutchinson's estimate ``diag(H) ~ mean_k z_k * (H z_k)`` with Rademacher probes, clamped below at
-    ``floor`` (the ridge ``mu``, a lower bound of the true diagonal). [approximation, not in 004]"""
+    ``floor`` (the ridge ``mu``, a lower bound of the true diagonal). [approximation, not in [CCL]]"""
     Z = (torch.randint(0, 2, (n_probes, dim), generator=generator) * 2 - 1).to(dtype=dtype, device=device)
     return (Z * apply_h(Z)).mean(0).clamp_min(floor)
 
@@ -217,7 +217,7 @@ def lanczos(
 ) -> tuple[Tensor, Tensor]:
     """Top of the spectrum of a symmetric operator from ``rank`` HVPs: Lanczos with full
     reorthogonalisation. Returns Ritz values ``(k,)`` and orthonormal Ritz vectors ``(d, k)``.
-    [approximation, not in 004] Used by ``HessianRecorder(hessian="lowrank")``.
+    [approximation, not in [CCL]] Used by ``HessianRecorder(hessian="lowrank")``.
     """
     Q = torch.zeros(rank + 1, dim, dtype=dtype, device=device)
     q = torch.randn(dim, generator=generator, dtype=dtype).to(device)

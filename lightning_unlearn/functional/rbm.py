@@ -1,4 +1,4 @@
-"""Weight-saliency masking for fine-tuning-based unlearning, pure torch (paper 003: Ding et al.,
+"""Weight-saliency masking for fine-tuning-based unlearning, pure torch ([RBM]: Ding et al.,
 *Understanding Fine-tuning in Approximate Unlearning: A Theoretical Perspective*).
 
 Two masks from the gradient of the loss at the original weights ``w_o``:

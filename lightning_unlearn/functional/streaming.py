@@ -1,4 +1,4 @@
-"""Pure-torch math of SAFE, streaming unlearning (paper 001: Shen et al., *Machine Unlearning for Streaming Forgetting*).
+"""Pure-torch math of SAFE, streaming unlearning [SAFE].
 
 Each forget request ``F_t`` is one round ``t``. The served model is one normalised gradient step
 from the trained weights ``w_0`` (Eq. (27)) on the surrogate risk of Eq. (28): the retention term

@@ -1,4 +1,4 @@
-"""`StreamingStrategy`: SAFE streaming unlearning (paper 001, Algorithm 1), one request per round."""
+"""`StreamingStrategy`: SAFE streaming unlearning ([SAFE], Algorithm 1), one request per round."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ _DIRECTIONS = ("model_to_target", "target_to_model")
 
 
 class StreamingStrategy(UnlearningStrategy):
-    """SAFE (001, Algorithm 1): each request is one round ``t``; the model becomes one step from ``w_0``.
+    """SAFE ([SAFE] Algorithm 1): each request is one round ``t``; the model becomes one step from ``w_0``.
 
     Needs only the samples to forget (``data`` of :meth:`forget`) and the
     :class:`StreamingRecorder`'s statistics, never the retained data. Round ``t``:
