@@ -1,6 +1,6 @@
 # The two commands of the README:
 #   make demo   create .venv, install, run the end-to-end demo
-#   make test   create .venv if needed, install, run the test suite
+#   make test   create .venv if needed, install, lint (ruff), run the test suite
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -10,13 +10,14 @@ STAMP  := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[test]"
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[harness,test]"
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/continual_unlearning.py
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider
 
 bench: $(STAMP)

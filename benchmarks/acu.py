@@ -129,19 +129,26 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--crossover", action="store_true")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float64, {N_CLASSES} classes, "
-          f"best of {args.reps} requests (retrain: once)")
-    header = (f"{'d_F':>5} {'N':>6} {'k':>5} {'path':>8} {'ours (s)':>9} {'in-place (s)':>12} {'retrain (s)':>11} "
-              f"{'ours/in-place':>13} {'retrain/ours':>12} {'R catch-up (s)':>14} {'gap W':>8}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, float64, {N_CLASSES} classes, "
+        f"best of {args.reps} requests (retrain: once)"
+    )
+    header = (
+        f"{'d_F':>5} {'N':>6} {'k':>5} {'path':>8} {'ours (s)':>9} {'in-place (s)':>12} {'retrain (s)':>11} "
+        f"{'ours/in-place':>13} {'retrain/ours':>12} {'R catch-up (s)':>14} {'gap W':>8}"
+    )
     print(header)
     print("-" * len(header))
     # d_F = 8192 learns N = 16,384 samples, not 50,000 (F^T F alone would take ~20 minutes on 2 shared cores);
     # N = d_F would be the interpolation regime, where forgetting a sample (leverage ~1) is ill-conditioned
     rows = rows_for(2048, 50_000, (1, 100), args.reps, big=9_785) + rows_for(8192, 16_384, (1, 100), args.reps)
     for r in rows:
-        print(f"{r['d']:>5} {r['n']:>6} {r['k']:>5} {r['path']:>8} {r['ours']:>9.4f} {r['ref']:>12.4f} "
-              f"{r['retrain']:>11.2f} {r['ours'] / r['ref']:>12.2f}x {r['retrain'] / r['ours']:>11.0f}x "
-              f"{r['catch_up']:>14.4f} {r['gap']:>8.1e}", flush=True)
+        print(
+            f"{r['d']:>5} {r['n']:>6} {r['k']:>5} {r['path']:>8} {r['ours']:>9.4f} {r['ref']:>12.4f} "
+            f"{r['retrain']:>11.2f} {r['ours'] / r['ref']:>12.2f}x {r['retrain'] / r['ours']:>11.0f}x "
+            f"{r['catch_up']:>14.4f} {r['gap']:>8.1e}",
+            flush=True,
+        )
     if args.crossover:
         crossover(2048, 8192)
 

@@ -54,20 +54,30 @@ def net() -> nn.Module:
 
 
 def timed_fit(model: L.LightningModule, ds, callbacks: list) -> float:
-    trainer = L.Trainer(max_epochs=EPOCHS, callbacks=callbacks, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        max_epochs=EPOCHS,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     loader = DataLoader(ds, batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(1))
     start = perf_counter()
     trainer.fit(model, loader)
     return perf_counter() - start
 
 
-def best_of(repeats: int, make_model: Callable[[], L.LightningModule], ds, make_callbacks: Callable[[], list] = list) -> float:
+def best_of(
+    repeats: int, make_model: Callable[[], L.LightningModule], ds, make_callbacks: Callable[[], list] = list
+) -> float:
     """Minimum over fresh fits: cheap fits are repeated to damp noise from other processes."""
     return min(timed_fit(make_model(), ds, make_callbacks()) for _ in range(repeats))
 
 
-def newton_step(model: SupervisedClassifier, x: torch.Tensor, y: torch.Tensor, forget: list[int], damping: float = 0.01) -> float:
+def newton_step(
+    model: SupervisedClassifier, x: torch.Tensor, y: torch.Tensor, forget: list[int], damping: float = 0.01
+) -> float:
     """Eq. (15) of HF's baselines for one request, ``(H_{-U} + damping I) v = g_U / (n - m)`` by CG; returns seconds."""
     start = perf_counter()
     theta = hf.flat_params(model)
@@ -78,7 +88,10 @@ def newton_step(model: SupervisedClassifier, x: torch.Tensor, y: torch.Tensor, f
     g = hf.per_sample_grads(loss, theta, x[forget], y[forget]).sum(0) / len(xr)
 
     def apply(v: torch.Tensor) -> torch.Tensor:
-        blocks = [(hf.hvps(loss, theta, xr[k : k + 2048], yr[k : k + 2048], v[None])[0], len(xr[k : k + 2048])) for k in range(0, len(xr), 2048)]
+        blocks = [
+            (hf.hvps(loss, theta, xr[k : k + 2048], yr[k : k + 2048], v[None])[0], len(xr[k : k + 2048]))
+            for k in range(0, len(xr), 2048)
+        ]
         return sum(h * n for h, n in blocks) / len(xr) + damping * v
 
     v, r = torch.zeros_like(g), g.clone()
@@ -98,8 +111,10 @@ def main() -> None:
     ds = data()
     x, y = ds.dataset.tensors
     d = sum(p.numel() for p in net().parameters())
-    print(f"model: MLP {D_IN}-{HIDDEN}-{CLASSES}, d = {d:,} parameters; N = {N:,}; plain SGD, batch {BATCH}, "
-          f"{EPOCHS} epochs (reduced to keep the run short); torch threads = 2\n")
+    print(
+        f"model: MLP {D_IN}-{HIDDEN}-{CLASSES}, d = {d:,} parameters; N = {N:,}; plain SGD, batch {BATCH}, "
+        f"{EPOCHS} epochs (reduced to keep the run short); torch threads = 2\n"
+    )
 
     def sgd() -> SupervisedClassifier:
         return SupervisedClassifier(net(), lr=0.1, l2=1e-3)
@@ -116,7 +131,11 @@ def main() -> None:
     hess_fit = timed_fit(proximal(), ds, [hess])
     lowrank, prox = HessianRecorder(hessian="lowrank", rank=16, chunk_size=1000), proximal()
     lowrank_fit = timed_fit(prox, ds, [lowrank])
-    recorded_newton = HessianCertifiedStrategy(prox, lowrank, epsilon=1.0, delta=1e-5).forget(ForgetRequest.samples([20]), data=ds).wall_time_s
+    recorded_newton = (
+        HessianCertifiedStrategy(prox, lowrank, epsilon=1.0, delta=1e-5)
+        .forget(ForgetRequest.samples([20]), data=ds)
+        .wall_time_s
+    )
 
     strategy = HFStrategy(model, traj, epsilon=1.0, delta=1e-5)
     times = [strategy.forget(ForgetRequest.samples([u])).wall_time_s for u in range(10)]
@@ -129,11 +148,17 @@ def main() -> None:
     print("time per deletion request (median of 10 single-sample HF requests)")
     print(f"  HF vector addition + noise : {hf_request * 1e3:10.2f} ms")
     print(f"  Newton step (CG, {CG_ITERS} HVPs) : {newton * 1e3:10.2f} ms   ({newton / hf_request:,.0f}x HF)")
-    print(f"  [CCL] Newton, recorded Hessian: {recorded_newton * 1e3:10.2f} ms   ({recorded_newton / hf_request:,.0f}x HF; low-rank k=16, "
-          "gradient of the sample from data=)")
-    print(f"  retrain from scratch       : {retrain * 1e3:10.2f} ms   ({retrain / hf_request:,.0f}x HF, {retrain / newton:.3g}x Newton)")
+    print(
+        f"  [CCL] Newton, recorded Hessian: {recorded_newton * 1e3:10.2f} ms   ({recorded_newton / hf_request:,.0f}x HF; low-rank k=16, "
+        "gradient of the sample from data=)"
+    )
+    print(
+        f"  retrain from scratch       : {retrain * 1e3:10.2f} ms   ({retrain / hf_request:,.0f}x HF, {retrain / newton:.3g}x Newton)"
+    )
 
-    print(f"  (retraining here runs only {EPOCHS} epochs; its cost grows linearly with the epochs of a real training run)")
+    print(
+        f"  (retraining here runs only {EPOCHS} epochs; its cost grows linearly with the epochs of a real training run)"
+    )
     print("\nrecording overhead (fit time with the callback / plain fit time)")
     projected = (hf_fit - plain) / TRACKED * N + plain
     print(f"  plain fit (SupervisedClassifier)          : {plain:8.2f} s")
@@ -146,12 +171,16 @@ def main() -> None:
 
     mib = 2**20
     print("\nmemory of the stored statistics")
-    print(f"  TrajectoryRecorder: K x d x 4 B = {traj.memory_bytes() / mib:.1f} MiB measured (K = {TRACKED}); "
-          f"all N: {N * d * 4 / 2**30:.2f} GiB float32, {N * d * 2 / 2**30:.2f} GiB float16 (use store='mmap' on disk)")
+    print(
+        f"  TrajectoryRecorder: K x d x 4 B = {traj.memory_bytes() / mib:.1f} MiB measured (K = {TRACKED}); "
+        f"all N: {N * d * 4 / 2**30:.2f} GiB float32, {N * d * 2 / 2**30:.2f} GiB float16 (use store='mmap' on disk)"
+    )
     print(f"  TaskDeltaRecorder : 2 d x 4 B per experience = {2 * d * 4 / mib:.2f} MiB")
-    print(f"  HessianRecorder   : diagonal d x 4 B + deltas = {(d * 4 + 2 * d * 4) / mib:.2f} MiB per experience; "
-          f"low-rank k=16: (k + 2) d x 4 B = {18 * d * 4 / mib:.2f} MiB; "
-          f"exact would be d^2 x 4 B = {d * d * 4 / 2**30:.1f} GiB")
+    print(
+        f"  HessianRecorder   : diagonal d x 4 B + deltas = {(d * 4 + 2 * d * 4) / mib:.2f} MiB per experience; "
+        f"low-rank k=16: (k + 2) d x 4 B = {18 * d * 4 / mib:.2f} MiB; "
+        f"exact would be d^2 x 4 B = {d * d * 4 / 2**30:.1f} GiB"
+    )
 
 
 if __name__ == "__main__":

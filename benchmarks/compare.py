@@ -39,8 +39,14 @@ import torch
 from lightning_unlearn.harness import Report, available_methods, digits_benchmark, evaluate, format_table, get_method
 from lightning_unlearn.schedule import make_schedule
 
-for noise in (".*does not have many workers.*", ".*configure_optimizers.*returned `None`.*", ".*module\\(s\\) in eval mode.*",
-              ".*smaller than the logging interval.*", ".*no `val_dataloader`.*", ".*LeafSpec.*"):
+for noise in (
+    ".*does not have many workers.*",
+    ".*configure_optimizers.*returned `None`.*",
+    ".*module\\(s\\) in eval mode.*",
+    ".*smaller than the logging interval.*",
+    ".*no `val_dataloader`.*",
+    ".*LeafSpec.*",
+):
     warnings.filterwarnings("ignore", noise)
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 
@@ -82,11 +88,19 @@ def side_by_side(reports: dict[int, Report]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("outputs") / "compare")
-    parser.add_argument("--methods", default=",".join(available_methods()), help="registered names to run (in every group they belong to)")
+    parser.add_argument(
+        "--methods",
+        default=",".join(available_methods()),
+        help="registered names to run (in every group they belong to)",
+    )
     parser.add_argument("--groups", default=",".join(GROUPS), help=f"method groups to run, of {', '.join(GROUPS)}")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads; the models are tiny, and one thread keeps times stable when other processes share the cores")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads; the models are tiny, and one thread keeps times stable when other processes share the cores",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -102,7 +116,9 @@ def main() -> None:
         print(f"\n== {group}: {', '.join(m.name for m in methods)}")
         reports = {}
         for k in (5, 25):
-            schedule = make_schedule(catalog, k, kinds=("samples",), samples_per_request=len(catalog) // (4 * k), seed=args.seed)
+            schedule = make_schedule(
+                catalog, k, kinds=("samples",), samples_per_request=len(catalog) // (4 * k), seed=args.seed
+            )
             reports[k] = evaluate(methods, info, schedule, out_dir=args.out / group, progress=True)
             print("\n" + reports[k].format() + "\n", flush=True)
         print(side_by_side(reports))

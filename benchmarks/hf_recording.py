@@ -40,8 +40,12 @@ class UserCNN(L.LightningModule):
         super().__init__()
         torch.manual_seed(0)
         self.net = nn.Sequential(
-            nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU(),
-            nn.Flatten(), nn.Linear(16 * (SIDE // 2) ** 2, CLASSES),
+            nn.Conv2d(1, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(8, 16, 3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(16 * (SIDE // 2) ** 2, CLASSES),
         )
 
     def forward(self, x: Tensor) -> Tensor:
@@ -63,8 +67,14 @@ def data() -> IndexedDataset:
 
 def fit(callbacks: list) -> tuple[float, UserCNN]:
     model = UserCNN()
-    trainer = L.Trainer(max_epochs=EPOCHS, callbacks=callbacks, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        max_epochs=EPOCHS,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     loader = DataLoader(data(), batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(1))
     start = perf_counter()
     trainer.fit(model, loader)
@@ -86,7 +96,9 @@ def main() -> None:
     steps = EPOCHS * (N // BATCH)
     print(f"HF recording on a small CNN: d = {d} parameters, N = {N}, batch {BATCH}, {steps} SGD steps, CPU")
     print(f"  plain fit: {plain:.2f} s")
-    print(f"  {'K tracked':>9} | {'fit s':>7} | {'ratio':>6} | {'extra ms/step':>13} | {'K HVPs ms':>9} | {'extra / K HVPs':>14}")
+    print(
+        f"  {'K tracked':>9} | {'fit s':>7} | {'ratio':>6} | {'extra ms/step':>13} | {'K HVPs ms':>9} | {'extra / K HVPs':>14}"
+    )
     x, y = next(iter(DataLoader(data(), batch_size=BATCH)))[:2]
     theta = hf.flat_params(model)
     loss = hf.ModuleLoss(model, 1e-3)
@@ -100,8 +112,10 @@ def main() -> None:
         V = torch.randn(k, d)
         k_hvps = timed(lambda: hf.hvps(loss, theta, x, y, V))  # noqa: B023
         extra = (seconds - plain) / steps
-        print(f"  {k:>9} | {seconds:7.2f} | {seconds / plain:6.1f} | {1e3 * extra:13.1f} | {1e3 * k_hvps:9.1f} | "
-              f"{extra / k_hvps:14.2f}")
+        print(
+            f"  {k:>9} | {seconds:7.2f} | {seconds / plain:6.1f} | {1e3 * extra:13.1f} | {1e3 * k_hvps:9.1f} | "
+            f"{extra / k_hvps:14.2f}"
+        )
     print(f"  one plain training step (forward + backward over the batch): {1e3 * timed(plain_step):.1f} ms")
 
 

@@ -46,8 +46,13 @@ def run(kind: str, rows: int, dim: int, workdir: Path) -> dict[str, float]:
     start = time.perf_counter()
     TrajectoryRecorder(dtype=torch.float32, **kw).load_state_dict(state)
     load_s = time.perf_counter() - start
-    return {"store_mib": rows * dim * 4 / 2**20, "ckpt_mib": ckpt.stat().st_size / 2**20,
-            "rss_growth_mib": rss_growth / 1024, "save_s": save_s, "load_s": load_s}
+    return {
+        "store_mib": rows * dim * 4 / 2**20,
+        "ckpt_mib": ckpt.stat().st_size / 2**20,
+        "rss_growth_mib": rss_growth / 1024,
+        "save_s": save_s,
+        "load_s": load_s,
+    }
 
 
 def main() -> None:

@@ -40,8 +40,9 @@ def pretrained_backbone(x: torch.Tensor, y: torch.Tensor) -> torch.nn.Module:
     L.seed_everything(0, verbose=False)
     backbone = mlp_backbone(64, 128, 64)
     net = torch.nn.Sequential(backbone, torch.nn.Linear(64, 10))
-    trainer = L.Trainer(max_epochs=30, logger=False, enable_checkpointing=False, enable_model_summary=False,
-                        enable_progress_bar=False)
+    trainer = L.Trainer(
+        max_epochs=30, logger=False, enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False
+    )
     trainer.fit(SupervisedClassifier(net, lr=0.1), DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True))
     return backbone
 
@@ -62,9 +63,15 @@ def main() -> None:
 
     # the Avalanche script as it was, plus plugins=[plugin]; the head is solved in closed form (lr=0)
     evaluator = EvaluationPlugin(accuracy_metrics(experience=True, stream=True), loggers=[TextLogger(sys.stdout)])
-    strategy = Naive(model=model, optimizer=torch.optim.SGD(model.head.parameters(), lr=0.0),
-                     criterion=torch.nn.CrossEntropyLoss(), train_mb_size=64, train_epochs=1,
-                     plugins=[plugin], evaluator=evaluator)
+    strategy = Naive(
+        model=model,
+        optimizer=torch.optim.SGD(model.head.parameters(), lr=0.0),
+        criterion=torch.nn.CrossEntropyLoss(),
+        train_mb_size=64,
+        train_epochs=1,
+        plugins=[plugin],
+        evaluator=evaluator,
+    )
     for k, experience in enumerate(bm.train_stream):
         strategy.train(experience)
         strategy.eval(bm.test_stream[: k + 1])

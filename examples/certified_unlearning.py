@@ -32,14 +32,22 @@ from torch.utils.data import Subset, TensorDataset
 from lightning_unlearn import ForgetRequest, IndexedDataset
 from lightning_unlearn.avalanche import class_incremental_benchmark, fit_stream
 from lightning_unlearn.callbacks import HessianRecorder, TrajectoryRecorder
-from lightning_unlearn.harness.digits import digits_splits
 from lightning_unlearn.functional import hf
+from lightning_unlearn.harness.digits import digits_splits
 from lightning_unlearn.metrics import evaluate_unlearning
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.strategies import HessianCertifiedStrategy, HFStrategy
 
-for pattern in (".*does not have many workers.*", ".*smaller than the logging interval.*", ".*LeafSpec.*", ".*heuristic.*",
-                ".*deletion capacity.*", ".*does not decay.*", ".*val_dataloader.*", ".*torch.jit.*"):
+for pattern in (
+    ".*does not have many workers.*",
+    ".*smaller than the logging interval.*",
+    ".*LeafSpec.*",
+    ".*heuristic.*",
+    ".*deletion capacity.*",
+    ".*does not decay.*",
+    ".*val_dataloader.*",
+    ".*torch.jit.*",
+):
     warnings.filterwarnings("ignore", pattern)
 logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
 N_EXPERIENCES, N_TRAINED, N_REQUESTS, EPS, DELTA = 5, 3, 10, 1.0, 1e-5
@@ -51,7 +59,9 @@ def mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 10))
 
 
-def replay_without(module: nn.Module, rec: TrajectoryRecorder, w0: torch.Tensor, x: torch.Tensor, y: torch.Tensor, removed: set[int]) -> torch.Tensor:
+def replay_without(
+    module: nn.Module, rec: TrajectoryRecorder, w0: torch.Tensor, x: torch.Tensor, y: torch.Tensor, removed: set[int]
+) -> torch.Tensor:
     """HF's retraining reference: the recorded SGD steps from ``w0`` with the removed samples' gradients dropped."""
     loss = hf.ModuleLoss(module, rec.l2)
     rows, steps = rec.occurrences()
@@ -71,20 +81,32 @@ def with_params(module: nn.Module, theta: torch.Tensor) -> nn.Module:
     return clone
 
 
-def report(name: str, module: nn.Module, reference: nn.Module, clean: torch.Tensor, data: dict, times: list[float], cert) -> None:
+def report(
+    name: str, module: nn.Module, reference: nn.Module, clean: torch.Tensor, data: dict, times: list[float], cert
+) -> None:
     sets = {"retain": data["retain"], "forget": data["forget"], "test": data["test"], "num_classes": 10}
     ref = evaluate_unlearning(reference, **sets)
     print(f"\n== {name}")
     print(f"   {'model':<28}{'retain acc':>11}{'forget acc':>11}{'test acc':>10}{'MIA':>7}{'L2 to retrain':>15}")
-    rows = [("original (before request)", data["original"]), ("unlearned, before noise", with_params(module, clean)),
-            ("unlearned, published (noise)", module), ("retrained from scratch", reference)]
+    rows = [
+        ("original (before request)", data["original"]),
+        ("unlearned, before noise", with_params(module, clean)),
+        ("unlearned, published (noise)", module),
+        ("retrained from scratch", reference),
+    ]
     for label, m in rows:
         r = ref if m is reference else evaluate_unlearning(m, **sets, reference=reference)
-        print(f"   {label:<28}{r['retain_acc']:>11.3f}{r['forget_acc']:>11.3f}{r['test_acc']:>10.3f}{r['mia']:>7.3f}{r.get('l2_to_retrain', 0.0):>15.4g}")
-    print("   (the papers' worst-case bounds make (epsilon=1, delta=1e-5) noise overwhelm this MLP; "
-          "the 'before noise' row shows how close the update itself gets to retraining)")
-    print(f"   time per request: {1e3 * sum(times) / len(times):.2f} ms over {len(times)} request(s); last certificate: {cert}")
-    print(f"   bound terms: " + ", ".join(f"{k}={v:.3g}" for k, v in cert.bounds.items()))
+        print(
+            f"   {label:<28}{r['retain_acc']:>11.3f}{r['forget_acc']:>11.3f}{r['test_acc']:>10.3f}{r['mia']:>7.3f}{r.get('l2_to_retrain', 0.0):>15.4g}"
+        )
+    print(
+        "   (the papers' worst-case bounds make (epsilon=1, delta=1e-5) noise overwhelm this MLP; "
+        "the 'before noise' row shows how close the update itself gets to retraining)"
+    )
+    print(
+        f"   time per request: {1e3 * sum(times) / len(times):.2f} ms over {len(times)} request(s); last certificate: {cert}"
+    )
+    print("   bound terms: " + ", ".join(f"{k}={v:.3g}" for k, v in cert.bounds.items()))
 
 
 def main() -> None:
@@ -104,19 +126,30 @@ def main() -> None:
     recorder = TrajectoryRecorder()
     start = perf_counter()
     fit_stream(model, stream, callbacks=[recorder], batch_size=32, trainer_kwargs={"max_epochs": 20, **TRAINER})
-    print(f"\n[HF] trained with TrajectoryRecorder in {perf_counter() - start:.1f} s: {recorder.n_steps} SGD steps, "
-          f"statistics {recorder.memory_bytes() / 2**20:.1f} MiB ({recorder.n_rows} x {recorder.A.shape[1]} float32)")
+    print(
+        f"\n[HF] trained with TrajectoryRecorder in {perf_counter() - start:.1f} s: {recorder.n_steps} SGD steps, "
+        f"statistics {recorder.memory_bytes() / 2**20:.1f} MiB ({recorder.n_rows} x {recorder.A.shape[1]} float32)"
+    )
     w = hf.flat_params(model).clone()
     original = with_params(model, w)
     strategy = HFStrategy(model, recorder, epsilon=EPS, delta=DELTA, generator=torch.Generator().manual_seed(0))
-    requests = train_ids[torch.randperm(len(train_ids), generator=torch.Generator().manual_seed(1))[:N_REQUESTS]].tolist()
+    requests = train_ids[
+        torch.randperm(len(train_ids), generator=torch.Generator().manual_seed(1))[:N_REQUESTS]
+    ].tolist()
     results = [strategy.forget(ForgetRequest.samples([u])) for u in requests]
     forgotten = set(requests)
     reference = with_params(model, replay_without(model, recorder, w0, x, y, forgotten))
     keep = [i for i in train_ids.tolist() if i not in forgotten]
     data = {"retain": Subset(train, keep), "forget": Subset(train, requests), "test": test_seen, "original": original}
-    report(f"HF: {N_REQUESTS} single-sample requests (online)", model, reference, strategy.clean_parameters(), data,
-           [r.wall_time_s for r in results], results[-1].certificate)
+    report(
+        f"HF: {N_REQUESTS} single-sample requests (online)",
+        model,
+        reference,
+        strategy.clean_parameters(),
+        data,
+        [r.wall_time_s for r in results],
+        results[-1].certificate,
+    )
 
     # -- 2. [CCL], Hessian-based ------------------------------------------------------------------
     def proximal() -> ProximalClassifier:
@@ -125,20 +158,41 @@ def main() -> None:
     model, recorder = proximal(), HessianRecorder(hessian="exact")
     start = perf_counter()
     fit_stream(model, stream, callbacks=[recorder], batch_size=4096, trainer_kwargs={"max_epochs": 3, **TRAINER})
-    print(f"\n[CCL] trained with HessianRecorder in {perf_counter() - start:.1f} s: {len(recorder.hessians)} Hessians of "
-          f"{recorder.hessians[0].shape[0]}^2 floats ({sum(h.numel() * h.element_size() for h in recorder.hessians) / 2**20:.1f} MiB)")
+    print(
+        f"\n[CCL] trained with HessianRecorder in {perf_counter() - start:.1f} s: {len(recorder.hessians)} Hessians of "
+        f"{recorder.hessians[0].shape[0]}^2 floats ({sum(h.numel() * h.element_size() for h in recorder.hessians) / 2**20:.1f} MiB)"
+    )
     original = with_params(model, hf.flat_params(model))
     forget_exp = 1
-    hessian = HessianCertifiedStrategy(model, recorder, epsilon=EPS, delta=DELTA, generator=torch.Generator().manual_seed(0))
+    hessian = HessianCertifiedStrategy(
+        model, recorder, epsilon=EPS, delta=DELTA, generator=torch.Generator().manual_seed(0)
+    )
     result = hessian.forget(ForgetRequest.of_experience(forget_exp))
     reference = proximal()
-    fit_stream(reference, [e for e in stream if e.current_experience != forget_exp], callbacks=[], batch_size=4096,
-               trainer_kwargs={"max_epochs": 3, **TRAINER})
+    fit_stream(
+        reference,
+        [e for e in stream if e.current_experience != forget_exp],
+        callbacks=[],
+        batch_size=4096,
+        trainer_kwargs={"max_epochs": 3, **TRAINER},
+    )
     forgotten_ids = recorder.catalog.ids[recorder.catalog.forgotten].tolist()
     keep = [i for i in train_ids.tolist() if i not in set(forgotten_ids)]
-    data = {"retain": Subset(train, keep), "forget": Subset(train, forgotten_ids), "test": test_seen, "original": original}
-    report(f"[CCL] Hessian: forget experience {forget_exp} ({len(forgotten_ids)} samples)", model, reference, hessian.clean_parameters(), data,
-           [result.wall_time_s], result.certificate)
+    data = {
+        "retain": Subset(train, keep),
+        "forget": Subset(train, forgotten_ids),
+        "test": test_seen,
+        "original": original,
+    }
+    report(
+        f"[CCL] Hessian: forget experience {forget_exp} ({len(forgotten_ids)} samples)",
+        model,
+        reference,
+        hessian.clean_parameters(),
+        data,
+        [result.wall_time_s],
+        result.certificate,
+    )
 
 
 if __name__ == "__main__":

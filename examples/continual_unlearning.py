@@ -28,8 +28,14 @@ from lightning_unlearn.harness.digits import digits_splits
 from lightning_unlearn.metrics import evaluate_unlearning, log_metrics
 from lightning_unlearn.models import SupervisedClassifier, mlp_backbone
 
-for noise in (".*does not have many workers.*", ".*configure_optimizers.*returned `None`.*", ".*module\\(s\\) in eval mode.*",
-              ".*smaller than the logging interval.*", ".*no `val_dataloader`.*", ".*LeafSpec.*"):
+for noise in (
+    ".*does not have many workers.*",
+    ".*configure_optimizers.*returned `None`.*",
+    ".*module\\(s\\) in eval mode.*",
+    ".*smaller than the logging interval.*",
+    ".*no `val_dataloader`.*",
+    ".*LeafSpec.*",
+):
     warnings.filterwarnings("ignore", noise)
 logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
 RIDGE, EXPANSION, N_EXPERIENCES = 1.0, 512, 5
@@ -48,8 +54,14 @@ def pretrain_backbone(x, y) -> torch.nn.Module:
 def retrain_from_scratch(backbone, train: IndexedDataset, keep_ids: torch.Tensor) -> AnalyticClassifier:
     """The gold standard: a fresh analytic head fitted on the retained samples only."""
     reference = AnalyticClassifier(backbone, 64, 10, expansion_dim=EXPANSION)
-    L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-              callbacks=[AnalyticRecorder(RIDGE)]).fit(reference, DataLoader(Subset(train, keep_ids.tolist()), batch_size=256))
+    L.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[AnalyticRecorder(RIDGE)],
+    ).fit(reference, DataLoader(Subset(train, keep_ids.tolist()), batch_size=256))
     return reference
 
 
@@ -88,25 +100,50 @@ def main() -> None:
             cat = recorder.catalog
             retain, forget = Subset(train, cat.active_ids().tolist()), Subset(train, cat.ids[cat.forgotten].tolist())
             reference = retrain_from_scratch(backbone, train, cat.active_ids())
-            m = evaluate_unlearning(model, retain=retain, forget=forget, test=test_seen, num_classes=10, reference=reference)
+            m = evaluate_unlearning(
+                model, retain=retain, forget=forget, test=test_seen, num_classes=10, reference=reference
+            )
             label = f"after exp {experience.current_experience}" + (f": forget {result.request}" if result else "")
             label = label if len(label) <= 43 else label[:40] + "..."
             m["time_s"] = result.wall_time_s if result else float("nan")
             rows.append({"step": label, **m})
             log_metrics(trainer, m)  # at the trainer's next step, after the experience's training and requests
 
-    fit_stream(model, bm.train_stream, callbacks=[recorder], unlearning=strategy, requests=schedule,
-               trainer_kwargs={"logger": logger}, batch_size=64, after_experience=report)
+    fit_stream(
+        model,
+        bm.train_stream,
+        callbacks=[recorder],
+        unlearning=strategy,
+        requests=schedule,
+        trainer_kwargs={"logger": logger},
+        batch_size=64,
+        after_experience=report,
+    )
 
     print("\n3/3 results (gaps are to a model retrained from scratch on the retained data)\n")
-    cols = ["retain_acc", "forget_acc", "test_acc", "mia", "l2_to_retrain", "retain_acc_gap", "forget_acc_gap", "test_acc_gap", "mia_gap", "time_s"]
+    cols = [
+        "retain_acc",
+        "forget_acc",
+        "test_acc",
+        "mia",
+        "l2_to_retrain",
+        "retain_acc_gap",
+        "forget_acc_gap",
+        "test_acc_gap",
+        "mia_gap",
+        "time_s",
+    ]
     print(f"{'step':<44}" + "".join(f"{c:>15}" for c in cols))
     for r in rows:
         print(f"{r['step']:<44}" + "".join(f"{r.get(c, float('nan')):>15.4g}" for c in cols))
     for entry in strategy.ledger:
-        print(f"ledger #{entry.seq} {entry.timestamp} {entry.method} removed {len(entry.removed_ids)} ids: {entry.cert}")
+        print(
+            f"ledger #{entry.seq} {entry.timestamp} {entry.method} removed {len(entry.removed_ids)} ids: {entry.cert}"
+        )
     plot(rows, args.out / "accuracies.png")
-    print(f"\nwrote {args.out / 'accuracies.png'}, {args.out / 'ledger.jsonl'} and metrics CSV under {args.out / 'metrics'}")
+    print(
+        f"\nwrote {args.out / 'accuracies.png'}, {args.out / 'ledger.jsonl'} and metrics CSV under {args.out / 'metrics'}"
+    )
 
 
 def plot(rows, path: Path) -> None:

@@ -23,13 +23,19 @@ from pathlib import Path
 from typing import Any
 
 from lightning_unlearn.harness.registry import available_methods, get_method
+from lightning_unlearn.schedule import make_schedule
 
 #: every registered method, the exact and certified ones first
 DEFAULT_METHODS = "acu,hf,hessian,gradient,safe,rbm,salun,retrain,finetune,neggrad,neggrad_plus,randomlabel"
-from lightning_unlearn.schedule import make_schedule
 
-_NOISE = (".*does not have many workers.*", ".*no `val_dataloader`.*", ".*module\\(s\\) in eval mode.*",
-          ".*smaller than the logging interval.*", ".*LeafSpec.*", ".*`training_step` returns `None`.*")
+_NOISE = (
+    ".*does not have many workers.*",
+    ".*no `val_dataloader`.*",
+    ".*module\\(s\\) in eval mode.*",
+    ".*smaller than the logging interval.*",
+    ".*LeafSpec.*",
+    ".*`training_step` returns `None`.*",
+)
 
 
 def _ints(text: str) -> list[int]:
@@ -70,28 +76,48 @@ def _value(raw: str) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lightning-unlearn", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="lightning-unlearn", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("methods", help="list the registered methods")
     c = sub.add_parser("compare", help="run the evaluation harness and print the Table 1 gaps")
     c.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated registered names")
     c.add_argument("--requests", type=_ints, default=[5], help="K, the number of forget requests; several: 5,25")
-    c.add_argument("--kinds", default="samples", help="request kinds, cycled: samples, class, experience (comma-separated)")
-    c.add_argument("--samples-per-request", type=int, default=None,
-                   help="size of a sample request (default: a quarter of the learned samples split over the K requests, App. E.1)")
+    c.add_argument(
+        "--kinds", default="samples", help="request kinds, cycled: samples, class, experience (comma-separated)"
+    )
+    c.add_argument(
+        "--samples-per-request",
+        type=int,
+        default=None,
+        help="size of a sample request (default: a quarter of the learned samples split over the K requests, App. E.1)",
+    )
     c.add_argument("--experiences", type=int, default=5, help="experiences of the class-incremental digits stream")
     c.add_argument("--epochs", type=int, default=5, help="epochs per experience of gradient-trained models")
-    c.add_argument("--pretrain-epochs", type=int, default=30, help="epochs to pre-train the frozen backbone on the base split")
+    c.add_argument(
+        "--pretrain-epochs", type=int, default=30, help="epochs to pre-train the frozen backbone on the base split"
+    )
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--option", action="append", default=[], metavar="METHOD.KEY=VALUE", help="a method option, e.g. finetune.epochs=2")
+    c.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="METHOD.KEY=VALUE",
+        help="a method option, e.g. finetune.epochs=2",
+    )
     c.add_argument("--out", type=Path, default=None, help="directory for CSVs and the PNG plot")
     c.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     t = sub.add_parser("tradeoff", help="privacy-utility curve of the certified methods on digits logistic regression")
-    t.add_argument("--epsilons", type=_floats, default=[0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 100.0], help="per-release epsilons")
+    t.add_argument(
+        "--epsilons", type=_floats, default=[0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 100.0], help="per-release epsilons"
+    )
     t.add_argument("--delta", type=float, default=1e-5)
     t.add_argument("--epochs", type=int, default=15, help="SGD epochs of the logistic regression")
     t.add_argument("--batch-size", type=int, default=32)
-    t.add_argument("--fraction", type=float, default=0.05, help="fraction of the training samples deleted, one per request")
+    t.add_argument(
+        "--fraction", type=float, default=0.05, help="fraction of the training samples deleted, one per request"
+    )
     t.add_argument("--methods", default="hf,hessian,gradient,safe", help="comma-separated: hf, hessian, gradient, safe")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--out", type=Path, default=None, help="directory for tradeoff.csv and tradeoff.png")
@@ -118,8 +144,16 @@ def tradeoff(args: argparse.Namespace) -> str:
         raise ValueError(f"--methods: unknown certified method(s) {unknown}; choose among hf, hessian, gradient, safe")
     if not 0 < args.fraction < 1:
         raise ValueError(f"--fraction must lie in (0, 1), got {args.fraction}")
-    rows, setup = run_tradeoff(args.epsilons, delta=args.delta, epochs=args.epochs, batch_size=args.batch_size,
-                               fraction=args.fraction, seed=args.seed, methods=methods, log=lambda _: None)
+    rows, setup = run_tradeoff(
+        args.epsilons,
+        delta=args.delta,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        fraction=args.fraction,
+        seed=args.seed,
+        methods=methods,
+        log=lambda _: None,
+    )
     table = format_tradeoff(rows)
     print(table, flush=True)
     if args.out is not None:

@@ -189,7 +189,9 @@ def training_loss(module: L.LightningModule, batch: Any, batch_idx: int = 0) -> 
 
 def per_sample_cross_entropy(outputs: Tensor, targets: Tensor) -> Tensor:
     """The default ``loss_fn``: cross-entropy of logits ``outputs`` per sample."""
-    return nn.functional.cross_entropy(outputs.to(torch.promote_types(outputs.dtype, torch.float32)), targets.long(), reduction="none")
+    return nn.functional.cross_entropy(
+        outputs.to(torch.promote_types(outputs.dtype, torch.float32)), targets.long(), reduction="none"
+    )
 
 
 def check_loss_fn(
@@ -280,13 +282,23 @@ def read_optimizer(optimizers: list[torch.optim.Optimizer], module: nn.Module | 
     keys = ("lr", "weight_decay", "momentum", "nesterov")
     values = {tuple(g.get(k, 0) for k in keys) for g in opt.param_groups}
     if len(values) != 1:
-        raise ValueError(f"{who}: the param groups of {name} differ in (lr, weight_decay, momentum, nesterov): {sorted(values)}")
+        raise ValueError(
+            f"{who}: the param groups of {name} differ in (lr, weight_decay, momentum, nesterov): {sorted(values)}"
+        )
     if isinstance(opt, torch.optim.AdamW) and opt.param_groups[0].get("weight_decay", 0):
-        raise ValueError(f"{who}: AdamW's decoupled weight decay is not a ridge term of the loss; use SGD or Adam weight_decay")
+        raise ValueError(
+            f"{who}: AdamW's decoupled weight decay is not a ridge term of the loss; use SGD or Adam weight_decay"
+        )
     in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
-    idle = [n for n, p in (module.named_parameters() if module is not None else ()) if p.requires_grad and id(p) not in in_opt]
+    idle = [
+        n
+        for n, p in (module.named_parameters() if module is not None else ())
+        if p.requires_grad and id(p) not in in_opt
+    ]
     if idle:
-        raise ValueError(f"{who}: trainable parameters {idle[:5]} are not in the optimizer (freeze them: requires_grad_(False))")
+        raise ValueError(
+            f"{who}: trainable parameters {idle[:5]} are not in the optimizer (freeze them: requires_grad_(False))"
+        )
     lr, wd, momentum, nesterov = next(iter(values))
     return OptimizerRecipe(name, float(lr), float(wd or 0.0), float(momentum or 0.0), bool(nesterov))
 

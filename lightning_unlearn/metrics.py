@@ -46,7 +46,10 @@ def accuracy(module: nn.Module, data: Data, num_classes: int) -> float:
 def sample_losses(module: nn.Module, data: Data) -> Tensor:
     """Per-sample cross-entropy of the module's logits."""
     with eval_mode(module):
-        out = [nn.functional.cross_entropy(module(b[0]).float(), torch.as_tensor(b[1]).long(), reduction="none").cpu() for b in _batches(data)]
+        out = [
+            nn.functional.cross_entropy(module(b[0]).float(), torch.as_tensor(b[1]).long(), reduction="none").cpu()
+            for b in _batches(data)
+        ]
     return torch.cat(out) if out else torch.empty(0)
 
 
@@ -130,7 +133,6 @@ def log_metrics(
         set_log_step(trainer, at + 1)
 
 
-
 # -- attacks: MIA against unlearning ([HF] Sec. 6, App. D.4) and an offline likelihood-ratio attack ([LiRA]) ------
 @torch.no_grad()
 def posteriors(module: nn.Module, data: Data) -> Tensor:
@@ -163,7 +165,9 @@ def attack_auc(members: Tensor, nonmembers: Tensor, folds: int = 5, seed: int = 
     x = torch.cat([members, nonmembers]).double().numpy()
     y = torch.cat([torch.ones(len(members)), torch.zeros(len(nonmembers))]).numpy()
     if len(members) < folds or len(nonmembers) < folds:
-        raise ValueError(f"attack_auc needs at least {folds} members and non-members, got {len(members)} and {len(nonmembers)}")
+        raise ValueError(
+            f"attack_auc needs at least {folds} members and non-members, got {len(members)} and {len(nonmembers)}"
+        )
     scores = torch.zeros(len(y), dtype=torch.float64).numpy()
     for train, test in StratifiedKFold(folds, shuffle=True, random_state=seed).split(x, y):
         model = RandomForestClassifier(n_estimators=30, random_state=seed).fit(x[train], y[train])
@@ -171,8 +175,15 @@ def attack_auc(members: Tensor, nonmembers: Tensor, folds: int = 5, seed: int = 
     return float(roc_auc_score(y, scores))
 
 
-def mia_u_auc(before: nn.Module, after: nn.Module, forgotten: Data, nonmembers: Data, feature: str = "direct_diff",
-              folds: int = 5, seed: int = 0) -> float:
+def mia_u_auc(
+    before: nn.Module,
+    after: nn.Module,
+    forgotten: Data,
+    nonmembers: Data,
+    feature: str = "direct_diff",
+    folds: int = 5,
+    seed: int = 0,
+) -> float:
     """MIA against unlearning ([HF] Sec. 6, after Chen et al. 2021): can an attacker holding the models
     before and after a request tell the forgotten samples (members of ``before`` only) from samples
     neither model saw, from the change of their posteriors? AUC of :func:`attack_auc` on
@@ -211,7 +222,12 @@ def lira_auc(module: nn.Module, shadows: Iterable[nn.Module], members: Data, non
 
     y_in, y_out = labels(members), labels(nonmembers)
     shadows = list(shadows)
-    conf = lambda m: torch.cat([logit_confidence(posteriors(m, members), y_in), logit_confidence(posteriors(m, nonmembers), y_out)])  # noqa: E731
+
+    def conf(m: nn.Module) -> Tensor:
+        return torch.cat(
+            [logit_confidence(posteriors(m, members), y_in), logit_confidence(posteriors(m, nonmembers), y_out)]
+        )
+
     scores = lira_offline_scores(conf(module), torch.stack([conf(s) for s in shadows]))
     truth = torch.cat([torch.ones(len(y_in)), torch.zeros(len(y_out))])
     return float(roc_auc_score(truth.numpy(), scores.numpy()))

@@ -98,7 +98,9 @@ class AnalyticClassifier(L.LightningModule):
     your own ``LightningModule`` use :class:`AnalyticHead` instead.
     """
 
-    def __init__(self, backbone: nn.Module, backbone_dim: int, num_classes: int, expansion_dim: int | None = None, seed: int = 0) -> None:
+    def __init__(
+        self, backbone: nn.Module, backbone_dim: int, num_classes: int, expansion_dim: int | None = None, seed: int = 0
+    ) -> None:
         super().__init__()
         self.backbone = backbone.requires_grad_(False).eval()
         self.expansion = RandomExpansion(backbone_dim, expansion_dim, seed) if expansion_dim else nn.Identity()
@@ -139,7 +141,9 @@ class AnalyticClassifier(L.LightningModule):
 
 def mlp_backbone(in_features: int, hidden: int = 128, out_features: int = 64) -> nn.Sequential:
     """A small MLP used as a stand-in pre-trained backbone in examples and tests."""
-    return nn.Sequential(nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, out_features), nn.ReLU())
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, out_features), nn.ReLU()
+    )
 
 
 class SupervisedClassifier(L.LightningModule):
@@ -205,7 +209,13 @@ class ProximalClassifier(SupervisedClassifier):
     """
 
     def __init__(
-        self, net: nn.Module, lr: float = 0.1, l2: float = 0.0, reg_lambda: float = 1.0, optimizer: str = "sgd", lbfgs_iters: int = 200
+        self,
+        net: nn.Module,
+        lr: float = 0.1,
+        l2: float = 0.0,
+        reg_lambda: float = 1.0,
+        optimizer: str = "sgd",
+        lbfgs_iters: int = 200,
     ) -> None:
         super().__init__(net, lr=lr, l2=l2, momentum=0.0)
         if reg_lambda <= 0:
@@ -241,6 +251,11 @@ class ProximalClassifier(SupervisedClassifier):
         params = [p for p in self.parameters() if p.requires_grad]
         if self.optimizer_name == "lbfgs":
             return torch.optim.LBFGS(
-                params, lr=self.lr, max_iter=self.lbfgs_iters, tolerance_grad=1e-12, tolerance_change=1e-15, line_search_fn="strong_wolfe"
+                params,
+                lr=self.lr,
+                max_iter=self.lbfgs_iters,
+                tolerance_grad=1e-12,
+                tolerance_change=1e-15,
+                line_search_fn="strong_wolfe",
             )
         return torch.optim.SGD(params, lr=self.lr)

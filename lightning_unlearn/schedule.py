@@ -75,12 +75,19 @@ def validate_schedule(requests: Sequence[ForgetRequest], catalog: SampleCatalog)
         owner.update((i, k) for i in ids.tolist())
         out.append(ids)
     if len(owner) >= len(catalog):
-        raise ValueError(f"the {len(requests)} forget requests cover all {len(catalog)} learned samples; nothing would be retained")
+        raise ValueError(
+            f"the {len(requests)} forget requests cover all {len(catalog)} learned samples; nothing would be retained"
+        )
     return out
 
 
 def make_schedule(
-    catalog: SampleCatalog, k: int, *, kinds: Sequence[RequestKind] = ("samples",), samples_per_request: int = 10, seed: int = 0
+    catalog: SampleCatalog,
+    k: int,
+    *,
+    kinds: Sequence[RequestKind] = ("samples",),
+    samples_per_request: int = 10,
+    seed: int = 0,
 ) -> Schedule:
     """Draw ``k`` disjoint forget requests from the learned samples, reproducibly from ``seed``.
 
@@ -110,7 +117,9 @@ def make_schedule(
     for i, kind in enumerate(plan):
         if kind == "samples":
             if len(free) < samples_per_request:
-                raise ValueError(f"cannot draw forget request {i}: fewer than {samples_per_request} samples are left unrequested")
+                raise ValueError(
+                    f"cannot draw forget request {i}: fewer than {samples_per_request} samples are left unrequested"
+                )
             take, free = free[:samples_per_request], free[samples_per_request:]
             requests[i] = ForgetRequest.samples(catalog.ids[take.sort().values])
     schedule = Schedule(tuple(requests), seed, tuple(kinds), samples_per_request)  # type: ignore[arg-type]
@@ -118,7 +127,9 @@ def make_schedule(
     return schedule
 
 
-def _draw_target(catalog: SampleCatalog, kind: RequestKind, claimed: Tensor, g: torch.Generator, i: int) -> ForgetRequest:
+def _draw_target(
+    catalog: SampleCatalog, kind: RequestKind, claimed: Tensor, g: torch.Generator, i: int
+) -> ForgetRequest:
     column = catalog.labels if kind == "class" else catalog.experiences
     targets = column.unique()
     for t in targets[torch.randperm(len(targets), generator=g)].tolist():

@@ -172,7 +172,9 @@ class RowStore:
             return
         if self.mapped:
             raise StoreError(f"memory-mapped store {self.path} holds {self.capacity} rows, {rows} are needed")
-        grown = torch.zeros(max(rows, 2 * self.capacity), self.data.shape[1], dtype=self.data.dtype, device=self.data.device)
+        grown = torch.zeros(
+            max(rows, 2 * self.capacity), self.data.shape[1], dtype=self.data.dtype, device=self.data.device
+        )
         grown[: self.capacity] = self.data
         self.data = grown
 

@@ -37,16 +37,39 @@ from lightning_unlearn.functional.bounds import linear_model_constants, module_c
 from lightning_unlearn.metrics import accuracy, lira_auc, mia_u_auc
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.privacy.recipe import Recipe, propose_recipe
-from lightning_unlearn.strategies import GradientCertifiedStrategy, HessianCertifiedStrategy, HFStrategy, StreamingStrategy
+from lightning_unlearn.strategies import (
+    GradientCertifiedStrategy,
+    HessianCertifiedStrategy,
+    HFStrategy,
+    StreamingStrategy,
+)
 
 EPSILONS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 100.0)
-COLUMNS = ("method", "epsilon", "test_acc", "retrain_acc", "gap_pp", "sigma", "sensitivity", "epsilon_total", "releases",
-           "certified", "mia_u_auc", "lira_auc")
+COLUMNS = (
+    "method",
+    "epsilon",
+    "test_acc",
+    "retrain_acc",
+    "gap_pp",
+    "sigma",
+    "sensitivity",
+    "epsilon_total",
+    "releases",
+    "certified",
+    "mia_u_auc",
+    "lira_auc",
+)
 
 
 def _trainer(callbacks: list[L.Callback], epochs: int) -> L.Trainer:
-    return L.Trainer(max_epochs=epochs, callbacks=callbacks, logger=False, enable_checkpointing=False,
-                     enable_progress_bar=False, enable_model_summary=False)
+    return L.Trainer(
+        max_epochs=epochs,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
 
 
 class _Setup:
@@ -67,13 +90,24 @@ class _Setup:
         keep[self.forget_ids] = False
         self.keep = keep
         self.feature_norm = float(self.x.norm(dim=1).max())
-        self.recipe, self.candidates = propose_recipe(self.feature_norm, self.x.shape[1], 10, n, epsilon=1.0, delta=delta,
-                                                      n_deletions=self.m, epochs=epochs, batch_size=batch_size)
+        self.recipe, self.candidates = propose_recipe(
+            self.feature_norm,
+            self.x.shape[1],
+            10,
+            n,
+            epsilon=1.0,
+            delta=delta,
+            n_deletions=self.m,
+            epochs=epochs,
+            batch_size=batch_size,
+        )
         self.forgotten = TensorDataset(self.x[~keep], self.y[~keep])
         g = torch.Generator().manual_seed(seed + 1)
         self.nonmembers = TensorDataset(*[t[torch.randperm(len(yt), generator=g)[: self.m]] for t in (xt.double(), yt)])
-        self.shadows = [self._sgd(self.xb.double()[idx], self.yb[idx], seed=100 + k)
-                        for k, idx in enumerate(torch.randperm(len(self.yb), generator=g).chunk(4))]
+        self.shadows = [
+            self._sgd(self.xb.double()[idx], self.yb[idx], seed=100 + k)
+            for k, idx in enumerate(torch.randperm(len(self.yb), generator=g).chunk(4))
+        ]
 
     def linear(self) -> SupervisedClassifier:
         torch.manual_seed(self.seed)
@@ -81,7 +115,12 @@ class _Setup:
 
     def loader(self, x: Tensor, y: Tensor, ids: Tensor | None = None, batch_size: int | None = None) -> DataLoader:
         ds = IndexedDataset(TensorDataset(x, y), ids=ids)
-        return DataLoader(ds, batch_size=batch_size or self.batch_size, shuffle=True, generator=torch.Generator().manual_seed(self.seed))
+        return DataLoader(
+            ds,
+            batch_size=batch_size or self.batch_size,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(self.seed),
+        )
 
     def _sgd(self, x: Tensor, y: Tensor, seed: int) -> SupervisedClassifier:
         model = self.linear()
@@ -91,22 +130,38 @@ class _Setup:
 
     def proximal(self) -> ProximalClassifier:
         torch.manual_seed(self.seed)
-        return ProximalClassifier(nn.Linear(self.x.shape[1], 10).double(), lr=1.0, l2=self.recipe.l2, reg_lambda=1.0, optimizer="lbfgs")
+        return ProximalClassifier(
+            nn.Linear(self.x.shape[1], 10).double(), lr=1.0, l2=self.recipe.l2, reg_lambda=1.0, optimizer="lbfgs"
+        )
 
-    def fit_proximal(self, model: ProximalClassifier, x: Tensor, y: Tensor, callbacks: list[L.Callback], ids: Tensor | None = None) -> None:
+    def fit_proximal(
+        self, model: ProximalClassifier, x: Tensor, y: Tensor, callbacks: list[L.Callback], ids: Tensor | None = None
+    ) -> None:
         _trainer(callbacks, 2).fit(model, self.loader(x, y, ids, batch_size=len(y)))
 
 
-def _row(method: str, epsilon: float, model: nn.Module, before: nn.Module, retrain_acc: float, setup: _Setup,
-         cert: Any = None) -> dict[str, Any]:
+def _row(
+    method: str,
+    epsilon: float,
+    model: nn.Module,
+    before: nn.Module,
+    retrain_acc: float,
+    setup: _Setup,
+    cert: Any = None,
+) -> dict[str, Any]:
     acc = accuracy(model, setup.test, 10)
     acct = cert.accounting if cert is not None else {}
     return {
-        "method": method, "epsilon": epsilon, "test_acc": acc, "retrain_acc": retrain_acc, "gap_pp": 100 * (retrain_acc - acc),
+        "method": method,
+        "epsilon": epsilon,
+        "test_acc": acc,
+        "retrain_acc": retrain_acc,
+        "gap_pp": 100 * (retrain_acc - acc),
         "sigma": cert.sigma if cert is not None and cert.sigma is not None else 0.0,
         "sensitivity": cert.bounds.get("sensitivity", math.nan) if cert is not None else 0.0,
         "epsilon_total": acct.get("epsilon_total", math.inf if epsilon == math.inf else math.nan),
-        "releases": int(acct.get("releases", 0)), "certified": bool(cert.certified) if cert is not None else False,
+        "releases": int(acct.get("releases", 0)),
+        "certified": bool(cert.certified) if cert is not None else False,
         "mia_u_auc": mia_u_auc(before, model, setup.forgotten, setup.nonmembers),
         "lira_auc": lira_auc(model, setup.shadows, setup.forgotten, setup.nonmembers),
     }
@@ -133,8 +188,10 @@ def run_tradeoff(
     """Rows of the privacy-utility table (one per method and epsilon, ``inf`` = noise-free) and the setup."""
     setup = _Setup(epochs=epochs, batch_size=batch_size, fraction=fraction, delta=delta, seed=seed)
     r = setup.recipe
-    log(f"recipe: lr = {r.lr:.4g}, l2 = {r.l2:g} (M = {r.smoothness:.4g}, G = {r.grad_bound:.4g}, rho = {r.rho:.4f}, T = {r.steps}); "
-        f"{setup.m} single-sample requests")
+    log(
+        f"recipe: lr = {r.lr:.4g}, l2 = {r.l2:g} (M = {r.smoothness:.4g}, G = {r.grad_bound:.4g}, rho = {r.rho:.4f}, T = {r.steps}); "
+        f"{setup.m} single-sample requests"
+    )
     rows: list[dict[str, Any]] = []
     grid = [math.inf, *epsilons]
     if {"hf", "safe"} & set(methods):
@@ -148,8 +205,14 @@ def run_tradeoff(
         for eps in grid:
             if "hf" in methods:
                 m2, r2 = copy.deepcopy(model), copy.deepcopy(rec)
-                strategy = HFStrategy(m2, r2, epsilon=1.0 if eps == math.inf else eps, delta=delta, constants=constants,
-                                      noise=eps != math.inf)
+                strategy = HFStrategy(
+                    m2,
+                    r2,
+                    epsilon=1.0 if eps == math.inf else eps,
+                    delta=delta,
+                    constants=constants,
+                    noise=eps != math.inf,
+                )
                 rows.append(_row("hf", eps, m2, model, retrain_acc, setup, _requests(setup, strategy)))
                 log(_line(rows[-1]))
             if "safe" in methods:
@@ -172,8 +235,15 @@ def run_tradeoff(
                 if name not in methods:
                     continue
                 m2, r2 = copy.deepcopy(model), copy.deepcopy(rec)
-                strategy = cls(m2, r2, epsilon=1.0 if eps == math.inf else eps, delta=delta, constants=constants,
-                               optimality=check, noise=eps != math.inf)
+                strategy = cls(
+                    m2,
+                    r2,
+                    epsilon=1.0 if eps == math.inf else eps,
+                    delta=delta,
+                    constants=constants,
+                    optimality=check,
+                    noise=eps != math.inf,
+                )
                 cert = _requests(setup, strategy, setup.train if cls.reads_data else None)
                 rows.append(_row(name, eps, m2, model, retrain_acc, setup, cert))
                 log(_line(rows[-1]))
@@ -194,11 +264,42 @@ def format_tradeoff(rows: Sequence[dict[str, Any]]) -> str:
     """The table: one line per (method, epsilon)."""
     from lightning_unlearn.harness.report import format_table
 
-    head = ["method", "eps", "test acc %", "retrain %", "gap pp", "sigma", "sensitivity", "eps total", "K", "certified", "MIA-U", "LiRA"]
-    body = [[r["method"], _fmt(r["epsilon"]), f"{100 * r['test_acc']:.2f}", f"{100 * r['retrain_acc']:.2f}", f"{r['gap_pp']:.2f}",
-             _fmt(r["sigma"]), _fmt(r["sensitivity"]), _fmt(r["epsilon_total"]), str(r["releases"]), "yes" if r["certified"] else "no",
-             f"{r['mia_u_auc']:.3f}", f"{r['lira_auc']:.3f}"] for r in rows]
-    return format_table(head, body, title="Privacy-utility tradeoff (digits, L2-regularised logistic regression, 5% single-sample deletions)")
+    head = [
+        "method",
+        "eps",
+        "test acc %",
+        "retrain %",
+        "gap pp",
+        "sigma",
+        "sensitivity",
+        "eps total",
+        "K",
+        "certified",
+        "MIA-U",
+        "LiRA",
+    ]
+    body = [
+        [
+            r["method"],
+            _fmt(r["epsilon"]),
+            f"{100 * r['test_acc']:.2f}",
+            f"{100 * r['retrain_acc']:.2f}",
+            f"{r['gap_pp']:.2f}",
+            _fmt(r["sigma"]),
+            _fmt(r["sensitivity"]),
+            _fmt(r["epsilon_total"]),
+            str(r["releases"]),
+            "yes" if r["certified"] else "no",
+            f"{r['mia_u_auc']:.3f}",
+            f"{r['lira_auc']:.3f}",
+        ]
+        for r in rows
+    ]
+    return format_table(
+        head,
+        body,
+        title="Privacy-utility tradeoff (digits, L2-regularised logistic regression, 5% single-sample deletions)",
+    )
 
 
 def write_tradeoff(rows: Sequence[dict[str, Any]], recipe: Recipe, out_dir: str | Path) -> list[Path]:
@@ -221,7 +322,9 @@ def write_tradeoff(rows: Sequence[dict[str, Any]], recipe: Recipe, out_dir: str 
         pts = [r for r in rows if r["method"] == method and r["epsilon"] != math.inf]
         if not pts:
             continue
-        ax.plot([r["epsilon"] for r in pts], [100 * r["test_acc"] for r in pts], marker=marker, color=colour, label=method)
+        ax.plot(
+            [r["epsilon"] for r in pts], [100 * r["test_acc"] for r in pts], marker=marker, color=colour, label=method
+        )
         free = [r for r in rows if r["method"] == method and r["epsilon"] == math.inf]
         if free:
             ax.axhline(100 * free[0]["test_acc"], color=colour, ls=":", lw=1)
@@ -235,7 +338,10 @@ def write_tradeoff(rows: Sequence[dict[str, Any]], recipe: Recipe, out_dir: str 
     ax.set_xlabel(r"per-release $\varepsilon$ ($\delta = 10^{-5}$)")
     ax.set_ylabel("test accuracy after all requests (%)")
     ax.set_ylim(0, 100)
-    ax.set_title(f"Certified unlearning, digits LR (lr={recipe.lr:.3g}, $\\lambda$={recipe.l2:g}); dotted: noise-free", fontsize=9)
+    ax.set_title(
+        f"Certified unlearning, digits LR (lr={recipe.lr:.3g}, $\\lambda$={recipe.l2:g}); dotted: noise-free",
+        fontsize=9,
+    )
     ax.legend(fontsize=8, loc="center right")
     fig.tight_layout()
     fig.savefig(png_path, dpi=200)

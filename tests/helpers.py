@@ -35,11 +35,15 @@ def analytic_model(expansion_dim: int = 48) -> AnalyticClassifier:
 
 
 def quiet_trainer(callbacks: list[L.Callback], **kwargs) -> L.Trainer:
-    opts = dict(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    opts = dict(
+        max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
+    )
     return L.Trainer(callbacks=callbacks, **{**opts, **kwargs})
 
 
-def fit_analytic(datasets: list, ridge: float = 0.5, batch_size: int = 32, **trainer_kwargs) -> tuple[AnalyticClassifier, AnalyticRecorder]:
+def fit_analytic(
+    datasets: list, ridge: float = 0.5, batch_size: int = 32, **trainer_kwargs
+) -> tuple[AnalyticClassifier, AnalyticRecorder]:
     """Learn each dataset as one experience with an AnalyticRecorder."""
     model, recorder = analytic_model(), AnalyticRecorder(ridge=ridge)
     for ds in datasets:
@@ -49,4 +53,10 @@ def fit_analytic(datasets: list, ridge: float = 0.5, batch_size: int = 32, **tra
 
 def run_script(script: Path, out: Path, devices: int) -> None:
     """Run a DDP test script (``tests/scripts``) as its own process: ``script out devices``."""
-    subprocess.run([sys.executable, str(script), str(out), str(devices)], check=True, cwd=out.parent, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, str(script), str(out), str(devices)],
+        check=True,
+        cwd=out.parent,
+        capture_output=True,
+        timeout=300,
+    )

@@ -34,7 +34,14 @@ def sgd_model(net: nn.Module | None = None, lr: float = 0.1, l2: float = 0.1) ->
     return SupervisedClassifier(net if net is not None else nn.Linear(D_IN, N_CLASSES).double(), lr=lr, l2=l2)
 
 
-def fit_hf(model: SupervisedClassifier, ds: IndexedDataset, recorder: TrajectoryRecorder, epochs: int = 4, batch_size: int = 16, **kw) -> Tensor:
+def fit_hf(
+    model: SupervisedClassifier,
+    ds: IndexedDataset,
+    recorder: TrajectoryRecorder,
+    epochs: int = 4,
+    batch_size: int = 16,
+    **kw,
+) -> Tensor:
     """Fit with a seeded shuffled loader; returns the initial weights."""
     w0 = hf.flat_params(model).clone()
     loader = DataLoader(ds, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(1))
@@ -66,10 +73,14 @@ def cl_tasks(n: int = 60) -> list[IndexedDataset]:
 
 def proximal_model(l2: float = 0.05, reg_lambda: float = 1.0) -> ProximalClassifier:
     torch.manual_seed(0)
-    return ProximalClassifier(nn.Linear(D_IN, N_CLASSES).double(), lr=1.0, l2=l2, reg_lambda=reg_lambda, optimizer="lbfgs")
+    return ProximalClassifier(
+        nn.Linear(D_IN, N_CLASSES).double(), lr=1.0, l2=l2, reg_lambda=reg_lambda, optimizer="lbfgs"
+    )
 
 
-def fit_tasks(tasks: list, recorder: TaskDeltaRecorder | None = None, model: ProximalClassifier | None = None) -> ProximalClassifier:
+def fit_tasks(
+    tasks: list, recorder: TaskDeltaRecorder | None = None, model: ProximalClassifier | None = None
+) -> ProximalClassifier:
     """Learn each task as one experience (index = position), each solved by full-batch L-BFGS."""
     model = model if model is not None else proximal_model()
     for k, ds in enumerate(tasks):
@@ -92,8 +103,17 @@ def without(ds: IndexedDataset, ids: set[int]) -> IndexedDataset:
 
 def recorded(recorder: HessianRecorder | TrajectoryRecorder) -> dict:
     """A deep copy of a recorder's state, for "nothing changed" checks."""
-    return {k: (v.clone() if isinstance(v, Tensor) else [t.clone() if isinstance(t, Tensor) else t for t in v] if isinstance(v, list) else v)
-            for k, v in recorder.state_dict().items() if k != "catalog"}
+    return {
+        k: (
+            v.clone()
+            if isinstance(v, Tensor)
+            else [t.clone() if isinstance(t, Tensor) else t for t in v]
+            if isinstance(v, list)
+            else v
+        )
+        for k, v in recorder.state_dict().items()
+        if k != "catalog"
+    }
 
 
 def same_state(a: dict, b: dict) -> bool:
@@ -103,6 +123,7 @@ def same_state(a: dict, b: dict) -> bool:
         if isinstance(u, list):
             return len(u) == len(v) and all(eq(p, q) for p, q in zip(u, v))
         return u == v
+
     return a.keys() == b.keys() and all(eq(a[k], b[k]) for k in a)
 
 
@@ -111,8 +132,15 @@ class UserModule(L.LightningModule):
     """A module as a user writes it: its own ``training_step`` (cross-entropy, optionally label-smoothed,
     optionally plus a regulariser's in-loss penalty) and ``configure_optimizers`` (SGD with weight decay)."""
 
-    def __init__(self, net: nn.Module, lr: float = 0.1, weight_decay: float = 0.1, smoothing: float = 0.0,
-                 momentum: float = 0.0, penalty=None) -> None:
+    def __init__(
+        self,
+        net: nn.Module,
+        lr: float = 0.1,
+        weight_decay: float = 0.1,
+        smoothing: float = 0.0,
+        momentum: float = 0.0,
+        penalty=None,
+    ) -> None:
         super().__init__()
         self.net, self.lr, self.weight_decay, self.momentum = net, lr, weight_decay, momentum
         self.smoothing, self.penalty = smoothing, penalty

@@ -17,4 +17,6 @@ def tiny_info(n: int = 160, n_experiences: int = 2, seed: int = 0) -> BenchmarkI
     xt, yt = toy_tensors(80, seed=9)
     bm = class_incremental_benchmark(x, y, xt, yt, n_experiences=n_experiences, seed=seed)
     torch.manual_seed(0)
-    return describe_benchmark(bm, backbone=mlp_backbone(N_FEATURES, 32, 16), backbone_dim=16, seed=seed, epochs=2, lr=0.1, batch_size=32)
+    return describe_benchmark(
+        bm, backbone=mlp_backbone(N_FEATURES, 32, 16), backbone_dim=16, seed=seed, epochs=2, lr=0.1, batch_size=32
+    )

@@ -230,9 +230,7 @@ def test_task_delta_recorder_anchors_each_task_under_the_plugin(bm):
     schedule = {1: [ForgetRequest.of_experience(0)]}
 
     def strategy(model, rec):
-        return GradientCertifiedStrategy(
-            model, rec, lipschitz=2.0, smoothness=1.0, seed=5
-        )
+        return GradientCertifiedStrategy(model, rec, lipschitz=2.0, smoothness=1.0, seed=5)
 
     m1, r1 = proximal(), TaskDeltaRecorder()
     lightning_run(bm, m1, r1, strategy(m1, r1), schedule, epochs=4)
@@ -433,9 +431,15 @@ def test_proximal_regularizer_callback_on_a_user_module_is_also_an_avalanche_plu
     m2, reg2, r2 = _UserLinear(), ProximalRegularizer(1.0), HessianRecorder(hessian="exact")
     r2.regularizer = reg2
     r2.read_optimizer([torch.optim.SGD(m2.parameters(), lr=0.2, weight_decay=0.1)], m2)
-    strategy = Naive(model=m2, optimizer=torch.optim.SGD(m2.parameters(), lr=0.2, weight_decay=0.1),
-                     criterion=F.cross_entropy, train_mb_size=FULL_BATCH, train_epochs=4,
-                     plugins=[reg2, UnlearningPlugin(r2)], evaluator=None)
+    strategy = Naive(
+        model=m2,
+        optimizer=torch.optim.SGD(m2.parameters(), lr=0.2, weight_decay=0.1),
+        criterion=F.cross_entropy,
+        train_mb_size=FULL_BATCH,
+        train_epochs=4,
+        plugins=[reg2, UnlearningPlugin(r2)],
+        evaluator=None,
+    )
     with pytest.warns(UserWarning, match="not solved exactly"):
         for experience in bm.train_stream:
             strategy.train(experience)

@@ -85,13 +85,19 @@ def test_retrain_equals_acu_and_a_fresh_fit_on_the_retained_data():
         quiet_trainer([rec]).fit(model, DataLoader(ds, batch_size=32))
     acu_model, acu_rec = fit_analytic([a, b])
     both = torch.utils.data.ConcatDataset([a, b])
-    retrain = RetrainStrategy(model, rec, both, initial, fit_callbacks=lambda: [AnalyticRecorder(ridge=0.5)], batch_size=32)
+    retrain = RetrainStrategy(
+        model, rec, both, initial, fit_callbacks=lambda: [AnalyticRecorder(ridge=0.5)], batch_size=32
+    )
     result = retrain.forget(ForgetRequest.of_class(2))
     ACUStrategy(acu_model, acu_rec).forget(ForgetRequest.of_class(2), both)
     assert result.certificate.exact and "retrained from scratch" in result.certificate.statement
     assert parameter_distance(model, acu_model) < 1e-8
-    fresh, _ = fit_analytic([Subset(a, torch.nonzero(a.dataset.tensors[1] != 2).flatten().tolist()),
-                             Subset(b, torch.nonzero(b.dataset.tensors[1] != 2).flatten().tolist())])
+    fresh, _ = fit_analytic(
+        [
+            Subset(a, torch.nonzero(a.dataset.tensors[1] != 2).flatten().tolist()),
+            Subset(b, torch.nonzero(b.dataset.tensors[1] != 2).flatten().tolist()),
+        ]
+    )
     assert parameter_distance(model, fresh) < 1e-8
 
 
@@ -102,8 +108,14 @@ def test_retrain_of_a_trained_network_is_reproducible():
         torch.manual_seed(0)
         model, rec = trained(train, epochs=1)
         torch.manual_seed(123)  # a different global RNG state must not matter
-        init = weights(SupervisedClassifier(torch.nn.Sequential(torch.nn.Linear(N_FEATURES, 32), torch.nn.ReLU(), torch.nn.Linear(32, N_CLASSES))))
-        RetrainStrategy(model, rec, train, init, trainer_kwargs={"max_epochs": 2}, seed=5).forget(ForgetRequest.samples(FORGET))
+        init = weights(
+            SupervisedClassifier(
+                torch.nn.Sequential(torch.nn.Linear(N_FEATURES, 32), torch.nn.ReLU(), torch.nn.Linear(32, N_CLASSES))
+            )
+        )
+        RetrainStrategy(model, rec, train, init, trainer_kwargs={"max_epochs": 2}, seed=5).forget(
+            ForgetRequest.samples(FORGET)
+        )
         runs.append(model)
     assert parameter_distance(*runs) == 0.0
 

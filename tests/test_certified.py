@@ -79,18 +79,26 @@ def test_gradient_strategy_keeps_weights_within_natural_forgetting_bound(trained
     assert cert.bounds["sensitivity"] == pytest.approx(gamma, rel=1e-12)
     assert cert.sigma == pytest.approx(analytic_sigma(gamma, EPS, DELTA), rel=1e-12)
     noise = hf.flat_params(model) - w
-    assert torch.allclose(noise, cert.sigma * torch.randn(w.shape, generator=torch.Generator().manual_seed(0), dtype=w.dtype))
+    assert torch.allclose(
+        noise, cert.sigma * torch.randn(w.shape, generator=torch.Generator().manual_seed(0), dtype=w.dtype)
+    )
 
 
 def test_hessian_sigma_matches_formula(trained):
     model, rec = copy_of(trained)
-    cert = HessianCertifiedStrategy(model, rec, epsilon=EPS, delta=DELTA, lipschitz=2.0, smoothness=3.0).forget(ForgetRequest.of_experience(0)).certificate
+    cert = (
+        HessianCertifiedStrategy(model, rec, epsilon=EPS, delta=DELTA, lipschitz=2.0, smoothness=3.0)
+        .forget(ForgetRequest.of_experience(0))
+        .certificate
+    )
     lam, mu, L, M = 1.0, 0.05, 2.0, 3.0
     rho, kappa = lam / (mu + lam), 2
     gamma = kappa * rho**kappa * (M - mu) / (mu + lam) * L / lam  # gamma^H, one deleted task
     assert cert.bounds["sensitivity"] == pytest.approx(gamma, rel=1e-12)
     assert cert.sigma == pytest.approx(analytic_sigma(gamma, EPS, DELTA), rel=1e-12)
-    assert cert.bounds["sigma_classical"] == pytest.approx(gamma * math.sqrt(2 * math.log(1.25 / DELTA)) / EPS, rel=1e-12)
+    assert cert.bounds["sigma_classical"] == pytest.approx(
+        gamma * math.sqrt(2 * math.log(1.25 / DELTA)) / EPS, rel=1e-12
+    )
 
 
 def test_sample_level_newton_from_stored_gradients_and_from_data(trained):
@@ -146,7 +154,11 @@ def test_bad_input_changes_nothing(trained):
     for request, msg, data in cases:
         with pytest.raises(ValueError, match=msg):
             strategy.forget(request, data=data)
-        assert torch.equal(hf.flat_params(model), w) and same_state(recorded(rec), stats) and len(strategy.ledger) == n_ledger
+        assert (
+            torch.equal(hf.flat_params(model), w)
+            and same_state(recorded(rec), stats)
+            and len(strategy.ledger) == n_ledger
+        )
     wider = ProximalClassifier(nn.Linear(6, 4).double(), l2=0.05)
     with pytest.raises(ValueError, match="trainable parameters"):
         HessianCertifiedStrategy(wider, rec).forget(ForgetRequest.of_experience(0))
@@ -170,7 +182,11 @@ def test_task_delta_recorder_needs_the_proximal_regulariser_and_diagonal_mode_ru
     with pytest.raises(ValueError, match="lipschitz"):  # a TaskDeltaRecorder estimates no constants
         GradientCertifiedStrategy(delta_model, deltas).forget(ForgetRequest.of_experience(0))
     assert torch.equal(hf.flat_params(delta_model), w_delta) and not bool(deltas.catalog.forgotten.any())
-    cert = GradientCertifiedStrategy(delta_model, deltas, lipschitz=2.0, smoothness=3.0).forget(ForgetRequest.of_experience(0)).certificate
+    cert = (
+        GradientCertifiedStrategy(delta_model, deltas, lipschitz=2.0, smoothness=3.0)
+        .forget(ForgetRequest.of_experience(0))
+        .certificate
+    )
     assert cert.bounds["sensitivity"] == pytest.approx(2.0 / 1.0 * (1.0 / 1.05), rel=1e-12)  # (L/lambda) rho^1
     w_retrain = hf.flat_params(fit_tasks([TASKS[1]]))
     w = hf.flat_params(model)
@@ -198,7 +214,9 @@ def test_requests_between_experiences_follow_the_recorded_chain():
     gap = float((rec.starts[2] - rec.ends[1]).norm())  # the first correction, measured from the chain
     lam, mu, M = 1.0, 0.05, rec.smoothness
     rho = lam / (mu + lam)
-    assert cert.bounds["chain_term"] == pytest.approx(1 * rho * (M - mu) / (mu + lam) * gap, rel=1e-12)  # kappa = 1 (task 2)
+    assert cert.bounds["chain_term"] == pytest.approx(
+        1 * rho * (M - mu) / (mu + lam) * gap, rel=1e-12
+    )  # kappa = 1 (task 2)
     final = hf.flat_params(model)  # noise disabled: the published model is the internal one
     assert float((final - w_retrain).norm()) <= 0.2 * float((w - w_retrain).norm())
 
@@ -210,7 +228,9 @@ def test_lowrank_lanczos_hessian_of_full_rank_equals_exact(trained):
     values, vectors = lowrank.hessians[0]["values"], lowrank.hessians[0]["vectors"]
     # the Krylov space stops at the distinct eigenvalues; the rest of the spectrum of softmax-LR is the
     # ridge l2 (the class-shift null space), which is exactly the floor the approximation gives it
-    approx = vectors @ torch.diag(values) @ vectors.T + 0.05 * (torch.eye(21, dtype=vectors.dtype) - vectors @ vectors.T)
+    approx = vectors @ torch.diag(values) @ vectors.T + 0.05 * (
+        torch.eye(21, dtype=vectors.dtype) - vectors @ vectors.T
+    )
     assert torch.allclose(approx, exact.hessians[0], atol=1e-8)
     a = HessianCertifiedStrategy(model, exact, noise=False)
     a.forget(ForgetRequest.of_experience(0))

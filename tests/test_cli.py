@@ -23,27 +23,66 @@ def test_methods_lists_the_registry(capsys):
 
 def test_compare_runs_exact_certified_masking_and_baseline_methods_together(capsys):
     # option words in lower case, as a shell user types them
-    argv = [*QUICK, "--methods", "acu,hf,hessian,rbm,finetune,neggrad,retrain", "--requests", "2", "--option", "hf.noise=false"]
+    argv = [
+        *QUICK,
+        "--methods",
+        "acu,hf,hessian,rbm,finetune,neggrad,retrain",
+        "--requests",
+        "2",
+        "--option",
+        "hf.noise=false",
+    ]
     assert main(argv) == 0
     table = capsys.readouterr().out.split("K = 2")[1].strip().splitlines()[3:10]
     guarantee = {row.split()[0]: row.split()[-1] for row in table}
-    assert guarantee == {"acu": "exact", "hf[noise=off]": "none", "hessian": "(1,1e-05)", "rbm": "none", "finetune": "none",
-                         "neggrad": "none", "retrain": "exact"}
+    assert guarantee == {
+        "acu": "exact",
+        "hf[noise=off]": "none",
+        "hessian": "(1,1e-05)",
+        "rbm": "none",
+        "finetune": "none",
+        "neggrad": "none",
+        "retrain": "exact",
+    }
     family = {row.split()[0]: row.split()[1] for row in table}
-    assert family == {"acu": "analytic", "hf[noise=off]": "linear", "hessian": "proximal", "rbm": "analytic",
-                      "finetune": "analytic", "neggrad": "analytic", "retrain": "analytic"}
+    assert family == {
+        "acu": "analytic",
+        "hf[noise=off]": "linear",
+        "hessian": "proximal",
+        "rbm": "analytic",
+        "finetune": "analytic",
+        "neggrad": "analytic",
+        "retrain": "analytic",
+    }
 
 
-@pytest.mark.parametrize("word, value", [("false", False), ("False", False), ("FALSE", False), ("true", True), ("none", None)])
+@pytest.mark.parametrize(
+    "word, value", [("false", False), ("False", False), ("FALSE", False), ("true", True), ("none", None)]
+)
 def test_option_words_are_read_in_any_case(word, value):
     assert _options([f"hf.noise={word}"], ["hf"]) == {"hf": {"noise": value}}
     if isinstance(value, bool):
-        assert get_method("hf", **_options([f"hf.noise={word}"], ["hf"])["hf"]).name == ("hf" if value else "hf[noise=off]")
+        assert get_method("hf", **_options([f"hf.noise={word}"], ["hf"])["hf"]).name == (
+            "hf" if value else "hf[noise=off]"
+        )
 
 
 def test_compare_prints_an_aligned_table_per_k_and_writes_files(capsys, tmp_path):
-    argv = [*QUICK, "--methods", "acu,neggrad", "--requests", "2,3", "--out", str(tmp_path),
-            "--option", "neggrad.epochs=1", "--option", "neggrad.expansion_dim=64", "--option", "acu.expansion_dim=64"]
+    argv = [
+        *QUICK,
+        "--methods",
+        "acu,neggrad",
+        "--requests",
+        "2,3",
+        "--out",
+        str(tmp_path),
+        "--option",
+        "neggrad.epochs=1",
+        "--option",
+        "neggrad.expansion_dim=64",
+        "--option",
+        "acu.expansion_dim=64",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     for k in (2, 3):
@@ -63,7 +102,10 @@ def test_compare_prints_an_aligned_table_per_k_and_writes_files(capsys, tmp_path
     [
         (["--methods", "acu,sisa"], "unknown method 'sisa'; registered methods:"),
         (["--methods", "acu", "--option", "acu.ridge"], "--option takes METHOD.KEY=VALUE"),
-        (["--methods", "acu", "--option", "finetune.epochs=2"], "names method 'finetune', which is not among --methods"),
+        (
+            ["--methods", "acu", "--option", "finetune.epochs=2"],
+            "names method 'finetune', which is not among --methods",
+        ),
         (["--methods", "finetune", "--option", "finetune.epocs=2"], "takes no option"),
         (["--requests", "0"], "expected positive integers"),
         (["--methods", "acu", "--kinds", "users"], "--kinds takes samples, class and/or experience"),
@@ -83,11 +125,14 @@ def test_console_script_is_installed():
     assert done.returncode == 0 and "neggrad_plus" in done.stdout
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    (["--methods", "hf,foo"], "unknown certified method"),
-    (["--fraction", "1.5"], "--fraction must lie in"),
-    (["--epsilons", "1,-2"], "expected positive numbers"),
-])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--methods", "hf,foo"], "unknown certified method"),
+        (["--fraction", "1.5"], "--fraction must lie in"),
+        (["--epsilons", "1,-2"], "expected positive numbers"),
+    ],
+)
 def test_tradeoff_refuses_bad_arguments_before_training(capsys, extra, message):
     with pytest.raises(SystemExit):
         main(["tradeoff", *extra])

@@ -11,7 +11,15 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightning_unlearn import IndexedDataset
 from lightning_unlearn.callbacks import SampleRecorder
-from lightning_unlearn.contract import BatchKeys, check_loss_fn, resolve_loss_fn, trains_itself, training_loss, unpack_batch, with_target
+from lightning_unlearn.contract import (
+    BatchKeys,
+    check_loss_fn,
+    resolve_loss_fn,
+    training_loss,
+    trains_itself,
+    unpack_batch,
+    with_target,
+)
 from lightning_unlearn.data import select_by_ids
 from lightning_unlearn.models import AnalyticClassifier, ProximalClassifier
 
@@ -56,7 +64,12 @@ KEYS = BatchKeys(input="image")
 def test_tuple_and_dict_batches_unpack_to_the_same_triple():
     x, y = torch.randn(3, 2), torch.tensor([0, 1, 2])
     ids = torch.tensor([7, 8, 9])
-    for batch in ((x, y, ids), [x, y, ids, torch.zeros(3)], {"x": x, "y": y, "sample_id": ids}, {"input": x, "label": y, "id": ids}):
+    for batch in (
+        (x, y, ids),
+        [x, y, ids, torch.zeros(3)],
+        {"x": x, "y": y, "sample_id": ids},
+        {"input": x, "label": y, "id": ids},
+    ):
         bx, by, bids = unpack_batch(batch)
         assert bx is x and torch.equal(by, y) and torch.equal(bids, ids)
     # precedence: "sample_id" before "id" (a dataset's own string or record "id" does not shadow the wrapper's)
@@ -81,11 +94,19 @@ def test_indexed_dataset_over_dict_items_and_select_by_ids():
     batch = next(iter(DataLoader(data, batch_size=8)))
     assert unpack_batch(batch, KEYS)[2].tolist() == list(range(500, 508))
     x, y = select_by_ids(data, torch.tensor([510, 501]), keys=KEYS)
-    assert torch.equal(x, torch.stack([data.dataset.x[10], data.dataset.x[1]])) and y.tolist() == [data.dataset.y[10], data.dataset.y[1]]
+    assert torch.equal(x, torch.stack([data.dataset.x[10], data.dataset.x[1]])) and y.tolist() == [
+        data.dataset.y[10],
+        data.dataset.y[1],
+    ]
     with pytest.raises(ValueError, match="already have a 'id' entry"):
         IndexedDataset(DictData(4, ids=True), id_key="id")
     # the dataset's own ids under "id" are read when nothing else is given
-    assert unpack_batch(next(iter(DataLoader(DictData(4, ids=True), batch_size=4))), KEYS)[2].tolist() == [1000, 1001, 1002, 1003]
+    assert unpack_batch(next(iter(DataLoader(DictData(4, ids=True), batch_size=4))), KEYS)[2].tolist() == [
+        1000,
+        1001,
+        1002,
+        1003,
+    ]
 
 
 def test_recorder_learns_from_dict_batches_with_configured_keys():

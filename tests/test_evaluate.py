@@ -33,9 +33,12 @@ def info():
 @pytest.fixture(scope="module")
 def report(info, tmp_path_factory):
     schedule = make_schedule(info.catalog(), 3, kinds=("samples", "class"), samples_per_request=8, seed=1)
-    methods = [get_method("acu", expansion_dim=48), get_method("retrain", expansion_dim=48),
-               get_method("neggrad", expansion_dim=48, epochs=3, lr=1.0, batch_size=8),
-               get_method("retrain", family="supervised")]
+    methods = [
+        get_method("acu", expansion_dim=48),
+        get_method("retrain", expansion_dim=48),
+        get_method("neggrad", expansion_dim=48, epochs=3, lr=1.0, batch_size=8),
+        get_method("retrain", family="supervised"),
+    ]
     out = tmp_path_factory.mktemp("report")
     return evaluate(methods, info, schedule, out_dir=out), out
 
@@ -73,7 +76,11 @@ def test_neggrad_drives_forget_accuracy_down_and_has_gaps(report):
 def test_report_rows_csv_plot_and_table(report):
     rep, out = report
     assert [r["kind"] for r in rep.table("acu")] == ["samples", "class", "samples"]
-    assert [r["n_removed"] for r in rep.table("acu")] == [8, 40 - sum(1 for i in rep.schedule.requests[0].sample_ids if i % 4 == 1), 8]
+    assert [r["n_removed"] for r in rep.table("acu")] == [
+        8,
+        40 - sum(1 for i in rep.schedule.requests[0].sample_ids if i % 4 == 1),
+        8,
+    ]
     with (out / "k3_summary.csv").open() as fh:
         summary = list(csv.DictReader(fh))
     assert [r["method"] for r in summary] == rep.methods() and set(TABLE1) <= set(summary[0])
@@ -81,19 +88,29 @@ def test_report_rows_csv_plot_and_table(report):
     with (out / "k3_requests.csv").open() as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == 4 * 3 + 2 * 3  # methods and references, 3 requests each
-    assert {(r["method"], r["family"]) for r in rows} >= {("acu", "analytic"), ("retrain[supervised] (reference)", "supervised")}
+    assert {(r["method"], r["family"]) for r in rows} >= {
+        ("acu", "analytic"),
+        ("retrain[supervised] (reference)", "supervised"),
+    }
     acu_rows = [r for r in rows if r["method"] == "acu"]
     assert {r["reference"] for r in acu_rows} == {"retrain[analytic,ridge=1,expansion_dim=48] (reference)"}
     # every removed id, not the first five: the 8 ids of request 1 and all of request 2's class
     assert [int(i) for i in acu_rows[0]["removed_ids"].split()] == sorted(rep.schedule.requests[0].sample_ids)
     assert len(acu_rows[1]["removed_ids"].split()) == int(acu_rows[1]["n_removed"]) > 5
-    assert [r["forget_request"] for r in acu_rows] == ["samples[8]", f"class={rep.schedule.requests[1].target}", "samples[8]"]
+    assert [r["forget_request"] for r in acu_rows] == [
+        "samples[8]",
+        f"class={rep.schedule.requests[1].target}",
+        "samples[8]",
+    ]
     assert (out / "k3_accuracies.png").stat().st_size > 10_000
     text = rep.format()
     assert "K = 3" in text and "neggrad" in text and "dParams(L2)" in text
     assert [line.split()[:2] for line in text.splitlines()[3:]] == [
-        ["acu", "analytic"], ["retrain[analytic,ridge=1,expansion_dim=48]", "analytic"], ["neggrad", "analytic"],
-        ["retrain[supervised]", "supervised"]]
+        ["acu", "analytic"],
+        ["retrain[analytic,ridge=1,expansion_dim=48]", "analytic"],
+        ["neggrad", "analytic"],
+        ["retrain[supervised]", "supervised"],
+    ]
     assert len({len(line) for line in text.splitlines()[1:]}) == 1  # aligned columns
 
 
@@ -131,24 +148,49 @@ def test_bad_schedules_give_clear_errors(info):
 
 
 def test_registry_names_and_errors():
-    assert set(available_methods()) == {"acu", "retrain", "finetune", "neggrad", "neggrad_plus", "randomlabel",
-                                        "rbm", "salun", "hf", "hessian", "gradient", "safe"}
+    assert set(available_methods()) == {
+        "acu",
+        "retrain",
+        "finetune",
+        "neggrad",
+        "neggrad_plus",
+        "randomlabel",
+        "rbm",
+        "salun",
+        "hf",
+        "hessian",
+        "gradient",
+        "safe",
+    }
     with pytest.raises(ValueError, match="unknown method 'sisa'; registered methods: acu"):
         get_method("sisa")
     with pytest.raises(ValueError, match=r"'rbm' \(RBMStrategy\) takes no option\(s\) \['masking'\]"):
         get_method("rbm", masking="forget")  # fixed by the name: use "salun"
-    with pytest.raises(ValueError, match=r"'hf' \(HFStrategy\) takes no option\(s\) \['lr'\]; its options: \['capacity', 'delta'"):
+    with pytest.raises(
+        ValueError, match=r"'hf' \(HFStrategy\) takes no option\(s\) \['lr'\]; its options: \['capacity', 'delta'"
+    ):
         get_method("hf", lr=0.1)
-    assert get_method("hf", noise=False).name == "hf[noise=off]" and get_method("hessian", epsilon=2.0).name == "hessian[eps=2,delta=1e-05]"
-    with pytest.raises(ValueError, match=r"FinetuneStrategy\) takes no option\(s\) \['epocs'\]; its options: \['batch_size', 'epochs'"):
+    assert (
+        get_method("hf", noise=False).name == "hf[noise=off]"
+        and get_method("hessian", epsilon=2.0).name == "hessian[eps=2,delta=1e-05]"
+    )
+    with pytest.raises(
+        ValueError, match=r"FinetuneStrategy\) takes no option\(s\) \['epocs'\]; its options: \['batch_size', 'epochs'"
+    ):
         get_method("finetune", epocs=3)
-    with pytest.raises(ValueError, match=r"'acu' \(ACUStrategy\) takes no option\(s\) \['lr'\]; its options: \['expansion_dim', 'ridge'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"'acu' \(ACUStrategy\) takes no option\(s\) \['lr'\]; its options: \['expansion_dim', 'ridge'\]",
+    ):
         get_method("acu", lr=0.1)
     with pytest.raises(ValueError, match="already registered"):
         register(MethodSpec("acu", ACUStrategy, families=("analytic",)))
     with pytest.raises(ValueError, match="unknown model family 'cnn' for method 'neggrad'"):
         get_method("neggrad", family="cnn")
-    with pytest.raises(ValueError, match=r"model family 'analytic' takes no setting\(s\) \['l2'\]; its settings: \['expansion_dim', 'ridge'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"model family 'analytic' takes no setting\(s\) \['l2'\]; its settings: \['expansion_dim', 'ridge'\]",
+    ):
         get_method("finetune", l2=0.1)
 
 
@@ -160,11 +202,31 @@ def test_registry_options_are_the_strategy_constructors_keyword_only_parameters(
         assert own <= spec.options(), (name, own - spec.options())
         assert not (spec.options() & (HARNESS_ARGUMENTS | set(spec.fixed))), name
     # HF: all nine of its own options (was 4), and the linear family's l2
-    assert method_spec("hf").options() == {"epsilon", "delta", "strong_convexity", "smoothness", "grad_bound", "noise",
-                                          "sigma_override", "capacity", "max_deletions", "l2"}
+    assert method_spec("hf").options() == {
+        "epsilon",
+        "delta",
+        "strong_convexity",
+        "smoothness",
+        "grad_bound",
+        "noise",
+        "sigma_override",
+        "capacity",
+        "max_deletions",
+        "l2",
+    }
     assert keyword_options(HFStrategy) - HARNESS_ARGUMENTS <= method_spec("hf").options()
-    assert {"forget_weight", "lr_constant", "expected_rounds", "step_size", "forget_scope", "kl_direction", "noise_std",
-            "epsilon", "delta", "weight_bound"} == keyword_options(StreamingStrategy) - HARNESS_ARGUMENTS
+    assert {
+        "forget_weight",
+        "lr_constant",
+        "expected_rounds",
+        "step_size",
+        "forget_scope",
+        "kl_direction",
+        "noise_std",
+        "epsilon",
+        "delta",
+        "weight_bound",
+    } == keyword_options(StreamingStrategy) - HARNESS_ARGUMENTS
     assert keyword_options(StreamingStrategy) - HARNESS_ARGUMENTS <= method_spec("safe").options()
 
 
@@ -181,16 +243,33 @@ def test_every_certified_and_masking_method_runs_in_the_harness(info):
     """HF, [CCL] Hessian/gradient, SAFE, RBM and SalUn on their model families, against their references."""
     schedule = make_schedule(info.catalog(), 2, kinds=("samples", "class"), samples_per_request=8, seed=2)
     names = ["hf", "hessian", "gradient", "safe", "rbm", "salun"]
-    report = evaluate([get_method(n) for n in names] + [get_method(n, noise=False) for n in ("hf", "hessian", "gradient")], info, schedule)
+    report = evaluate(
+        [get_method(n) for n in names] + [get_method(n, noise=False) for n in ("hf", "hessian", "gradient")],
+        info,
+        schedule,
+    )
     assert report.methods() == [*names, "hf[noise=off]", "hessian[noise=off]", "gradient[noise=off]"]
     refs = {r["method"] for r in report.reference_rows}
-    assert refs == {"retrain[linear] (reference)", "retrain[proximal] (reference)", "retrain[supervised] (reference)", "retrain (reference)"}
+    assert refs == {
+        "retrain[linear] (reference)",
+        "retrain[proximal] (reference)",
+        "retrain[supervised] (reference)",
+        "retrain (reference)",
+    }
     for name, s in report.summary().items():
         assert all(math.isfinite(v) for v in s.values()), name
     guarantees = {m: report._guarantee(m) for m in report.methods()}
-    assert guarantees == {"hf": "(1,1e-05)", "hessian": "(1,1e-05)", "gradient": "(1,1e-05)", "safe": "none",
-                          "rbm": "none", "salun": "none", "hf[noise=off]": "none", "hessian[noise=off]": "none",
-                          "gradient[noise=off]": "none"}
+    assert guarantees == {
+        "hf": "(1,1e-05)",
+        "hessian": "(1,1e-05)",
+        "gradient": "(1,1e-05)",
+        "safe": "none",
+        "rbm": "none",
+        "salun": "none",
+        "hf[noise=off]": "none",
+        "hessian[noise=off]": "none",
+        "gradient[noise=off]": "none",
+    }
     assert [r["n_removed"] for r in report.table("rbm")] == [r["n_removed"] for r in report.table("hf")]
     # the certified noise is what moves HF's weights away from retraining
     summary = report.summary()
@@ -215,13 +294,21 @@ def test_a_spec_context_supplies_managed_arguments_and_callbacks(info):
     from lightning_unlearn.callbacks import TrajectoryRecorder
 
     check = L.Callback()
-    spec = MethodSpec("hf_ctx", HFStrategy, families=("linear",), recorder=lambda info: TrajectoryRecorder(),
-                      managed=frozenset({"grad_bound"}), context=lambda info, module, s: ({"grad_bound": 5.0}, [check]))
+    spec = MethodSpec(
+        "hf_ctx",
+        HFStrategy,
+        families=("linear",),
+        recorder=lambda info: TrajectoryRecorder(),
+        managed=frozenset({"grad_bound"}),
+        context=lambda info, module, s: ({"grad_bound": 5.0}, [check]),
+    )
     assert "grad_bound" not in spec.options()
     built = spec.method(epsilon=2.0).build(info)
     assert check in built.callbacks
     strategy = built.strategy()
     assert (strategy.grad_bound, strategy.epsilon) == (5.0, 2.0)
-    bad = MethodSpec("hf_bad", HFStrategy, families=("linear",), context=lambda info, module, s: ({"grad_bound": 5.0}, []))
+    bad = MethodSpec(
+        "hf_bad", HFStrategy, families=("linear",), context=lambda info, module, s: ({"grad_bound": 5.0}, [])
+    )
     with pytest.raises(ValueError, match=r"context arguments \['grad_bound'\] are not declared as managed"):
         bad.method().build(info)

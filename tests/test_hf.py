@@ -100,7 +100,9 @@ def test_sigma_matches_formula(fitted):
     assert cert.bounds["sensitivity"] == pytest.approx(gamma, rel=1e-9)
     # calibrated by the analytic Gaussian mechanism; the papers' classical formula is reported beside it
     assert cert.sigma == pytest.approx(analytic_sigma(gamma, EPS, DELTA), rel=1e-12)
-    assert cert.bounds["sigma_classical"] == pytest.approx(gamma * math.sqrt(2 * math.log(1.25 / DELTA)) / EPS, rel=1e-12)
+    assert cert.bounds["sigma_classical"] == pytest.approx(
+        gamma * math.sqrt(2 * math.log(1.25 / DELTA)) / EPS, rel=1e-12
+    )
     assert cert.seeded and not cert.certified  # a seeded release is reproducible, hence not private
     noise = hf.flat_params(model) - strategy.clean_parameters()
     expected = cert.sigma * torch.randn(noise.shape, generator=torch.Generator().manual_seed(3), dtype=noise.dtype)
@@ -136,7 +138,7 @@ def slow_recursion(model: nn.Module, rec: TrajectoryRecorder, w0: torch.Tensor, 
         xb, yb, lr = x_all[ids], y_all[ids], rec.lrs[t]
         new = A.clone()
         for u in range(len(ds)):
-            _, hv = torch.autograd.functional.hvp(lambda th: objective(th, xb, yb), theta, A[u])
+            _, hv = torch.autograd.functional.hvp(lambda th, xb=xb, yb=yb: objective(th, xb, yb), theta, A[u])
             new[u] = A[u] - lr * hv
         for u in ids:
             th = theta.clone().requires_grad_(True)
@@ -152,7 +154,10 @@ def slow_recursion(model: nn.Module, rec: TrajectoryRecorder, w0: torch.Tensor, 
 def test_vmap_statistics_equal_slow_loop_on_tiny_mlp(hessian, row_block):
     ds = blobs(24, seed=2)
     net = nn.Sequential(nn.Linear(D_IN, 5), nn.Tanh(), nn.Linear(5, N_CLASSES)).double()
-    model, rec = sgd_model(net, lr=0.2, l2=0.01), TrajectoryRecorder(dtype=torch.float64, hessian=hessian, row_block=row_block)
+    model, rec = (
+        sgd_model(net, lr=0.2, l2=0.01),
+        TrajectoryRecorder(dtype=torch.float64, hessian=hessian, row_block=row_block),
+    )
     w0 = fit_hf(model, ds, rec, epochs=2, batch_size=8)
     slow = slow_recursion(model, rec, w0, ds)
     fast = rec.A[[rec.row_of[i] for i in range(24)]]
@@ -175,7 +180,9 @@ def test_checkpoint_roundtrip_and_mmap_float16_store(tmp_path):
     assert same_state(recorded(restored), recorded(rec))
 
     mm = TrajectoryRecorder(dtype=torch.float16, store="mmap", path=tmp_path / "a.bin", capacity=64)
-    trainer([mm], max_epochs=2).fit(sgd_model(), DataLoader(ds, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(1)))
+    trainer([mm], max_epochs=2).fit(
+        sgd_model(), DataLoader(ds, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(1))
+    )
     assert (tmp_path / "a.bin").stat().st_size == 64 * rec.A.shape[1] * 2
     assert mm.memory_bytes() == 48 * rec.A.shape[1] * 2
     assert torch.allclose(mm.A[:48].float(), rec.A[:48].float(), rtol=1e-2, atol=1e-3)  # float16 rounding
@@ -246,7 +253,6 @@ def test_recursion_continues_across_experiences():
     assert float((strategy.clean_parameters() - w_retrain).norm()) <= 0.1 * float((w - w_retrain).norm())
 
 
-
 def test_sum_form_bound_equals_closed_form_eq56_with_decaying_step():
     """With eta_t = eta q^t, |B| constant and u at step e B + b of every epoch, the sum form equals Eq. (56)."""
     eta, q, rho, G, B, E, bsz, b = 0.1, 0.97, 0.99, 3.0, 5, 4, 8, 2
@@ -272,7 +278,9 @@ def test_sigma_override_is_reported_as_uncertified(fitted):
     cert = strategy.forget(ForgetRequest.samples([8])).certificate
     assert cert.epsilon is None and not cert.certified and cert.sigma == 0.01 and cert.bounds["sigma_formula"] > 0.01
     noise = hf.flat_params(model) - strategy.clean_parameters()
-    assert torch.allclose(noise, 0.01 * torch.randn(noise.shape, generator=torch.Generator().manual_seed(0), dtype=noise.dtype))
+    assert torch.allclose(
+        noise, 0.01 * torch.randn(noise.shape, generator=torch.Generator().manual_seed(0), dtype=noise.dtype)
+    )
 
 
 # -- bring your own model -------------------------------------------------------------------------------
@@ -295,7 +303,10 @@ def test_label_smoothed_training_loss_is_refused_at_fit_start():
     ds = blobs(32, seed=4)
     smoothed = user_model(smoothing=0.1)
     w = hf.flat_params(smoothed)
-    with pytest.raises(ValueError, match=r"loss_fn disagrees with UserModule.training_step on a batch: mean loss_fn = [0-9.]+, training loss = [0-9.]+"):
+    with pytest.raises(
+        ValueError,
+        match=r"loss_fn disagrees with UserModule.training_step on a batch: mean loss_fn = [0-9.]+, training loss = [0-9.]+",
+    ):
         fit_hf(smoothed, ds, TrajectoryRecorder(), epochs=1)
     assert torch.equal(hf.flat_params(smoothed), w)  # refused before the first step
     # the per-sample form of the same loss is accepted, and the recursion follows it
@@ -347,7 +358,9 @@ def test_cnn_forget_without_noise_reports_an_infinite_bound_instead_of_overflowi
     assert cert.bounds["sensitivity"] == math.inf and cert.epsilon is None and "infinite" in cert.statement
     assert float((strategy.clean_parameters() - w_retrain).norm()) <= 0.1 * float((w - w_retrain).norm())
     with pytest.raises(ValueError, match=r"refuses a certified release: step size lr = 0.05 exceeds 2/\(M \+ lambda\)"):
-        HFStrategy(model, rec, smoothness=1e60).forget(ForgetRequest.samples([6]))  # the recipe guard names lr, M, lambda
+        HFStrategy(model, rec, smoothness=1e60).forget(
+            ForgetRequest.samples([6])
+        )  # the recipe guard names lr, M, lambda
     train_mode_bn = nn.Sequential(nn.Linear(36, 3), nn.BatchNorm1d(3), nn.Linear(3, N_CLASSES)).double()
     with pytest.raises(ValueError, match=r"BatchNorm/Dropout layers \['net.1'\] are in training mode"):
         fit_hf(user_model(train_mode_bn), ds, TrajectoryRecorder(), epochs=1)

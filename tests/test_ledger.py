@@ -130,7 +130,9 @@ def test_an_unkeyed_rewritten_chain_is_detected_by_the_anchor(tmp_path):
     prev = entries[0]["hash"]
     for e in entries[1:]:
         e["prev_hash"] = prev
-        e["hash"] = hashlib.sha256(json.dumps({k: v for k, v in e.items() if k != "hash"}, sort_keys=True).encode()).hexdigest()
+        e["hash"] = hashlib.sha256(
+            json.dumps({k: v for k, v in e.items() if k != "hash"}, sort_keys=True).encode()
+        ).hexdigest()
         prev = e["hash"]
     path.write_text("".join(json.dumps(e, sort_keys=True) + "\n" for e in entries))
     Ledger(path)  # a consistent unkeyed chain

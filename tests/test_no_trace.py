@@ -186,7 +186,11 @@ def save(tr: L.Trainer, recorder, run: Path) -> None:
 
 
 RUNS = {
-    "acu": run_acu, "hf-memory": run_hf("memory"), "hf-mmap": run_hf("mmap"), "hessian": run_hessian, "safe": run_safe,
+    "acu": run_acu,
+    "hf-memory": run_hf("memory"),
+    "hf-mmap": run_hf("mmap"),
+    "hessian": run_hessian,
+    "safe": run_safe,
     "neggrad": run_neggrad,
 }
 

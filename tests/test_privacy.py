@@ -39,7 +39,9 @@ def hockey_stick_delta(sigma: float, sensitivity: float, epsilon: float) -> floa
     p, q = stats.norm(sensitivity, sigma), stats.norm(0.0, sigma)
     # p > e^eps q  <=>  x > x0 (the likelihood ratio is increasing in x)
     x0 = sigma**2 * epsilon / sensitivity + sensitivity / 2
-    value, _ = integrate.quad(lambda x: p.pdf(x) - math.exp(epsilon) * q.pdf(x), x0, x0 + 40 * sigma, epsabs=1e-15, epsrel=1e-10)
+    value, _ = integrate.quad(
+        lambda x: p.pdf(x) - math.exp(epsilon) * q.pdf(x), x0, x0 + 40 * sigma, epsabs=1e-15, epsrel=1e-10
+    )
     return value
 
 
@@ -66,7 +68,13 @@ def test_classical_formula_fails_for_large_epsilon():
 
 
 def test_calibration_rejects_bad_parameters():
-    for eps, delta, sens in [(0.0, DELTA, 1.0), (math.inf, DELTA, 1.0), (1.0, 0.0, 1.0), (1.0, 1.0, 1.0), (1.0, DELTA, -1.0)]:
+    for eps, delta, sens in [
+        (0.0, DELTA, 1.0),
+        (math.inf, DELTA, 1.0),
+        (1.0, 0.0, 1.0),
+        (1.0, 1.0, 1.0),
+        (1.0, DELTA, -1.0),
+    ]:
         with pytest.raises(ValueError):
             analytic_sigma(sens, eps, delta)
     assert analytic_sigma(0.0, 1.0, DELTA) == 0.0
@@ -74,8 +82,12 @@ def test_calibration_rejects_bad_parameters():
 
 # -- accounting ----------------------------------------------------------------------------------------
 def test_accountant_totals_equal_dp_accounting_called_directly():
-    releases = [Release(sigma=3.0, sensitivity=1.0), Release(sigma=6.0, sensitivity=2.0), Release(sigma=2.0, sensitivity=1.0),
-                Release(sigma=0.5, sensitivity=0.0)]  # the last removed nothing: no privacy cost
+    releases = [
+        Release(sigma=3.0, sensitivity=1.0),
+        Release(sigma=6.0, sensitivity=2.0),
+        Release(sigma=2.0, sensitivity=1.0),
+        Release(sigma=0.5, sensitivity=0.0),
+    ]  # the last removed nothing: no privacy cost
     acc = PrivacyAccountant("pld")
     for r in releases:
         acc = acc.with_release(r)
@@ -113,7 +125,9 @@ def test_secure_noise_is_standard_normal_and_never_repeats():
     z = secure_gaussian((200_000,))
     # mean within 5 standard errors, variance within 5 standard errors (sd of s^2 ~ sqrt(2/n))
     assert abs(float(z.mean())) < 5 / math.sqrt(len(z)) and abs(float(z.var()) - 1) < 5 * math.sqrt(2 / len(z))
-    assert not torch.equal(gaussian_noise((50,), 1.0, torch.float64, None, 0), gaussian_noise((50,), 1.0, torch.float64, None, 0))
+    assert not torch.equal(
+        gaussian_noise((50,), 1.0, torch.float64, None, 0), gaussian_noise((50,), 1.0, torch.float64, None, 0)
+    )
     seeded = gaussian_noise((50,), 2.0, torch.float64, 7, 3)
     assert torch.equal(seeded, 2.0 * torch.randn(50, generator=torch.Generator().manual_seed(10), dtype=torch.float64))
 
@@ -140,7 +154,7 @@ def test_closed_form_bounds_dominate_exact_per_sample_hessians_and_gradients(bin
     dim = (d_in + 1) * k
     loss = lambda th, xi, yi: per_sample_loss(th, xi, yi, k, l2, binary)  # noqa: E731
     theta, eta, worst_m, worst_g, least = torch.zeros(dim, dtype=torch.float64), c.max_lr, 0.0, 0.0, math.inf
-    for step in range(60):  # full-batch gradient descent at the largest step size the recipe allows
+    for _ in range(60):  # full-batch gradient descent at the largest step size the recipe allows
         H = vmap(hessian(loss), in_dims=(None, 0, 0))(theta, x, y)
         eig = torch.linalg.eigvalsh(H)
         G = vmap(grad(loss), in_dims=(None, 0, 0))(theta, x, y)
@@ -196,7 +210,9 @@ def test_bounded_release_is_certified_and_reports_the_composition(bounded):
     direct.compose(dp_event.GaussianDpEvent(noise_multiplier=second.sigma / second.bounds["sensitivity"]), count=2)
     assert second.accounting["releases"] == 2
     assert second.accounting["epsilon_total"] == pytest.approx(direct.get_epsilon(DELTA), rel=1e-3)
-    assert second.accounting["epsilon_total"] > 1.2 and first.accounting["epsilon_total"] == pytest.approx(1.0, abs=1e-3)
+    assert second.accounting["epsilon_total"] > 1.2 and first.accounting["epsilon_total"] == pytest.approx(
+        1.0, abs=1e-3
+    )
 
 
 def test_estimated_constants_are_not_certified(bounded):
@@ -230,7 +246,11 @@ def test_budget_refusal_changes_nothing(bounded):
     model, rec, c = copy_of(bounded)
     strategy = HFStrategy(model, rec, epsilon=1.0, delta=DELTA, constants=c, budget=1.2)
     strategy.forget(ForgetRequest.samples([3]))
-    weights, state, n_active = hf.flat_params(model), copy.deepcopy(rec.state_dict()), len(strategy.catalog.active_ids())
+    weights, state, n_active = (
+        hf.flat_params(model),
+        copy.deepcopy(rec.state_dict()),
+        len(strategy.catalog.active_ids()),
+    )
     with pytest.raises(ValueError, match="privacy budget exceeded"):
         strategy.forget(ForgetRequest.samples([4]))  # two releases at epsilon = 1 compose to about 1.4 > 1.2
     assert torch.equal(hf.flat_params(model), weights) and len(strategy.catalog.active_ids()) == n_active
@@ -258,7 +278,9 @@ def test_tiny_noise_multipliers_fall_back_to_rdp():
     acc = PrivacyAccountant("pld").with_release(Release(sigma=1e-4, sensitivity=10.0))
     direct = rdp_privacy_accountant.RdpAccountant()
     direct.compose(dp_event.GaussianDpEvent(noise_multiplier=1e-5))
-    assert acc.totals(DELTA)["accountant"] == "rdp" and acc.get_epsilon(DELTA) == pytest.approx(direct.get_epsilon(DELTA))
+    assert acc.totals(DELTA)["accountant"] == "rdp" and acc.get_epsilon(DELTA) == pytest.approx(
+        direct.get_epsilon(DELTA)
+    )
 
 
 # -- [CCL] strategies: task optimality as the recipe condition ---------------------------------------------------
@@ -282,7 +304,11 @@ def test_continual_certified_release_needs_every_task_solved_to_tolerance():
     model, rec, check, c = fit_checked(max_epochs=2, tolerance=1e-6)
     assert max(check.residuals) <= 1e-6  # full-batch L-BFGS solves these tasks
     fresh = lambda: (copy.deepcopy(model), copy.deepcopy(rec))  # noqa: E731
-    cert = GradientCertifiedStrategy(*fresh(), constants=c, optimality=check).forget(ForgetRequest.of_experience(0)).certificate
+    cert = (
+        GradientCertifiedStrategy(*fresh(), constants=c, optimality=check)
+        .forget(ForgetRequest.of_experience(0))
+        .certificate
+    )
     assert cert.certified and cert.recipe == "checked" and cert.constants == "bounded"
     unchecked = GradientCertifiedStrategy(*fresh(), constants=c).forget(ForgetRequest.of_experience(0)).certificate
     assert unchecked.recipe == "unchecked" and not unchecked.certified

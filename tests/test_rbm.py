@@ -75,7 +75,11 @@ def test_synthetic_linear_experiment_retention_masking_keeps_the_remaining_loss(
     keep = {"rbm": ~trainable_mask(m_r, "retain")["w"], "salun": ~trainable_mask(m_f, "forget")["w"]}
     w_hat = {m: min_norm(x_t, y_t, masked_update(zero, w_o, k)) for m, k in keep.items()}
 
-    block = [torch.arange(d) < d_r, (torch.arange(d) >= d_r) & (torch.arange(d) < d_r + d_lap), torch.arange(d) >= d_r + d_lap]
+    block = [
+        torch.arange(d) < d_r,
+        (torch.arange(d) >= d_r) & (torch.arange(d) < d_r + d_lap),
+        torch.arange(d) >= d_r + d_lap,
+    ]
     w_r, w_lap, w_f = (torch.where(b, w_o, zero) for b in block)
     p, p_r, p_t = projection(x), projection(x_r), projection(x_t)
     eye = torch.eye(d, dtype=F64)
@@ -124,7 +128,9 @@ def test_mean_loss_gradient_of_batch_means_is_the_gradient_of_the_mean_loss():
     batches = [(x[:4], y[:4]), (x[4:], y[4:])]
     grads = mean_loss_gradient(params, ((nn.functional.cross_entropy(net(bx), by), len(by)) for bx, by in batches))
     nn.functional.cross_entropy(net(x), y).backward()
-    assert torch.allclose(grads["weight"], net.weight.grad, atol=1e-14) and torch.allclose(grads["bias"], net.bias.grad, atol=1e-14)
+    assert torch.allclose(grads["weight"], net.weight.grad, atol=1e-14) and torch.allclose(
+        grads["bias"], net.bias.grad, atol=1e-14
+    )
     with pytest.raises(ValueError, match="at least one sample"):
         mean_loss_gradient(params, [])
 
@@ -152,7 +158,9 @@ def overlap_dataset(n: int = 240) -> IndexedDataset:
 def linear_model(train: IndexedDataset) -> tuple[SupervisedClassifier, SampleRecorder]:
     torch.manual_seed(0)
     model, rec = SupervisedClassifier(nn.Linear(D_R + D_LAP + D_F, N_CLASSES), lr=0.2), SampleRecorder()
-    quiet_trainer([rec], max_epochs=15).fit(model, DataLoader(train, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(0)))
+    quiet_trainer([rec], max_epochs=15).fit(
+        model, DataLoader(train, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(0))
+    )
     return model, rec
 
 
@@ -161,7 +169,10 @@ def test_rbm_keeps_retained_predictions_where_salun_loses_retain_accuracy():
     only the forget class's own features, so retained logits do not move; SalUn also trains the
     shared features and its retain accuracy falls below RBM's."""
     train = overlap_dataset()
-    retain, forget = Subset(train, [i for i in range(len(train)) if i % 4 != 3]), Subset(train, list(range(3, len(train), 4)))
+    retain, forget = (
+        Subset(train, [i for i in range(len(train)) if i % 4 != 3]),
+        Subset(train, list(range(3, len(train), 4))),
+    )
     x_retain = torch.stack([train[i][0] for i in retain.indices])
     results = {}
     for masking in ("retain", "forget"):
@@ -191,7 +202,9 @@ def test_frozen_weights_stay_exactly_at_their_original_values():
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     strategy = RBMStrategy(model, rec, train, epochs=2, lr=0.05, batch_size=32)
     forget = list(range(20))
-    trainable = strategy.mask(Subset(train, list(range(20, 160))), copy.deepcopy(model))  # the request's mask (D_r = ids 20..159)
+    trainable = strategy.mask(
+        Subset(train, list(range(20, 160))), copy.deepcopy(model)
+    )  # the request's mask (D_r = ids 20..159)
     result = strategy.forget(ForgetRequest.samples(forget), train)
     n_weights = sum(m.numel() for m in trainable.values())
     assert sum(int(m.sum()) for m in trainable.values()) == n_weights - n_weights // 2  # sparsity 50%, Eq. (9)

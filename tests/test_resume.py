@@ -94,7 +94,10 @@ def test_acu_resumed_mid_epoch_of_the_first_experience_equals_the_uninterrupted_
     data = toy_dataset(160)
     model, rec = analytic()()
     trainer([rec], max_epochs=2).fit(model, ResumableLoader(data, 16))
-    loader = lambda: ResumableLoader(data, 16)
+
+    def loader():
+        return ResumableLoader(data, 16)
+
     model2, rec2 = interrupted_then_resumed(analytic(), tmp_path / "mid.ckpt", epoch, 4, loader, 2)
     assert len(rec2.catalog) == 160 and torch.equal(rec2.catalog.ids, rec.catalog.ids)  # same samples, same order
     for k in ("R", "Q", "T", "W"):  # bit for bit: the same float64 sums in the same order

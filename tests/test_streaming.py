@@ -89,7 +89,9 @@ def test_anchor_statistics_equal_direct_computation_on_the_training_data(fitted)
     direct = direct_grad_sum(model, x, y)
     for n in direct:  # Eq. (12)-(15): |D_0| grad R_0(w_0); float64, summation order only
         assert torch.allclose(rec.grad_sum[n], direct[n], rtol=1e-10, atol=1e-10), n
-    assert math.isclose(float(rec.loss_sum), float(nn.functional.cross_entropy(model(x), y, reduction="sum")), rel_tol=1e-10)
+    assert math.isclose(
+        float(rec.loss_sum), float(nn.functional.cross_entropy(model(x), y, reduction="sum")), rel_tol=1e-10
+    )
     u = safe.project(x, rec.V)
     for c in range(N_CLASSES):  # Eq. (21): class mean and covariance of the projection
         uc = u[y == c]
@@ -111,7 +113,9 @@ def test_a_round_updates_statistics_to_those_of_the_retained_data_without_seeing
     for n in direct:  # Eq. (15) kept as a sum: exactly the retained data's gradient at w_0
         assert torch.allclose(rec.grad_sum[n], direct[n], rtol=1e-10, atol=1e-10), n
     n, s1, s2 = safe.class_sums(safe.project(x, rec.V), y, N_CLASSES)  # Eq. (22)-(23) in exact (sum) form
-    assert torch.equal(rec.counts, n) and torch.allclose(rec.s1, s1, atol=1e-9) and torch.allclose(rec.s2, s2, atol=1e-8)
+    assert (
+        torch.equal(rec.counts, n) and torch.allclose(rec.s1, s1, atol=1e-9) and torch.allclose(rec.s2, s2, atol=1e-8)
+    )
     assert rec.n_retained == N - 5 and rec.rounds == 1 and rec.forget_ids.tolist() == forget_ids.tolist()
 
 
@@ -132,7 +136,9 @@ def test_each_round_is_one_normalised_step_of_size_gamma_from_w0(fitted):
     assert math.isclose(r2.extra["grad_norm_retain"], float(g_ret.norm()), rel_tol=1e-9)
     assert r2.extra["round"] == 2 and r2.extra["n_forgotten_total"] == 5 and r2.extra["n_retained"] == N - 5
     assert math.isclose(r2.extra["theorem1_bound"], N_CLASSES * 5 / (N - 5) ** 1.5, rel_tol=1e-12)
-    assert r2.extra["cumulative_surrogate_risk"] == pytest.approx(r1.extra["surrogate_risk"] + r2.extra["surrogate_risk"])
+    assert r2.extra["cumulative_surrogate_risk"] == pytest.approx(
+        r1.extra["surrogate_risk"] + r2.extra["surrogate_risk"]
+    )
     assert not r2.certificate.certified and len(strategy.ledger) == 2
 
 
@@ -158,7 +164,9 @@ def test_theorem2_noise_is_calibrated_on_twice_the_weight_bound(fitted):
     cert = noisy.forget(request, ds).certificate
     expected = analytic_sigma(2 * W, eps, delta)  # two models in the ball ||w|| <= W are at most 2W apart
     assert cert.epsilon == eps and cert.delta == delta and cert.seeded and cert.constants == "estimated"
-    assert not cert.certified  # W = ||w_0|| is an assumption no later model is bound to respect, and the noise is seeded
+    assert (
+        not cert.certified
+    )  # W = ||w_0|| is an assumption no later model is bound to respect, and the noise is seeded
     assert math.isclose(cert.sigma, expected, rel_tol=1e-12) and cert.bounds["W"] == pytest.approx(W)
     phi = W * math.sqrt(2 * math.log(1.25 / delta)) / eps  # phi_t of Theorem 2(iii), reported
     assert cert.bounds["sigma_classical_theorem2"] == pytest.approx(phi, rel=1e-12)
@@ -183,7 +191,9 @@ def test_state_survives_a_lightning_checkpoint_and_forgets_the_same(fitted, tmp_
     request = ForgetRequest.samples([10, 11, 12])
     StreamingStrategy(model, rec, step_size=0.1).forget(request, ds)
     StreamingStrategy(twin, restored, step_size=0.1).forget(request, ds)
-    statistics = [{k: v for k, v in r.state_dict().items() if k != "ledger_anchor"} for r in (rec, restored)]  # two ledgers
+    statistics = [
+        {k: v for k, v in r.state_dict().items() if k != "ledger_anchor"} for r in (rec, restored)
+    ]  # two ledgers
     assert torch.equal(flat(model), flat(twin)) and state_equal(*statistics)
     other = StreamingRecorder(num_classes=N_CLASSES, proj_dim=8)
     with pytest.raises(ValueError, match=r"StreamingRecorder with other settings \(proj_dim=4 there, 8 here\)"):
@@ -235,9 +245,13 @@ def test_bad_input_is_refused_and_changes_nothing(fitted):
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"epsilon": 1.0}, "epsilon and delta together"), ({"epsilon": 1.0, "delta": 2.0}, "delta in \\(0, 1\\)"),
-     ({"epsilon": 1.0, "delta": 1e-5, "noise_std": 0.1}, "do not also give noise_std"), ({"weight_bound": 0.0}, "must be positive"),
-     ({"forget_scope": "last"}, "forget_scope must be one of")],
+    [
+        ({"epsilon": 1.0}, "epsilon and delta together"),
+        ({"epsilon": 1.0, "delta": 2.0}, "delta in \\(0, 1\\)"),
+        ({"epsilon": 1.0, "delta": 1e-5, "noise_std": 0.1}, "do not also give noise_std"),
+        ({"weight_bound": 0.0}, "must be positive"),
+        ({"forget_scope": "last"}, "forget_scope must be one of"),
+    ],
 )
 def test_bad_options_are_refused(fitted, kwargs, message):
     _, model, rec = fitted

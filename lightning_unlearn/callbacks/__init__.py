@@ -3,8 +3,8 @@
 from lightning_unlearn.callbacks.analytic import AnalyticRecorder
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.callbacks.hessian import HessianRecorder, TaskDeltaRecorder
-from lightning_unlearn.callbacks.proximal import ProximalRegularizer
 from lightning_unlearn.callbacks.optimality import TaskOptimality
+from lightning_unlearn.callbacks.proximal import ProximalRegularizer
 from lightning_unlearn.callbacks.samples import SampleRecorder
 from lightning_unlearn.callbacks.streaming import StreamingRecorder
 from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder

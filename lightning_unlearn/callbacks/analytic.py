@@ -61,8 +61,14 @@ class AnalyticRecorder(RecorderCallback):
     gathers_inputs = False
 
     def __init__(
-        self, ridge: float = 1.0, dtype: torch.dtype = torch.float64, *, backbone: str | None = None,
-        head: str = "head", device: str | torch.device | None = None, fingerprint: bool = True,
+        self,
+        ridge: float = 1.0,
+        dtype: torch.dtype = torch.float64,
+        *,
+        backbone: str | None = None,
+        head: str = "head",
+        device: str | torch.device | None = None,
+        fingerprint: bool = True,
     ) -> None:
         super().__init__(fingerprint=fingerprint)
         if ridge <= 0:

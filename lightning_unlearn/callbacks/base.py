@@ -96,8 +96,14 @@ class RecorderCallback(L.Callback):
         self._stage(ids, y, self._prints(x, len(ids)))
 
     def record_shard(
-        self, module: torch.nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any,
-        gather: Callable[[Tensor], Tensor], rank: int,
+        self,
+        module: torch.nn.Module,
+        x: Tensor,
+        y: Tensor,
+        ids: Tensor,
+        outputs: Any,
+        gather: Callable[[Tensor], Tensor],
+        rank: int,
     ) -> None:
         """Stage one batch of which this rank holds its own rows only (DDP, ``gathers_inputs = False``).
 
@@ -155,7 +161,11 @@ class RecorderCallback(L.Callback):
         """Commit the staged block: register its samples and fold in its statistics."""
         if not self._staged_ids:
             return
-        ids, labels, prints = torch.cat(self._staged_ids), torch.cat(self._staged_labels), torch.cat(self._staged_prints)
+        ids, labels, prints = (
+            torch.cat(self._staged_ids),
+            torch.cat(self._staged_labels),
+            torch.cat(self._staged_prints),
+        )
         self._commit(module)
         self.catalog.add(ids, labels, self._fit_experience, prints)
         self._drop_staged()
@@ -215,8 +225,10 @@ class RecorderCallback(L.Callback):
         """Continue the fit a checkpoint was saved in; refuse what would lose samples."""
         name = type(self).__name__
         if resume is None or (self.experience is not None and self.experience != resume["experience"]):
-            why = "holds no record of this recorder's running fit" if resume is None else (
-                f"was saved while learning experience {resume['experience']}, not experience {self.experience}"
+            why = (
+                "holds no record of this recorder's running fit"
+                if resume is None
+                else (f"was saved while learning experience {resume['experience']}, not experience {self.experience}")
             )
             raise ValueError(
                 f"{name}: cannot resume from a checkpoint saved in {where}: it {why}, so the samples learned "
@@ -335,8 +347,11 @@ class RecorderCallback(L.Callback):
             theirs = _settings(key, name) if isinstance(key, str) else None
             if theirs is None:
                 continue
-            differ = [f"{k}={theirs.get(k)!r} there, {ours.get(k)!r} here" for k in sorted(set(ours) | set(theirs))
-                      if ours.get(k) != theirs.get(k)]
+            differ = [
+                f"{k}={theirs.get(k)!r} there, {ours.get(k)!r} here"
+                for k in sorted(set(ours) | set(theirs))
+                if ours.get(k) != theirs.get(k)
+            ]
             raise ValueError(
                 f"{where} holds the statistics of a {name} with other settings ({'; '.join(differ) or key}); "
                 f"they cannot be used by this {name}: create it with the checkpoint's settings"
@@ -363,7 +378,7 @@ def _settings(state_key: str, name: str) -> dict[str, Any] | None:
     if not state_key.startswith(name + "{"):
         return None
     try:
-        settings = ast.literal_eval(state_key[len(name):])
+        settings = ast.literal_eval(state_key[len(name) :])
     except (ValueError, SyntaxError):
         return {"state_key": state_key}
     return settings if isinstance(settings, dict) else {"state_key": state_key}

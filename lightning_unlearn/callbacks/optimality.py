@@ -37,7 +37,12 @@ class TaskOptimality(L.Callback):
         return self._generate_state_key(tolerance=self.tolerance)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        decay = {id(p): float(g.get("weight_decay", 0.0)) for opt in trainer.optimizers for g in opt.param_groups for p in g["params"]}
+        decay = {
+            id(p): float(g.get("weight_decay", 0.0))
+            for opt in trainer.optimizers
+            for g in opt.param_groups
+            for p in g["params"]
+        }
         self.residuals.append(task_residual(pl_module, trainer.train_dataloader, decay))
 
     def problem(self, n_tasks: int) -> str | None:
@@ -47,8 +52,10 @@ class TaskOptimality(L.Callback):
         bad = [(i, r) for i, r in enumerate(self.residuals) if not r <= self.tolerance]
         if bad:
             i, r = bad[0]
-            return (f"task {i} was solved to a gradient residual {r:.3g} > tolerance {self.tolerance:g} ([CCL] assumes exact "
-                    "task solutions): solve each task further (more L-BFGS steps, full batch)")
+            return (
+                f"task {i} was solved to a gradient residual {r:.3g} > tolerance {self.tolerance:g} ([CCL] assumes exact "
+                "task solutions): solve each task further (more L-BFGS steps, full batch)"
+            )
         return None
 
     def state_dict(self) -> dict[str, Any]:
@@ -83,5 +90,7 @@ def task_residual(module: L.LightningModule, loader: Any, weight_decay: dict[int
     finally:
         module.train(was_training)
     decay = weight_decay or {}
-    out = [(torch.zeros_like(p) if g is None else g) + decay.get(id(p), 0.0) * p.detach() for p, g in zip(params, grads)]
+    out = [
+        (torch.zeros_like(p) if g is None else g) + decay.get(id(p), 0.0) * p.detach() for p, g in zip(params, grads)
+    ]
     return float(torch.sqrt(sum(g.double().pow(2).sum() for g in out)))

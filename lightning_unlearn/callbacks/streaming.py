@@ -14,8 +14,23 @@ from lightning_unlearn.data import unpack_batch
 from lightning_unlearn.functional import streaming as safe
 from lightning_unlearn.modes import eval_mode
 
-_STATE = ("V", "counts", "s1", "s2", "ref_counts", "ref_mean", "ref_cov", "w0", "buffers0", "grad_sum", "loss_sum",
-          "n_anchor", "forget_ids", "rounds", "cumulative_surrogate")
+_STATE = (
+    "V",
+    "counts",
+    "s1",
+    "s2",
+    "ref_counts",
+    "ref_mean",
+    "ref_cov",
+    "w0",
+    "buffers0",
+    "grad_sum",
+    "loss_sum",
+    "n_anchor",
+    "forget_ids",
+    "rounds",
+    "cumulative_surrogate",
+)
 
 
 class StreamingRecorder(RecorderCallback):
@@ -55,8 +70,15 @@ class StreamingRecorder(RecorderCallback):
     def __init__(self, num_classes: int, proj_dim: int = 16, ridge: float = 1e-4, seed: int = 0) -> None:
         super().__init__()
         if num_classes < 2 or proj_dim < 1 or ridge < 0:
-            raise ValueError(f"StreamingRecorder needs num_classes >= 2, proj_dim >= 1, ridge >= 0; got {num_classes}, {proj_dim}, {ridge}")
-        self.num_classes, self.proj_dim, self.ridge, self.seed = int(num_classes), int(proj_dim), float(ridge), int(seed)
+            raise ValueError(
+                f"StreamingRecorder needs num_classes >= 2, proj_dim >= 1, ridge >= 0; got {num_classes}, {proj_dim}, {ridge}"
+            )
+        self.num_classes, self.proj_dim, self.ridge, self.seed = (
+            int(num_classes),
+            int(proj_dim),
+            float(ridge),
+            int(seed),
+        )
         self.V: Tensor | None = None
         self.counts = torch.zeros(self.num_classes, dtype=torch.float64)
         self.s1 = torch.zeros(self.num_classes, self.proj_dim, dtype=torch.float64)
@@ -113,7 +135,9 @@ class StreamingRecorder(RecorderCallback):
 
     def _record(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any) -> None:
         if y.min() < 0 or y.max() >= self.num_classes:
-            raise ValueError(f"StreamingRecorder(num_classes={self.num_classes}) got labels outside [0, {self.num_classes}): {y.unique().tolist()[:10]}")
+            raise ValueError(
+                f"StreamingRecorder(num_classes={self.num_classes}) got labels outside [0, {self.num_classes}): {y.unique().tolist()[:10]}"
+            )
         p = x[0].numel()
         if self.V is None:
             g = torch.Generator().manual_seed(self.seed)
@@ -122,7 +146,9 @@ class StreamingRecorder(RecorderCallback):
             raise ValueError(f"inputs have {p} features but the recorded projection V expects {self.V.shape[0]}")
         if self._V_device is None or self._V_device.device != x.device:
             self._V_device = self.V.to(x.device)
-        n, s1, s2 = safe.class_sums(safe.project(x.detach(), self._V_device), y, self.num_classes)  # on the batch's device
+        n, s1, s2 = safe.class_sums(
+            safe.project(x.detach(), self._V_device), y, self.num_classes
+        )  # on the batch's device
         if self._staged is not None:
             n, s1, s2 = n + self._staged[0], s1 + self._staged[1], s2 + self._staged[2]
         self._staged = (n, s1, s2)
@@ -133,7 +159,11 @@ class StreamingRecorder(RecorderCallback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
-        last = trainer.max_epochs is not None and trainer.max_epochs >= 0 and trainer.current_epoch + 1 >= trainer.max_epochs
+        last = (
+            trainer.max_epochs is not None
+            and trainer.max_epochs >= 0
+            and trainer.current_epoch + 1 >= trainer.max_epochs
+        )
         if last or trainer.should_stop:
             self.anchor(trainer, pl_module)  # before ModelCheckpoint (Lightning runs it last) saves
 
@@ -210,17 +240,37 @@ class StreamingRecorder(RecorderCallback):
         """
         counts, s1, s2 = safe.remove_samples(self.counts, self.s1, self.s2, safe.project(x, self.V), y)
         return {
-            "counts": counts, "s1": s1, "s2": s2, "grad_sum": grad_sum, "loss_sum": loss_sum,
-            "forget_ids": torch.cat([self.forget_ids, ids]), "rounds": self.rounds + 1,
+            "counts": counts,
+            "s1": s1,
+            "s2": s2,
+            "grad_sum": grad_sum,
+            "loss_sum": loss_sum,
+            "forget_ids": torch.cat([self.forget_ids, ids]),
+            "rounds": self.rounds + 1,
             "cumulative_surrogate": self.cumulative_surrogate + surrogate,
         }
 
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         state = {k: getattr(self, k) for k in _STATE}
-        state = {k: ({n: t.clone() for n, t in v.items()} if isinstance(v, dict) else v.clone() if isinstance(v, Tensor) else v) for k, v in state.items()}
-        return {**super().state_dict(), **state, "num_classes": self.num_classes, "proj_dim": self.proj_dim, "ridge": self.ridge,
-                "anchor_key": list(self._anchor_key) if self._anchor_key else None}
+        state = {
+            k: (
+                {n: t.clone() for n, t in v.items()}
+                if isinstance(v, dict)
+                else v.clone()
+                if isinstance(v, Tensor)
+                else v
+            )
+            for k, v in state.items()
+        }
+        return {
+            **super().state_dict(),
+            **state,
+            "num_classes": self.num_classes,
+            "proj_dim": self.proj_dim,
+            "ridge": self.ridge,
+            "anchor_key": list(self._anchor_key) if self._anchor_key else None,
+        }
 
     def _staged_state(self) -> dict[str, Any]:
         return {"staged": self._staged, "prior": self._prior}
@@ -241,9 +291,19 @@ class StreamingRecorder(RecorderCallback):
         ours = (self.num_classes, self.proj_dim, self.ridge)
         theirs = (state_dict["num_classes"], state_dict["proj_dim"], state_dict["ridge"])
         if tuple(theirs) != ours:
-            raise ValueError(f"checkpoint was recorded with (num_classes, proj_dim, ridge)={theirs}, this recorder has {ours}")
+            raise ValueError(
+                f"checkpoint was recorded with (num_classes, proj_dim, ridge)={theirs}, this recorder has {ours}"
+            )
         super().load_state_dict(state_dict)
         for k in _STATE:
             v = state_dict[k]
-            setattr(self, k, {n: t.clone() for n, t in v.items()} if isinstance(v, dict) else v.clone() if isinstance(v, Tensor) else v)
+            setattr(
+                self,
+                k,
+                {n: t.clone() for n, t in v.items()}
+                if isinstance(v, dict)
+                else v.clone()
+                if isinstance(v, Tensor)
+                else v,
+            )
         self._anchor_key = tuple(state_dict["anchor_key"]) if state_dict.get("anchor_key") else None

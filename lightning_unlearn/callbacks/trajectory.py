@@ -17,7 +17,19 @@ from lightning_unlearn.data import unpack_batch
 from lightning_unlearn.functional import hf
 from lightning_unlearn.store import RowStore
 
-_STATE_KEYS = ("catalog", "A", "row_ids", "active", "lrs", "batch_sizes", "occ_rows", "occ_steps", "grad_max", "smoothness", "l2")
+_STATE_KEYS = (
+    "catalog",
+    "A",
+    "row_ids",
+    "active",
+    "lrs",
+    "batch_sizes",
+    "occ_rows",
+    "occ_steps",
+    "grad_max",
+    "smoothness",
+    "l2",
+)
 
 
 class TrajectoryRecorder(RecorderCallback):
@@ -165,7 +177,11 @@ class TrajectoryRecorder(RecorderCallback):
     @staticmethod
     def check_module(module: nn.Module) -> None:
         """``ValueError`` naming BatchNorm / Dropout layers in training mode (no deterministic per-sample loss)."""
-        bad = [n for n, m in module.named_modules() if isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.Dropout)) and m.training]
+        bad = [
+            n
+            for n, m in module.named_modules()
+            if isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.Dropout)) and m.training
+        ]
         if bad:
             raise ValueError(
                 f"HF needs deterministic per-sample losses: BatchNorm/Dropout layers {bad[:5]} are in training mode "
@@ -179,12 +195,16 @@ class TrajectoryRecorder(RecorderCallback):
     def check_trainer(self, trainer: L.Trainer, module: nn.Module) -> None:
         """:meth:`check_optimizer` on the Trainer's one optimizer; no accumulation, clipping or proximal regulariser."""
         if len(trainer.optimizers) != 1:
-            raise ValueError(f"HF follows plain SGD: need one torch.optim.SGD, the Trainer has {len(trainer.optimizers)} optimizers")
+            raise ValueError(
+                f"HF follows plain SGD: need one torch.optim.SGD, the Trainer has {len(trainer.optimizers)} optimizers"
+            )
         self.check_optimizer(trainer.optimizers[0], module)
         if trainer.accumulate_grad_batches != 1 or trainer.gradient_clip_val:
             raise ValueError("HF follows plain SGD: no gradient accumulation or clipping")
         if any(isinstance(c, ProximalRegularizer) for c in trainer.callbacks):  # type: ignore[attr-defined]
-            raise ValueError("TrajectoryRecorder follows mean loss_fn + (l2/2)||theta||^2; a ProximalRegularizer is not supported")
+            raise ValueError(
+                "TrajectoryRecorder follows mean loss_fn + (l2/2)||theta||^2; a ProximalRegularizer is not supported"
+            )
 
     def require_fitted(self) -> None:
         super().require_fitted()
@@ -196,9 +216,13 @@ class TrajectoryRecorder(RecorderCallback):
         """Check the optimizer's ``l2`` against the recorded trajectory (call :meth:`check_optimizer` first), start staging."""
         l2 = self._optimizer_l2
         if l2 is None:
-            raise ValueError("TrajectoryRecorder reads l2 from the optimizer: call check_optimizer(optimizer) before begin_experience")
+            raise ValueError(
+                "TrajectoryRecorder reads l2 from the optimizer: call check_optimizer(optimizer) before begin_experience"
+            )
         if self.l2 is not None and l2 != self.l2:
-            raise ValueError(f"the optimizer's weight_decay={l2} differs from the l2={self.l2} of the recorded trajectory")
+            raise ValueError(
+                f"the optimizer's weight_decay={l2} differs from the l2={self.l2} of the recorded trajectory"
+            )
         self.l2 = l2
         super().begin_experience(module)
         if self._rows is not None and not self._rows.mapped and not self.offload:
@@ -219,7 +243,9 @@ class TrajectoryRecorder(RecorderCallback):
         self.check_trainer(trainer, pl_module)
         super().on_train_start(trainer, pl_module)
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         x, y, ids = unpack_batch(batch, self.batch_keys)
         if self._check_module:  # once per fit, on its first batch: the module's own loss is loss_fn's
             contract.resolve_loss_fn(pl_module, self.loss_fn, batch, keys=self.batch_keys)
@@ -227,7 +253,9 @@ class TrajectoryRecorder(RecorderCallback):
             x, y, ids = (_gather(pl_module, t) for t in (x, y, ids))
         self.before_step(pl_module, x, y, ids, float(trainer.optimizers[0].param_groups[0]["lr"]))
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         """Nothing: the recursion step ran before the optimizer step."""
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -316,13 +344,17 @@ class TrajectoryRecorder(RecorderCallback):
         in_batch[in_batch.clone()] = self.active[rows[in_batch]]
         return rows[in_batch], in_batch
 
-    def _hessian_operator(self, loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, n_live: int) -> tuple[Any, Any]:
+    def _hessian_operator(
+        self, loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, n_live: int
+    ) -> tuple[Any, Any]:
         """Functions ``A -> A H_t`` and ``v -> H_t v``: one dense Hessian, or batched HVPs (``jvp`` of ``grad``)."""
         dense = self.hessian == "dense" or (self.hessian == "auto" and theta.numel() <= 2048 and n_live > theta.numel())
         if dense:
             H = hf.batch_hessian(loss, theta, x, y)
             return (lambda A: A @ H), (lambda v: H @ v)
-        return (lambda A: hf.hvps(loss, theta, x, y, A, self.chunk_size)), (lambda v: hf.hvps(loss, theta, x, y, v.unsqueeze(0))[0])
+        return (lambda A: hf.hvps(loss, theta, x, y, A, self.chunk_size)), (
+            lambda v: hf.hvps(loss, theta, x, y, v.unsqueeze(0))[0]
+        )
 
     def _power_start(self, theta: Tensor) -> Tensor:
         """The unit start vector of this step's power iteration (warm: the previous step's eigenvector estimate)."""
@@ -354,7 +386,9 @@ class TrajectoryRecorder(RecorderCallback):
         rows = torch.tensor([self.row_of[i] for i in ids.tolist()], dtype=torch.long)
         dead = rows[~self.active[rows]]
         if dead.numel():
-            raise ValueError(f"HF statistics of sample ids {[self.row_ids[r] for r in dead.tolist()][:10]} were already deleted")
+            raise ValueError(
+                f"HF statistics of sample ids {[self.row_ids[r] for r in dead.tolist()][:10]} were already deleted"
+            )
         return rows
 
     def occurrences(self) -> tuple[Tensor, Tensor]:
@@ -425,7 +459,11 @@ class TrajectoryRecorder(RecorderCallback):
         self.lrs = state_dict["lrs"].tolist()
         self.batch_sizes = state_dict["batch_sizes"].tolist()
         self._occ_rows, self._occ_steps = [state_dict["occ_rows"].clone()], [state_dict["occ_steps"].clone()]
-        self.grad_max, self.smoothness, self.l2 = float(state_dict["grad_max"]), float(state_dict["smoothness"]), float(state_dict["l2"])
+        self.grad_max, self.smoothness, self.l2 = (
+            float(state_dict["grad_max"]),
+            float(state_dict["smoothness"]),
+            float(state_dict["l2"]),
+        )
         self._interrupted = bool(state_dict.get("interrupted", False))
         self._eig = state_dict.get("eig")
 
@@ -434,7 +472,9 @@ class TrajectoryRecorder(RecorderCallback):
         names it, otherwise a new store of this recorder's kind holding a copy of its rows."""
         if isinstance(saved, dict):
             if str(saved["dtype"]) != str(self.dtype):
-                raise ValueError(f"the referenced store holds {saved['dtype']} vectors, this recorder has dtype={self.dtype}")
+                raise ValueError(
+                    f"the referenced store holds {saved['dtype']} vectors, this recorder has dtype={self.dtype}"
+                )
             same = self.store == "mmap" and Path(self.path).absolute() == Path(saved["path"])  # type: ignore[arg-type]
             if same and self.capacity != int(saved["capacity"]):
                 raise ValueError(

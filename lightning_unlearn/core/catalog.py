@@ -29,7 +29,10 @@ def fingerprints(x: Tensor) -> Tensor:
     if flat.dtype == torch.bfloat16:
         flat = flat.view(torch.int16)
     data = flat.numpy()
-    out = [int.from_bytes(hashlib.blake2b(head + r.tobytes(), digest_size=8).digest(), "little", signed=True) or 1 for r in data]
+    out = [
+        int.from_bytes(hashlib.blake2b(head + r.tobytes(), digest_size=8).digest(), "little", signed=True) or 1
+        for r in data
+    ]
     return torch.tensor(out, dtype=torch.long)
 
 

@@ -90,7 +90,11 @@ class Certificate:
             return f"{self.method}: exact ({self.statement})"
         if self.epsilon is not None:
             total = self.accounting.get("epsilon_total")
-            spent = f", total epsilon {total:.3g} after {int(self.accounting['releases'])} releases" if total is not None else ""
+            spent = (
+                f", total epsilon {total:.3g} after {int(self.accounting['releases'])} releases"
+                if total is not None
+                else ""
+            )
             status = "certified" if self.certified else f"NOT certified ({'; '.join(self.caveats)})"
             return f"{self.method}: ({self.epsilon:g}, {self.delta:g}) {status}, sigma={self.sigma:.3g}{spent}"
         return f"{self.method}: uncertified"

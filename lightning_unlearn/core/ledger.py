@@ -201,7 +201,9 @@ class Ledger:
         with self._locked():
             on_disk = self._read()
             if [e.hash for e in on_disk[: len(self._entries)]] != [e.hash for e in self._entries]:
-                raise LedgerError(f"ledger {self.path} was changed by another writer in a way that breaks this one's chain")
+                raise LedgerError(
+                    f"ledger {self.path} was changed by another writer in a way that breaks this one's chain"
+                )
             self._entries = on_disk
             entry = self._append(result, module)
             try:
@@ -257,9 +259,13 @@ class Ledger:
             return
         count, head = int(anchor["count"]), anchor["head"]
         if len(self._entries) < count:
-            raise LedgerError(f"ledger {where} has {len(self._entries)} entries but the checkpoint anchors {count}: truncated or replaced")
+            raise LedgerError(
+                f"ledger {where} has {len(self._entries)} entries but the checkpoint anchors {count}: truncated or replaced"
+            )
         if count and self._entries[count - 1].hash != head:
-            raise LedgerError(f"ledger {where} entry {count - 1} differs from the checkpoint's anchor: rewritten or replaced")
+            raise LedgerError(
+                f"ledger {where} entry {count - 1} differs from the checkpoint's anchor: rewritten or replaced"
+            )
 
     def replay(self, strategy: UnlearningStrategy, data: Any = None) -> list[tuple[LedgerEntry, bool]]:
         """Re-execute every recorded request on ``strategy`` (restored to the pre-request state).

@@ -59,8 +59,10 @@ class ForgetRequest:
             raise ValueError(f"sample ids must be integers, got the string {ids!r}")
         if isinstance(ids, (torch.Tensor, np.ndarray)):
             dtype = ids.dtype
-            integral = dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8) if isinstance(ids, torch.Tensor) else (
-                np.issubdtype(dtype, np.integer)
+            integral = (
+                dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+                if isinstance(ids, torch.Tensor)
+                else (np.issubdtype(dtype, np.integer))
             )
             if not integral:
                 raise ValueError(f"sample ids must be integers, got a {type(ids).__name__} of dtype {dtype}")

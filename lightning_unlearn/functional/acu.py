@@ -40,9 +40,7 @@ def one_hot(labels: Tensor, num_classes: int, dtype: torch.dtype = torch.float64
         ValueError: a label lies outside ``[0, num_classes)``.
     """
     if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
-        raise ValueError(
-            f"labels must lie in [0, {num_classes}), got range [{int(labels.min())}, {int(labels.max())}]"
-        )
+        raise ValueError(f"labels must lie in [0, {num_classes}), got range [{int(labels.min())}, {int(labels.max())}]")
     return torch.nn.functional.one_hot(labels.long(), num_classes).to(dtype)
 
 
@@ -103,8 +101,7 @@ def forget_factors(T: Tensor, W: Tensor, F: Tensor, Y: Tensor) -> WoodburyUpdate
     L, info = torch.linalg.cholesky_ex(K)
     if int(info):  # K is SPD exactly when every row of F was learned and not yet removed
         raise ValueError(
-            "I - F T F^T is not positive definite: the features to forget were not all learned, "
-            "or were already removed"
+            "I - F T F^T is not positive definite: the features to forget were not all learned, or were already removed"
         )
     S = torch.cholesky_solve(FT, L)
     return WoodburyUpdate(FT, S, W + S.T @ (F @ W - Y))

@@ -86,7 +86,9 @@ def linear_model_constants(
     r2 = feature_norm**2 + (1.0 if bias else 0.0)
     curvature, lipschitz = (r2 / 4, math.sqrt(r2)) if binary else (r2 / 2, math.sqrt(2 * r2))
     theta = max(init_norm, lipschitz / l2)
-    return ModelConstants(smoothness=curvature + l2, grad_bound=lipschitz + l2 * theta, strong_convexity=l2, kind="bounded")
+    return ModelConstants(
+        smoothness=curvature + l2, grad_bound=lipschitz + l2 * theta, strong_convexity=l2, kind="bounded"
+    )
 
 
 def linear_head(module: nn.Module) -> tuple[nn.Module, nn.Linear]:
@@ -100,7 +102,12 @@ def linear_head(module: nn.Module) -> tuple[nn.Module, nn.Linear]:
     seq = getattr(module, "net", module)
     if isinstance(seq, nn.Linear) and trainable == [seq]:
         return nn.Identity(), seq
-    if len(trainable) != 1 or not isinstance(trainable[0], nn.Linear) or not isinstance(seq, nn.Sequential) or seq[-1] is not trainable[0]:
+    if (
+        len(trainable) != 1
+        or not isinstance(trainable[0], nn.Linear)
+        or not isinstance(seq, nn.Sequential)
+        or seq[-1] is not trainable[0]
+    ):
         raise ValueError(
             "closed-form constants need a linear model: an nn.Sequential (or a module whose .net is one) whose only "
             f"trainable layer is its last, an nn.Linear; got trainable layers {[type(m).__name__ for m in trainable]}"
@@ -123,7 +130,9 @@ def max_feature_norm(features: nn.Module, inputs: Iterable[Tensor]) -> float:
     return best
 
 
-def module_constants(module: nn.Module, inputs: Iterable[Tensor], l2: float | None = None, binary: bool = False) -> ModelConstants:
+def module_constants(
+    module: nn.Module, inputs: Iterable[Tensor], l2: float | None = None, binary: bool = False
+) -> ModelConstants:
     """:func:`linear_model_constants` of a linear model (:func:`linear_head`) over the inputs it will learn.
 
     Call it before training: ``||theta_0||`` is read from the module's current parameters.
@@ -132,4 +141,6 @@ def module_constants(module: nn.Module, inputs: Iterable[Tensor], l2: float | No
     features, head = linear_head(module)
     l2 = float(getattr(module, "l2", 0.0)) if l2 is None else l2
     init = math.sqrt(sum(float(p.detach().double().pow(2).sum()) for p in head.parameters()))
-    return linear_model_constants(max_feature_norm(features, inputs), l2, init_norm=init, bias=head.bias is not None, binary=binary)
+    return linear_model_constants(
+        max_feature_norm(features, inputs), l2, init_norm=init, bias=head.bias is not None, binary=binary
+    )

@@ -125,7 +125,9 @@ def _gap_kappas(status: Sequence[TaskStatus], gaps: Sequence[float]) -> list[tup
     return [(retained_after(status, i - 1), g) for i, g in enumerate(gaps) if g > 0]
 
 
-def sensitivity_natural_forgetting(status: Sequence[TaskStatus], c: CLConstants, gaps: Sequence[float] = ()) -> dict[str, float]:
+def sensitivity_natural_forgetting(
+    status: Sequence[TaskStatus], c: CLConstants, gaps: Sequence[float] = ()
+) -> dict[str, float]:
     """``gamma^NF = sum_{s in S_<=t} rho^{kappa_t(s)} ||injection_s||`` (Theorem 4.1, Eq. (9), with the
     conservative exponent ``kappa_t(s)`` and the [derived] partial-task injection).
 
@@ -134,7 +136,9 @@ def sensitivity_natural_forgetting(status: Sequence[TaskStatus], c: CLConstants,
     deletion, adding ``rho^kappa ||gap||`` (data-dependent; 0 when training continued from the
     internal model, as Alg. 1 prescribes).
     """
-    deletions = sum(c.rho ** retained_after(status, i) * c.injection(s) for i, s in enumerate(status) if s.kind != "kept")
+    deletions = sum(
+        c.rho ** retained_after(status, i) * c.injection(s) for i, s in enumerate(status) if s.kind != "kept"
+    )
     chain = sum(c.rho**k * g for k, g in _gap_kappas(status, gaps))
     return {"sensitivity": deletions + chain, "deletion_term": deletions, "chain_term": chain, "rho": c.rho}
 
@@ -160,8 +164,13 @@ def sensitivity_hessian(status: Sequence[TaskStatus], c: CLConstants, gaps: Sequ
         if s.kind == "partial":
             newton_term += c.rho**kappa * ratio * c.injection(s)
     chain = sum(k * c.rho**k * ratio * g for k, g in _gap_kappas(status, gaps))
-    return {"sensitivity": transport_term + newton_term + chain, "transport_term": transport_term, "newton_term": newton_term,
-            "chain_term": chain, "rho": c.rho}
+    return {
+        "sensitivity": transport_term + newton_term + chain,
+        "transport_term": transport_term,
+        "newton_term": newton_term,
+        "chain_term": chain,
+        "rho": c.rho,
+    }
 
 
 # -- Hessian estimation at a task's solution ([CCL] Alg. 2 line 5) --------------------------------------
@@ -183,6 +192,7 @@ def hessian_operator(
     loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = 256
 ) -> Callable[[Tensor], Tensor]:
     """``V -> V H`` for the rows of ``V`` (``H`` the mean Hessian over all of ``x``), by chunked batched HVPs."""
+
     def apply(V: Tensor) -> Tensor:
         parts = [hf.hvps(loss, theta, xb, yb, V, chunk_size=8) * w for xb, yb, w in _chunks(x, y, chunk_size)]
         return torch.stack(parts).sum(0)
@@ -190,8 +200,15 @@ def hessian_operator(
     return apply
 
 
-def hutchinson_diagonal(apply_h: Callable[[Tensor], Tensor], dim: int, n_probes: int, floor: float,
-                        generator: torch.Generator, dtype: torch.dtype, device: torch.device | str = "cpu") -> Tensor:
+def hutchinson_diagonal(
+    apply_h: Callable[[Tensor], Tensor],
+    dim: int,
+    n_probes: int,
+    floor: float,
+    generator: torch.Generator,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+) -> Tensor:
     """Hutchinson's estimate ``diag(H) ~ mean_k z_k * (H z_k)`` with Rademacher probes, clamped below at
     ``floor`` (the ridge ``mu``, a lower bound of the true diagonal). [approximation, not in [CCL]]"""
     Z = (torch.randint(0, 2, (n_probes, dim), generator=generator) * 2 - 1).to(dtype=dtype, device=device)
@@ -212,7 +229,11 @@ def inverse_solver(H: Tensor | dict[str, Tensor], floor: float, lam: float) -> C
 
 # -- low-rank Hessian approximation (not in the paper) ------------------------------------------------
 def lanczos(
-    apply_h: Callable[[Tensor], Tensor], dim: int, rank: int, dtype: torch.dtype, generator: torch.Generator,
+    apply_h: Callable[[Tensor], Tensor],
+    dim: int,
+    rank: int,
+    dtype: torch.dtype,
+    generator: torch.Generator,
     device: torch.device | str = "cpu",
 ) -> tuple[Tensor, Tensor]:
     """Top of the spectrum of a symmetric operator from ``rank`` HVPs: Lanczos with full
@@ -243,6 +264,7 @@ def lanczos(
 def lowrank_inverse(values: Tensor, vectors: Tensor, floor: float, lam: float) -> Callable[[Tensor], Tensor]:
     """``(H + lambda I)^{-1}`` for ``H ~ V diag(values) V^T + floor (I - V V^T)`` (the complement of the
     Ritz space is given the smallest curvature ``floor = mu``, the ridge's strong convexity)."""
+
     def solve(v: Tensor) -> Tensor:
         coeff = vectors.T.to(v) @ v
         return vectors.to(v) @ (coeff / (values.to(v) + lam)) + (v - vectors.to(v) @ coeff) / (floor + lam)

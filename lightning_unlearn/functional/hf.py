@@ -169,7 +169,7 @@ def per_sample_bound(
     growth = k if q >= 1.0 else (q**k - q ** (2 * k)) / (1 - q)
     c1 = _exp_sum(math.log(2 * eta**2 * grad_bound) if eta * grad_bound > 0 else -math.inf, log_decay + growth.log())
     t = occurrences.double()
-    log_c2 = (torch.xlogy(T - t - 1, rho_t) + torch.xlogy(t, q_t) - batch_sizes[occurrences].double().log())
+    log_c2 = torch.xlogy(T - t - 1, rho_t) + torch.xlogy(t, q_t) - batch_sizes[occurrences].double().log()
     c2 = _exp_sum(math.log(2 * eta * grad_bound) if eta * grad_bound > 0 else -math.inf, log_c2)
     return c1, c2
 

@@ -47,7 +47,9 @@ def mean_loss_gradient(params: Mapping[str, Tensor], batch_losses: Iterable[tupl
     return {n: g / count for n, g in total.items()}
 
 
-def saliency_mask(gradients: Mapping[str, Tensor], *, threshold: float | None = None, sparsity: float | None = None) -> dict[str, Tensor]:
+def saliency_mask(
+    gradients: Mapping[str, Tensor], *, threshold: float | None = None, sparsity: float | None = None
+) -> dict[str, Tensor]:
     """``1(|g| >= gamma)`` elementwise (Eq. (6) on ``D_f``, Eq. (9) on ``D_r``).
 
     Give the hard threshold ``gamma`` directly, or a ``sparsity`` in ``[0, 1)``: the fraction of all

@@ -17,7 +17,6 @@ from torch import Tensor, nn
 from torch.distributions import MultivariateNormal
 from torch.func import functional_call, grad_and_value
 
-
 Params = dict[str, Tensor]
 
 #: log-ratio given to a class with no retained sample left (label-shift ratio 0)
@@ -39,9 +38,7 @@ def class_sums(u: Tensor, y: Tensor, num_classes: int) -> tuple[Tensor, Tensor, 
     return n, s1, s2
 
 
-def remove_samples(
-    counts: Tensor, s1: Tensor, s2: Tensor, u: Tensor, y: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
+def remove_samples(counts: Tensor, s1: Tensor, s2: Tensor, u: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The deletion update of the class statistics (Eq. (22)-(23) in sufficient-statistics form, [derived]):
     ``n(c) - |F(c)|``, ``sum u - sum_F u``, ``sum u u^T - sum_F u u^T`` for projected forget samples ``u``.
 
@@ -51,7 +48,9 @@ def remove_samples(
     n, f1, f2 = class_sums(u.to(s1), y.to(s1.device), counts.numel())
     left = counts - n.to(counts)
     if bool((left < 0).any()):
-        raise ValueError(f"removing these samples leaves negative class counts {left.tolist()}: they were not all recorded")
+        raise ValueError(
+            f"removing these samples leaves negative class counts {left.tolist()}: they were not all recorded"
+        )
     return left, s1 - f1, s2 - f2
 
 
@@ -84,7 +83,9 @@ def log_density_ratio(u: Tensor, moments_t: tuple[Tensor, Tensor], moments_0: tu
     return dens_t - dens_0
 
 
-def log_shift_ratio(u: Tensor, n_t: Tensor, n_0: Tensor, moments_t: tuple[Tensor, Tensor], moments_0: tuple[Tensor, Tensor]) -> Tensor:
+def log_shift_ratio(
+    u: Tensor, n_t: Tensor, n_0: Tensor, moments_t: tuple[Tensor, Tensor], moments_0: tuple[Tensor, Tensor]
+) -> Tensor:
     """``log q_t^(c)(x)`` for every sample and every class ``c``, shape ``(n, C)`` (Eq. (24)).
 
     ``log q_c = log n_t(c) - log n_0(c) + log_density_ratio``: the label-shift ratio of Eq. (20)
@@ -125,19 +126,29 @@ def kl_to_target(logits: Tensor, target: Tensor, direction: str = "model_to_targ
     raise ValueError(f"kl direction must be 'model_to_target' or 'target_to_model', got {direction!r}")
 
 
-def summed_loss_grad(module: nn.Module, params: Params, buffers: Mapping[str, Tensor], x: Tensor, y: Tensor) -> tuple[Params, Tensor]:
+def summed_loss_grad(
+    module: nn.Module, params: Params, buffers: Mapping[str, Tensor], x: Tensor, y: Tensor
+) -> tuple[Params, Tensor]:
     """``sum_i grad_w CE(f(x_i; w), y_i)`` at ``params`` and the summed loss (the terms of Eq. (12)/(15))."""
 
     def loss(p: Params) -> Tensor:
         logits = functional_call(module, {**p, **buffers}, (x,))
-        return nn.functional.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), y.long(), reduction="sum")
+        return nn.functional.cross_entropy(
+            logits.to(torch.promote_types(logits.dtype, torch.float32)), y.long(), reduction="sum"
+        )
 
     grads, value = grad_and_value(loss)(params)
     return grads, value.detach()
 
 
 def forgetting_grad(
-    module: nn.Module, params: Params, buffers: Mapping[str, Tensor], x: Tensor, target: Tensor, weight: float, direction: str
+    module: nn.Module,
+    params: Params,
+    buffers: Mapping[str, Tensor],
+    x: Tensor,
+    target: Tensor,
+    weight: float,
+    direction: str,
 ) -> tuple[Params, Tensor]:
     """Gradient at ``params`` of ``weight * mean_i d_KL(f(x_i; w), target_i)`` (Eq. (25), Eq. (26)) and its value."""
 

@@ -22,9 +22,7 @@ def digits_splits(
     digits = load_digits()
     x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
     y = torch.tensor(digits.target, dtype=torch.long)
-    x_rest, x_test, y_rest, y_test = train_test_split(
-        x, y, test_size=test_fraction, stratify=y, random_state=seed
-    )
+    x_rest, x_test, y_rest, y_test = train_test_split(x, y, test_size=test_fraction, stratify=y, random_state=seed)
     x_train, x_base, y_train, y_base = train_test_split(
         x_rest,
         y_rest,
@@ -73,9 +71,7 @@ def digits_benchmark(
             SupervisedClassifier(net, lr=0.1),
             DataLoader(TensorDataset(xb, yb), batch_size=32, shuffle=True),
         )
-    bm = class_incremental_benchmark(
-        x, y, xt, yt, n_experiences=n_experiences, seed=seed
-    )
+    bm = class_incremental_benchmark(x, y, xt, yt, n_experiences=n_experiences, seed=seed)
     return describe_benchmark(
         bm,
         backbone=backbone.requires_grad_(False),

@@ -91,9 +91,7 @@ def family_settings(family: str, settings: Mapping[str, Any]) -> dict[str, Any]:
     return {**SETTINGS[family], **settings}
 
 
-def build_model(
-    info: BenchmarkInfo, family: str, settings: Mapping[str, Any]
-) -> FamilyModel:
+def build_model(info: BenchmarkInfo, family: str, settings: Mapping[str, Any]) -> FamilyModel:
     """A fresh model of ``family`` for ``info`` (the harness seeds the RNG first, so two builds are equal).
 
     Raises:
@@ -119,9 +117,7 @@ def recipe(info: BenchmarkInfo, family: str) -> tuple[dict[str, Any], int | None
     return {"max_epochs": info.epochs}, None
 
 
-def _module(
-    info: BenchmarkInfo, family: str, s: Mapping[str, Any]
-) -> L.LightningModule:
+def _module(info: BenchmarkInfo, family: str, s: Mapping[str, Any]) -> L.LightningModule:
     if family == "analytic":
         return AnalyticClassifier(
             copy.deepcopy(info.backbone),
@@ -141,17 +137,11 @@ def _module(
         # [HF] Lemma 3: the step size at most 2/(M + l2), M the closed-form per-sample smoothness bound
         c = module_constants(net, (b[0] for b in DataLoader(info.train, batch_size=1024)), l2=s["l2"])
         return SupervisedClassifier(net, lr=min(info.lr, LR_MARGIN * c.max_lr), l2=s["l2"])
-    return ProximalClassifier(
-        net, lr=1.0, l2=s["l2"], reg_lambda=s["reg_lambda"], optimizer="lbfgs"
-    )
+    return ProximalClassifier(net, lr=1.0, l2=s["l2"], reg_lambda=s["reg_lambda"], optimizer="lbfgs")
 
 
 def _recorder(family: str, s: Mapping[str, Any]) -> Callable[[], RecorderCallback]:
-    return (
-        (lambda: AnalyticRecorder(s["ridge"]))
-        if family == "analytic"
-        else SampleRecorder
-    )
+    return (lambda: AnalyticRecorder(s["ridge"])) if family == "analytic" else SampleRecorder
 
 
 def _refit(family: str, s: Mapping[str, Any]) -> Callable[[], list[L.Callback]]:
@@ -210,9 +200,7 @@ def reference(family: str = "analytic", **settings: Any) -> Method:
     if s == SETTINGS[family]:
         name = "retrain" if family == "analytic" else f"retrain[{family}]"
     else:
-        name = (
-            "retrain[" + ",".join([family, *(f"{k}={v:g}" for k, v in s.items())]) + "]"
-        )
+        name = "retrain[" + ",".join([family, *(f"{k}={v:g}" for k, v in s.items())]) + "]"
 
     return retrain_method(
         name,

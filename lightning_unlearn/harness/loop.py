@@ -50,9 +50,7 @@ def evaluate(
     if len(set(names)) != len(names):
         raise ValueError(f"method names must be unique, got {names}")
     validate_schedule(schedule.requests, info.catalog())
-    references = list(
-        {ref.name: ref for ref in (m.reference or m for m in methods)}.values()
-    )
+    references = list({ref.name: ref for ref in (m.reference or m for m in methods)}.values())
     bar = _progress(
         len(references) + len(methods),
         len(info.experiences.unique()) + len(schedule),
@@ -72,13 +70,9 @@ def evaluate(
         ]
     for method in methods:
         ref_steps = snapshots[(method.reference or method).name]
-        for i, (module, result, catalog) in enumerate(
-            _run(method, info, schedule, bar)
-        ):
+        for i, (module, result, catalog) in enumerate(_run(method, info, schedule, bar)):
             ref_module, ref_result, _ = ref_steps[i]
-            if not torch.equal(
-                result.removed_ids.sort().values, ref_result.removed_ids.sort().values
-            ):
+            if not torch.equal(result.removed_ids.sort().values, ref_result.removed_ids.sort().values):
                 raise ValueError(
                     f"{method.name} removed other samples than its reference {ref_result.request} did (request {i + 1})"
                 )
@@ -120,13 +114,9 @@ def _run(
         strategy = built.strategy()
         steps = []
         for request in schedule:
-            result = strategy.forget(
-                request, info.train if strategy.reads_data else None
-            )
+            result = strategy.forget(request, info.train if strategy.reads_data else None)
             bar.update()
-            steps.append(
-                (copy.deepcopy(built.module), result, copy.deepcopy(strategy.catalog))
-            )
+            steps.append((copy.deepcopy(built.module), result, copy.deepcopy(strategy.catalog)))
     return steps
 
 
@@ -144,22 +134,14 @@ def _request_fields(i: int, result: Any) -> dict[str, Any]:
 
 def _label(request: ForgetRequest) -> str:
     """``samples[n]``, ``class=c`` or ``experience=e`` (the ids themselves are in ``removed_ids``, all of them)."""
-    return (
-        f"samples[{len(request.sample_ids)}]"
-        if request.kind == "samples"
-        else str(request)
-    )
+    return f"samples[{len(request.sample_ids)}]" if request.kind == "samples" else str(request)
 
 
 def _guarantee(certificate: Any) -> str:
     """``exact``, ``(eps, delta)`` or ``none``: what a request's certificate promises."""
     if certificate.exact:
         return "exact"
-    return (
-        f"({certificate.epsilon:g},{certificate.delta:g})"
-        if certificate.certified
-        else "none"
-    )
+    return f"({certificate.epsilon:g},{certificate.delta:g})" if certificate.certified else "none"
 
 
 def _metrics(
@@ -171,9 +153,7 @@ def _metrics(
     """App. E.2 metrics on the retained set, all samples forgotten so far, and the test set."""
     rows = {int(i): r for r, i in enumerate(info.ids.tolist())}
     retain = Subset(info.train, [rows[i] for i in catalog.active_ids().tolist()])
-    forget = Subset(
-        info.train, [rows[i] for i in catalog.ids[catalog.forgotten].tolist()]
-    )
+    forget = Subset(info.train, [rows[i] for i in catalog.ids[catalog.forgotten].tolist()])
     return evaluate_unlearning(
         module,
         retain=retain,

@@ -48,11 +48,7 @@ def certified_label(name: str) -> Any:
         if options.get("sigma_override") is not None:
             return f"{name}[sigma={options['sigma_override']:g}]"
         epsilon, delta = options.get("epsilon", 1.0), options.get("delta", 1e-5)
-        return (
-            name
-            if (epsilon, delta) == (1.0, 1e-5)
-            else f"{name}[eps={epsilon:g},delta={delta:g}]"
-        )
+        return name if (epsilon, delta) == (1.0, 1e-5) else f"{name}[eps={epsilon:g},delta={delta:g}]"
 
     return label
 
@@ -77,7 +73,9 @@ def _closed_form(info: BenchmarkInfo, module: Any, settings: Mapping[str, Any]) 
     return {"constants": module_constants(module, (b[0] for b in DataLoader(info.train, batch_size=1024)))}, []
 
 
-def _closed_form_checked(info: BenchmarkInfo, module: Any, settings: Mapping[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+def _closed_form_checked(
+    info: BenchmarkInfo, module: Any, settings: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[Any]]:
     """[CCL]'s context: closed-form constants (the first task's anchor is ``w_0 = 0``) and a :class:`TaskOptimality` check."""
     inputs = (b[0] for b in DataLoader(info.train, batch_size=1024))
     features, head = linear_head(module)

@@ -50,9 +50,7 @@ def plot_accuracies(report: Report, path: str | Path) -> None:
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(refs), len(keys), sharex=True, sharey="row", squeeze=False)
     for row, ref in enumerate(refs):
-        methods = [
-            m for m in report.methods() if report.table(m)[0]["reference"] == ref
-        ]
+        methods = [m for m in report.methods() if report.table(m)[0]["reference"] == ref]
         ref_rows = [r for r in report.reference_rows if r["method"] == ref]
         width = 0.3 if len(methods) > 1 else 0.0
         for col, key in enumerate(keys):
@@ -69,9 +67,7 @@ def plot_accuracies(report: Report, path: str | Path) -> None:
             )
             for j, m in enumerate(methods):
                 rows = report.table(m)
-                shift = (
-                    width * (j / (len(methods) - 1) - 0.5) if len(methods) > 1 else 0.0
-                )
+                shift = width * (j / (len(methods) - 1) - 0.5) if len(methods) > 1 else 0.0
                 ax.plot(
                     [r["request"] + shift for r in rows],
                     [r[key] for r in rows],
@@ -103,7 +99,5 @@ def plot_accuracies(report: Report, path: str | Path) -> None:
             fontsize=8,
             frameon=False,
         )
-    fig.suptitle(
-        f"Continual unlearning: K = {report.k} forget requests ({describe(report.schedule)})"
-    )
+    fig.suptitle(f"Continual unlearning: K = {report.k} forget requests ({describe(report.schedule)})")
     fig.savefig(path, dpi=150)

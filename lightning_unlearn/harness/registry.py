@@ -72,12 +72,7 @@ class MethodSpec:
 
     def strategy_options(self) -> set[str]:
         """The strategy class's keyword-only parameters the user may set."""
-        return (
-            keyword_options(self.strategy)
-            - HARNESS_ARGUMENTS
-            - self.managed
-            - set(self.fixed)
-        )
+        return keyword_options(self.strategy) - HARNESS_ARGUMENTS - self.managed - set(self.fixed)
 
     def options(self) -> set[str]:
         """Every option :func:`get_method` accepts for this method."""
@@ -117,11 +112,7 @@ class MethodSpec:
 
         def build(info: BenchmarkInfo) -> Built:
             model = build_model(info, family, settings)
-            recorder = (
-                spec.recorder(info, **recorder_options)
-                if spec.recorder is not None
-                else model.recorder()
-            )
+            recorder = spec.recorder(info, **recorder_options) if spec.recorder is not None else model.recorder()
             arguments, callbacks = (
                 spec.context(info, model.module, family_settings(family, settings))
                 if spec.context is not None
@@ -155,9 +146,7 @@ class MethodSpec:
         if "seed" in chained and not self.strategy.certified_noise:
             given["seed"] = info.seed  # certified noise is never seeded: it comes from the OS entropy source
         if "generator" in chained:
-            given["generator"] = torch.Generator().manual_seed(
-                info.seed
-            )  # seeded: a report is reproducible
+            given["generator"] = torch.Generator().manual_seed(info.seed)  # seeded: a report is reproducible
         return self.strategy(module, recorder, **given, **self.fixed, **options)
 
 
@@ -198,9 +187,7 @@ def register(spec: MethodSpec, *, replace: bool = False) -> None:
         ValueError: the name is taken (unless ``replace``).
     """
     if spec.name in _SPECS and not replace:
-        raise ValueError(
-            f"method {spec.name!r} is already registered; pass replace=True to override it"
-        )
+        raise ValueError(f"method {spec.name!r} is already registered; pass replace=True to override it")
     _SPECS[spec.name] = spec
 
 
@@ -216,9 +203,7 @@ def method_spec(name: str) -> MethodSpec:
         ValueError: an unknown name (listing the registered ones).
     """
     if name not in _SPECS:
-        raise ValueError(
-            f"unknown method {name!r}; registered methods: {', '.join(available_methods())}"
-        )
+        raise ValueError(f"unknown method {name!r}; registered methods: {', '.join(available_methods())}")
     return _SPECS[name]
 
 

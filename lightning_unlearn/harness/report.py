@@ -49,19 +49,12 @@ class Report:
         out = {}
         for m in self.methods():
             rows = self.table(m)
-            out[m] = {
-                col: scale * sum(float(r[key]) for r in rows) / len(rows)
-                for col, (key, scale) in TABLE1.items()
-            }
+            out[m] = {col: scale * sum(float(r[key]) for r in rows) / len(rows) for col, (key, scale) in TABLE1.items()}
         return out
 
     def family(self, method: str) -> str:
         """The model family ``method`` (or a reference, ``"<name> (reference)"``) ran on."""
-        return next(
-            r["family"]
-            for r in self.rows + self.reference_rows
-            if r["method"] == method
-        )
+        return next(r["family"] for r in self.rows + self.reference_rows if r["method"] == method)
 
     def format(self) -> str:
         """The summary as an aligned plain-text table."""
@@ -80,10 +73,7 @@ class Report:
             [
                 m,
                 self.family(m),
-                *(
-                    f"{s[c]:.4g}" if c == "time_per_request_s" else f"{s[c]:.2f}"
-                    for c in TABLE1
-                ),
+                *(f"{s[c]:.4g}" if c == "time_per_request_s" else f"{s[c]:.2f}" for c in TABLE1),
                 self._guarantee(m),
             ]
             for m, s in self.summary().items()
@@ -107,10 +97,7 @@ class Report:
         _write_csv(paths[0], self.rows + self.reference_rows)
         _write_csv(
             paths[1],
-            [
-                {"method": m, "family": self.family(m), "k": self.k, **s}
-                for m, s in self.summary().items()
-            ],
+            [{"method": m, "family": self.family(m), "k": self.k, **s} for m, s in self.summary().items()],
         )
         self.plot(paths[2])
         return paths
@@ -128,22 +115,15 @@ def describe(schedule: Schedule) -> str:
     return f"{kinds}{seed}"
 
 
-def format_table(
-    head: Sequence[str], body: Sequence[Sequence[str]], title: str = ""
-) -> str:
+def format_table(head: Sequence[str], body: Sequence[Sequence[str]], title: str = "") -> str:
     """Columns padded to their widest cell: the first left-aligned, the others right-aligned."""
     widths = [max(len(str(row[c])) for row in [head, *body]) for c in range(len(head))]
 
     def line(row: Sequence[str]) -> str:
-        return "  ".join(
-            str(v).ljust(w) if c == 0 else str(v).rjust(w)
-            for c, (v, w) in enumerate(zip(row, widths))
-        )
+        return "  ".join(str(v).ljust(w) if c == 0 else str(v).rjust(w) for c, (v, w) in enumerate(zip(row, widths)))
 
     rule = "-" * len(line(head))
-    return "\n".join(
-        [*([title] if title else []), line(head), rule, *(line(r) for r in body)]
-    )
+    return "\n".join([*([title] if title else []), line(head), rule, *(line(r) for r in body)])
 
 
 def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:

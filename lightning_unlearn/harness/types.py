@@ -73,11 +73,7 @@ def describe_benchmark(
             ys.append(y.long())
             ids.append(i)
             exps.append(torch.full_like(i, experience.current_experience))
-    test = [
-        b
-        for exp in benchmark.test_stream
-        for b in DataLoader(exp.dataset, batch_size=1024)
-    ]
+    test = [b for exp in benchmark.test_stream for b in DataLoader(exp.dataset, batch_size=1024)]
     x, y, i = torch.cat(xs), torch.cat(ys), torch.cat(ids)
     if backbone is None:
         backbone, backbone_dim = nn.Flatten(), int(x[0].numel())

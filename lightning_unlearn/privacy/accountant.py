@@ -100,7 +100,9 @@ class PrivacyAccountant:
             acc = rdp_privacy_accountant.RdpAccountant()
         else:
             z_min = min(self._counts)
-            acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=min(1e-2, 1e-4 * max(1.0, z_min**-2)))
+            acc = pld_privacy_accountant.PLDAccountant(
+                value_discretization_interval=min(1e-2, 1e-4 * max(1.0, z_min**-2))
+            )
         for z, count in sorted(self._counts.items()):
             acc.compose(dp_event.GaussianDpEvent(noise_multiplier=z), count=count)
         return acc
@@ -117,7 +119,12 @@ class PrivacyAccountant:
 
     def totals(self, delta: float) -> dict[str, float]:
         """``{"releases", "epsilon_total", "delta_total"}``: what a certificate reports."""
-        return {"releases": float(len(self)), "epsilon_total": self.get_epsilon(delta), "delta_total": delta, "accountant": self.effective_mechanism}
+        return {
+            "releases": float(len(self)),
+            "epsilon_total": self.get_epsilon(delta),
+            "delta_total": delta,
+            "accountant": self.effective_mechanism,
+        }
 
     def check_budget(self, budget: tuple[float, float] | None) -> None:
         """``ValueError`` if the total epsilon at the budget's delta exceeds the budget's epsilon."""
@@ -140,7 +147,9 @@ class PrivacyAccountant:
         try:
             return cls(state["mechanism"], tuple(Release(**r) for r in state["history"]))
         except (KeyError, TypeError) as err:
-            raise ValueError(f"not a PrivacyAccountant state ({err}): {sorted(state) if isinstance(state, dict) else state!r}") from None
+            raise ValueError(
+                f"not a PrivacyAccountant state ({err}): {sorted(state) if isinstance(state, dict) else state!r}"
+            ) from None
 
     @classmethod
     def from_ledger(cls, entries: Any, method: str, mechanism: str = "pld") -> PrivacyAccountant:

@@ -37,7 +37,9 @@ def secure_gaussian(shape: torch.Size | tuple[int, ...], dtype: torch.dtype = to
     return z.view(shape).to(dtype)
 
 
-def gaussian_noise(shape: torch.Size | tuple[int, ...], sigma: float, dtype: torch.dtype, seed: int | None, release: int) -> Tensor:
+def gaussian_noise(
+    shape: torch.Size | tuple[int, ...], sigma: float, dtype: torch.dtype, seed: int | None, release: int
+) -> Tensor:
     """``N(0, sigma^2 I)`` of ``shape``: OS entropy (``seed=None``), or ``torch.Generator`` seeded with
     ``seed + release`` (reproducible, not private; warns).
 
@@ -51,7 +53,9 @@ def gaussian_noise(shape: torch.Size | tuple[int, ...], sigma: float, dtype: tor
     """
     if seed is None:
         return sigma * secure_gaussian(shape, dtype)
-    warn(f"certified noise seeded from seed={seed}: reproducible, hence NOT private (anyone with the seed can remove it); "
-         "the certificate is marked seeded and not certified")
+    warn(
+        f"certified noise seeded from seed={seed}: reproducible, hence NOT private (anyone with the seed can remove it); "
+        "the certificate is marked seeded and not certified"
+    )
     g = torch.Generator().manual_seed(int(seed) + int(release))
     return sigma * torch.randn(shape, generator=g, dtype=dtype)

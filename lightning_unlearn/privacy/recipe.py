@@ -43,8 +43,20 @@ class Recipe:
     noise_to_weight: float
 
 
-def recipe_bound(feature_norm: float, num_classes: int, n_samples: int, *, lr: float, l2: float, epochs: int, batch_size: int,
-                 n_deletions: int, epsilon: float, delta: float, dim: int) -> Recipe:
+def recipe_bound(
+    feature_norm: float,
+    num_classes: int,
+    n_samples: int,
+    *,
+    lr: float,
+    l2: float,
+    epochs: int,
+    batch_size: int,
+    n_deletions: int,
+    epsilon: float,
+    delta: float,
+    dim: int,
+) -> Recipe:
     """The HF bound and sigma a constant-rate recipe would give (see the module docstring)."""
     c = linear_model_constants(feature_norm, l2, binary=num_classes == 1)
     per_epoch = math.ceil(n_samples / batch_size)
@@ -56,8 +68,19 @@ def recipe_bound(feature_norm: float, num_classes: int, n_samples: int, *, lr: f
     gamma = n_deletions * (c1 + c2)
     sigma = gaussian_sigma(gamma, epsilon, delta) if math.isfinite(gamma) else math.inf
     theta = c.grad_bound / (2 * l2)  # L_CE / l2: G = 2 L_CE from theta_0 = 0
-    return Recipe(lr, l2, c.smoothness, c.grad_bound, rho, T, gamma, n_deletions * c1, n_deletions * c2, sigma,
-                  sigma * math.sqrt(dim) / theta)
+    return Recipe(
+        lr,
+        l2,
+        c.smoothness,
+        c.grad_bound,
+        rho,
+        T,
+        gamma,
+        n_deletions * c1,
+        n_deletions * c2,
+        sigma,
+        sigma * math.sqrt(dim) / theta,
+    )
 
 
 def propose_recipe(
@@ -94,10 +117,24 @@ def propose_recipe(
     for l2 in l2_grid:
         c = linear_model_constants(feature_norm, l2, binary=num_classes == 1)
         for frac in lr_fractions:
-            candidates.append(recipe_bound(feature_norm, num_classes, n_samples, lr=frac * c.max_lr, l2=l2, epochs=epochs,
-                                           batch_size=batch_size, n_deletions=n_deletions, epsilon=epsilon, delta=delta, dim=dim))
+            candidates.append(
+                recipe_bound(
+                    feature_norm,
+                    num_classes,
+                    n_samples,
+                    lr=frac * c.max_lr,
+                    l2=l2,
+                    epochs=epochs,
+                    batch_size=batch_size,
+                    n_deletions=n_deletions,
+                    epsilon=epsilon,
+                    delta=delta,
+                    dim=dim,
+                )
+            )
     valid = [r for r in candidates if r.rho**r.steps <= converged]
     if not valid:
-        raise ValueError(f"no candidate recipe contracts its initial error to {converged:g} in {epochs} epochs: train longer")
+        raise ValueError(
+            f"no candidate recipe contracts its initial error to {converged:g} in {epochs} epochs: train longer"
+        )
     return min(valid, key=lambda r: r.noise_to_weight), candidates
-

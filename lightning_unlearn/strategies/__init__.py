@@ -14,6 +14,19 @@ from lightning_unlearn.strategies.hf import HFStrategy
 from lightning_unlearn.strategies.rbm import MaskProjection, RBMStrategy
 from lightning_unlearn.strategies.streaming import StreamingStrategy
 
-__all__ = ["GradientCertifiedStrategy", "HFStrategy", "HessianCertifiedStrategy", "ACUStrategy", "UnlearningResult", "UnlearningStrategy",
-           "FinetuneStrategy", "NegGradStrategy", "NegGradPlusStrategy", "RandomLabelStrategy", "RetrainStrategy", "StreamingStrategy",
-           "RBMStrategy", "MaskProjection"]
+__all__ = [
+    "GradientCertifiedStrategy",
+    "HFStrategy",
+    "HessianCertifiedStrategy",
+    "ACUStrategy",
+    "UnlearningResult",
+    "UnlearningStrategy",
+    "FinetuneStrategy",
+    "NegGradStrategy",
+    "NegGradPlusStrategy",
+    "RandomLabelStrategy",
+    "RetrainStrategy",
+    "StreamingStrategy",
+    "RBMStrategy",
+    "MaskProjection",
+]

@@ -86,7 +86,9 @@ def swap_weights(module: nn.Module, weights: Mapping[str, Tensor]) -> Undo:
         raise ValueError(f"update names tensors the module does not have: {unknown[:5]}")
     for k, new in weights.items():
         if tuple(new.shape) != tuple(targets[k].shape):
-            raise ValueError(f"update for {k!r} has shape {tuple(new.shape)}, the module's is {tuple(targets[k].shape)}")
+            raise ValueError(
+                f"update for {k!r} has shape {tuple(new.shape)}, the module's is {tuple(targets[k].shape)}"
+            )
     old = {k: targets[k].data for k in weights}
 
     def undo() -> None:
@@ -178,9 +180,14 @@ class UnlearningStrategy(ABC):
         if self.needs_forget_data and data is None:
             raise ValueError(f"{self.method} needs the samples to forget: pass data=<dataset yielding (x, y, id)>")
         if not self.reads_data and data is not None:
-            raise ValueError(f"{self.method} does not read forget(data=...) (it forgets from what it was given at construction and the recorded statistics): do not pass data")
+            raise ValueError(
+                f"{self.method} does not read forget(data=...) (it forgets from what it was given at construction "
+                "and the recorded statistics): do not pass data"
+            )
         if data is not None and not isinstance(data, (Dataset, DataLoader)):
-            raise ValueError(f"data must be a torch Dataset or DataLoader yielding sample ids, got {type(data).__name__}")
+            raise ValueError(
+                f"data must be a torch Dataset or DataLoader yielding sample ids, got {type(data).__name__}"
+            )
         start = perf_counter()
         update = self._compute(ids, data)
         wall = perf_counter() - start
@@ -238,5 +245,7 @@ class UnlearningStrategy(ABC):
         labels = self.catalog.labels_of(ids)
         bad = (labels != torch.as_tensor(y).long().cpu()).nonzero().flatten()
         if bad.numel():
-            raise ValueError(f"forget data labels differ from the learned labels for sample ids {ids[bad][:10].tolist()}")
+            raise ValueError(
+                f"forget data labels differ from the learned labels for sample ids {ids[bad][:10].tolist()}"
+            )
         return labels

@@ -14,8 +14,8 @@ from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.functional import certified as cl
 from lightning_unlearn.functional import hf
-from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.functional.bounds import ModelConstants
+from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.privacy import normalise_budget, plan_release
 from lightning_unlearn.privacy.analysis import check_privacy_parameters
 from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, UnlearningUpdate
@@ -75,7 +75,12 @@ class _ContinualCertified(UnlearningStrategy):
             raise ValueError("give either constants= or lipschitz=/smoothness=, not both")
         self.recorder: TaskDeltaRecorder = recorder
         self.epsilon, self.delta = float(epsilon), float(delta)
-        self.model_constants, self.lipschitz, self.smoothness, self.optimality = constants, lipschitz, smoothness, optimality
+        self.model_constants, self.lipschitz, self.smoothness, self.optimality = (
+            constants,
+            lipschitz,
+            smoothness,
+            optimality,
+        )
         self.noise, self.seed, self.sigma_override = noise, seed, sigma_override
         self.budget = normalise_budget(budget, self.delta)
         self.accountant = self.restore_accountant(accountant)
@@ -101,7 +106,9 @@ class _ContinualCertified(UnlearningStrategy):
         L = self.lipschitz if self.lipschitz is not None else getattr(rec, "lipschitz", None)
         M = self.smoothness if self.smoothness is not None else getattr(rec, "smoothness", None)
         if L is None or M is None:
-            raise ValueError(f"{self.method} needs lipschitz= and smoothness= (a TaskDeltaRecorder does not estimate them)")
+            raise ValueError(
+                f"{self.method} needs lipschitz= and smoothness= (a TaskDeltaRecorder does not estimate them)"
+            )
         return float(L), float(M)
 
     def constants(self) -> tuple[cl.CLConstants, str]:
@@ -110,11 +117,15 @@ class _ContinualCertified(UnlearningStrategy):
         L, M = self.require_constants()
         if self.model_constants is not None:
             if not math.isclose(self.model_constants.strong_convexity, float(rec.l2), rel_tol=1e-9):
-                raise ValueError(f"constants are for mu = {self.model_constants.strong_convexity:g} but the recorded tasks used l2 = {rec.l2:g}")
+                raise ValueError(
+                    f"constants are for mu = {self.model_constants.strong_convexity:g} but the recorded tasks used l2 = {rec.l2:g}"
+                )
             kind = self.model_constants.kind
         else:
             kind = "given" if self.lipschitz is not None and self.smoothness is not None else "estimated"
-        cc = cl.CLConstants(lipschitz=float(L), smoothness=float(M), strong_convexity=float(rec.l2), reg_lambda=float(rec.reg_lambda))
+        cc = cl.CLConstants(
+            lipschitz=float(L), smoothness=float(M), strong_convexity=float(rec.l2), reg_lambda=float(rec.reg_lambda)
+        )
         return cc, kind
 
     def recipe_problem(self) -> str | None:
@@ -147,29 +158,55 @@ class _ContinualCertified(UnlearningStrategy):
         if c.strong_convexity == 0:
             warn("l2 = 0: mu = 0 so rho = 1 and the [CCL] bound does not decay (certificate vacuous)", stacklevel=5)
         if not _is_linear(self.module):
-            warn("non-linear network: Assumption 2.1 (strong convexity) fails, the [CCL] certificate is heuristic", stacklevel=5)
+            warn(
+                "non-linear network: Assumption 2.1 (strong convexity) fails, the [CCL] certificate is heuristic",
+                stacklevel=5,
+            )
 
-    def _publish(self, internal: Tensor, bounds: dict[str, float], c: cl.CLConstants, kind: str, statement: str) -> UnlearningUpdate:
+    def _publish(
+        self, internal: Tensor, bounds: dict[str, float], c: cl.CLConstants, kind: str, statement: str
+    ) -> UnlearningUpdate:
         """The update publishing ``internal`` with Gaussian noise calibrated on ``bounds["sensitivity"]`` ([AGM]), accounted."""
         self._warn_assumptions(c)
         certified = self.noise and self.sigma_override is None
         problem = self.recipe_problem()
         if problem is not None and certified:
             raise ValueError(f"{self.method} refuses a certified release: {problem}")
-        plan = plan_release(bounds["sensitivity"], internal.shape, internal.dtype, epsilon=self.epsilon, delta=self.delta,
-                            accountant=self.accountant, noise=self.noise, sigma_override=self.sigma_override,
-                            seed=self.seed, budget=self.budget)
+        plan = plan_release(
+            bounds["sensitivity"],
+            internal.shape,
+            internal.dtype,
+            epsilon=self.epsilon,
+            delta=self.delta,
+            accountant=self.accountant,
+            noise=self.noise,
+            sigma_override=self.sigma_override,
+            seed=self.seed,
+            budget=self.budget,
+        )
         if not torch.isfinite(internal + plan.noise).all():
             raise ValueError(f"{self.method} update is not finite")
-        bounds = {**bounds, "sigma_formula": plan.sigma_formula, "sigma_classical": plan.sigma_classical, "lipschitz": c.lipschitz,
-                  "smoothness": c.smoothness, "strong_convexity": c.strong_convexity, "reg_lambda": c.reg_lambda}
+        bounds = {
+            **bounds,
+            "sigma_formula": plan.sigma_formula,
+            "sigma_classical": plan.sigma_classical,
+            "lipschitz": c.lipschitz,
+            "smoothness": c.smoothness,
+            "strong_convexity": c.strong_convexity,
+            "reg_lambda": c.reg_lambda,
+        }
         certificate = Certificate(
-            method=self.method, exact=False,
-            epsilon=self.epsilon if certified else None, delta=self.delta if certified else None,
-            sigma=plan.sigma if self.noise else None, bounds=bounds,
+            method=self.method,
+            exact=False,
+            epsilon=self.epsilon if certified else None,
+            delta=self.delta if certified else None,
+            sigma=plan.sigma if self.noise else None,
+            bounds=bounds,
             statement=statement + f" ({kind} constants)" + cl.uncertified_note(self.noise, self.sigma_override),
-            constants=kind, recipe="unchecked" if self.optimality is None or problem is not None else "checked",
-            seeded=plan.seeded, accounting=plan.accounting,
+            constants=kind,
+            recipe="unchecked" if self.optimality is None or problem is not None else "checked",
+            seeded=plan.seeded,
+            accounting=plan.accounting,
         )
         return UnlearningUpdate(
             certificate,
@@ -198,7 +235,9 @@ class GradientCertifiedStrategy(_ContinualCertified):
         c, kind = self.constants()
         bounds = cl.sensitivity_natural_forgetting(self.task_status(ids), c, self.chain_gaps())
         internal = rec.ends[-1].clone()
-        update = self._publish(internal, bounds, c, kind, "[CCL] Alg. 1 / Theorem 4.1: ||w_retrain - w_t|| <= gamma^NF; Gaussian mechanism")
+        update = self._publish(
+            internal, bounds, c, kind, "[CCL] Alg. 1 / Theorem 4.1: ||w_retrain - w_t|| <= gamma^NF; Gaussian mechanism"
+        )
         update.extra["n_forgotten"] = int(ids.numel())
         return update
 
@@ -218,7 +257,9 @@ class HessianCertifiedStrategy(_ContinualCertified):
     method = "hessian"
     reads_data = True  # optional: the samples to forget, for sample-level requests without stored gradients
 
-    def __init__(self, module: nn.Module, recorder: HessianRecorder, ledger: Ledger | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, module: nn.Module, recorder: HessianRecorder, ledger: Ledger | None = None, **kwargs: Any
+    ) -> None:
         if not isinstance(recorder, HessianRecorder):
             raise ValueError(f"HessianCertifiedStrategy needs a HessianRecorder, got {type(recorder).__name__}")
         super().__init__(module, recorder, ledger, **kwargs)
@@ -229,13 +270,17 @@ class HessianCertifiedStrategy(_ContinualCertified):
         rec = self.recorder
         sums: list[Tensor | None] = list(rec.forgotten_grad_sums)
         exps = self.catalog.experiences_of(ids)
-        partial = [i for i, s in enumerate(status) if s.kind == "partial" and bool((exps == rec.experience_ids[i]).any())]
+        partial = [
+            i for i, s in enumerate(status) if s.kind == "partial" and bool((exps == rec.experience_ids[i]).any())
+        ]
         if not partial:
             return sums
         if all(int(u) in rec.sample_grads for u in ids.tolist()):
             x = y = None
         elif data is None:
-            raise ValueError("sample-level Hessian unlearning needs the samples to forget (data=...) or HessianRecorder(store_sample_gradients=True)")
+            raise ValueError(
+                "sample-level Hessian unlearning needs the samples to forget (data=...) or HessianRecorder(store_sample_gradients=True)"
+            )
         else:
             x, y = self.forget_samples(ids, data)
         for i in partial:
@@ -264,8 +309,13 @@ class HessianCertifiedStrategy(_ContinualCertified):
         e = cl.hessian_correction(status, rec.starts, rec.ends, current, solves, sums, c.reg_lambda)  # Eq. (13)
         internal = current + e
         bounds = cl.sensitivity_hessian(status, c, self.chain_gaps())
-        update = self._publish(internal, bounds, c, kind,
-                               "[CCL] Alg. 2 / Prop. 5.1 (Lemma D.2 bound gamma^H): Newton correction + Gaussian mechanism")
+        update = self._publish(
+            internal,
+            bounds,
+            c,
+            kind,
+            "[CCL] Alg. 2 / Prop. 5.1 (Lemma D.2 bound gamma^H): Newton correction + Gaussian mechanism",
+        )
         gone = set(ids.tolist())  # a forgotten sample's stored gradient is a per-sample statistic: erased
         kept = {u: g for u, g in rec.sample_grads.items() if u not in gone}
         update.statistics = {"forgotten_grad_sums": sums, "sample_grads": kept}

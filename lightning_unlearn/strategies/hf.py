@@ -27,8 +27,10 @@ def check_step_sizes(lrs: Tensor, constants: ModelConstants) -> str | None:
         return f"strong convexity lambda = {lam:g} (the ridge l2) must be positive ([HF] Assumption 1)"
     lr = float(lrs.max())
     if lr > constants.max_lr:
-        return (f"step size lr = {lr:.4g} exceeds 2/(M + lambda) = {constants.max_lr:.4g} (M = {M:.4g}, lambda = {lam:.4g}; "
-                "[HF] Lemma 3 needs it for rho < 1): train with a smaller lr (see lightning_unlearn.privacy.recipe.propose_recipe)")
+        return (
+            f"step size lr = {lr:.4g} exceeds 2/(M + lambda) = {constants.max_lr:.4g} (M = {M:.4g}, lambda = {lam:.4g}; "
+            "[HF] Lemma 3 needs it for rho < 1): train with a smaller lr (see lightning_unlearn.privacy.recipe.propose_recipe)"
+        )
     return None
 
 
@@ -122,7 +124,9 @@ class HFStrategy(UnlearningStrategy):
         if self.model_constants is not None:
             c = self.model_constants
             if rec.l2 is not None and not math.isclose(c.strong_convexity, rec.l2, rel_tol=1e-9):
-                raise ValueError(f"constants are for lambda = {c.strong_convexity:g} but the recorded trajectory used l2 = {rec.l2:g}")
+                raise ValueError(
+                    f"constants are for lambda = {c.strong_convexity:g} but the recorded trajectory used l2 = {rec.l2:g}"
+                )
             return c
         lam = float(rec.l2 or 0.0) if self.strong_convexity is None else float(self.strong_convexity)
         M = rec.smoothness if self.smoothness is None else self.smoothness
@@ -142,13 +146,25 @@ class HFStrategy(UnlearningStrategy):
         for r in rows.tolist():
             t1, t2 = hf.per_sample_bound(occ_steps[occ_rows == r], lrs, sizes, G, rho)
             c1, c2 = c1 + t1, c2 + t2
-        return {"taylor_term": c1, "gradient_mismatch_term": c2, "sensitivity": c1 + c2, "rho": rho, "strong_convexity": lam,
-                "smoothness": M, "grad_bound": G, "steps": float(rec.n_steps), "lr0": float(lrs[0]), "lr_max": float(lrs.max())}
+        return {
+            "taylor_term": c1,
+            "gradient_mismatch_term": c2,
+            "sensitivity": c1 + c2,
+            "rho": rho,
+            "strong_convexity": lam,
+            "smoothness": M,
+            "grad_bound": G,
+            "steps": float(rec.n_steps),
+            "lr0": float(lrs[0]),
+            "lr_max": float(lrs.max()),
+        }
 
     def _check_capacity(self, m: int, bounds: dict[str, float], dim: int) -> float:
         cap = self.max_deletions
         if cap is None:
-            cap = hf.deletion_capacity(self.epsilon, self.delta, bounds["lr0"], dim, bounds["rho"], int(bounds["steps"]))
+            cap = hf.deletion_capacity(
+                self.epsilon, self.delta, bounds["lr0"], dim, bounds["rho"], int(bounds["steps"])
+            )
         if m > cap:
             msg = f"HF deletion capacity exceeded: {m} deletions > capacity {cap:.3g} (Eq. (21), constant 1, or max_deletions)"
             if self.capacity == "error":
@@ -160,7 +176,9 @@ class HFStrategy(UnlearningStrategy):
         rec = self.recorder
         d = hf.flat_params(self.module).numel()
         if rec.A is None or rec.A.shape[1] != d:
-            raise ValueError(f"module has {d} trainable parameters but the HF statistics have {None if rec.A is None else rec.A.shape[1]}")
+            raise ValueError(
+                f"module has {d} trainable parameters but the HF statistics have {None if rec.A is None else rec.A.shape[1]}"
+            )
         rows = rec.rows_for(ids)
         deleted = (~rec.active[: rec.n_rows]).nonzero().flatten()
         all_rows = torch.cat([deleted, rows])
@@ -176,13 +194,24 @@ class HFStrategy(UnlearningStrategy):
         bounds["deleted_total"] = float(all_rows.numel())
         finite = math.isfinite(bounds["sensitivity"])
         if not finite and certified_noise:
-            raise ValueError(f"HF noise bound is infinite (rho = {bounds['rho']:.4g} over {rec.n_steps} steps): step size too large for M")
+            raise ValueError(
+                f"HF noise bound is infinite (rho = {bounds['rho']:.4g} over {rec.n_steps} steps): step size too large for M"
+            )
         internal = self.clean_parameters()
         update = rec.A[rows].to(internal).sum(0)  # a^{-U} = sum_u a^{-u} (Theorem 1)
         internal = internal + update  # Alg. 1 line 13
-        plan = plan_release(bounds["sensitivity"], internal.shape, internal.dtype, epsilon=self.epsilon, delta=self.delta,
-                            accountant=self.accountant, noise=self.noise, sigma_override=self.sigma_override,
-                            seed=self.seed, budget=self.budget)
+        plan = plan_release(
+            bounds["sensitivity"],
+            internal.shape,
+            internal.dtype,
+            epsilon=self.epsilon,
+            delta=self.delta,
+            accountant=self.accountant,
+            noise=self.noise,
+            sigma_override=self.sigma_override,
+            seed=self.seed,
+            budget=self.budget,
+        )
         if not torch.isfinite(internal + plan.noise).all():
             raise ValueError("HF update is not finite (diverged trajectory statistics?)")
         certificate = Certificate(
@@ -194,7 +223,8 @@ class HFStrategy(UnlearningStrategy):
             bounds={**bounds, "sigma_formula": plan.sigma_formula, "sigma_classical": plan.sigma_classical},
             statement=(
                 f"HF Alg. 1 + Theorem 4: ||w_retrain - (w + a^{{-U}})|| <= gamma (sum form of Eq. (56), {c.kind} constants), "
-                "analytic Gaussian mechanism" + uncertified_note(self.noise, self.sigma_override)
+                "analytic Gaussian mechanism"
+                + uncertified_note(self.noise, self.sigma_override)
                 + ("" if finite else f"; the bound is infinite (rho = {bounds['rho']:.4g} over {rec.n_steps} steps)")
             ),
             constants=c.kind,
@@ -206,5 +236,9 @@ class HFStrategy(UnlearningStrategy):
             certificate,
             weights=hf.unflatten(internal + plan.noise, hf.param_spec(self.module)),
             state={"_internal": internal, "_internal_step": rec.n_steps, "accountant": plan.accountant},
-            extra={"n_forgotten": int(ids.numel()), "noise_norm": float(plan.noise.norm()), "update_norm": float(update.norm())},
+            extra={
+                "n_forgotten": int(ids.numel()),
+                "noise_norm": float(plan.noise.norm()),
+                "update_norm": float(update.norm()),
+            },
         )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor, nn
 
@@ -108,25 +107,48 @@ class StreamingStrategy(UnlearningStrategy):
         super().__init__(module, recorder, ledger)
         if not isinstance(recorder, StreamingRecorder):
             raise TypeError(f"StreamingStrategy needs a StreamingRecorder, got {type(recorder).__name__}")
-        if forget_weight < 0 or lr_constant <= 0 or expected_rounds < 1 or noise_std < 0 or (step_size is not None and step_size <= 0):
+        if (
+            forget_weight < 0
+            or lr_constant <= 0
+            or expected_rounds < 1
+            or noise_std < 0
+            or (step_size is not None and step_size <= 0)
+        ):
             raise ValueError(
                 "StreamingStrategy needs forget_weight >= 0, lr_constant > 0, expected_rounds >= 1, noise_std >= 0, step_size > 0; "
                 f"got {forget_weight}, {lr_constant}, {expected_rounds}, {noise_std}, {step_size}"
             )
         if (epsilon is None) != (delta is None):
-            raise ValueError(f"StreamingStrategy takes epsilon and delta together (Theorem 2(iii)); got epsilon={epsilon}, delta={delta}")
+            raise ValueError(
+                f"StreamingStrategy takes epsilon and delta together (Theorem 2(iii)); got epsilon={epsilon}, delta={delta}"
+            )
         if epsilon is not None and not (0 < epsilon < float("inf") and 0 < delta < 1):  # type: ignore[operator]
-            raise ValueError(f"StreamingStrategy needs epsilon > 0 (finite) and delta in (0, 1); got {epsilon}, {delta}")
+            raise ValueError(
+                f"StreamingStrategy needs epsilon > 0 (finite) and delta in (0, 1); got {epsilon}, {delta}"
+            )
         if epsilon is not None and noise_std > 0:
-            raise ValueError("StreamingStrategy: epsilon calibrates the noise by Theorem 2(iii); do not also give noise_std")
+            raise ValueError(
+                "StreamingStrategy: epsilon calibrates the noise by Theorem 2(iii); do not also give noise_std"
+            )
         if weight_bound is not None and not weight_bound > 0:
             raise ValueError(f"StreamingStrategy weight_bound W must be positive, got {weight_bound}")
         if forget_scope not in _SCOPES or kl_direction not in _DIRECTIONS:
-            raise ValueError(f"forget_scope must be one of {_SCOPES} and kl_direction one of {_DIRECTIONS}; got {forget_scope!r}, {kl_direction!r}")
+            raise ValueError(
+                f"forget_scope must be one of {_SCOPES} and kl_direction one of {_DIRECTIONS}; got {forget_scope!r}, {kl_direction!r}"
+            )
         self.recorder: StreamingRecorder = recorder
-        self.forget_weight, self.lr_constant, self.expected_rounds = float(forget_weight), float(lr_constant), int(expected_rounds)
+        self.forget_weight, self.lr_constant, self.expected_rounds = (
+            float(forget_weight),
+            float(lr_constant),
+            int(expected_rounds),
+        )
         self.fixed_step = None if step_size is None else float(step_size)
-        self.forget_scope, self.kl_direction, self.noise_std, self.seed = forget_scope, kl_direction, float(noise_std), seed
+        self.forget_scope, self.kl_direction, self.noise_std, self.seed = (
+            forget_scope,
+            kl_direction,
+            float(noise_std),
+            seed,
+        )
         self.epsilon, self.delta, self.weight_bound = epsilon, delta, weight_bound
         if budget is not None and epsilon is None:
             raise ValueError("StreamingStrategy budget= accounts (epsilon, delta) releases: give epsilon and delta too")
@@ -151,7 +173,9 @@ class StreamingStrategy(UnlearningStrategy):
         loss_sum = rec.loss_sum - loss_f.double().cpu()
         n_t = rec.n_retained - int(ids.numel())
         if n_t < 1:
-            raise ValueError(f"{self.method}: the request would leave no retained sample; SAFE's retention term (Eq. (14)) is undefined")
+            raise ValueError(
+                f"{self.method}: the request would leave no retained sample; SAFE's retention term (Eq. (14)) is undefined"
+            )
         g_ret = safe.flatten(grad_sum, names) / n_t
 
         # Eq. (22)-(24): class statistics of D_t and the pseudo-targets of the forget buffer
@@ -168,26 +192,50 @@ class StreamingStrategy(UnlearningStrategy):
 
         # Eq. (25)-(27): forgetting gradient at w_0, total gradient, one normalised step from w_0
         with eval_mode(self.module):
-            g_fg_d, fg_w0 = safe.forgetting_grad(self.module, w0, buffers, bx.to(device), target, self.forget_weight, self.kl_direction)
+            g_fg_d, fg_w0 = safe.forgetting_grad(
+                self.module, w0, buffers, bx.to(device), target, self.forget_weight, self.kl_direction
+            )
         g_fg = safe.flatten(g_fg_d, names)
         g = g_ret + g_fg
         if not bool(torch.isfinite(g).all()):
-            raise ValueError(f"{self.method}: the round's gradient is not finite; check the forget data and the recorded statistics")
-        step = self.fixed_step if self.fixed_step is not None else safe.step_size(float(safe.flatten(rec.w0, names).norm()), self.lr_constant, max(t, self.expected_rounds))
+            raise ValueError(
+                f"{self.method}: the round's gradient is not finite; check the forget data and the recorded statistics"
+            )
+        step = (
+            self.fixed_step
+            if self.fixed_step is not None
+            else safe.step_size(
+                float(safe.flatten(rec.w0, names).norm()), self.lr_constant, max(t, self.expected_rounds)
+            )
+        )
         flat0 = safe.flatten(rec.w0, names)
         W = self.weight_bound if self.weight_bound is not None else float(flat0.norm())
         plan = None
         if self.epsilon is not None:
-            plan = plan_release(2 * W, flat0.shape, torch.float64, epsilon=self.epsilon, delta=self.delta,  # type: ignore[arg-type]
-                                accountant=self.accountant, seed=self.seed, budget=self.budget)  # type: ignore[arg-type]
+            plan = plan_release(
+                2 * W,
+                flat0.shape,
+                torch.float64,
+                epsilon=self.epsilon,
+                delta=self.delta,  # type: ignore[arg-type]
+                accountant=self.accountant,
+                seed=self.seed,
+                budget=self.budget,
+            )  # type: ignore[arg-type]
             noise = plan.noise
         else:
-            noise = gaussian_noise(flat0.shape, self.noise_std, torch.float64, self.seed, t) if self.noise_std else torch.zeros_like(flat0)
+            noise = (
+                gaussian_noise(flat0.shape, self.noise_std, torch.float64, self.seed, t)
+                if self.noise_std
+                else torch.zeros_like(flat0)
+            )
         flat_t = safe.normalised_step(flat0, g, step, noise)
         w_t = safe.unflatten(flat_t, rec.w0, names)
 
         with eval_mode(self.module), torch.no_grad():
-            logits_t = torch.func.functional_call(self.module, {**{n: v.to(device) for n, v in w_t.items()}, **buffers}, (bx.to(device),))
+            logits_t = torch.func.functional_call(
+                self.module, {**{n: v.to(device) for n, v in w_t.items()}, **buffers}, (bx.to(device),)
+            )
             fg_t = float(self.forget_weight * safe.kl_to_target(logits_t.double(), target, self.kl_direction).mean())
         retain_risk_w0 = float(loss_sum) / n_t
         surrogate = retain_risk_w0 + float(g_ret @ (flat_t - flat0)) + fg_t
@@ -216,18 +264,35 @@ class StreamingStrategy(UnlearningStrategy):
         weights = {**w_t, **rec.buffers0}
         change = rec.round_change(x, labels, ids, grad_sum, loss_sum, surrogate)
         state = {} if plan is None else {"accountant": plan.accountant}
-        return UnlearningUpdate(self._certificate(plan, W), weights=weights, statistics=change, state=state, extra=extra)
+        return UnlearningUpdate(
+            self._certificate(plan, W), weights=weights, statistics=change, state=state, extra=extra
+        )
 
     def _certificate(self, plan: PlannedRelease | None, weight_bound: float) -> Certificate:
         if plan is None:
             note = f"; fixed noise std {self.noise_std:g}" if self.noise_std else ""
-            return Certificate(method=self.method, exact=False,
-                               statement=f"SAFE ([SAFE] Alg. 1): heuristic{note}; Thm 2 bounds expected dynamic regret, not distance to retraining")
+            return Certificate(
+                method=self.method,
+                exact=False,
+                statement=f"SAFE ([SAFE] Alg. 1): heuristic{note}; Thm 2 bounds expected dynamic regret, not distance to retraining",
+            )
         kind = "estimated" if self.weight_bound is None else "given"
-        return Certificate(method=self.method, exact=False, epsilon=self.epsilon, delta=self.delta, sigma=plan.sigma,
-                           bounds={"W": weight_bound, "sensitivity": 2 * weight_bound, "sigma_classical_theorem2": plan.sigma_classical / 2},
-                           statement=f"SAFE ([SAFE] Thm 2(iii)): analytic Gaussian noise on sensitivity 2W, assuming ||w||_2 <= W ({kind} W)",
-                           constants=kind, seeded=plan.seeded, accounting=plan.accounting)
+        return Certificate(
+            method=self.method,
+            exact=False,
+            epsilon=self.epsilon,
+            delta=self.delta,
+            sigma=plan.sigma,
+            bounds={
+                "W": weight_bound,
+                "sensitivity": 2 * weight_bound,
+                "sigma_classical_theorem2": plan.sigma_classical / 2,
+            },
+            statement=f"SAFE ([SAFE] Thm 2(iii)): analytic Gaussian noise on sensitivity 2W, assuming ||w||_2 <= W ({kind} W)",
+            constants=kind,
+            seeded=plan.seeded,
+            accounting=plan.accounting,
+        )
 
     def _scope(self, x: Tensor, y: Tensor, data: ForgetData) -> tuple[Tensor, Tensor]:
         """The samples the forgetting term sums over: ``F_1..F_t`` (Eq. (25)) or ``F_t`` (Alg. 1 line 8).
@@ -250,7 +315,9 @@ class StreamingStrategy(UnlearningStrategy):
     def _checked_inputs(self, x: Tensor) -> Tensor:
         V = self.recorder.V
         if x[0].numel() != V.shape[0]:
-            raise ValueError(f"forget data has {x[0].numel()} features per sample but the recorded projection expects {V.shape[0]}")
+            raise ValueError(
+                f"forget data has {x[0].numel()} features per sample but the recorded projection expects {V.shape[0]}"
+            )
         return x.detach().cpu()
 
     def _check_module(self) -> None:

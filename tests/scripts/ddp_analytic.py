@@ -26,8 +26,15 @@ def main(out: str, devices: int) -> None:
     record = recorder._record
     recorder._record = lambda module, x, y, ids, out: (rows_here.append(len(ids)), record(module, x, y, ids, out))
     trainer = L.Trainer(
-        strategy="ddp" if devices > 1 else "auto", accelerator="cpu", devices=devices, max_epochs=2,
-        callbacks=[recorder], logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        strategy="ddp" if devices > 1 else "auto",
+        accelerator="cpu",
+        devices=devices,
+        max_epochs=2,
+        callbacks=[recorder],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     trainer.fit(model, DataLoader(ds, batch_size=16, shuffle=True))
     state = recorder.state_dict()

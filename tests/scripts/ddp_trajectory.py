@@ -25,9 +25,16 @@ warnings.filterwarnings("ignore")
 
 def trainer(devices: int, callbacks: list, epochs: int) -> L.Trainer:
     return L.Trainer(
-        strategy="ddp" if devices > 1 else "auto", accelerator="cpu", devices=devices, max_epochs=epochs, callbacks=callbacks,
+        strategy="ddp" if devices > 1 else "auto",
+        accelerator="cpu",
+        devices=devices,
+        max_epochs=epochs,
+        callbacks=callbacks,
         use_distributed_sampler=False,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
 
 
@@ -48,7 +55,10 @@ def main(out: str, devices: int) -> None:
         hess.experience = k
         trainer(devices, [hess], epochs=3).fit(model, loader(ds, devices))
     rank = tr.global_rank
-    torch.save({"trajectory": traj.state_dict(), "streaming": stream.state_dict(), "hessian": hess.state_dict()}, out.replace(".pt", f".rank{rank}.pt"))
+    torch.save(
+        {"trajectory": traj.state_dict(), "streaming": stream.state_dict(), "hessian": hess.state_dict()},
+        out.replace(".pt", f".rank{rank}.pt"),
+    )
 
 
 if __name__ == "__main__":

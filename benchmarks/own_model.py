@@ -1,0 +1,239 @@
+"""Every recorder and method on a user's own torchvision ``resnet18`` LightningModule (CPU).
+
+A user-written module (torchvision ``resnet18``, 11.2M parameters, its own ``training_step`` and
+SGD optimizer with weight decay, BatchNorm) learns 512 ``FakeData`` images of 32x32 in one
+experience. Printed: the plain fit's time; each recorder's fit time as a ratio of the plain fit
+and its statistics' memory (bytes of its ``state_dict`` tensors); each method's time for one
+request of 4 samples. [HF] replays plain SGD with deterministic per-sample losses, so its row
+runs the same network with BatchNorm frozen in eval mode; ACU runs a frozen trunk with an
+analytic head, as [ACU] prescribes. The certified rows publish without noise (``noise=False``):
+a ResNet violates the strong convexity their certificates need, and the point here is cost.
+
+    python benchmarks/own_model.py [--samples 512] [--epochs 2] [--track 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from collections.abc import Callable
+from time import perf_counter
+from typing import Any
+
+import lightning as L
+import torch
+import torchvision
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_unlearn import (
+    ACUStrategy,
+    AnalyticRecorder,
+    ForgetRequest,
+    GradientCertifiedStrategy,
+    HessianCertifiedStrategy,
+    HessianRecorder,
+    HFStrategy,
+    IndexedDataset,
+    RBMStrategy,
+    StreamingRecorder,
+    StreamingStrategy,
+    TaskDeltaRecorder,
+    TrajectoryRecorder,
+)
+from lightning_unlearn.callbacks import ProximalRegularizer, SampleRecorder
+from lightning_unlearn.models import AnalyticHead
+from lightning_unlearn.strategies.baselines import (
+    FinetuneStrategy,
+    NegGradPlusStrategy,
+    NegGradStrategy,
+    RandomLabelStrategy,
+    RetrainStrategy,
+)
+
+QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
+FORGET = ForgetRequest.samples([3, 14, 15, 92])
+
+
+class UserResNet(L.LightningModule):
+    """What a user writes: torchvision resnet18, cross-entropy, SGD with weight decay."""
+
+    def __init__(self, frozen_bn: bool = False) -> None:
+        super().__init__()
+        self.net = torchvision.models.resnet18(num_classes=10)
+        self.frozen_bn = frozen_bn
+
+    def train(self, mode: bool = True) -> UserResNet:
+        super().train(mode)
+        if self.frozen_bn:
+            for m in self.net.modules():
+                if isinstance(m, nn.BatchNorm2d):
+                    m.eval()
+        return self
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        return nn.functional.cross_entropy(self(batch[0]), batch[1])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01, weight_decay=5e-4)
+
+
+class UserAnalytic(L.LightningModule):
+    """A frozen resnet18 trunk with an analytic head ([ACU]): the recorder solves the head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        net = torchvision.models.resnet18(num_classes=10)
+        net.fc = nn.Identity()
+        self.trunk = net.requires_grad_(False)
+        self.head = AnalyticHead(512, 10, expansion_dim=2048)
+        self.automatic_optimization = False
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.trunk(x))
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        return None
+
+    def configure_optimizers(self) -> None:
+        return None
+
+
+def fake_data(n: int) -> IndexedDataset:
+    images = torchvision.datasets.FakeData(
+        n, (3, 32, 32), 10, transform=torchvision.transforms.ToTensor(), random_offset=7
+    )
+    x = torch.stack([images[i][0] for i in range(n)])
+    y = torch.tensor([int(images[i][1]) for i in range(n)])
+    return IndexedDataset(TensorDataset(x, y))
+
+
+def fit(module: L.LightningModule, data: IndexedDataset, epochs: int, callbacks: list[L.Callback]) -> float:
+    print(f"  fitting with {[type(c).__name__ for c in callbacks] or 'no callback'}", flush=True)
+    torch.manual_seed(0)
+    loader = DataLoader(data, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(0))
+    start = perf_counter()
+    L.Trainer(max_epochs=epochs, callbacks=callbacks, **QUIET).fit(module, loader)
+    return perf_counter() - start
+
+
+def state_bytes(recorder: L.Callback) -> int:
+    def walk(v: Any) -> int:
+        if isinstance(v, Tensor):
+            return v.numel() * v.element_size()
+        if isinstance(v, dict):
+            return sum(walk(x) for x in v.values())
+        if isinstance(v, (list, tuple)):
+            return sum(walk(x) for x in v)
+        return 0
+
+    return walk(recorder.state_dict())
+
+
+def timed(run: Callable[[], Any]) -> float:
+    start = perf_counter()
+    run()
+    return perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--samples", type=int, default=512)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--track", type=int, default=8, help="samples HF keeps vectors for (track=)")
+    parser.add_argument("--hessian", action="store_true", help="also the diagonal HessianRecorder (slow on a CPU)")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    data = fake_data(args.samples)
+    d = sum(p.numel() for p in UserResNet().parameters())
+    print(
+        f"user resnet18: d = {d:,} parameters, {args.samples} FakeData images 32x32, {args.epochs} epochs, batch 64, CPU"
+    )
+
+    plain = fit(UserResNet(), data, args.epochs, [])
+    plain_frozen = fit(UserResNet(frozen_bn=True), data, args.epochs, [])
+    rows: list[tuple[str, float, float, int]] = []
+    methods: list[tuple[str, Callable[[], Any]]] = []
+
+    # training-based methods and retrain: a SampleRecorder
+    model, rec = UserResNet(), SampleRecorder()
+    initial = copy.deepcopy(model.state_dict())
+    t = fit(model, data, args.epochs, [rec])
+    rows.append(("SampleRecorder", t, plain, state_bytes(rec)))
+    for name, make in (
+        ("finetune", lambda m, r: FinetuneStrategy(m, r, data, epochs=1)),
+        ("neggrad", lambda m, r: NegGradStrategy(m, r, epochs=1)),
+        ("neggrad_plus", lambda m, r: NegGradPlusStrategy(m, r, data, epochs=1)),
+        ("randomlabel", lambda m, r: RandomLabelStrategy(m, r, data, epochs=1)),
+        ("rbm", lambda m, r: RBMStrategy(m, r, data, masking="retain", epochs=1)),
+        ("salun", lambda m, r: RBMStrategy(m, r, data, masking="forget", epochs=1)),
+        ("retrain", lambda m, r: RetrainStrategy(m, r, data, initial, trainer_kwargs={"max_epochs": args.epochs})),
+    ):
+        strategy = make(copy.deepcopy(model), copy.deepcopy(rec))
+        methods.append((name, lambda s=strategy: s.forget(FORGET, data if s.reads_data else None)))
+
+    # [SAFE]
+    model, rec = UserResNet(), StreamingRecorder(num_classes=10)
+    rows.append(("StreamingRecorder", fit(model, data, args.epochs, [rec]), plain, state_bytes(rec)))
+    safe = StreamingStrategy(model, rec, step_size=0.05)
+    methods.append(("safe", lambda: safe.forget(FORGET, data)))
+
+    # [CCL]: task deltas and Hessians (diagonal: an exact 11M x 11M Hessian is out of reach)
+    model, rec = UserResNet(), TaskDeltaRecorder()
+    rows.append(
+        (
+            "TaskDeltaRecorder",
+            fit(model, data, args.epochs, [rec, ProximalRegularizer(reg_lambda=1.0)]),
+            plain,
+            state_bytes(rec),
+        )
+    )
+    gradient = GradientCertifiedStrategy(model, rec, lipschitz=1.0, smoothness=1.0, noise=False)
+    methods.append(("gradient", lambda: gradient.forget(FORGET)))
+    if args.hessian:  # Hutchinson probes over the whole task at 11M parameters: tens of minutes on 2 CPU cores
+        model, rec = UserResNet(), HessianRecorder(hessian="diagonal", n_probes=2, chunk_size=16)
+        callbacks = [rec, ProximalRegularizer(reg_lambda=1.0)]
+        rows.append(("HessianRecorder (diag)", fit(model, data, args.epochs, callbacks), plain, state_bytes(rec)))
+        hessian = HessianCertifiedStrategy(model, rec, lipschitz=1.0, smoothness=1.0, noise=False)
+        methods.append(("hessian", lambda: hessian.forget(FORGET, data)))
+
+    # [HF]: BatchNorm frozen (deterministic per-sample losses), vectors for `track` samples
+    model, rec = (
+        UserResNet(frozen_bn=True),
+        TrajectoryRecorder(track=range(args.track) if args.track else None, chunk_size=2),
+    )
+    tracked = [i for i in FORGET.sample_ids if i < args.track] or [0]
+    rows.append(
+        (
+            f"TrajectoryRecorder ({args.track} tracked)",
+            fit(model, data, args.epochs, [rec]),
+            plain_frozen,
+            state_bytes(rec),
+        )
+    )
+    hf = HFStrategy(model, rec, noise=False)
+    methods.append(("hf", lambda: hf.forget(ForgetRequest.samples(tracked))))
+
+    # [ACU]: frozen trunk + analytic head
+    model, rec = UserAnalytic(), AnalyticRecorder(ridge=1.0, backbone="trunk", head="head")
+    rows.append(("AnalyticRecorder", fit(model, data, 1, [rec]), plain / args.epochs, state_bytes(rec)))
+    acu = ACUStrategy(model, rec)
+    methods.append(("acu", lambda: acu.forget(FORGET, data)))
+
+    print(f"\nplain fit: {plain:.1f} s ({plain_frozen:.1f} s with BatchNorm frozen)\n")
+    print(f"{'recorder':<32}{'fit (s)':>10}{'x plain fit':>13}{'statistics (MiB)':>18}")
+    for name, t, reference, size in rows:
+        print(f"{name:<32}{t:>10.1f}{t / reference:>13.2f}{size / 2**20:>18.2f}")
+    print(f"\n{'method':<16}{'s / request (4 samples)':>26}{'x plain fit':>13}")
+    for name, run in methods:
+        print(f"  {name} ...", end="", flush=True)
+        t = timed(run)
+        print("\r", end="")
+        print(f"{name:<16}{t:>26.3f}{t / plain:>13.3f}")
+
+
+if __name__ == "__main__":
+    main()
