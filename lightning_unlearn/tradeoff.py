@@ -304,10 +304,8 @@ def format_tradeoff(rows: Sequence[dict[str, Any]]) -> str:
 
 def write_tradeoff(rows: Sequence[dict[str, Any]], recipe: Recipe, out_dir: str | Path) -> list[Path]:
     """``tradeoff.csv`` and ``tradeoff.png`` (test accuracy vs epsilon, log scale, retraining dashed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -316,7 +314,9 @@ def write_tradeoff(rows: Sequence[dict[str, Any]], recipe: Recipe, out_dir: str 
         writer = csv.DictWriter(fh, fieldnames=list(COLUMNS))
         writer.writeheader()
         writer.writerows([{k: r[k] for k in COLUMNS} for r in rows])
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig = Figure(figsize=(6.4, 4.2))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
     styles = {"hf": ("C0", "o"), "hessian": ("C1", "s"), "gradient": ("C2", "^"), "safe": ("C3", "D")}
     for method, (colour, marker) in styles.items():
         pts = [r for r in rows if r["method"] == method and r["epsilon"] != math.inf]
@@ -345,5 +345,4 @@ def write_tradeoff(rows: Sequence[dict[str, Any]], recipe: Recipe, out_dir: str 
     ax.legend(fontsize=8, loc="center right")
     fig.tight_layout()
     fig.savefig(png_path, dpi=200)
-    plt.close(fig)
     return [csv_path, png_path]

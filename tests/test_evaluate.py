@@ -167,7 +167,8 @@ def test_registry_names_and_errors():
     with pytest.raises(ValueError, match=r"'rbm' \(RBMStrategy\) takes no option\(s\) \['masking'\]"):
         get_method("rbm", masking="forget")  # fixed by the name: use "salun"
     with pytest.raises(
-        ValueError, match=r"'hf' \(HFStrategy\) takes no option\(s\) \['lr'\]; its options: \['capacity', 'delta'"
+        ValueError,
+        match=r"'hf' \(HFStrategy\) takes no option\(s\) \['lr'\]; its options: \['accountant', 'budget', 'capacity', 'delta'",
     ):
         get_method("hf", lr=0.1)
     assert (
@@ -201,8 +202,10 @@ def test_registry_options_are_the_strategy_constructors_keyword_only_parameters(
         own = keyword_options(spec.strategy) - HARNESS_ARGUMENTS - spec.managed - set(spec.fixed)
         assert own <= spec.options(), (name, own - spec.options())
         assert not (spec.options() & (HARNESS_ARGUMENTS | set(spec.fixed))), name
-    # HF: all nine of its own options (was 4), and the linear family's l2
+    # HF: all eleven of its own options (was 4), and the linear family's l2
     assert method_spec("hf").options() == {
+        "accountant",
+        "budget",
         "epsilon",
         "delta",
         "strong_convexity",
@@ -214,7 +217,7 @@ def test_registry_options_are_the_strategy_constructors_keyword_only_parameters(
         "max_deletions",
         "l2",
     }
-    assert keyword_options(HFStrategy) - HARNESS_ARGUMENTS <= method_spec("hf").options()
+    assert keyword_options(HFStrategy) - HARNESS_ARGUMENTS - method_spec("hf").managed <= method_spec("hf").options()
     assert {
         "forget_weight",
         "lr_constant",
@@ -226,6 +229,7 @@ def test_registry_options_are_the_strategy_constructors_keyword_only_parameters(
         "epsilon",
         "delta",
         "weight_bound",
+        "budget",
     } == keyword_options(StreamingStrategy) - HARNESS_ARGUMENTS
     assert keyword_options(StreamingStrategy) - HARNESS_ARGUMENTS <= method_spec("safe").options()
 

@@ -30,7 +30,7 @@ def fit(model, recorder, ds, logger, experience: int) -> L.Trainer:
 def test_a_users_own_loop_logs_requests_between_experiences_on_one_step_axis(tmp_path):
     tasks = [blobs(16, seed=0), blobs(16, seed=1, id_offset=100)]
     model, rec = sgd_model(), TrajectoryRecorder(dtype=torch.float64)
-    strategy = HFStrategy(model, rec, epsilon=1.0, generator=torch.Generator().manual_seed(0), max_deletions=10)
+    strategy = HFStrategy(model, rec, epsilon=1.0, seed=0, max_deletions=10)
     logger = CSVLogger(tmp_path, name="run")
     fit(model, rec, tasks[0], logger, 0)
     first = strategy.forget(ForgetRequest.samples([3, 5]))

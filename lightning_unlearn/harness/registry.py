@@ -118,6 +118,8 @@ class MethodSpec:
                 if spec.context is not None
                 else ({}, [])
             )
+            if {"smoothness", "grad_bound", "strong_convexity", "lipschitz"} & set(options):
+                arguments.pop("constants", None)  # constants the user gives replace the closed-form ones
             unmanaged = sorted(set(arguments) - spec.managed)
             if unmanaged:
                 raise ValueError(f"method {spec.name!r}: context arguments {unmanaged} are not declared as managed")
