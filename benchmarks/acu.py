@@ -16,7 +16,8 @@ For each width ``d_F``, one model learns ``N`` samples; then ``reps`` consecutiv
 rows from ``R`` (done lazily, in blocks of up to ``d_F`` rows, when ``R`` is next needed).
 ``gap`` is ``||W_ours - W_retrain|| / ||W_retrain||`` after all requests at that width (the same
 for its rows). Features are synthetic standard Gaussian, float64, 100 classes; feature extraction
-is left out (the same per sample for every path). ``--crossover`` times both exact paths over ``k`` to calibrate the cost model.
+is left out (the same per sample for every path). ``--crossover`` times both exact paths over ``k`` to calibrate the
+cost model.
 
     python benchmarks/acu.py [--reps 7] [--crossover]
 """

@@ -149,11 +149,13 @@ def main() -> None:
     print(f"  HF vector addition + noise : {hf_request * 1e3:10.2f} ms")
     print(f"  Newton step (CG, {CG_ITERS} HVPs) : {newton * 1e3:10.2f} ms   ({newton / hf_request:,.0f}x HF)")
     print(
-        f"  [CCL] Newton, recorded Hessian: {recorded_newton * 1e3:10.2f} ms   ({recorded_newton / hf_request:,.0f}x HF; low-rank k=16, "
+        f"  [CCL] Newton, recorded Hessian: {recorded_newton * 1e3:10.2f} ms   ({recorded_newton / hf_request:,.0f}x "
+        "HF; low-rank k=16, "
         "gradient of the sample from data=)"
     )
     print(
-        f"  retrain from scratch       : {retrain * 1e3:10.2f} ms   ({retrain / hf_request:,.0f}x HF, {retrain / newton:.3g}x Newton)"
+        f"  retrain from scratch       : {retrain * 1e3:10.2f} ms   ({retrain / hf_request:,.0f}x HF, "
+        f"{retrain / newton:.3g}x Newton)"
     )
 
     print(

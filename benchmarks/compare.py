@@ -99,7 +99,8 @@ def main() -> None:
         "--threads",
         type=int,
         default=1,
-        help="torch intra-op threads; the models are tiny, and one thread keeps times stable when other processes share the cores",
+        help="torch intra-op threads; the models are tiny, and one thread keeps times stable when other "
+        "processes share the cores",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

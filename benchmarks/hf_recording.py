@@ -97,7 +97,8 @@ def main() -> None:
     print(f"HF recording on a small CNN: d = {d} parameters, N = {N}, batch {BATCH}, {steps} SGD steps, CPU")
     print(f"  plain fit: {plain:.2f} s")
     print(
-        f"  {'K tracked':>9} | {'fit s':>7} | {'ratio':>6} | {'extra ms/step':>13} | {'K HVPs ms':>9} | {'extra / K HVPs':>14}"
+        f"  {'K tracked':>9} | {'fit s':>7} | {'ratio':>6} | {'extra ms/step':>13} | {'K HVPs ms':>9} | "
+        f"{'extra / K HVPs':>14}"
     )
     x, y = next(iter(DataLoader(data(), batch_size=BATCH)))[:2]
     theta = hf.flat_params(model)

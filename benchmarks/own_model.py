@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import sys
 from collections.abc import Callable
 from time import perf_counter
 from typing import Any
@@ -112,7 +113,7 @@ def fake_data(n: int) -> IndexedDataset:
 
 
 def fit(module: L.LightningModule, data: IndexedDataset, epochs: int, callbacks: list[L.Callback]) -> float:
-    print(f"  fitting with {[type(c).__name__ for c in callbacks] or 'no callback'}", flush=True)
+    print(f"  fitting with {[type(c).__name__ for c in callbacks] or 'no callback'}", file=sys.stderr, flush=True)
     torch.manual_seed(0)
     loader = DataLoader(data, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(0))
     start = perf_counter()
@@ -150,7 +151,8 @@ def main() -> None:
     data = fake_data(args.samples)
     d = sum(p.numel() for p in UserResNet().parameters())
     print(
-        f"user resnet18: d = {d:,} parameters, {args.samples} FakeData images 32x32, {args.epochs} epochs, batch 64, CPU"
+        f"user resnet18: d = {d:,} parameters, {args.samples} FakeData images 32x32, {args.epochs} epochs, batch 64, "
+        "CPU"
     )
 
     plain = fit(UserResNet(), data, args.epochs, [])
@@ -229,9 +231,8 @@ def main() -> None:
         print(f"{name:<32}{t:>10.1f}{t / reference:>13.2f}{size / 2**20:>18.2f}")
     print(f"\n{'method':<16}{'s / request (4 samples)':>26}{'x plain fit':>13}")
     for name, run in methods:
-        print(f"  {name} ...", end="", flush=True)
+        print(f"  {name} ...", file=sys.stderr, flush=True)
         t = timed(run)
-        print("\r", end="")
         print(f"{name:<16}{t:>26.3f}{t / plain:>13.3f}")
 
 

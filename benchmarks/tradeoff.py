@@ -26,7 +26,8 @@ if __name__ == "__main__":
     rows, setup = run_tradeoff()
     r = setup.recipe
     print(
-        f"\nproposed recipe: lr={r.lr:.4g} l2={r.l2:g}; predicted gamma={r.gamma:.4g} (Taylor term {r.taylor_term:.4g}, "
+        f"\nproposed recipe: lr={r.lr:.4g} l2={r.l2:g}; predicted gamma={r.gamma:.4g} (Taylor term "
+        f"{r.taylor_term:.4g}, "
         f"gradient-mismatch term {r.gradient_mismatch_term:.4g}), sigma at epsilon=1: {r.sigma:.4g}"
     )
     print(format_tradeoff(rows))

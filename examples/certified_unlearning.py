@@ -97,14 +97,16 @@ def report(
     for label, m in rows:
         r = ref if m is reference else evaluate_unlearning(m, **sets, reference=reference)
         print(
-            f"   {label:<28}{r['retain_acc']:>11.3f}{r['forget_acc']:>11.3f}{r['test_acc']:>10.3f}{r['mia']:>7.3f}{r.get('l2_to_retrain', 0.0):>15.4g}"
+            f"   {label:<28}{r['retain_acc']:>11.3f}{r['forget_acc']:>11.3f}{r['test_acc']:>10.3f}{r['mia']:>7.3f}"
+            f"{r.get('l2_to_retrain', 0.0):>15.4g}"
         )
     print(
         "   (the papers' worst-case bounds make (epsilon=1, delta=1e-5) noise overwhelm this MLP; "
         "the 'before noise' row shows how close the update itself gets to retraining)"
     )
     print(
-        f"   time per request: {1e3 * sum(times) / len(times):.2f} ms over {len(times)} request(s); last certificate: {cert}"
+        f"   time per request: {1e3 * sum(times) / len(times):.2f} ms over {len(times)} request(s); last "
+        f"certificate: {cert}"
     )
     print("   bound terms: " + ", ".join(f"{k}={v:.3g}" for k, v in cert.bounds.items()))
 
@@ -160,7 +162,8 @@ def main() -> None:
     fit_stream(model, stream, callbacks=[recorder], batch_size=4096, trainer_kwargs={"max_epochs": 3, **TRAINER})
     print(
         f"\n[CCL] trained with HessianRecorder in {perf_counter() - start:.1f} s: {len(recorder.hessians)} Hessians of "
-        f"{recorder.hessians[0].shape[0]}^2 floats ({sum(h.numel() * h.element_size() for h in recorder.hessians) / 2**20:.1f} MiB)"
+        f"{recorder.hessians[0].shape[0]}^2 floats "
+        f"({sum(h.numel() * h.element_size() for h in recorder.hessians) / 2**20:.1f} MiB)"
     )
     original = with_params(model, hf.flat_params(model))
     forget_exp = 1

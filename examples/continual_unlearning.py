@@ -142,7 +142,8 @@ def main() -> None:
         )
     plot(rows, args.out / "accuracies.png")
     print(
-        f"\nwrote {args.out / 'accuracies.png'}, {args.out / 'ledger.jsonl'} and metrics CSV under {args.out / 'metrics'}"
+        f"\nwrote {args.out / 'accuracies.png'}, {args.out / 'ledger.jsonl'} and metrics CSV under "
+        f"{args.out / 'metrics'}"
     )
 
 

@@ -312,7 +312,8 @@ def require_plain_sgd(optimizers: list[torch.optim.Optimizer], module: nn.Module
     recipe = read_optimizer(optimizers, module, who)
     if recipe.name != "SGD" or recipe.momentum or recipe.nesterov:
         raise ValueError(
-            f"{who} follows plain SGD steps: got {recipe.name} with momentum={recipe.momentum}, nesterov={recipe.nesterov}; "
+            f"{who} follows plain SGD steps: got {recipe.name} with momentum={recipe.momentum}, "
+            f"nesterov={recipe.nesterov}; "
             "use torch.optim.SGD(params, lr, weight_decay=l2) with momentum=0"
         )
     return recipe

@@ -189,7 +189,8 @@ def run_tradeoff(
     setup = _Setup(epochs=epochs, batch_size=batch_size, fraction=fraction, delta=delta, seed=seed)
     r = setup.recipe
     log(
-        f"recipe: lr = {r.lr:.4g}, l2 = {r.l2:g} (M = {r.smoothness:.4g}, G = {r.grad_bound:.4g}, rho = {r.rho:.4f}, T = {r.steps}); "
+        f"recipe: lr = {r.lr:.4g}, l2 = {r.l2:g} (M = {r.smoothness:.4g}, G = {r.grad_bound:.4g}, rho = {r.rho:.4f}, "
+        f"T = {r.steps}); "
         f"{setup.m} single-sample requests"
     )
     rows: list[dict[str, Any]] = []

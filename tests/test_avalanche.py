@@ -92,7 +92,8 @@ def proximal() -> ProximalClassifier:
 
 def objective(model: SupervisedClassifier):
     """The module's own training objective as an Avalanche criterion (outputs, targets) -> loss: cross-entropy,
-    plus [CCL]'s regulariser (with the ridge) of a ProximalClassifier; a SupervisedClassifier's ridge is weight decay."""
+    plus [CCL]'s regulariser (with the ridge) of a ProximalClassifier; a SupervisedClassifier's ridge is weight
+    decay."""
     regularizer = getattr(model, "regularizer", None)
     return lambda out, y: F.cross_entropy(out, y) + (regularizer.penalty(model) if regularizer is not None else 0.0)
 

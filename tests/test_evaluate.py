@@ -168,7 +168,8 @@ def test_registry_names_and_errors():
         get_method("rbm", masking="forget")  # fixed by the name: use "salun"
     with pytest.raises(
         ValueError,
-        match=r"'hf' \(HFStrategy\) takes no option\(s\) \['lr'\]; its options: \['accountant', 'budget', 'capacity', 'delta'",
+        match=r"'hf' \(HFStrategy\) takes no option\(s\) \['lr'\]; "
+        r"its options: \['accountant', 'budget', 'capacity', 'delta'",
     ):
         get_method("hf", lr=0.1)
     assert (

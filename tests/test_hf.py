@@ -305,7 +305,8 @@ def test_label_smoothed_training_loss_is_refused_at_fit_start():
     w = hf.flat_params(smoothed)
     with pytest.raises(
         ValueError,
-        match=r"loss_fn disagrees with UserModule.training_step on a batch: mean loss_fn = [0-9.]+, training loss = [0-9.]+",
+        match=r"loss_fn disagrees with UserModule.training_step on a batch: "
+        r"mean loss_fn = [0-9.]+, training loss = [0-9.]+",
     ):
         fit_hf(smoothed, ds, TrajectoryRecorder(), epochs=1)
     assert torch.equal(hf.flat_params(smoothed), w)  # refused before the first step

@@ -1,4 +1,5 @@
-"""SAFE streaming unlearning ([SAFE]): recorded statistics against direct recomputation, the round's step, noise, state."""
+"""SAFE streaming unlearning ([SAFE]): recorded statistics against direct recomputation, the round's step, noise,
+state."""
 
 import copy
 import math

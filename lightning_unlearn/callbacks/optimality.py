@@ -48,12 +48,16 @@ class TaskOptimality(L.Callback):
     def problem(self, n_tasks: int) -> str | None:
         """``None`` if ``n_tasks`` fits were checked and all met the tolerance, else the reason."""
         if len(self.residuals) != n_tasks:
-            return f"TaskOptimality checked {len(self.residuals)} fits but {n_tasks} tasks were recorded (attach it to every fit)"
+            return (
+                f"TaskOptimality checked {len(self.residuals)} fits but {n_tasks} tasks were recorded "
+                "(attach it to every fit)"
+            )
         bad = [(i, r) for i, r in enumerate(self.residuals) if not r <= self.tolerance]
         if bad:
             i, r = bad[0]
             return (
-                f"task {i} was solved to a gradient residual {r:.3g} > tolerance {self.tolerance:g} ([CCL] assumes exact "
+                f"task {i} was solved to a gradient residual {r:.3g} > tolerance {self.tolerance:g} ([CCL] assumes "
+                "exact "
                 "task solutions): solve each task further (more L-BFGS steps, full batch)"
             )
         return None

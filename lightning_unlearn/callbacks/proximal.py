@@ -75,7 +75,8 @@ class ProximalRegularizer(L.Callback):
     def _pairs(self, module: nn.Module) -> list[tuple[Tensor, Tensor]]:
         if self.anchors is None:
             raise ValueError(
-                "ProximalRegularizer has no anchor yet: begin_experience(module) was not called (add it to the callbacks)"
+                "ProximalRegularizer has no anchor yet: begin_experience(module) was not called (add it to the "
+                "callbacks)"
             )
         params = {n: p for n, p in module.named_parameters() if p.requires_grad}
         if params.keys() != self.anchors.keys():
@@ -85,7 +86,8 @@ class ProximalRegularizer(L.Callback):
         return [(params[n], a) for n, a in self.anchors.items()]
 
     def penalty(self, module: nn.Module) -> Tensor:
-        """``(lambda/2)||w - anchor||^2 + (ridge/2)||w||^2`` (differentiable; add it to the loss with ``in_loss=True``)."""
+        """``(lambda/2)||w - anchor||^2 + (ridge/2)||w||^2`` (differentiable; add it to the loss with
+        ``in_loss=True``)."""
         pairs = self._pairs(module)
         prox = sum((p - a.to(p)).pow(2).sum() for p, a in pairs)
         ridge = sum(p.pow(2).sum() for p, _ in pairs) if self.ridge else 0.0
@@ -137,7 +139,8 @@ class ProximalRegularizer(L.Callback):
 
     # -- state -------------------------------------------------------------------------------------
     def progress(self) -> Tensor:
-        """``(tasks_learned, experience open)`` as a tensor (a module owning the regulariser keeps it in its state_dict)."""
+        """``(tasks_learned, experience open)`` as a tensor (a module owning the regulariser keeps it in its
+        state_dict)."""
         return torch.tensor([self.tasks_learned, int(self._open)])
 
     def load_progress(self, progress: Tensor) -> None:
@@ -158,7 +161,8 @@ class ProximalRegularizer(L.Callback):
         theirs = (state_dict.get("reg_lambda", self.reg_lambda), state_dict.get("ridge", self.ridge))
         if theirs != (self.reg_lambda, self.ridge):
             raise ValueError(
-                f"checkpoint's ProximalRegularizer has (reg_lambda, ridge)={theirs}, this one {(self.reg_lambda, self.ridge)}"
+                f"checkpoint's ProximalRegularizer has (reg_lambda, ridge)={theirs}, this one "
+                f"{(self.reg_lambda, self.ridge)}"
             )
         anchors = state_dict.get("anchors")
         self.anchors = None if anchors is None else {n: a.clone() for n, a in anchors.items()}

@@ -71,7 +71,8 @@ class StreamingRecorder(RecorderCallback):
         super().__init__()
         if num_classes < 2 or proj_dim < 1 or ridge < 0:
             raise ValueError(
-                f"StreamingRecorder needs num_classes >= 2, proj_dim >= 1, ridge >= 0; got {num_classes}, {proj_dim}, {ridge}"
+                f"StreamingRecorder needs num_classes >= 2, proj_dim >= 1, ridge >= 0; got {num_classes}, "
+                f"{proj_dim}, {ridge}"
             )
         self.num_classes, self.proj_dim, self.ridge, self.seed = (
             int(num_classes),
@@ -136,7 +137,8 @@ class StreamingRecorder(RecorderCallback):
     def _record(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any) -> None:
         if y.min() < 0 or y.max() >= self.num_classes:
             raise ValueError(
-                f"StreamingRecorder(num_classes={self.num_classes}) got labels outside [0, {self.num_classes}): {y.unique().tolist()[:10]}"
+                f"StreamingRecorder(num_classes={self.num_classes}) got labels outside [0, {self.num_classes}): "
+                f"{y.unique().tolist()[:10]}"
             )
         p = x[0].numel()
         if self.V is None:

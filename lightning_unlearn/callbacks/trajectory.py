@@ -213,11 +213,13 @@ class TrajectoryRecorder(RecorderCallback):
 
     # -- framework-neutral API ------------------------------------------------------------------------
     def begin_experience(self, module: nn.Module) -> None:
-        """Check the optimizer's ``l2`` against the recorded trajectory (call :meth:`check_optimizer` first), start staging."""
+        """Check the optimizer's ``l2`` against the recorded trajectory (call :meth:`check_optimizer` first), start
+        staging."""
         l2 = self._optimizer_l2
         if l2 is None:
             raise ValueError(
-                "TrajectoryRecorder reads l2 from the optimizer: call check_optimizer(optimizer) before begin_experience"
+                "TrajectoryRecorder reads l2 from the optimizer: call check_optimizer(optimizer) before "
+                "begin_experience"
             )
         if self.l2 is not None and l2 != self.l2:
             raise ValueError(

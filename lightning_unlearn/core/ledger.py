@@ -260,7 +260,8 @@ class Ledger:
         count, head = int(anchor["count"]), anchor["head"]
         if len(self._entries) < count:
             raise LedgerError(
-                f"ledger {where} has {len(self._entries)} entries but the checkpoint anchors {count}: truncated or replaced"
+                f"ledger {where} has {len(self._entries)} entries but the checkpoint anchors {count}: truncated or "
+                "replaced"
             )
         if count and self._entries[count - 1].hash != head:
             raise LedgerError(

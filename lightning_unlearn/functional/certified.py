@@ -49,7 +49,8 @@ def retained_after(status: Sequence[TaskStatus], a: int) -> int:
 
 
 def transport(solve: Callable[[Tensor], Tensor], lam: float, v: Tensor) -> Tensor:
-    """``P_i v = (H_i + lambda I)^{-1} lambda v`` (the operator of Eq. (13)); ``solve`` applies ``(H_i + lambda I)^{-1}``."""
+    """``P_i v = (H_i + lambda I)^{-1} lambda v`` (the operator of Eq. (13)); ``solve`` applies
+    ``(H_i + lambda I)^{-1}``."""
     return lam * solve(v)
 
 
@@ -100,7 +101,8 @@ def hessian_correction(
 # -- [CCL]: noise bounds -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CLConstants:
-    """Assumption 2.1 constants: ``lipschitz`` L, ``smoothness`` M, ``strong_convexity`` mu; and [CCL]'s ``reg_lambda``."""
+    """Assumption 2.1 constants: ``lipschitz`` L, ``smoothness`` M, ``strong_convexity`` mu; and [CCL]'s
+    ``reg_lambda``."""
 
     lipschitz: float
     smoothness: float
@@ -181,7 +183,8 @@ def _chunks(x: Tensor, y: Tensor, chunk_size: int | None) -> list[tuple[Tensor, 
 
 
 def dense_hessian(loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = 256) -> Tensor:
-    """``H = (1/n) sum_z hess l(theta; z)``, dense ``(d, d)`` ([CCL] Alg. 2 line 5), ``chunk_size`` samples at a time."""
+    """``H = (1/n) sum_z hess l(theta; z)``, dense ``(d, d)`` ([CCL] Alg. 2 line 5), ``chunk_size`` samples at a
+    time."""
     H = torch.zeros(theta.numel(), theta.numel(), dtype=theta.dtype, device=theta.device)
     for xb, yb, weight in _chunks(x, y, chunk_size):
         H += hf.batch_hessian(loss, theta, xb, yb, chunk_size) * weight

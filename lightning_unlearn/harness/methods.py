@@ -76,7 +76,8 @@ def _closed_form(info: BenchmarkInfo, module: Any, settings: Mapping[str, Any]) 
 def _closed_form_checked(
     info: BenchmarkInfo, module: Any, settings: Mapping[str, Any]
 ) -> tuple[dict[str, Any], list[Any]]:
-    """[CCL]'s context: closed-form constants (the first task's anchor is ``w_0 = 0``) and a :class:`TaskOptimality` check."""
+    """[CCL]'s context: closed-form constants (the first task's anchor is ``w_0 = 0``) and a :class:`TaskOptimality`
+    check."""
     inputs = (b[0] for b in DataLoader(info.train, batch_size=1024))
     features, head = linear_head(module)
     constants = linear_model_constants(max_feature_norm(features, inputs), float(module.l2), bias=head.bias is not None)

@@ -134,7 +134,8 @@ class PrivacyAccountant:
         spent = self.get_epsilon(delta)
         if spent > eps_budget:
             raise ValueError(
-                f"privacy budget exceeded: this release would bring the total to epsilon = {spent:.4g} at delta = {delta:g} "
+                f"privacy budget exceeded: this release would bring the total to epsilon = {spent:.4g} at delta = "
+                f"{delta:g} "
                 f"after {len(self)} releases, over the budget epsilon = {eps_budget:g}; nothing was changed"
             )
 

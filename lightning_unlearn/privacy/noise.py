@@ -54,7 +54,8 @@ def gaussian_noise(
     if seed is None:
         return sigma * secure_gaussian(shape, dtype)
     warn(
-        f"certified noise seeded from seed={seed}: reproducible, hence NOT private (anyone with the seed can remove it); "
+        f"certified noise seeded from seed={seed}: reproducible, hence NOT private (anyone with the seed can remove "
+        "it); "
         "the certificate is marked seeded and not certified"
     )
     g = torch.Generator().manual_seed(int(seed) + int(release))

@@ -98,7 +98,8 @@ def propose_recipe(
     lr_fractions: tuple[float, ...] = (1.0, 0.5, 0.25, 0.1),
     converged: float = 1e-2,
 ) -> tuple[Recipe, list[Recipe]]:
-    """The proposed (lr, l2) for [HF] on a linear softmax (``num_classes >= 2``) or sigmoid (1) model, and all candidates.
+    """The proposed (lr, l2) for [HF] on a linear softmax (``num_classes >= 2``) or sigmoid (1) model, and all
+    candidates.
 
     Args:
         feature_norm: ``max ||phi(x)||`` over the training data; ``n_features``: the width of ``phi`` (with a bias).

@@ -33,7 +33,8 @@ class _ContinualCertified(UnlearningStrategy):
     The internal (noise-free) model is :meth:`clean_parameters`; the module receives
     ``internal + N(0, sigma^2 I)`` (Alg. 1 lines 12-13, Alg. 2 lines 14-15). To continue learning
     from the internal model as the algorithms prescribe, call :meth:`restore_internal` before the
-    next experience (``fit_stream`` and ``UnlearningPlugin`` do; otherwise training continues from the published model; the Hessian strategy
+    next experience (``fit_stream`` and ``UnlearningPlugin`` do; otherwise training continues from the published
+    model; the Hessian strategy
     stays consistent either way because it measures the chain of recorded starts and ends).
     Constants: ``constants`` (proved bounds, e.g. :func:`~lightning_unlearn.functional.bounds.linear_model_constants`
     with ``init_norm=0``: L is its ``grad_bound``), or ``lipschitz`` L and ``smoothness`` M asserted by
@@ -99,7 +100,8 @@ class _ContinualCertified(UnlearningStrategy):
         hf.set_flat_params(self.module, self.clean_parameters())
 
     def require_constants(self) -> tuple[float, float]:
-        """``(L, M)``: bounded or given, or the recorder's estimates; ``ValueError`` if none (checkable before any training)."""
+        """``(L, M)``: bounded or given, or the recorder's estimates; ``ValueError`` if none (checkable before any
+        training)."""
         rec = self.recorder
         if self.model_constants is not None:
             return self.model_constants.grad_bound, self.model_constants.smoothness
@@ -118,7 +120,8 @@ class _ContinualCertified(UnlearningStrategy):
         if self.model_constants is not None:
             if not math.isclose(self.model_constants.strong_convexity, float(rec.l2), rel_tol=1e-9):
                 raise ValueError(
-                    f"constants are for mu = {self.model_constants.strong_convexity:g} but the recorded tasks used l2 = {rec.l2:g}"
+                    f"constants are for mu = {self.model_constants.strong_convexity:g} but the recorded tasks used "
+                    f"l2 = {rec.l2:g}"
                 )
             kind = self.model_constants.kind
         else:
@@ -129,7 +132,8 @@ class _ContinualCertified(UnlearningStrategy):
         return cc, kind
 
     def recipe_problem(self) -> str | None:
-        """Why the recorded tasks do not meet [CCL]'s exact-solution condition (``None`` if they do or nothing checked it)."""
+        """Why the recorded tasks do not meet [CCL]'s exact-solution condition (``None`` if they do or nothing
+        checked it)."""
         return None if self.optimality is None else self.optimality.problem(len(self.recorder.ends))
 
     def check_shapes(self) -> None:
@@ -166,7 +170,8 @@ class _ContinualCertified(UnlearningStrategy):
     def _publish(
         self, internal: Tensor, bounds: dict[str, float], c: cl.CLConstants, kind: str, statement: str
     ) -> UnlearningUpdate:
-        """The update publishing ``internal`` with Gaussian noise calibrated on ``bounds["sensitivity"]`` ([AGM]), accounted."""
+        """The update publishing ``internal`` with Gaussian noise calibrated on ``bounds["sensitivity"]`` ([AGM]),
+        accounted."""
         self._warn_assumptions(c)
         certified = self.noise and self.sigma_override is None
         problem = self.recipe_problem()
@@ -279,7 +284,8 @@ class HessianCertifiedStrategy(_ContinualCertified):
             x = y = None
         elif data is None:
             raise ValueError(
-                "sample-level Hessian unlearning needs the samples to forget (data=...) or HessianRecorder(store_sample_gradients=True)"
+                "sample-level Hessian unlearning needs the samples to forget (data=...) or "
+                "HessianRecorder(store_sample_gradients=True)"
             )
         else:
             x, y = self.forget_samples(ids, data)

@@ -28,8 +28,10 @@ def check_step_sizes(lrs: Tensor, constants: ModelConstants) -> str | None:
     lr = float(lrs.max())
     if lr > constants.max_lr:
         return (
-            f"step size lr = {lr:.4g} exceeds 2/(M + lambda) = {constants.max_lr:.4g} (M = {M:.4g}, lambda = {lam:.4g}; "
-            "[HF] Lemma 3 needs it for rho < 1): train with a smaller lr (see lightning_unlearn.privacy.recipe.propose_recipe)"
+            f"step size lr = {lr:.4g} exceeds 2/(M + lambda) = {constants.max_lr:.4g} (M = {M:.4g}, lambda = "
+            f"{lam:.4g}; "
+            "[HF] Lemma 3 needs it for rho < 1): train with a smaller lr (see "
+            "lightning_unlearn.privacy.recipe.propose_recipe)"
         )
     return None
 
@@ -125,7 +127,8 @@ class HFStrategy(UnlearningStrategy):
             c = self.model_constants
             if rec.l2 is not None and not math.isclose(c.strong_convexity, rec.l2, rel_tol=1e-9):
                 raise ValueError(
-                    f"constants are for lambda = {c.strong_convexity:g} but the recorded trajectory used l2 = {rec.l2:g}"
+                    f"constants are for lambda = {c.strong_convexity:g} but the recorded trajectory used l2 = "
+                    f"{rec.l2:g}"
                 )
             return c
         lam = float(rec.l2 or 0.0) if self.strong_convexity is None else float(self.strong_convexity)
@@ -166,7 +169,10 @@ class HFStrategy(UnlearningStrategy):
                 self.epsilon, self.delta, bounds["lr0"], dim, bounds["rho"], int(bounds["steps"])
             )
         if m > cap:
-            msg = f"HF deletion capacity exceeded: {m} deletions > capacity {cap:.3g} (Eq. (21), constant 1, or max_deletions)"
+            msg = (
+                f"HF deletion capacity exceeded: {m} deletions > capacity {cap:.3g} "
+                "(Eq. (21), constant 1, or max_deletions)"
+            )
             if self.capacity == "error":
                 raise ValueError(msg)
             warn(msg + "; the (epsilon, delta) statement is outside the paper's deletion capacity", stacklevel=5)
@@ -177,7 +183,8 @@ class HFStrategy(UnlearningStrategy):
         d = hf.flat_params(self.module).numel()
         if rec.A is None or rec.A.shape[1] != d:
             raise ValueError(
-                f"module has {d} trainable parameters but the HF statistics have {None if rec.A is None else rec.A.shape[1]}"
+                f"module has {d} trainable parameters but the HF statistics have "
+                f"{None if rec.A is None else rec.A.shape[1]}"
             )
         rows = rec.rows_for(ids)
         deleted = (~rec.active[: rec.n_rows]).nonzero().flatten()
@@ -195,7 +202,8 @@ class HFStrategy(UnlearningStrategy):
         finite = math.isfinite(bounds["sensitivity"])
         if not finite and certified_noise:
             raise ValueError(
-                f"HF noise bound is infinite (rho = {bounds['rho']:.4g} over {rec.n_steps} steps): step size too large for M"
+                f"HF noise bound is infinite (rho = {bounds['rho']:.4g} over {rec.n_steps} steps): step size too "
+                "large for M"
             )
         internal = self.clean_parameters()
         update = rec.A[rows].to(internal).sum(0)  # a^{-U} = sum_u a^{-u} (Theorem 1)
@@ -222,7 +230,8 @@ class HFStrategy(UnlearningStrategy):
             sigma=plan.sigma if self.noise else None,
             bounds={**bounds, "sigma_formula": plan.sigma_formula, "sigma_classical": plan.sigma_classical},
             statement=(
-                f"HF Alg. 1 + Theorem 4: ||w_retrain - (w + a^{{-U}})|| <= gamma (sum form of Eq. (56), {c.kind} constants), "
+                f"HF Alg. 1 + Theorem 4: ||w_retrain - (w + a^{{-U}})|| <= gamma (sum form of Eq. (56), {c.kind} "
+                "constants), "
                 "analytic Gaussian mechanism"
                 + uncertified_note(self.noise, self.sigma_override)
                 + ("" if finite else f"; the bound is infinite (rho = {bounds['rho']:.4g} over {rec.n_steps} steps)")

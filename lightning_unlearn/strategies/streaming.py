@@ -115,12 +115,14 @@ class StreamingStrategy(UnlearningStrategy):
             or (step_size is not None and step_size <= 0)
         ):
             raise ValueError(
-                "StreamingStrategy needs forget_weight >= 0, lr_constant > 0, expected_rounds >= 1, noise_std >= 0, step_size > 0; "
+                "StreamingStrategy needs forget_weight >= 0, lr_constant > 0, expected_rounds >= 1, noise_std >= 0, "
+                "step_size > 0; "
                 f"got {forget_weight}, {lr_constant}, {expected_rounds}, {noise_std}, {step_size}"
             )
         if (epsilon is None) != (delta is None):
             raise ValueError(
-                f"StreamingStrategy takes epsilon and delta together (Theorem 2(iii)); got epsilon={epsilon}, delta={delta}"
+                f"StreamingStrategy takes epsilon and delta together (Theorem 2(iii)); got epsilon={epsilon}, "
+                f"delta={delta}"
             )
         if epsilon is not None and not (0 < epsilon < float("inf") and 0 < delta < 1):  # type: ignore[operator]
             raise ValueError(
@@ -134,7 +136,8 @@ class StreamingStrategy(UnlearningStrategy):
             raise ValueError(f"StreamingStrategy weight_bound W must be positive, got {weight_bound}")
         if forget_scope not in _SCOPES or kl_direction not in _DIRECTIONS:
             raise ValueError(
-                f"forget_scope must be one of {_SCOPES} and kl_direction one of {_DIRECTIONS}; got {forget_scope!r}, {kl_direction!r}"
+                f"forget_scope must be one of {_SCOPES} and kl_direction one of {_DIRECTIONS}; got {forget_scope!r}, "
+                f"{kl_direction!r}"
             )
         self.recorder: StreamingRecorder = recorder
         self.forget_weight, self.lr_constant, self.expected_rounds = (
@@ -174,7 +177,8 @@ class StreamingStrategy(UnlearningStrategy):
         n_t = rec.n_retained - int(ids.numel())
         if n_t < 1:
             raise ValueError(
-                f"{self.method}: the request would leave no retained sample; SAFE's retention term (Eq. (14)) is undefined"
+                f"{self.method}: the request would leave no retained sample; SAFE's retention term (Eq. (14)) is "
+                "undefined"
             )
         g_ret = safe.flatten(grad_sum, names) / n_t
 
@@ -274,7 +278,10 @@ class StreamingStrategy(UnlearningStrategy):
             return Certificate(
                 method=self.method,
                 exact=False,
-                statement=f"SAFE ([SAFE] Alg. 1): heuristic{note}; Thm 2 bounds expected dynamic regret, not distance to retraining",
+                statement=(
+                    f"SAFE ([SAFE] Alg. 1): heuristic{note}; Thm 2 bounds expected dynamic regret, "
+                    "not distance to retraining"
+                ),
             )
         kind = "estimated" if self.weight_bound is None else "given"
         return Certificate(
@@ -288,7 +295,9 @@ class StreamingStrategy(UnlearningStrategy):
                 "sensitivity": 2 * weight_bound,
                 "sigma_classical_theorem2": plan.sigma_classical / 2,
             },
-            statement=f"SAFE ([SAFE] Thm 2(iii)): analytic Gaussian noise on sensitivity 2W, assuming ||w||_2 <= W ({kind} W)",
+            statement=(
+                f"SAFE ([SAFE] Thm 2(iii)): analytic Gaussian noise on sensitivity 2W, assuming ||w||_2 <= W ({kind} W)"
+            ),
             constants=kind,
             seeded=plan.seeded,
             accounting=plan.accounting,

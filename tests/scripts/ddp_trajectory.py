@@ -1,4 +1,5 @@
-"""Fit a TrajectoryRecorder (HF), a StreamingRecorder (SAFE) and a HessianRecorder ([CCL]) with DDP on 2 CPU processes (gloo), save their states.
+"""Fit a TrajectoryRecorder (HF), a StreamingRecorder (SAFE) and a HessianRecorder ([CCL]) with DDP on 2 CPU
+processes (gloo), save their states.
 
 Usage: python ddp_trajectory.py OUT.pt [DEVICES]. Run by tests/test_certified_ddp.py in a subprocess
 (Lightning's "ddp" strategy relaunches this script for the other rank). With DEVICES=2 each rank
