@@ -140,21 +140,11 @@ def timed(run: Callable[[], Any]) -> float:
     return perf_counter() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--samples", type=int, default=512)
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--track", type=int, default=8, help="samples HF keeps vectors for (track=)")
-    parser.add_argument("--hessian", action="store_true", help="also the diagonal HessianRecorder (slow on a CPU)")
-    args = parser.parse_args()
-    torch.set_num_threads(2)
-    data = fake_data(args.samples)
-    d = sum(p.numel() for p in UserResNet().parameters())
-    print(
-        f"user resnet18: d = {d:,} parameters, {args.samples} FakeData images 32x32, {args.epochs} epochs, batch 64, "
-        "CPU"
-    )
-
+def build_all(
+    data: IndexedDataset, args: argparse.Namespace
+) -> tuple[float, float, list[tuple[str, float, float, int]], list[tuple[str, Callable[[], Any]]]]:
+    """Fit every recorder on its own copy of the user's module; the plain fit times, the recorder rows
+    ``(name, fit s, plain fit s, statistics bytes)`` and one request per method, ready to run."""
     plain = fit(UserResNet(), data, args.epochs, [])
     plain_frozen = fit(UserResNet(frozen_bn=True), data, args.epochs, [])
     rows: list[tuple[str, float, float, int]] = []
@@ -225,6 +215,21 @@ def main() -> None:
     acu = ACUStrategy(model, rec)
     methods.append(("acu", lambda: acu.forget(FORGET, data)))
 
+    return plain, plain_frozen, rows, methods
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--samples", type=int, default=512)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--track", type=int, default=8, help="samples HF keeps vectors for (track=)")
+    parser.add_argument("--hessian", action="store_true", help="also the diagonal HessianRecorder (slow on a CPU)")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    data = fake_data(args.samples)
+    d = sum(p.numel() for p in UserResNet().parameters())
+    print(f"user resnet18: d = {d:,} parameters, {args.samples} FakeData images 32x32, {args.epochs} epochs, CPU")
+    plain, plain_frozen, rows, methods = build_all(data, args)
     print(f"\nplain fit: {plain:.1f} s ({plain_frozen:.1f} s with BatchNorm frozen)\n")
     print(f"{'recorder':<32}{'fit (s)':>10}{'x plain fit':>13}{'statistics (MiB)':>18}")
     for name, t, reference, size in rows:
