@@ -21,6 +21,8 @@ class RandomExpansion(nn.Module):
     seeded, so it is saved with the module and identical across ranks and restarts.
     """
 
+    P: Tensor
+
     def __init__(self, in_features: int, out_features: int, seed: int = 0) -> None:
         super().__init__()
         g = torch.Generator().manual_seed(seed)

@@ -9,6 +9,7 @@ fingerprints, before touching anything. A forgotten sample's fingerprint is eras
 from __future__ import annotations
 
 import hashlib
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -104,7 +105,7 @@ class SampleCatalog:
                 raise ValueError(f"sample ids already forgotten: {_preview(twice)}")
             return ids
         column = self.labels if request.kind == "class" else self.experiences
-        of_target = column == request.target
+        of_target = column.eq(cast(int, request.target))  # ForgetRequest checks class/experience targets are ints
         if not bool(of_target.any()):
             learned = sorted(set(column.tolist()))
             raise ValueError(f"{request.kind} {request.target} was never learned (learned: {learned})")

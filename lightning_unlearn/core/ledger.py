@@ -195,7 +195,8 @@ class Ledger:
 
         All or nothing: if the write fails, the file is truncated back and the entry is not kept.
         """
-        writes = self.path is not None and rank_zero_only.rank == 0
+        # Lightning sets the attribute at import time; its stubs type the decorator as a plain function.
+        writes = self.path is not None and rank_zero_only.rank == 0  # type: ignore[attr-defined]
         if not writes:
             return self._append(result, module)
         with self._locked():

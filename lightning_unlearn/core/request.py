@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -38,8 +39,7 @@ class ForgetRequest:
             if wrong:
                 raise ValueError(f"sample ids must be integers, got {wrong[:5]}")
             if len(set(self.sample_ids)) != len(self.sample_ids):
-                seen: set[int] = set()
-                dup = sorted({i for i in self.sample_ids if i in seen or seen.add(i)})
+                dup = sorted(i for i, n in Counter(self.sample_ids).items() if n > 1)
                 raise ValueError(f"ForgetRequest names sample ids more than once: {dup[:10]}")
         else:
             if self.sample_ids:
@@ -58,14 +58,13 @@ class ForgetRequest:
         if isinstance(ids, (str, bytes)):
             raise ValueError(f"sample ids must be integers, got the string {ids!r}")
         if isinstance(ids, (torch.Tensor, np.ndarray)):
-            dtype = ids.dtype
             integral = (
-                dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+                ids.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
                 if isinstance(ids, torch.Tensor)
-                else (np.issubdtype(dtype, np.integer))
+                else bool(np.issubdtype(ids.dtype, np.integer))
             )
             if not integral:
-                raise ValueError(f"sample ids must be integers, got a {type(ids).__name__} of dtype {dtype}")
+                raise ValueError(f"sample ids must be integers, got a {type(ids).__name__} of dtype {ids.dtype}")
             return cls("samples", tuple(int(i) for i in ids.reshape(-1).tolist()))
         checked = []
         for i in ids:

@@ -246,7 +246,8 @@ def lanczos(
     Q = torch.zeros(rank + 1, dim, dtype=dtype, device=device)
     q = torch.randn(dim, generator=generator, dtype=dtype).to(device)
     Q[0] = q / q.norm()
-    alphas, betas = [], []
+    alphas: list[float] = []
+    betas: list[float] = []
     for j in range(rank):
         w = apply_h(Q[j]) - (betas[-1] * Q[j - 1] if betas else 0)
         alphas.append(float(w @ Q[j]))

@@ -57,16 +57,17 @@ def saliency_mask(
     ``floor(sparsity * d)`` weights with the smallest ``|g|`` are then not salient, and neither
     are weights tied with the largest of them.
     """
-    if (threshold is None) == (sparsity is None):
+    if threshold is not None and sparsity is None:
+        check_saliency_level(threshold=threshold)
+        return {n: g.abs() >= threshold for n, g in gradients.items()}
+    if sparsity is None or threshold is not None:
         raise ValueError("saliency_mask takes exactly one of threshold (gamma) and sparsity")
-    check_saliency_level(threshold=threshold, sparsity=sparsity)
+    check_saliency_level(sparsity=sparsity)
     scores = {n: g.abs() for n, g in gradients.items()}
-    if sparsity is not None:
-        flat = torch.cat([s.flatten() for s in scores.values()])
-        k = int(sparsity * flat.numel())
-        below = float(flat.kthvalue(k).values) if k > 0 else float("-inf")
-        return {n: s > below for n, s in scores.items()}
-    return {n: s >= threshold for n, s in scores.items()}
+    flat = torch.cat([s.flatten() for s in scores.values()])
+    k = int(sparsity * flat.numel())
+    below = float(flat.kthvalue(k).values) if k > 0 else float("-inf")
+    return {n: s > below for n, s in scores.items()}
 
 
 def check_saliency_level(*, threshold: float | None = None, sparsity: float | None = None) -> None:

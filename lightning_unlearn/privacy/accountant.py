@@ -117,8 +117,8 @@ class PrivacyAccountant:
             return math.inf
         return float(self._dp_accountant().get_epsilon(delta))
 
-    def totals(self, delta: float) -> dict[str, float]:
-        """``{"releases", "epsilon_total", "delta_total"}``: what a certificate reports."""
+    def totals(self, delta: float) -> dict[str, float | str]:
+        """``{"releases", "epsilon_total", "delta_total", "accountant"}``: what a certificate reports."""
         return {
             "releases": float(len(self)),
             "epsilon_total": self.get_epsilon(delta),
