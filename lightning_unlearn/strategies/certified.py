@@ -16,7 +16,7 @@ from lightning_unlearn.functional import certified as cl
 from lightning_unlearn.functional import hf
 from lightning_unlearn.functional.bounds import ModelConstants
 from lightning_unlearn.modes import eval_mode
-from lightning_unlearn.privacy import normalise_budget, plan_release
+from lightning_unlearn.privacy import PrivacyAccountant, normalise_budget, plan_release
 from lightning_unlearn.privacy.analysis import check_privacy_parameters
 from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, UnlearningUpdate
 from lightning_unlearn.warnings import warn
@@ -84,14 +84,14 @@ class _ContinualCertified(UnlearningStrategy):
         )
         self.noise, self.seed, self.sigma_override = noise, seed, sigma_override
         self.budget = normalise_budget(budget, self.delta)
-        self.accountant = self.restore_accountant(accountant)
+        self.accountant: PrivacyAccountant = self.restore_accountant(accountant)
         self._internal: Tensor | None = None
         self._internal_end: Tensor | None = None
 
     def clean_parameters(self) -> Tensor:
         """The noise-free internal model after the last request (flat); the module's weights if none."""
         rec = self.recorder
-        if self._internal is None or not torch.equal(self._internal_end, rec.ends[-1]):
+        if self._internal is None or self._internal_end is None or not torch.equal(self._internal_end, rec.ends[-1]):
             return hf.flat_params(self.module)
         return self._internal.clone()
 
@@ -117,6 +117,8 @@ class _ContinualCertified(UnlearningStrategy):
         """Assumption 2.1's constants and their kind (``"bounded"``, ``"given"`` or ``"estimated"``)."""
         rec = self.recorder
         L, M = self.require_constants()
+        if rec.l2 is None or rec.reg_lambda is None:
+            raise ValueError(f"{self.method} has no recorded task yet: its constants need the fit's l2 and reg_lambda")
         if self.model_constants is not None:
             if not math.isclose(self.model_constants.strong_convexity, float(rec.l2), rel_tol=1e-9):
                 raise ValueError(
@@ -281,24 +283,26 @@ class HessianCertifiedStrategy(_ContinualCertified):
         if not partial:
             return sums
         if all(int(u) in rec.sample_grads for u in ids.tolist()):
-            x = y = None
+            samples = None
         elif data is None:
             raise ValueError(
                 "sample-level Hessian unlearning needs the samples to forget (data=...) or "
                 "HessianRecorder(store_sample_gradients=True)"
             )
         else:
-            x, y = self.forget_samples(ids, data)
+            samples = self.forget_samples(ids, data)
         for i in partial:
             mine = exps == rec.experience_ids[i]
-            if x is None:
+            if samples is None:
                 g = torch.stack([rec.sample_grads[int(u)] for u in ids[mine].tolist()]).sum(0)
             else:
+                x, y = samples
                 theta = rec.ends[i].to(hf.flat_params(self.module))
                 with eval_mode(self.module):
                     xm, ym = x[mine].to(theta.device), y[mine].to(theta.device)
                     g = hf.per_sample_grads(rec.module_loss(self.module), theta, xm, ym).sum(0)
-            sums[i] = g if sums[i] is None else sums[i] + g
+            previous = sums[i]
+            sums[i] = g if previous is None else previous + g
         return sums
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:

@@ -13,7 +13,7 @@ from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.functional import hf
 from lightning_unlearn.functional.bounds import ModelConstants
 from lightning_unlearn.functional.certified import uncertified_note
-from lightning_unlearn.privacy import normalise_budget, plan_release
+from lightning_unlearn.privacy import PrivacyAccountant, normalise_budget, plan_release
 from lightning_unlearn.privacy.analysis import check_privacy_parameters
 from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, UnlearningUpdate
 from lightning_unlearn.warnings import warn
@@ -110,7 +110,7 @@ class HFStrategy(UnlearningStrategy):
         self.noise, self.capacity, self.max_deletions = noise, capacity, max_deletions
         self.sigma_override, self.seed = sigma_override, seed
         self.budget = normalise_budget(budget, self.delta)
-        self.accountant = self.restore_accountant(accountant)
+        self.accountant: PrivacyAccountant = self.restore_accountant(accountant)
         self._internal: Tensor | None = None
         self._internal_step = -1
 
@@ -163,11 +163,11 @@ class HFStrategy(UnlearningStrategy):
         }
 
     def _check_capacity(self, m: int, bounds: dict[str, float], dim: int) -> float:
-        cap = self.max_deletions
-        if cap is None:
-            cap = hf.deletion_capacity(
-                self.epsilon, self.delta, bounds["lr0"], dim, bounds["rho"], int(bounds["steps"])
-            )
+        cap = (
+            float(self.max_deletions)
+            if self.max_deletions is not None
+            else hf.deletion_capacity(self.epsilon, self.delta, bounds["lr0"], dim, bounds["rho"], int(bounds["steps"]))
+        )
         if m > cap:
             msg = (
                 f"HF deletion capacity exceeded: {m} deletions > capacity {cap:.3g} "
