@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import lightning as L
 import torch
@@ -31,6 +31,16 @@ _STATE = (
     "rounds",
     "cumulative_surrogate",
 )
+
+
+class Anchor(NamedTuple):
+    """What a fit's anchor pass recorded (:meth:`StreamingRecorder.require_anchor` returns it once present)."""
+
+    V: Tensor  # the projection of Eq. (21)
+    w0: dict[str, Tensor]  # the anchor weights of Eq. (27)
+    ref_counts: Tensor  # the t = 0 reference (n_0, mu_0, Sigma_0) of Eq. (20)-(24)
+    ref_mean: Tensor
+    ref_cov: Tensor
 
 
 class StreamingRecorder(RecorderCallback):
@@ -118,11 +128,13 @@ class StreamingRecorder(RecorderCallback):
     def moments(self, counts: Tensor, s1: Tensor, s2: Tensor) -> tuple[Tensor, Tensor]:
         return safe.class_moments(counts, s1, s2, self.ridge)
 
-    def require_anchor(self) -> None:
-        """``ValueError`` unless a fit has recorded the anchor ``w_0`` and its statistics."""
+    def require_anchor(self) -> Anchor:
+        """The anchor ``w_0`` and its statistics; ``ValueError`` unless a fit has recorded them."""
         self.require_fitted()
-        if self.w0 is None or self.ref_counts is None:
+        V, w0, counts, mean, cov = self.V, self.w0, self.ref_counts, self.ref_mean, self.ref_cov
+        if V is None or w0 is None or counts is None or mean is None or cov is None:
             raise ValueError("StreamingRecorder has no anchor: the fit ended before its final gradient pass")
+        return Anchor(V, w0, counts, mean, cov)
 
     # -- recording -------------------------------------------------------------------------------
     def begin_experience(self, module: nn.Module) -> None:
@@ -156,6 +168,8 @@ class StreamingRecorder(RecorderCallback):
         self._staged = (n, s1, s2)
 
     def _commit(self, module: nn.Module) -> None:
+        if self._staged is None:
+            raise RuntimeError("StreamingRecorder: samples were staged without their class sums")
         n, s1, s2 = (t.to(self.counts.device) for t in self._staged)  # one transfer per experience
         self.counts, self.s1, self.s2 = self.counts + n, self.s1 + s1, self.s2 + s2
 
@@ -177,8 +191,12 @@ class StreamingRecorder(RecorderCallback):
     def anchor(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         """Anchor at the end of a Lightning fit: one pass over the trainer's training loader (rank-gathered)."""
 
+        loader = trainer.train_dataloader
+        if loader is None:
+            raise ValueError("StreamingRecorder anchors on the trainer's training loader, but the trainer has none")
+
         def batches() -> Iterator[tuple[Tensor, Tensor, Tensor]]:
-            for batch in trainer.train_dataloader:
+            for batch in loader:
                 x, y, ids = (t.to(module.device) for t in unpack_batch(batch, self.batch_keys))
                 if trainer.world_size > 1:
                     x, y, ids = (_gather(module, t) for t in (x, y, ids))
@@ -240,7 +258,8 @@ class StreamingRecorder(RecorderCallback):
 
         Only the ids of ``F_t`` are kept (for the sum over ``F_1..F_t`` of Eq. (25)), never its inputs.
         """
-        counts, s1, s2 = safe.remove_samples(self.counts, self.s1, self.s2, safe.project(x, self.V), y)
+        V = self.require_anchor().V
+        counts, s1, s2 = safe.remove_samples(self.counts, self.s1, self.s2, safe.project(x, V), y)
         return {
             "counts": counts,
             "s1": s1,
@@ -279,7 +298,7 @@ class StreamingRecorder(RecorderCallback):
 
     def _load_staged_state(self, state: dict[str, Any]) -> None:
         staged = state.get("staged")
-        self._staged = None if staged is None else tuple(staged)  # type: ignore[assignment]
+        self._staged = None if staged is None else tuple(staged)
         if state.get("prior") is not None:
             self._prior = (dict(state["prior"][0]), state["prior"][1])
 

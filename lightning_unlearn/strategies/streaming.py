@@ -124,7 +124,7 @@ class StreamingStrategy(UnlearningStrategy):
                 f"StreamingStrategy takes epsilon and delta together (Theorem 2(iii)); got epsilon={epsilon}, "
                 f"delta={delta}"
             )
-        if epsilon is not None and not (0 < epsilon < float("inf") and 0 < delta < 1):  # type: ignore[operator]
+        if epsilon is not None and delta is not None and not (0 < epsilon < float("inf") and 0 < delta < 1):
             raise ValueError(
                 f"StreamingStrategy needs epsilon > 0 (finite) and delta in (0, 1); got {epsilon}, {delta}"
             )
@@ -155,17 +155,17 @@ class StreamingStrategy(UnlearningStrategy):
         self.epsilon, self.delta, self.weight_bound = epsilon, delta, weight_bound
         if budget is not None and epsilon is None:
             raise ValueError("StreamingStrategy budget= accounts (epsilon, delta) releases: give epsilon and delta too")
-        self.budget = None if budget is None else normalise_budget(budget, float(delta))  # type: ignore[arg-type]
+        self.budget = None if budget is None or delta is None else normalise_budget(budget, float(delta))
         self.accountant = self.restore_accountant() if epsilon is not None else None
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         rec = self.recorder
-        rec.require_anchor()
+        anchor = rec.require_anchor()
         x, labels = self.forget_samples(ids, data)
         x = self._checked_inputs(x)
         self._check_module()
         names, device = rec.param_names, next(self.module.parameters()).device
-        w0 = {n: t.to(device) for n, t in rec.w0.items()}
+        w0 = {n: t.to(device) for n, t in anchor.w0.items()}
         buffers = {n: t.to(device) for n, t in rec.buffers0.items()}
         t = rec.rounds + 1
 
@@ -183,13 +183,13 @@ class StreamingStrategy(UnlearningStrategy):
         g_ret = safe.flatten(grad_sum, names) / n_t
 
         # Eq. (22)-(24): class statistics of D_t and the pseudo-targets of the forget buffer
-        u_new = safe.project(x, rec.V)
+        u_new = safe.project(x, anchor.V)
         dn, ds1, ds2 = safe.class_sums(u_new, labels, rec.num_classes)
         counts = rec.counts - dn
         moments_t = rec.moments(counts, rec.s1 - ds1, rec.s2 - ds2)
-        moments_0 = (rec.ref_mean, rec.ref_cov)
+        moments_0 = (anchor.ref_mean, anchor.ref_cov)
         bx, by = self._scope(x, labels, data)
-        log_q = safe.log_shift_ratio(safe.project(bx, rec.V), counts, rec.ref_counts, moments_t, moments_0)
+        log_q = safe.log_shift_ratio(safe.project(bx, anchor.V), counts, anchor.ref_counts, moments_t, moments_0)
         with eval_mode(self.module), torch.no_grad():
             logits_0 = torch.func.functional_call(self.module, {**w0, **buffers}, (bx.to(device),)).double().cpu()
         target = safe.pseudo_target(logits_0, log_q).to(device)
@@ -209,23 +209,25 @@ class StreamingStrategy(UnlearningStrategy):
             self.fixed_step
             if self.fixed_step is not None
             else safe.step_size(
-                float(safe.flatten(rec.w0, names).norm()), self.lr_constant, max(t, self.expected_rounds)
+                float(safe.flatten(anchor.w0, names).norm()), self.lr_constant, max(t, self.expected_rounds)
             )
         )
-        flat0 = safe.flatten(rec.w0, names)
+        flat0 = safe.flatten(anchor.w0, names)
         W = self.weight_bound if self.weight_bound is not None else float(flat0.norm())
         plan = None
         if self.epsilon is not None:
+            if self.delta is None or self.accountant is None:
+                raise ValueError(f"{self.method} with epsilon={self.epsilon} needs delta (give both at construction)")
             plan = plan_release(
                 2 * W,
                 flat0.shape,
                 torch.float64,
                 epsilon=self.epsilon,
-                delta=self.delta,  # type: ignore[arg-type]
+                delta=self.delta,
                 accountant=self.accountant,
                 seed=self.seed,
                 budget=self.budget,
-            )  # type: ignore[arg-type]
+            )
             noise = plan.noise
         else:
             noise = (
@@ -234,7 +236,7 @@ class StreamingStrategy(UnlearningStrategy):
                 else torch.zeros_like(flat0)
             )
         flat_t = safe.normalised_step(flat0, g, step, noise)
-        w_t = safe.unflatten(flat_t, rec.w0, names)
+        w_t = safe.unflatten(flat_t, anchor.w0, names)
 
         with eval_mode(self.module), torch.no_grad():
             logits_t = torch.func.functional_call(
@@ -261,7 +263,7 @@ class StreamingStrategy(UnlearningStrategy):
             "surrogate_risk": surrogate,
             "cumulative_surrogate_risk": rec.cumulative_surrogate + surrogate,
             "theorem1_bound": safe.theorem1_bound(rec.num_classes, n_forgotten, n_t),
-            "label_shift": ((counts / rec.ref_counts.clamp(min=1)) * rec.n_anchor / n_t).tolist(),
+            "label_shift": ((counts / anchor.ref_counts.clamp(min=1)) * rec.n_anchor / n_t).tolist(),
             "mean_log_density_ratio": float(own_ratio),
         }
 
@@ -322,7 +324,7 @@ class StreamingStrategy(UnlearningStrategy):
         return torch.cat([x, self._checked_inputs(ex)]), torch.cat([y, self.catalog.labels_of(earlier)])
 
     def _checked_inputs(self, x: Tensor) -> Tensor:
-        V = self.recorder.V
+        V = self.recorder.require_anchor().V
         if x[0].numel() != V.shape[0]:
             raise ValueError(
                 f"forget data has {x[0].numel()} features per sample but the recorded projection expects {V.shape[0]}"
@@ -333,7 +335,7 @@ class StreamingStrategy(UnlearningStrategy):
         rec = self.recorder
         params = {n: p for n, p in self.module.named_parameters() if p.requires_grad}
         shapes = {n: tuple(p.shape) for n, p in params.items()}
-        recorded = {n: tuple(t.shape) for n, t in rec.w0.items()}
+        recorded = {n: tuple(t.shape) for n, t in rec.require_anchor().w0.items()}
         if shapes != recorded:
             diff = sorted(set(shapes.items()) ^ set(recorded.items()))[:5]
             raise ValueError(f"the module's trainable parameters do not match the recorded w_0 (differences: {diff})")
