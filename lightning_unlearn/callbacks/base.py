@@ -22,7 +22,7 @@ import ast
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
@@ -393,7 +393,7 @@ def _resumable(loaders: Any) -> bool:
 
 
 def _gather(module: L.LightningModule, t: Tensor) -> Tensor:
-    g = module.all_gather(t)
+    g = cast(Tensor, module.all_gather(t))  # all_gather returns a tensor for a tensor
     return g.flatten(0, 1)
 
 

@@ -100,7 +100,9 @@ class TaskDeltaRecorder(RecorderCallback):
 
     def begin_experience(self, module: nn.Module) -> None:
         if self.regularizer is None and isinstance(module, L.LightningModule):  # e.g. ProximalClassifier's own
-            own = [c for c in module.configure_callbacks() or () if isinstance(c, ProximalRegularizer)]
+            configured = module.configure_callbacks() or ()
+            configured = [configured] if isinstance(configured, L.Callback) else configured
+            own = [c for c in configured if isinstance(c, ProximalRegularizer)]
             self.regularizer = own[0] if len(own) == 1 else None
         reg = self.regularizer
         if reg is None:
@@ -145,7 +147,9 @@ class TaskDeltaRecorder(RecorderCallback):
 
     def _commit(self, module: nn.Module) -> None:
         device = self._device(module)
-        start = self.regularizer.anchor_vector(module).detach().clone().to(device)  # type: ignore[union-attr]
+        if self.regularizer is None:
+            raise RuntimeError(f"{type(self).__name__} committed an experience that begin_experience did not set up")
+        start = self.regularizer.anchor_vector(module).detach().clone().to(device)
         end = hf.flat_params(module).clone().to(device)
         n = int(sum(t.numel() for t in self._staged_ids))
         if self._fit_experience in self.experience_ids:  # a fit resumed within this experience
@@ -280,6 +284,9 @@ class HessianRecorder(TaskDeltaRecorder):
             raise ValueError(
                 "HessianRecorder cannot resume an experience mid-fit: its Hessian needs all the task's samples"
             )
+        reg, lam, l2 = self.regularizer, self.reg_lambda, self.l2
+        if reg is None or lam is None or l2 is None:
+            raise RuntimeError(f"{type(self).__name__} committed an experience that begin_experience did not set up")
         theta = hf.flat_params(module)
         x, y, ids = (
             torch.cat(self._x).to(theta.device),
@@ -296,9 +303,7 @@ class HessianRecorder(TaskDeltaRecorder):
             else:
                 apply_h = cl.hessian_operator(loss, theta, x, y, self.chunk_size)
                 if kind == "diagonal":
-                    H = top = cl.hutchinson_diagonal(
-                        apply_h, d, self.n_probes, float(self.l2), g, theta.dtype, theta.device
-                    )
+                    H = top = cl.hutchinson_diagonal(apply_h, d, self.n_probes, float(l2), g, theta.dtype, theta.device)
                 else:
                     values, vectors = cl.lanczos(
                         lambda v: apply_h(v[None])[0], d, min(self.rank, d), theta.dtype, g, theta.device
@@ -314,8 +319,8 @@ class HessianRecorder(TaskDeltaRecorder):
                     grads.update(
                         {int(i): gi.to(self._device(module)) for i, gi in zip(ids[k : k + len(xb)].tolist(), gb)}
                     )
-        anchor = self.regularizer.anchor_vector(module).to(theta)  # type: ignore[union-attr]
-        stationarity = float((grad_sum / len(x) + self.reg_lambda * (theta - anchor)).norm())  # type: ignore[operator]
+        anchor = reg.anchor_vector(module).to(theta)
+        stationarity = float((grad_sum / len(x) + lam * (theta - anchor)).norm())
         if stationarity > self.tolerance:
             warn(
                 f"task {self._fit_experience} is not solved exactly: ||grad of Eq. (1)|| = {stationarity:.3g} > "

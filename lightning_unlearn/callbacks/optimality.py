@@ -76,6 +76,9 @@ def task_residual(module: L.LightningModule, loader: Any, weight_decay: dict[int
     weighted by their sizes. ``weight_decay`` maps ``id(parameter)`` to the optimizer's decay (the
     ridge when it lives in the optimizer).
     """
+    objective = getattr(module, "objective", None)
+    if not callable(objective):
+        raise TypeError(f"{type(module).__name__} has no objective(x, y), whose gradient TaskOptimality measures")
     params = [p for p in module.parameters() if p.requires_grad]
     total, n = None, 0
     was_training = module.training
@@ -85,7 +88,7 @@ def task_residual(module: L.LightningModule, loader: Any, weight_decay: dict[int
             for batch in loader:
                 x, y, _ = unpack_batch(batch)
                 x, y = x.to(module.device), y.to(module.device)
-                term = len(y) * module.objective(x, y)
+                term = len(y) * objective(x, y)
                 total = term if total is None else total + term
                 n += len(y)
             if total is None:
@@ -97,4 +100,4 @@ def task_residual(module: L.LightningModule, loader: Any, weight_decay: dict[int
     out = [
         (torch.zeros_like(p) if g is None else g) + decay.get(id(p), 0.0) * p.detach() for p, g in zip(params, grads)
     ]
-    return float(torch.sqrt(sum(g.double().pow(2).sum() for g in out)))
+    return float(torch.sqrt(sum((g.double().pow(2).sum() for g in out), torch.zeros((), dtype=torch.float64))))
