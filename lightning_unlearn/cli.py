@@ -1,10 +1,13 @@
 """``lightning-unlearn``: compare unlearning methods on a continual stream from the terminal.
 
     lightning-unlearn compare --methods acu,hf,hessian,rbm,finetune,neggrad,retrain --requests 5,25
+    lightning-unlearn compare --benchmark split-cifar10 --root ~/data --model resnet18 --methods acu,finetune
     lightning-unlearn tradeoff --epsilons 0.1,1,10 --out results/
     lightning-unlearn methods
 
-``compare`` learns scikit-learn's digits as a class-incremental stream (no download), executes
+``compare`` learns a class-incremental stream (scikit-learn's digits by default; with
+``--benchmark split-cifar10 --root DIR --model resnet18`` a standard benchmark from files on disk,
+:mod:`lightning_unlearn.harness.datasets`; never downloaded), executes
 K seeded forget requests with every method, and prints the [ACU] Table 1 columns (gaps to
 retraining from scratch) per K; with ``--out`` it also writes CSVs and a PNG plot. ``tradeoff``
 prints the privacy-utility table of the certified methods (test accuracy vs the per-release
@@ -22,7 +25,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lightning_unlearn.harness.datasets import ACU_BASE_FRACTION, BENCHMARKS, DatasetNotFoundError
+from lightning_unlearn.harness.models import MODELS
 from lightning_unlearn.harness.registry import available_methods, get_method
+from lightning_unlearn.harness.types import BenchmarkInfo
 from lightning_unlearn.schedule import make_schedule
 
 #: every registered method, the exact and certified ones first
@@ -93,10 +99,42 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="size of a sample request (default: a quarter of the learned samples split over the K requests, App. E.1)",
     )
-    c.add_argument("--experiences", type=int, default=5, help="experiences of the class-incremental digits stream")
+    c.add_argument(
+        "--benchmark",
+        default="digits",
+        choices=("digits", *BENCHMARKS),
+        help="the stream: scikit-learn's digits (bundled) or a standard benchmark read from --root",
+    )
+    c.add_argument(
+        "--root", type=Path, default=None, help="folder holding the --benchmark's files (torchvision's formats)"
+    )
+    c.add_argument(
+        "--model", default=None, choices=MODELS, help="backbone of a --benchmark read from --root (default resnet18)"
+    )
+    c.add_argument(
+        "--imagenet-stem", action="store_true", help="resnet18 with torchvision's ImageNet stem, not the CIFAR stem"
+    )
+    c.add_argument(
+        "--per-class", type=int, default=None, help="at most this many training (and test) samples per class of --root"
+    )
+    c.add_argument(
+        "--base-fraction",
+        type=float,
+        default=ACU_BASE_FRACTION,
+        help="share of --root's training samples that pre-trains the backbone (ACU App. E.1: 0.2)",
+    )
+    c.add_argument(
+        "--experiences",
+        type=int,
+        default=None,
+        help="experiences of the stream (default: 5 for digits, the benchmark's usual)",
+    )
     c.add_argument("--epochs", type=int, default=5, help="epochs per experience of gradient-trained models")
     c.add_argument(
-        "--pretrain-epochs", type=int, default=30, help="epochs to pre-train the frozen backbone on the base split"
+        "--pretrain-epochs",
+        type=int,
+        default=None,
+        help="epochs to pre-train the frozen backbone on the base split (default: 30 for digits, ACU's 300 for --root)",
     )
     c.add_argument("--seed", type=int, default=0)
     c.add_argument(
@@ -163,7 +201,7 @@ def tradeoff(args: argparse.Namespace) -> str:
 
 def compare(args: argparse.Namespace) -> str:
     """Run the harness for each K and return the printed tables."""
-    from lightning_unlearn.harness import digits_benchmark, evaluate
+    from lightning_unlearn.harness import evaluate
 
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
     options = _options(args.option, names)
@@ -171,7 +209,7 @@ def compare(args: argparse.Namespace) -> str:
     kinds = tuple(k.strip() for k in args.kinds.split(","))
     if not set(kinds) <= {"samples", "class", "experience"}:
         raise ValueError(f"--kinds takes samples, class and/or experience, got {args.kinds!r}")
-    info = digits_benchmark(args.experiences, seed=args.seed, pretrain_epochs=args.pretrain_epochs, epochs=args.epochs)
+    info = _benchmark(args)
     catalog = info.catalog()
     tables = []
     for k in args.requests:
@@ -185,6 +223,36 @@ def compare(args: argparse.Namespace) -> str:
     return "\n\n".join(tables)
 
 
+def _benchmark(args: argparse.Namespace) -> BenchmarkInfo:
+    """The ``--benchmark``: digits, or a standard benchmark read from ``--root``.
+
+    Raises:
+        ValueError: ``--root`` missing for a file benchmark, or file-benchmark options given for digits.
+    """
+    from lightning_unlearn.harness import benchmark_info, digits_benchmark
+
+    if args.benchmark == "digits":
+        given = [f for f, v in (("--root", args.root), ("--model", args.model), ("--per-class", args.per_class)) if v]
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to a --benchmark read from files, not to the bundled digits")
+        epochs = 30 if args.pretrain_epochs is None else args.pretrain_epochs
+        return digits_benchmark(args.experiences or 5, seed=args.seed, pretrain_epochs=epochs, epochs=args.epochs)
+    if args.root is None:
+        raise ValueError(f"--benchmark {args.benchmark} reads its files from --root DIR (nothing is downloaded)")
+    return benchmark_info(
+        args.benchmark,
+        args.root,
+        model=args.model or "resnet18",
+        cifar_stem=not args.imagenet_stem,
+        n_experiences=args.experiences,
+        seed=args.seed,
+        per_class=args.per_class,
+        base_fraction=args.base_fraction,
+        pretrain={} if args.pretrain_epochs is None else {"epochs": args.pretrain_epochs},
+        epochs=args.epochs,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -196,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     try:
         tradeoff(args) if args.command == "tradeoff" else compare(args)
-    except ValueError as err:
+    except (ValueError, DatasetNotFoundError) as err:
         parser.error(str(err))
     return 0
 

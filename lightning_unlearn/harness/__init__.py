@@ -5,15 +5,27 @@
 * :mod:`~lightning_unlearn.harness.report`: :class:`Report` (rows, Table 1 summary, CSVs, text table);
 * :mod:`~lightning_unlearn.harness.plot`: the accuracies figure;
 * :mod:`~lightning_unlearn.harness.digits`: the bundled digits benchmark;
+* :mod:`~lightning_unlearn.harness.datasets`: the standard benchmarks from files on disk (:func:`load_benchmark`);
+* :mod:`~lightning_unlearn.harness.models`: models by name (:func:`build_model`), [ACU]'s pre-trained backbone;
+* :mod:`~lightning_unlearn.harness.fake_data`: tiny datasets in each real on-disk format, for tests;
 * :mod:`~lightning_unlearn.harness.families`: model families and their gold standards;
 * :mod:`~lightning_unlearn.harness.registry`: names to strategy classes (:class:`MethodSpec`, :func:`get_method`);
 * :mod:`~lightning_unlearn.harness.methods`: the built-in registrations.
 """
 
 from lightning_unlearn.harness import methods as _methods  # noqa: F401  (registers the built-in methods)
+from lightning_unlearn.harness.datasets import (
+    BENCHMARKS,
+    DatasetNotFoundError,
+    Splits,
+    benchmark_info,
+    load_benchmark,
+    load_splits,
+)
 from lightning_unlearn.harness.digits import digits_benchmark, digits_splits
 from lightning_unlearn.harness.families import FAMILIES, reference, retrain_method
 from lightning_unlearn.harness.loop import evaluate
+from lightning_unlearn.harness.models import MODELS, backbone_of, build_model, pretrain_backbone
 from lightning_unlearn.harness.registry import (
     MethodSpec,
     available_methods,
@@ -30,6 +42,16 @@ from lightning_unlearn.harness.types import (
 )
 
 __all__ = [
+    "BENCHMARKS",
+    "MODELS",
+    "DatasetNotFoundError",
+    "Splits",
+    "backbone_of",
+    "benchmark_info",
+    "build_model",
+    "load_benchmark",
+    "load_splits",
+    "pretrain_backbone",
     "FAMILIES",
     "TABLE1",
     "BenchmarkInfo",

@@ -1,0 +1,161 @@
+"""Tiny stand-ins for the file benchmarks' datasets, written in each dataset's real on-disk format.
+
+Tests (and smoke runs on machines without the datasets) write a few images per class with
+:func:`write_fake_dataset` and load them with the real reading code
+(:func:`~lightning_unlearn.harness.datasets.load_benchmark`). Each class's images are noisy copies
+of a seeded class prototype, so a model can learn them.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from lightning_unlearn.harness.datasets import BENCHMARKS, dataset_spec
+
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
+
+def fake_images(
+    num_classes: int, per_class: int, shape: tuple[int, ...], rng: np.random.Generator, prototypes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``per_class`` uint8 images of ``shape`` per class (noisy ``prototypes[c]``), shuffled, and their labels."""
+    labels = rng.permutation(np.repeat(np.arange(num_classes), per_class))
+    noise = rng.integers(0, 256, size=(len(labels), *shape))
+    images = (0.6 * prototypes[labels] + 0.4 * noise).astype(np.uint8)
+    return images, labels
+
+
+def write_fake_dataset(
+    name: str, root: str | Path, *, per_class: int, test_per_class: int | None = None, seed: int = 0
+) -> Path:
+    """Write benchmark ``name``'s dataset under ``root`` in its real format, ``per_class`` training images per class.
+
+    Formats (what torchvision's readers, and :class:`~lightning_unlearn.harness.datasets.TinyImageNet`, read):
+    CIFAR-10's python pickles ``cifar-10-batches-py/data_batch_1..5``, ``test_batch``, ``batches.meta``;
+    CIFAR-100's ``cifar-100-python/train``, ``test``, ``meta`` (fine and coarse labels); (Fashion-)MNIST's
+    raw idx files ``MNIST/raw/*-idx?-ubyte`` (``FashionMNIST/raw/``); Tiny-ImageNet's
+    ``tiny-imagenet-200`` folders of JPEGs with ``wnids.txt``, ``words.txt`` and ``val/val_annotations.txt``.
+    Every class of the real dataset is present (CIFAR-100: 100, Tiny-ImageNet: 200).
+
+    Args:
+        name: one of :data:`~lightning_unlearn.harness.datasets.BENCHMARKS`.
+        root: the folder to write into (created if needed).
+        per_class: training images per class (at least 1).
+        test_per_class: test images per class (``None``: ``max(1, per_class // 2)``).
+        seed: seeds the class prototypes and the noise.
+
+    Returns:
+        ``root`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        ValueError: an unknown name, or ``per_class``/``test_per_class`` below 1.
+    """
+    spec = dataset_spec(name)
+    test_per_class = max(1, per_class // 2) if test_per_class is None else test_per_class
+    if per_class < 1 or test_per_class < 1:
+        raise ValueError(f"per_class and test_per_class must be positive, got {per_class} and {test_per_class}")
+    root = Path(root)
+    rng = np.random.default_rng(seed)
+    c, h, w = spec.in_shape
+    shape = (c, h, w) if name in ("split-cifar10", "split-cifar100") else (h, w, c) if c == 3 else (h, w)
+    prototypes = rng.integers(0, 256, size=(spec.num_classes, *shape))
+    train = fake_images(spec.num_classes, per_class, shape, rng, prototypes)
+    test = fake_images(spec.num_classes, test_per_class, shape, rng, prototypes)
+    writer = {
+        "split-cifar10": _cifar10,
+        "split-cifar100": _cifar100,
+        "split-mnist": _mnist,
+        "split-fmnist": _mnist,
+        "split-tinyimagenet": _tinyimagenet,
+    }[name]
+    writer(root, name, train, test)
+    return root
+
+
+def _pickle(path: Path, obj: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        pickle.dump(obj, f, protocol=2)
+
+
+def _cifar10(root: Path, name: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray]) -> None:
+    folder = root / "cifar-10-batches-py"
+    batches = np.array_split(np.arange(len(train[1])), 5)
+    for i, rows in enumerate(batches, 1):
+        _pickle(folder / f"data_batch_{i}", _cifar_batch(train[0][rows], train[1][rows], f"training batch {i} of 5"))
+    _pickle(folder / "test_batch", _cifar_batch(*test, "testing batch 1 of 1"))
+    _pickle(
+        folder / "batches.meta",
+        {"label_names": list(CIFAR10_CLASSES), "num_cases_per_batch": len(batches[0]), "num_vis": 3072},
+    )
+
+
+def _cifar_batch(images: np.ndarray, labels: np.ndarray, label: str, key: str = "labels") -> dict[str, object]:
+    return {
+        "batch_label": label,
+        key: [int(v) for v in labels],
+        "data": images.reshape(len(images), -1),
+        "filenames": [f"fake_{i:05d}.png" for i in range(len(images))],
+    }
+
+
+def _cifar100(root: Path, name: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray]) -> None:
+    folder = root / "cifar-100-python"
+    for file, (images, labels) in (("train", train), ("test", test)):
+        batch = _cifar_batch(images, labels, file, key="fine_labels")
+        batch["coarse_labels"] = [int(v) // 5 for v in labels]
+        _pickle(folder / file, batch)
+    _pickle(
+        folder / "meta",
+        {
+            "fine_label_names": [f"class_{i:03d}" for i in range(100)],
+            "coarse_label_names": [f"superclass_{i:02d}" for i in range(20)],
+        },
+    )
+
+
+def _idx(path: Path, array: np.ndarray) -> None:
+    """The idx format: magic ``0x0000 08 <ndim>`` (unsigned bytes), the big-endian sizes, then the bytes."""
+    header = struct.pack(">I", 0x0800 | array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    path.write_bytes(header + array.astype(np.uint8).tobytes())
+
+
+def _mnist(root: Path, name: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray]) -> None:
+    folder = root / ("MNIST" if name == "split-mnist" else "FashionMNIST") / "raw"
+    folder.mkdir(parents=True, exist_ok=True)
+    for prefix, (images, labels) in (("train", train), ("t10k", test)):
+        _idx(folder / f"{prefix}-images-idx3-ubyte", images)
+        _idx(folder / f"{prefix}-labels-idx1-ubyte", labels)
+
+
+def _tinyimagenet(
+    root: Path, name: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray]
+) -> None:
+    from PIL import Image
+
+    folder = root / "tiny-imagenet-200"
+    wnids = [f"n{i:08d}" for i in range(BENCHMARKS[name].num_classes)]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "wnids.txt").write_text("".join(f"{w}\n" for w in reversed(wnids)))  # the real file is unsorted
+    (folder / "words.txt").write_text("".join(f"{w}\tfake class {i}\n" for i, w in enumerate(wnids)))
+    counts = dict.fromkeys(wnids, 0)
+    for image, label in zip(*train, strict=True):
+        wnid = wnids[label]
+        images = folder / "train" / wnid / "images"
+        images.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image).save(images / f"{wnid}_{counts[wnid]}.JPEG", quality=95)
+        counts[wnid] += 1
+    for wnid, n in counts.items():
+        (folder / "train" / wnid / f"{wnid}_boxes.txt").write_text(
+            "".join(f"{wnid}_{i}.JPEG\t0\t0\t63\t63\n" for i in range(n))
+        )
+    (folder / "val" / "images").mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i, (image, label) in enumerate(zip(*test, strict=True)):
+        Image.fromarray(image).save(folder / "val" / "images" / f"val_{i}.JPEG", quality=95)
+        lines.append(f"val_{i}.JPEG\t{wnids[label]}\t0\t0\t63\t63\n")
+    (folder / "val" / "val_annotations.txt").write_text("".join(lines))
