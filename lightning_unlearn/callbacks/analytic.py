@@ -263,7 +263,7 @@ class AnalyticRecorder(RecorderCallback):
     def _load_staged_state(self, state: dict[str, Any]) -> None:
         # the saved sums cover every rank: one rank carries them on (the same summation order as uninterrupted)
         if state.get("dR") is not None and (self.trainer is None or self.trainer.global_rank == 0):
-            self._dR, self._dQ = state["dR"].to(self._R), state["dQ"].to(self._R)  # type: ignore[arg-type]
+            self._dR, self._dQ = state["dR"].to(self._R), state["dQ"].to(self._R)
         self._frozen_digest = state.get("frozen_digest", self._frozen_digest)
 
     def _record(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any) -> None:

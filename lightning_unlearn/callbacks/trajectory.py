@@ -159,6 +159,12 @@ class TrajectoryRecorder(RecorderCallback):
         """The ``(rows allocated, d)`` approximators (row ``row_of[id]`` belongs to sample ``id``)."""
         return None if self._rows is None else self._rows.data
 
+    def _store(self) -> RowStore:
+        """The row store; ``RuntimeError`` if none is open (no sample tracked yet, or :meth:`close` ran)."""
+        if self._rows is None:
+            raise RuntimeError("TrajectoryRecorder has no open statistics store (nothing tracked, or closed)")
+        return self._rows
+
     def close(self) -> None:
         """Release the store (flush and unlock a memory-mapped file); the recorder holds no statistics after it."""
         if self._rows is not None:
@@ -322,7 +328,8 @@ class TrajectoryRecorder(RecorderCallback):
         probe = self._power_start(theta) if self.power_iters else None
         first_hv = None
         for block in live.split(self.row_block) if live.numel() else ():
-            A = self.A[block].to(theta)
+            stored = self._store().data
+            A = stored[block].to(theta)
             position[block] = torch.arange(block.numel())
             mine = position[rows] >= 0
             if probe is not None and first_hv is None:  # the power iteration's first HVP rides in the same batched call
@@ -331,7 +338,7 @@ class TrajectoryRecorder(RecorderCallback):
             else:
                 AH = times_h(A)
             new = hf.recursion_step(A, AH, lr, position[rows][mine], grads[mine.to(grads.device)], len(ids))
-            self.A[block] = new.to(self.A)
+            stored[block] = new.to(stored)
             position[block] = -1
         self._update_estimates(apply_h, theta, grads, probe, first_hv)
         self._occ_rows.append(rows)
@@ -406,14 +413,15 @@ class TrajectoryRecorder(RecorderCallback):
         if change:
             raise ValueError(f"TrajectoryRecorder.apply_forget takes no statistics change, got {sorted(change)}")
         rows = self.rows_for(ids)
-        saved = self.A[rows].clone()
+        saved = self._store().data[rows].clone()
         undo_catalog = super().apply_forget(ids, {})
-        self._rows.erase(rows)  # type: ignore[union-attr]
+        self._store().erase(rows)
         self.active[rows] = False
 
         def undo() -> None:
-            self.A[rows] = saved
-            self._rows.flush()  # type: ignore[union-attr]
+            store = self._store()
+            store.data[rows] = saved
+            store.flush()
             self.active[rows] = True
             undo_catalog()
 
