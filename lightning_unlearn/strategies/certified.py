@@ -16,9 +16,8 @@ from lightning_unlearn.functional import certified as cl
 from lightning_unlearn.functional import hf
 from lightning_unlearn.functional.bounds import ModelConstants
 from lightning_unlearn.modes import eval_mode
-from lightning_unlearn.privacy import PrivacyAccountant, normalise_budget, plan_release
-from lightning_unlearn.privacy.analysis import check_privacy_parameters
-from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, UnlearningUpdate
+from lightning_unlearn.strategies.base import ForgetData, UnlearningUpdate
+from lightning_unlearn.strategies.release import ReleasingStrategy
 from lightning_unlearn.warnings import warn
 
 
@@ -27,7 +26,7 @@ def _is_linear(module: nn.Module) -> bool:
     return len(layers) == 1 and isinstance(layers[0], nn.Linear)
 
 
-class _ContinualCertified(UnlearningStrategy):
+class _ContinualCertified(ReleasingStrategy):
     """Shared parts: task status of a request, Assumption 2.1 constants, publishing with noise.
 
     The internal (noise-free) model is :meth:`clean_parameters`; the module receives
@@ -46,11 +45,24 @@ class _ContinualCertified(UnlearningStrategy):
     [CCL] states no deletion capacity; with ``l2 = 0`` (rho = 1) or a non-linear network the
     certificate is vacuous or heuristic and a warning says so. ``noise=False`` or a fixed
     ``sigma_override`` give an uncertified certificate (``epsilon=None``), the bound terms still
-    reported. Noise, accounting, ``budget`` and ``seed`` as in :class:`~lightning_unlearn.strategies.hf.HFStrategy`
-    (analytic Gaussian mechanism, OS-entropy noise, composed total in every certificate).
+    reported. Noise, accounting, ``budget`` and ``seed``:
+    :class:`~lightning_unlearn.strategies.release.ReleasingStrategy` (analytic Gaussian mechanism, [AGM];
+    OS-entropy noise, composed total in every certificate).
+
+    Args:
+        module: the trained module (its weights are replaced by the published model).
+        recorder: the :class:`TaskDeltaRecorder` (or :class:`HessianRecorder`) that watched every task.
+        ledger: where executed requests are recorded.
+        epsilon, delta, noise, sigma_override, seed, budget, accountant: the release (see above).
+        constants, lipschitz, smoothness: Assumption 2.1's constants (see above).
+        optimality: the :class:`TaskOptimality` callback that checked every task's solution.
+
+    Raises:
+        ValueError: bad privacy parameters, or both ``constants`` and ``lipschitz``/``smoothness``.
     """
 
-    certified_noise = True
+    epsilon: float
+    delta: float
 
     def __init__(
         self,
@@ -70,21 +82,27 @@ class _ContinualCertified(UnlearningStrategy):
         budget: float | tuple[float, float] | None = None,
         accountant: str = "pld",
     ) -> None:
-        super().__init__(module, recorder, ledger)
-        check_privacy_parameters(epsilon, delta)
+        super().__init__(
+            module,
+            recorder,
+            ledger,
+            epsilon=epsilon,
+            delta=delta,
+            noise=noise,
+            sigma_override=sigma_override,
+            seed=seed,
+            budget=budget,
+            accountant=accountant,
+        )
         if constants is not None and (lipschitz, smoothness) != (None, None):
             raise ValueError("give either constants= or lipschitz=/smoothness=, not both")
         self.recorder: TaskDeltaRecorder = recorder
-        self.epsilon, self.delta = float(epsilon), float(delta)
         self.model_constants, self.lipschitz, self.smoothness, self.optimality = (
             constants,
             lipschitz,
             smoothness,
             optimality,
         )
-        self.noise, self.seed, self.sigma_override = noise, seed, sigma_override
-        self.budget = normalise_budget(budget, self.delta)
-        self.accountant: PrivacyAccountant = self.restore_accountant(accountant)
         self._internal: Tensor | None = None
         self._internal_end: Tensor | None = None
 
@@ -175,28 +193,13 @@ class _ContinualCertified(UnlearningStrategy):
         """The update publishing ``internal`` with Gaussian noise calibrated on ``bounds["sensitivity"]`` ([AGM]),
         accounted."""
         self._warn_assumptions(c)
-        certified = self.noise and self.sigma_override is None
         problem = self.recipe_problem()
-        if problem is not None and certified:
+        if problem is not None and self.certified_release:
             raise ValueError(f"{self.method} refuses a certified release: {problem}")
-        plan = plan_release(
-            bounds["sensitivity"],
-            internal.shape,
-            internal.dtype,
-            epsilon=self.epsilon,
-            delta=self.delta,
-            accountant=self.accountant,
-            noise=self.noise,
-            sigma_override=self.sigma_override,
-            seed=self.seed,
-            budget=self.budget,
-        )
-        if not torch.isfinite(internal + plan.noise).all():
-            raise ValueError(f"{self.method} update is not finite")
+        published = self._release(bounds["sensitivity"], internal)
         bounds = {
             **bounds,
-            "sigma_formula": plan.sigma_formula,
-            "sigma_classical": plan.sigma_classical,
+            **published.sigma_bounds,
             "lipschitz": c.lipschitz,
             "smoothness": c.smoothness,
             "strong_convexity": c.strong_convexity,
@@ -205,21 +208,17 @@ class _ContinualCertified(UnlearningStrategy):
         certificate = Certificate(
             method=self.method,
             exact=False,
-            epsilon=self.epsilon if certified else None,
-            delta=self.delta if certified else None,
-            sigma=plan.sigma if self.noise else None,
+            **published.certificate_fields(),
             bounds=bounds,
             statement=statement + f" ({kind} constants)" + cl.uncertified_note(self.noise, self.sigma_override),
             constants=kind,
             recipe="unchecked" if self.optimality is None or problem is not None else "checked",
-            seeded=plan.seeded,
-            accounting=plan.accounting,
         )
         return UnlearningUpdate(
             certificate,
-            weights=hf.unflatten(internal + plan.noise, hf.param_spec(self.module)),
-            state={"_internal": internal, "_internal_end": self.recorder.ends[-1], "accountant": plan.accountant},
-            extra={"noise_norm": float(plan.noise.norm())},
+            weights=hf.unflatten(published.weights, hf.param_spec(self.module)),
+            state={"_internal": internal, "_internal_end": self.recorder.ends[-1], **published.state},
+            extra={"noise_norm": float(published.noise.norm())},
         )
 
 

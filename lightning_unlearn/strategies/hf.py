@@ -13,9 +13,8 @@ from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.functional import hf
 from lightning_unlearn.functional.bounds import ModelConstants
 from lightning_unlearn.functional.certified import uncertified_note
-from lightning_unlearn.privacy import PrivacyAccountant, normalise_budget, plan_release
-from lightning_unlearn.privacy.analysis import check_privacy_parameters
-from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, UnlearningUpdate
+from lightning_unlearn.strategies.base import ForgetData, UnlearningUpdate
+from lightning_unlearn.strategies.release import ReleasingStrategy
 from lightning_unlearn.warnings import warn
 
 
@@ -36,7 +35,7 @@ def check_step_sizes(lrs: Tensor, constants: ModelConstants) -> str | None:
     return None
 
 
-class HFStrategy(UnlearningStrategy):
+class HFStrategy(ReleasingStrategy):
     """Forget samples by vector addition ``w_bar = w + sum_{u in U} a^{-u}`` (Alg. 1 line 13, Theorem 1), then noise.
 
     Works per request in a stream (online: each request adds its vectors to the noise-free
@@ -68,14 +67,22 @@ class HFStrategy(UnlearningStrategy):
     nothing (``capacity="error"``). The paper's Taylor-remainder step (Eq. (53)) is its own argument.
 
     Args:
-        epsilon, delta: the per-release target.
-        budget: ``epsilon`` or ``(epsilon, delta)`` of the composition of all releases.
-        seed: reproducible noise (experiments only; marks the certificate seeded, not certified).
-        accountant: ``"pld"`` or ``"rdp"`` (:class:`~lightning_unlearn.privacy.PrivacyAccountant`).
+        module: the trained module (its weights are replaced by the published model).
+        recorder: the :class:`TrajectoryRecorder` that watched the fit.
+        ledger: where executed requests are recorded.
+        epsilon, delta, noise, sigma_override, seed, budget, accountant: the release
+            (:class:`~lightning_unlearn.strategies.release.ReleasingStrategy`).
+        constants, strong_convexity, smoothness, grad_bound: Assumption 1's constants (see above).
+        capacity, max_deletions: the deletion capacity check (see above).
+
+    Raises:
+        ValueError: bad privacy parameters, ``capacity`` not ``"warn"``/``"error"``, or both
+            ``constants`` and individual constants given.
     """
 
     method = "hf"
-    certified_noise = True
+    epsilon: float
+    delta: float
 
     def __init__(
         self,
@@ -97,20 +104,26 @@ class HFStrategy(UnlearningStrategy):
         budget: float | tuple[float, float] | None = None,
         accountant: str = "pld",
     ) -> None:
-        super().__init__(module, recorder, ledger)
+        super().__init__(
+            module,
+            recorder,
+            ledger,
+            epsilon=epsilon,
+            delta=delta,
+            noise=noise,
+            sigma_override=sigma_override,
+            seed=seed,
+            budget=budget,
+            accountant=accountant,
+        )
         if capacity not in ("warn", "error"):
             raise ValueError(f"capacity must be 'warn' or 'error', got {capacity!r}")
-        check_privacy_parameters(epsilon, delta)
         if constants is not None and (smoothness, grad_bound, strong_convexity) != (None, None, None):
             raise ValueError("give either constants= or smoothness=/grad_bound=/strong_convexity=, not both")
         self.recorder: TrajectoryRecorder = recorder
-        self.epsilon, self.delta = float(epsilon), float(delta)
         self.model_constants = constants
         self.strong_convexity, self.smoothness, self.grad_bound = strong_convexity, smoothness, grad_bound
-        self.noise, self.capacity, self.max_deletions = noise, capacity, max_deletions
-        self.sigma_override, self.seed = sigma_override, seed
-        self.budget = normalise_budget(budget, self.delta)
-        self.accountant: PrivacyAccountant = self.restore_accountant(accountant)
+        self.capacity, self.max_deletions = capacity, max_deletions
         self._internal: Tensor | None = None
         self._internal_step = -1
 
@@ -190,9 +203,8 @@ class HFStrategy(UnlearningStrategy):
         deleted = (~rec.active[: rec.n_rows]).nonzero().flatten()
         all_rows = torch.cat([deleted, rows])
         c = self.constants()
-        certified_noise = self.noise and self.sigma_override is None
         problem = check_step_sizes(torch.tensor(rec.lrs, dtype=torch.float64), c)
-        if problem is not None and certified_noise:
+        if problem is not None and self.certified_release:
             raise ValueError(f"HF refuses a certified release: {problem}")
         if problem is not None:
             warn(f"HF recipe outside the theorem ({problem}); the release is not certified anyway", stacklevel=5)
@@ -200,7 +212,7 @@ class HFStrategy(UnlearningStrategy):
         bounds["capacity"] = self._check_capacity(int(all_rows.numel()), bounds, d)
         bounds["deleted_total"] = float(all_rows.numel())
         finite = math.isfinite(bounds["sensitivity"])
-        if not finite and certified_noise:
+        if not finite and self.certified_release:
             raise ValueError(
                 f"HF noise bound is infinite (rho = {bounds['rho']:.4g} over {rec.n_steps} steps): step size too "
                 "large for M"
@@ -208,27 +220,12 @@ class HFStrategy(UnlearningStrategy):
         internal = self.clean_parameters()
         update = rec.A[rows].to(internal).sum(0)  # a^{-U} = sum_u a^{-u} (Theorem 1)
         internal = internal + update  # Alg. 1 line 13
-        plan = plan_release(
-            bounds["sensitivity"],
-            internal.shape,
-            internal.dtype,
-            epsilon=self.epsilon,
-            delta=self.delta,
-            accountant=self.accountant,
-            noise=self.noise,
-            sigma_override=self.sigma_override,
-            seed=self.seed,
-            budget=self.budget,
-        )
-        if not torch.isfinite(internal + plan.noise).all():
-            raise ValueError("HF update is not finite (diverged trajectory statistics?)")
+        published = self._release(bounds["sensitivity"], internal)
         certificate = Certificate(
             method=self.method,
             exact=False,
-            epsilon=self.epsilon if certified_noise else None,
-            delta=self.delta if certified_noise else None,
-            sigma=plan.sigma if self.noise else None,
-            bounds={**bounds, "sigma_formula": plan.sigma_formula, "sigma_classical": plan.sigma_classical},
+            **published.certificate_fields(),
+            bounds={**bounds, **published.sigma_bounds},
             statement=(
                 f"HF Alg. 1 + Theorem 4: ||w_retrain - (w + a^{{-U}})|| <= gamma (sum form of Eq. (56), {c.kind} "
                 "constants), "
@@ -238,16 +235,14 @@ class HFStrategy(UnlearningStrategy):
             ),
             constants=c.kind,
             recipe="checked" if problem is None else "unchecked",
-            seeded=plan.seeded,
-            accounting=plan.accounting,
         )
         return UnlearningUpdate(
             certificate,
-            weights=hf.unflatten(internal + plan.noise, hf.param_spec(self.module)),
-            state={"_internal": internal, "_internal_step": rec.n_steps, "accountant": plan.accountant},
+            weights=hf.unflatten(published.weights, hf.param_spec(self.module)),
+            state={"_internal": internal, "_internal_step": rec.n_steps, **published.state},
             extra={
                 "n_forgotten": int(ids.numel()),
-                "noise_norm": float(plan.noise.norm()),
+                "noise_norm": float(published.noise.norm()),
                 "update_norm": float(update.norm()),
             },
         )

@@ -11,14 +11,15 @@ from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.data import select_by_ids
 from lightning_unlearn.functional import streaming as safe
 from lightning_unlearn.modes import eval_mode
-from lightning_unlearn.privacy import PlannedRelease, gaussian_noise, normalise_budget, plan_release
-from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, UnlearningUpdate
+from lightning_unlearn.privacy import gaussian_noise
+from lightning_unlearn.strategies.base import ForgetData, UnlearningUpdate
+from lightning_unlearn.strategies.release import Publication, ReleasingStrategy
 
 _SCOPES = ("all", "current")
 _DIRECTIONS = ("model_to_target", "target_to_model")
 
 
-class StreamingStrategy(UnlearningStrategy):
+class StreamingStrategy(ReleasingStrategy):
     """SAFE ([SAFE] Algorithm 1): each request is one round ``t``; the model becomes one step from ``w_0``.
 
     Needs only the samples to forget (``data`` of :meth:`forget`) and the
@@ -33,7 +34,8 @@ class StreamingStrategy(UnlearningStrategy):
        (Eq. (24), per-class reading [interp]) and the gradient at ``w_0`` of
        ``lambda * mean d_KL(f(x; w), target)`` (Eq. (25)-(26); line 8).
     4. ``g_t = grad R^ret + grad R~^fg`` and ``w_t = w_0 - gamma g_t/||g_t|| - b_t`` (Eq. (27); lines 9-11),
-       with ``b_t ~ N(0, noise_std^2 I)`` over the trainable parameters.
+       with ``b_t ~ N(0, noise_std^2 I)`` over the trainable parameters (with ``epsilon``, the calibrated
+       release of :class:`~lightning_unlearn.strategies.release.ReleasingStrategy` adds ``-b_t``, the same law).
 
     The step always starts at ``w_0`` (not at ``w_{t-1}``); module buffers (BN statistics) are
     reset to their ``w_0`` values. Gradients are taken in eval mode.
@@ -81,7 +83,6 @@ class StreamingStrategy(UnlearningStrategy):
     """
 
     method = "safe"
-    certified_noise = True
     reads_data = True
     needs_forget_data = True
 
@@ -104,7 +105,6 @@ class StreamingStrategy(UnlearningStrategy):
         budget: float | tuple[float, float] | None = None,
         ledger: Ledger | None = None,
     ) -> None:
-        super().__init__(module, recorder, ledger)
         if not isinstance(recorder, StreamingRecorder):
             raise TypeError(f"StreamingStrategy needs a StreamingRecorder, got {type(recorder).__name__}")
         if (
@@ -139,6 +139,7 @@ class StreamingStrategy(UnlearningStrategy):
                 f"forget_scope must be one of {_SCOPES} and kl_direction one of {_DIRECTIONS}; got {forget_scope!r}, "
                 f"{kl_direction!r}"
             )
+        super().__init__(module, recorder, ledger, epsilon=epsilon, delta=delta, seed=seed, budget=budget)
         self.recorder: StreamingRecorder = recorder
         self.forget_weight, self.lr_constant, self.expected_rounds = (
             float(forget_weight),
@@ -146,17 +147,8 @@ class StreamingStrategy(UnlearningStrategy):
             int(expected_rounds),
         )
         self.fixed_step = None if step_size is None else float(step_size)
-        self.forget_scope, self.kl_direction, self.noise_std, self.seed = (
-            forget_scope,
-            kl_direction,
-            float(noise_std),
-            seed,
-        )
-        self.epsilon, self.delta, self.weight_bound = epsilon, delta, weight_bound
-        if budget is not None and epsilon is None:
-            raise ValueError("StreamingStrategy budget= accounts (epsilon, delta) releases: give epsilon and delta too")
-        self.budget = None if budget is None or delta is None else normalise_budget(budget, float(delta))
-        self.accountant = self.restore_accountant() if epsilon is not None else None
+        self.forget_scope, self.kl_direction, self.noise_std = forget_scope, kl_direction, float(noise_std)
+        self.weight_bound = weight_bound
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         rec = self.recorder
@@ -214,28 +206,17 @@ class StreamingStrategy(UnlearningStrategy):
         )
         flat0 = safe.flatten(anchor.w0, names)
         W = self.weight_bound if self.weight_bound is not None else float(flat0.norm())
-        plan = None
-        if self.epsilon is not None:
-            if self.delta is None or self.accountant is None:
-                raise ValueError(f"{self.method} with epsilon={self.epsilon} needs delta (give both at construction)")
-            plan = plan_release(
-                2 * W,
-                flat0.shape,
-                torch.float64,
-                epsilon=self.epsilon,
-                delta=self.delta,
-                accountant=self.accountant,
-                seed=self.seed,
-                budget=self.budget,
-            )
-            noise = plan.noise
+        published = None
+        if self.epsilon is not None:  # Theorem 2(iii): -b_t ~ N(0, sigma^2 I) calibrated on sensitivity 2W
+            published = self._release(2 * W, safe.normalised_step(flat0, g, step, torch.zeros_like(flat0)))
+            flat_t = published.weights
         else:
             noise = (
                 gaussian_noise(flat0.shape, self.noise_std, torch.float64, self.seed, t)
                 if self.noise_std
                 else torch.zeros_like(flat0)
             )
-        flat_t = safe.normalised_step(flat0, g, step, noise)
+            flat_t = safe.normalised_step(flat0, g, step, noise)
         w_t = safe.unflatten(flat_t, anchor.w0, names)
 
         with eval_mode(self.module), torch.no_grad():
@@ -269,13 +250,13 @@ class StreamingStrategy(UnlearningStrategy):
 
         weights = {**w_t, **rec.buffers0}
         change = rec.round_change(x, labels, ids, grad_sum, loss_sum, surrogate)
-        state = {} if plan is None else {"accountant": plan.accountant}
+        state = {} if published is None else published.state
         return UnlearningUpdate(
-            self._certificate(plan, W), weights=weights, statistics=change, state=state, extra=extra
+            self._certificate(published, W), weights=weights, statistics=change, state=state, extra=extra
         )
 
-    def _certificate(self, plan: PlannedRelease | None, weight_bound: float) -> Certificate:
-        if plan is None:
+    def _certificate(self, published: Publication | None, weight_bound: float) -> Certificate:
+        if published is None:
             note = f"; fixed noise std {self.noise_std:g}" if self.noise_std else ""
             return Certificate(
                 method=self.method,
@@ -289,20 +270,16 @@ class StreamingStrategy(UnlearningStrategy):
         return Certificate(
             method=self.method,
             exact=False,
-            epsilon=self.epsilon,
-            delta=self.delta,
-            sigma=plan.sigma,
+            **published.certificate_fields(),
             bounds={
                 "W": weight_bound,
                 "sensitivity": 2 * weight_bound,
-                "sigma_classical_theorem2": plan.sigma_classical / 2,
+                "sigma_classical_theorem2": published.plan.sigma_classical / 2,
             },
             statement=(
                 f"SAFE ([SAFE] Thm 2(iii)): analytic Gaussian noise on sensitivity 2W, assuming ||w||_2 <= W ({kind} W)"
             ),
             constants=kind,
-            seeded=plan.seeded,
-            accounting=plan.accounting,
         )
 
     def _scope(self, x: Tensor, y: Tensor, data: ForgetData) -> tuple[Tensor, Tensor]:

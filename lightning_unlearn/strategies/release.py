@@ -1,0 +1,155 @@
+"""`ReleasingStrategy`: the options, accounting and publishing shared by the strategies that publish a noised model.
+
+[HF], both [CCL] methods and [SAFE] (with ``epsilon``) end a request the same way: a noise-free
+internal model within an L2 ``sensitivity`` of retraining is published as ``internal + N(0, sigma^2 I)``
+with ``sigma`` from the analytic Gaussian mechanism ([AGM]), the release is accounted and checked
+against the budget (:func:`~lightning_unlearn.privacy.plan_release`). This base class owns those
+options, their validation, the accountant and that one step, :meth:`ReleasingStrategy._release`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lightning_unlearn.callbacks.base import RecorderCallback
+from lightning_unlearn.core.ledger import Ledger
+from lightning_unlearn.privacy import PlannedRelease, normalise_budget, plan_release
+from lightning_unlearn.privacy.analysis import check_privacy_parameters
+from lightning_unlearn.strategies.base import UnlearningStrategy
+
+
+@dataclass(frozen=True)
+class Publication:
+    """One noised release of a flat internal model, computed before anything changes.
+
+    Args:
+        weights: ``internal + noise`` (flat), what the module receives.
+        noise: the noise drawn (zeros without noise).
+        plan: the calibration and accounting (:class:`~lightning_unlearn.privacy.PlannedRelease`).
+        noised: whether noise was added at all (the strategy's ``noise``).
+        certified: noise calibrated on the (epsilon, delta) target (``noise`` and no ``sigma_override``).
+        target: the per-release ``(epsilon, delta)``.
+    """
+
+    weights: Tensor
+    noise: Tensor
+    plan: PlannedRelease
+    noised: bool
+    certified: bool
+    target: tuple[float, float]
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The strategy's state change to commit with the update (the accountant with this release)."""
+        return {"accountant": self.plan.accountant}
+
+    @property
+    def sigma_bounds(self) -> dict[str, float]:
+        """The analytic ([AGM]) and the classical sigma of the target, for the certificate's bounds."""
+        return {"sigma_formula": self.plan.sigma_formula, "sigma_classical": self.plan.sigma_classical}
+
+    def certificate_fields(self) -> dict[str, Any]:
+        """``epsilon``/``delta`` (only for a certified release), ``sigma`` (``None`` without noise),
+        ``seeded`` and ``accounting`` of the :class:`~lightning_unlearn.core.certificate.Certificate`."""
+        epsilon, delta = self.target if self.certified else (None, None)
+        return {
+            "epsilon": epsilon,
+            "delta": delta,
+            "sigma": self.plan.sigma if self.noised else None,
+            "seeded": self.plan.seeded,
+            "accounting": self.plan.accounting,
+        }
+
+
+class ReleasingStrategy(UnlearningStrategy):
+    """An :class:`UnlearningStrategy` that publishes ``internal + N(0, sigma^2 I)`` ([AGM]) and accounts every release.
+
+    Noise comes from the OS entropy source (``seed`` for experiments only: the certificate is then
+    marked seeded, not private). Every release is recorded in :attr:`accountant` (restored from the
+    recorder's state or the ledger), the certificate reports the composed total, and a release that
+    would exceed ``budget`` is refused (nothing changes).
+
+    Args:
+        module, recorder, ledger: as for :class:`UnlearningStrategy`.
+        epsilon, delta: the per-release target; ``None`` for both when the strategy makes no
+            certified release (then :meth:`_release` is unavailable and :attr:`accountant` is ``None``).
+        noise: add noise at all (``False``: the certificate is not certified, bounds still reported).
+        sigma_override: a fixed noise std instead of the calibrated one (not certified).
+        seed: reproducible noise (experiments only; marks the certificate seeded, not certified).
+        budget: ``epsilon`` or ``(epsilon, delta)`` of the composition of all releases.
+        accountant: ``"pld"`` or ``"rdp"`` (:class:`~lightning_unlearn.privacy.PrivacyAccountant`).
+
+    Raises:
+        ValueError: ``epsilon``/``delta`` out of range, or only one of them given.
+    """
+
+    certified_noise = True
+
+    def __init__(
+        self,
+        module: nn.Module,
+        recorder: RecorderCallback,
+        ledger: Ledger | None = None,
+        *,
+        epsilon: float | None,
+        delta: float | None,
+        noise: bool = True,
+        sigma_override: float | None = None,
+        seed: int | None = None,
+        budget: float | tuple[float, float] | None = None,
+        accountant: str = "pld",
+    ) -> None:
+        super().__init__(module, recorder, ledger)
+        if (epsilon is None) != (delta is None):
+            raise ValueError(f"{self.method} takes epsilon and delta together; got epsilon={epsilon}, delta={delta}")
+        self.noise, self.sigma_override, self.seed = noise, sigma_override, seed
+        self.epsilon: float | None = None
+        self.delta: float | None = None
+        self.budget: tuple[float, float] | None = None
+        if epsilon is None or delta is None:
+            if budget is not None:
+                raise ValueError(
+                    f"{self.method} budget= accounts (epsilon, delta) releases: give epsilon and delta too"
+                )
+            return
+        check_privacy_parameters(epsilon, delta)
+        self.epsilon, self.delta = float(epsilon), float(delta)
+        self.budget = normalise_budget(budget, self.delta)
+        self.accountant = self.restore_accountant(accountant)
+
+    @property
+    def certified_release(self) -> bool:
+        """Whether a release is calibrated on the (epsilon, delta) target (noise on, no ``sigma_override``)."""
+        return self.epsilon is not None and self.noise and self.sigma_override is None
+
+    def _release(self, sensitivity: float, internal: Tensor) -> Publication:
+        """Calibrate, account and draw the noise of publishing ``internal`` (flat) at L2 ``sensitivity``.
+
+        Touches nothing: commit :attr:`Publication.state` with the update to record the release.
+
+        Raises:
+            ValueError: the release would exceed the budget, an infinite ``sensitivity`` for a
+                calibrated release, or a published model that is not finite.
+        """
+        if self.epsilon is None or self.delta is None or self.accountant is None:
+            raise ValueError(f"{self.method} was built without epsilon/delta: it has no calibrated release")
+        plan = plan_release(
+            sensitivity,
+            internal.shape,
+            internal.dtype,
+            epsilon=self.epsilon,
+            delta=self.delta,
+            accountant=self.accountant,
+            noise=self.noise,
+            sigma_override=self.sigma_override,
+            seed=self.seed,
+            budget=self.budget,
+        )
+        weights = internal + plan.noise
+        if not bool(torch.isfinite(weights).all()):
+            raise ValueError(f"{self.method} update is not finite (diverged statistics or weights?)")
+        return Publication(weights, plan.noise, plan, self.noise, self.certified_release, (self.epsilon, self.delta))
