@@ -61,7 +61,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import lightning as L
 import torch
@@ -145,7 +145,7 @@ def _like(old: Any, value: Any) -> Any:
     return torch.as_tensor(value, dtype=old.dtype, device=old.device) if isinstance(old, Tensor) else type(old)(value)
 
 
-def trains_itself(module: nn.Module) -> bool:
+def trains_itself(module: nn.Module) -> TypeGuard[L.LightningModule]:
     """Whether ``module`` is trained through its own ``training_step`` and ``configure_optimizers``.
 
     True for a ``LightningModule`` with automatic optimization that overrides both; such a module
@@ -252,7 +252,7 @@ def resolve_loss_fn(
         raise TypeError(f"loss_fn must be callable as loss_fn(outputs, targets), got {type(loss_fn).__name__}")
     resolved = loss_fn or per_sample_cross_entropy
     if batch is not None and trains_itself(module):
-        check_loss_fn(module, resolved, batch, keys=keys, penalty=penalty)  # type: ignore[arg-type]
+        check_loss_fn(module, resolved, batch, keys=keys, penalty=penalty)
     return resolved
 
 

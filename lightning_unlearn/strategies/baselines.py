@@ -49,7 +49,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
@@ -102,6 +102,11 @@ def norms_in_eval(module: nn.Module, enabled: bool = True) -> Iterator[None]:
 def rows(batch: Batch, keys: BatchKeys | None) -> int:
     """Number of samples in a batch (tuple or dict)."""
     return len(unpack_batch(batch, keys)[1])
+
+
+def _set_training_step(module: L.LightningModule, step: Callable[[Batch, int], Any]) -> None:
+    """Give this one instance its own ``training_step`` (its class, and so other instances, keep theirs)."""
+    module.training_step = step  # type: ignore[method-assign]  # a deliberate per-instance override
 
 
 class _Objective(L.LightningModule):
@@ -214,7 +219,7 @@ class _Trained(UnlearningStrategy):
         self._rows = id_rows(train, recorder.batch_keys) if train is not None else {}
 
     # -- data ------------------------------------------------------------------------------------
-    def retained(self, forget_ids: Tensor) -> Dataset:
+    def retained(self, forget_ids: Tensor) -> Subset:
         """The learned, not yet forgotten samples outside ``forget_ids``, from the training data."""
         active = self.catalog.active_ids()
         keep = active[~torch.isin(active, forget_ids)].tolist()
@@ -286,8 +291,8 @@ class _Trained(UnlearningStrategy):
 
         extra: list[L.Callback] = []
         if self.trains_itself:
-            work.training_step = step  # this copy trains on the objective, through its own loss and optimizer
-            model: L.LightningModule = work  # type: ignore[assignment]
+            model = cast(L.LightningModule, work)  # trains_itself(module): a LightningModule with its own recipe
+            _set_training_step(model, step)  # this copy trains on the objective, through its own loss and optimizer
             extra = [_LearningRate(self.lr)] if self.lr is not None else []
         else:
             model = _Objective(work, step, self.lr, self.momentum)  # type: ignore[arg-type]
@@ -468,6 +473,7 @@ class RetrainStrategy(UnlearningStrategy):
             raise TypeError(
                 f"retrain replays the module's own training: it needs a LightningModule, got {type(module).__name__}"
             )
+        self.module: L.LightningModule = module
         expected = set(module.state_dict())
         if set(initial_state) != expected:
             raise ValueError(
@@ -491,7 +497,7 @@ class RetrainStrategy(UnlearningStrategy):
         work = copy.deepcopy(self.module)
         work.load_state_dict(self.initial_state)
         if trains_itself(work):
-            work.training_step = self._one_sample_safe(work)
+            _set_training_step(work, self._one_sample_safe(work))
         callbacks = list(self.fit_callbacks())
         experiences = self.catalog.experiences_of(keep)
         for e in experiences.unique().tolist():
