@@ -362,9 +362,6 @@ def test_cnn_forget_without_noise_reports_an_infinite_bound_instead_of_overflowi
         HFStrategy(model, rec, smoothness=1e60).forget(
             ForgetRequest.samples([6])
         )  # the recipe guard names lr, M, lambda
-    train_mode_bn = nn.Sequential(nn.Linear(36, 3), nn.BatchNorm1d(3), nn.Linear(3, N_CLASSES)).double()
-    with pytest.raises(ValueError, match=r"BatchNorm/Dropout layers \['net.1'\] are in training mode"):
-        fit_hf(user_model(train_mode_bn), ds, TrajectoryRecorder(), epochs=1)
 
 
 def test_bound_and_capacity_in_log_space_do_not_overflow():

@@ -16,6 +16,7 @@ from lightning_unlearn.callbacks.proximal import ProximalRegularizer
 from lightning_unlearn.data import unpack_batch
 from lightning_unlearn.functional import hf
 from lightning_unlearn.store import RowStore
+from lightning_unlearn.warnings import warn
 
 _STATE_KEYS = (
     "catalog",
@@ -36,13 +37,17 @@ class TrajectoryRecorder(RecorderCallback):
     """Keeps, for every tracked training sample ``u``, HF's approximator ``a^{-u}`` (Eq. (10)-(11)).
 
     Before every SGD step ``t`` (``on_train_batch_start``, at ``w_t``) it applies the canonical
-    forward recursion (Eq. (10)) to all stored vectors, in one batched call::
+    forward recursion (Eq. (10)) to all stored vectors, ``row_block`` rows at a time
+    (:func:`~lightning_unlearn.functional.hf.propagate`)::
 
         a_u <- (I - eta_t H_t) a_u + 1[u in B_t] (eta_t / |B_t|) grad l(w_t; u)
 
-    with ``H_t`` the mean Hessian of the step's batch objective (HVPs via ``torch.func``:
-    ``vmap`` over vectors of ``jvp(grad)``, or one dense Hessian when ``d`` is small), the
-    actual learning rate and batch size. After fit, ``w + a_u`` approximates the model retrained
+    with ``H_t`` the mean Hessian of the step's batch objective, the actual learning rate and batch
+    size. Cost per step: one forward and one differentiable backward over the batch, then one batched
+    double backward per ``chunk_size`` vectors through that graph
+    (:class:`~lightning_unlearn.functional.hf.StepObjective`), i.e. about one Hessian-vector product per
+    tracked sample (one dense Hessian instead when ``d`` is small), plus one gradient per tracked
+    occurrence in the batch. After fit, ``w + a_u`` approximates the model retrained
     without ``u`` with the same initialisation and batch order (Eqs. (4)-(5), (11)).
 
     The per-sample loss is ``l = loss_fn(module(x), y) + (l2/2)||theta||^2`` with ``l2`` the SGD
@@ -62,8 +67,14 @@ class TrajectoryRecorder(RecorderCallback):
     file or a symlink, locked while the recorder uses it, deleted rows overwritten with zeros); its
     checkpoints reference the file and an XXH3 digest of its rows instead of copying them, so they
     restore only with the file as it was when they were saved (:meth:`close` releases the file);
-    ``track`` restricts the vectors to a forgettable subset. Float16 storage rounds every step
-    (the recursion itself runs in the parameters' dtype); use it only when memory forces it.
+    ``track`` restricts the vectors to a forgettable subset (user-level deletion, [HF] App. B.1).
+
+    Float16 storage halves the memory; each step accumulates in the parameters' dtype (float32) and
+    rounds the stored rows once, a relative error of at most ``u = 2^-11`` per entry (``2^-25`` absolute
+    below float16's normal range). While the steps contract (``rho <= 1``, Lemma 3) these errors do not
+    grow, so after ``T`` steps a row is off by at most ``u * sum_t ||a_t|| <= T u max_t ||a_t||``
+    ([derived]; e.g. 0.05% per step, 5% after 100 steps in the worst case, far less when rounding errors
+    cancel). A row that leaves float16's range (65504) is an error naming its sample.
 
     DDP: each step's global batch is all-gathered, ``DistributedSampler`` padding duplicates
     included (they do enter the averaged gradient, so they inject once per occurrence); all
@@ -71,9 +82,15 @@ class TrajectoryRecorder(RecorderCallback):
 
     Requirements (checked at fit start, ``ValueError`` otherwise): plain SGD (``weight_decay`` is the
     ridge; no momentum / Nesterov), no gradient accumulation or clipping, no
-    :class:`ProximalRegularizer`, no BatchNorm or Dropout in training mode (HF needs deterministic
-    per-sample losses: put BatchNorm layers in eval mode before fit, ``layer.eval()``, and keep them
-    there in an overridden ``train()``), a training loss equal to ``mean loss_fn``. Outside Lightning,
+    :class:`ProximalRegularizer`, no Dropout in training mode (a random step objective), a training loss
+    equal to ``mean loss_fn``.
+
+    BatchNorm in training mode: ``H_t`` is the Hessian of the step's actual batch loss (batch
+    statistics), and the injection of ``u`` is the gradient the step loses without ``u``,
+    ``grad S_B - grad S_{B without u}`` with ``S`` the batch sum (one extra forward/backward of the batch
+    per tracked occurrence; equal to ``grad l(w_t; u)`` without BatchNorm) [derived]. These passes do not
+    update the running buffers. The running buffers themselves are computed from every sample,
+    forgotten ones included, and are not part of HF's update (a warning says so at fit start). Outside Lightning,
     call :meth:`check_optimizer` (it reads ``l2``), :meth:`begin_experience`, then :meth:`before_step`
     at ``w_t`` before every optimizer step,
     then :meth:`end_experience` (``UnlearningPlugin`` does it from Avalanche's ``before_update``
@@ -91,7 +108,8 @@ class TrajectoryRecorder(RecorderCallback):
         track: sample ids to keep vectors for (``None``: all).
         hessian: ``"hvp"``, ``"dense"`` or ``"auto"`` (dense when ``d <= 2048`` and there are
             more vectors than parameters).
-        chunk_size: ``vmap`` chunk size for HVPs and per-sample gradients (bounds peak memory).
+        chunk_size: vectors per batched HVP call and per-sample gradients per ``vmap`` chunk (peak memory
+            about ``chunk_size`` times the step's activations; ``None``: all of a row block at once).
         power_iters: power-iteration steps per SGD step to estimate ``M = ||H_t||``, warm-started from the
             previous step's estimate (a power iteration continued along the trajectory); the first one rides in
             the recursion's batched HVP call, each further one costs a separate call (about the price of all K HVPs
@@ -182,16 +200,24 @@ class TrajectoryRecorder(RecorderCallback):
     # -- checks -------------------------------------------------------------------------------------
     @staticmethod
     def check_module(module: nn.Module) -> None:
-        """``ValueError`` naming BatchNorm / Dropout layers in training mode (no deterministic per-sample loss)."""
-        bad = [
-            n
-            for n, m in module.named_modules()
-            if isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.Dropout)) and m.training
-        ]
+        """``ValueError`` naming Dropout layers in training mode (a random loss has no Hessian to follow); a
+        warning naming BatchNorm layers in training mode (their running buffers see every sample)."""
+        bad = [n for n, m in module.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd) and m.training]
         if bad:
             raise ValueError(
-                f"HF needs deterministic per-sample losses: BatchNorm/Dropout layers {bad[:5]} are in training mode "
+                f"HF needs a deterministic step objective: Dropout layers {bad[:5]} are in training mode "
                 "(remove them, or call .eval() on them before fit and keep them there in the module's train())"
+            )
+        norms = [
+            n
+            for n, m in module.named_modules()
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats
+        ]
+        if norms:
+            warn(
+                f"BatchNorm layers {norms[:5]} train with batch statistics: HF follows the batch loss, but their "
+                "running buffers are averaged over every sample, forgotten ones included, and HF's update does not "
+                "change them; recompute them on retained data (or keep BatchNorm in eval mode) before publishing"
             )
 
     def check_optimizer(self, optimizer: torch.optim.Optimizer, module: nn.Module | None = None) -> None:
@@ -311,36 +337,43 @@ class TrajectoryRecorder(RecorderCallback):
         """Nothing to fold in: the vectors were updated in place at every step."""
 
     def _step(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, lr: float) -> None:
-        """One recursion step at ``w_t`` (Eq. (10); :func:`hf.recursion_step`) on all live vectors,
-        ``row_block`` rows at a time (bounded memory for a memory-mapped store)."""
+        """One recursion step at ``w_t`` (Eq. (10); :func:`hf.propagate`) on all live vectors, ``row_block``
+        rows at a time (bounded memory for a memory-mapped store), accumulated in the parameters' dtype."""
         theta = hf.flat_params(module)
-        loss = hf.ModuleLoss(module, float(self.l2 or 0.0), self.loss_fn)
-        x, y = x.detach(), y.detach()
+        step = hf.StepObjective(
+            hf.ModuleLoss(module, float(self.l2 or 0.0), self.loss_fn), theta, x, y, self.chunk_size
+        )
         live = self.active.nonzero().flatten()
         rows, in_batch = self._live_rows(ids)
-        if in_batch.any():
-            mask = in_batch.to(x.device)
-            grads = hf.per_sample_grads(loss, theta, x[mask], y[mask], self.chunk_size)
-        else:
-            grads = theta.new_zeros(0, theta.numel())
-        times_h, apply_h = self._hessian_operator(loss, theta, x, y, live.numel())
+        grads = step.sample_grads(in_batch.nonzero().flatten().to(x.device))
+        times_h = self._hessian_operator(step, live.numel())
         position = torch.full((max(self.n_rows, 1),), -1, dtype=torch.long)
         probe = self._power_start(theta) if self.power_iters else None
-        first_hv = None
+        first_hv: list[Tensor] = []
+
+        def rows_h(A: Tensor) -> Tensor:
+            if probe is None or first_hv:
+                return times_h(A)
+            AH = times_h(torch.cat([A, probe[None].to(A)]))  # the power iteration's first HVP rides along
+            first_hv.append(AH[-1])
+            return AH[:-1]
+
         for block in live.split(self.row_block) if live.numel() else ():
-            stored = self._store().data
-            A = stored[block].to(theta)
+            store = self._store().data
             position[block] = torch.arange(block.numel())
             mine = position[rows] >= 0
-            if probe is not None and first_hv is None:  # the power iteration's first HVP rides in the same batched call
-                AH = times_h(torch.cat([A, probe[None]]))
-                AH, first_hv = AH[:-1], AH[-1]
-            else:
-                AH = times_h(A)
-            new = hf.recursion_step(A, AH, lr, position[rows][mine], grads[mine.to(grads.device)], len(ids))
-            stored[block] = new.to(stored)
+            new = hf.propagate(
+                store[block].to(theta.device), rows_h, lr, len(ids), position[rows][mine], grads[mine.to(grads.device)]
+            )
+            stored = new.to(store)
+            if not bool(stored.isfinite().all()):
+                bad = [self.row_ids[r] for r in block[~stored.isfinite().all(1).cpu()].tolist()]
+                raise ValueError(
+                    f"HF vectors of sample ids {bad[:10]} leave the range of {self.dtype} at step {self.n_steps}"
+                )
+            store[block] = stored
             position[block] = -1
-        self._update_estimates(apply_h, theta, grads, probe, first_hv)
+        self._update_estimates(lambda v: step.hvp(v[None])[0], theta, grads, probe, first_hv[0] if first_hv else None)
         self._occ_rows.append(rows)
         self._occ_steps.append(torch.full((rows.numel(),), self.n_steps, dtype=torch.long))
         self.lrs.append(lr)
@@ -353,17 +386,13 @@ class TrajectoryRecorder(RecorderCallback):
         in_batch[in_batch.clone()] = self.active[rows[in_batch]]
         return rows[in_batch], in_batch
 
-    def _hessian_operator(
-        self, loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, n_live: int
-    ) -> tuple[Any, Any]:
-        """Functions ``A -> A H_t`` and ``v -> H_t v``: one dense Hessian, or batched HVPs (``jvp`` of ``grad``)."""
-        dense = self.hessian == "dense" or (self.hessian == "auto" and theta.numel() <= 2048 and n_live > theta.numel())
-        if dense:
-            H = hf.batch_hessian(loss, theta, x, y)
-            return (lambda A: A @ H), (lambda v: H @ v)
-        return (lambda A: hf.hvps(loss, theta, x, y, A, self.chunk_size)), (
-            lambda v: hf.hvps(loss, theta, x, y, v.unsqueeze(0))[0]
-        )
+    def _hessian_operator(self, step: hf.StepObjective, n_live: int) -> Callable[[Tensor], Tensor]:
+        """``A -> A H_t``: batched HVPs through the step's graph, or one dense Hessian (small ``d``, many rows)."""
+        d = step.theta.numel()
+        if self.hessian == "dense" or (self.hessian == "auto" and d <= 2048 and n_live > d):
+            H = step.hessian()
+            return lambda A: A.to(H) @ H
+        return step.hvp
 
     def _power_start(self, theta: Tensor) -> Tensor:
         """The unit start vector of this step's power iteration (warm: the previous step's eigenvector estimate)."""
@@ -371,7 +400,12 @@ class TrajectoryRecorder(RecorderCallback):
         return start / start.norm().clamp_min(1e-30)
 
     def _update_estimates(
-        self, apply_h: Any, theta: Tensor, grads: Tensor, probe: Tensor | None, first_hv: Tensor | None
+        self,
+        apply_h: Callable[[Tensor], Tensor],
+        theta: Tensor,
+        grads: Tensor,
+        probe: Tensor | None,
+        first_hv: Tensor | None,
     ) -> None:
         """Running maxima of ``||H_t||`` (warm-started power iteration from ``probe``, whose first product
         ``first_hv`` may have been computed with the recursion's HVPs; M) and ``||grad l(w_t; u)||`` (G)."""

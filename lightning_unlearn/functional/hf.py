@@ -5,15 +5,21 @@ Equation numbers refer to [HF]. Parameters are handled as one flat vector ``thet
 ``l(theta; z) = loss_fn(f_theta(x), y) + (l2/2)||theta||^2`` (:class:`ModuleLoss`), whose batch mean is
 exactly the objective plain SGD with ``weight_decay=l2`` follows.
 
-Everything is batched with ``torch.func``: per-sample gradients are ``vmap(grad(l))`` and the
-Hessian-vector products of the recursion are ``vmap`` over vectors of ``jvp(grad(F_B))``
-(forward-over-reverse), or one dense Hessian for small models. No Python loop runs per sample.
+Everything is batched: per-sample gradients are ``vmap(grad(l))``; the Hessian-vector products of
+the recursion come from :class:`StepObjective`, one forward and one differentiable backward of
+the step's batch objective per SGD step, then ONE batched double backward per chunk of vectors
+(``is_grads_batched``: a ``vmap`` over the vectors of the backward of the gradient), so that each
+vector costs one HVP and the step's forward/backward is paid once for all of them. :func:`propagate`
+applies one step of the recursion to a chunk of rows. BatchNorm layers in training mode are
+supported (the Hessian and the gradients are those of the step's actual batch loss, with batch
+statistics; running buffers are not updated by these passes, :func:`batch_statistics_only`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -126,21 +132,129 @@ def top_eigenvalue(apply_h: Callable[[Tensor], Tensor], v: Tensor, iters: int) -
     return value, v
 
 
+# -- one SGD step's objective ------------------------------------------------------------------------
+@contextmanager
+def batch_statistics_only(module: nn.Module) -> Iterator[bool]:
+    """For the duration, BatchNorm layers in training mode normalise with the batch's statistics without
+    updating their running buffers (``track_running_stats`` off; the forward is the training forward).
+    Yields whether such a layer exists (then the per-sample losses of a batch are coupled)."""
+    layers = [
+        m
+        for m in module.modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats
+    ]
+    for m in layers:
+        m.track_running_stats = False
+    try:
+        yield bool(layers)
+    finally:
+        for m in layers:
+            m.track_running_stats = True
+
+
+class StepObjective:
+    """Derivatives of one SGD step's batch objective ``F_B(theta)`` ([HF] Eq. (3)) at ``theta``.
+
+    The constructor runs ONE forward and ONE differentiable backward (``create_graph``) over the batch;
+    :meth:`hvp` then computes ``V H_B`` (Eq. (8), ``H_B`` symmetric) for a chunk of vectors with one
+    batched double backward through that graph (``is_grads_batched``), about one HVP per vector.
+    BatchNorm layers in training mode use the batch's statistics (the step's actual loss) and their
+    running buffers stay untouched (:func:`batch_statistics_only`).
+
+    Args:
+        loss: the module's per-sample loss (:class:`ModuleLoss`).
+        theta: flat parameters ``w_t``.
+        x, y: the step's batch.
+        chunk_size: vectors per batched double backward in :meth:`hvp` (peak memory about
+            ``chunk_size`` times the graph's activations); ``None``: all at once.
+    """
+
+    def __init__(self, loss: ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = None) -> None:
+        self.loss, self.x, self.y, self.chunk_size = loss, x, y, chunk_size
+        self.theta = theta.detach().requires_grad_(True)
+        with torch.enable_grad(), batch_statistics_only(loss.module) as coupled:
+            (self._graph,) = torch.autograd.grad(loss.mean(self.theta, x, y), self.theta, create_graph=True)
+        self.coupled = coupled
+        self.grad = self._graph.detach()
+
+    def hvp(self, V: Tensor) -> Tensor:
+        """``V H_B`` for the ``(k, d)`` rows of ``V`` (in ``theta``'s dtype), ``chunk_size`` rows per batched call."""
+        V = V.to(self.theta)
+        if not self._graph.requires_grad or not V.shape[0]:  # F_B affine in theta (H_B = 0), or no vectors
+            return torch.zeros_like(V)
+        parts = [
+            torch.autograd.grad(self._graph, self.theta, grad_outputs=v, is_grads_batched=True, retain_graph=True)[0]
+            for v in V.split(self.chunk_size or V.shape[0])
+        ]
+        return torch.cat(parts)
+
+    def hessian(self) -> Tensor:
+        """Dense ``(d, d)`` ``H_B``, from :meth:`hvp` of the identity (small models only)."""
+        H = self.hvp(torch.eye(self.theta.numel(), dtype=self.theta.dtype, device=self.theta.device))
+        return 0.5 * (H + H.T)
+
+    def sample_grads(self, positions: Tensor) -> Tensor:
+        """``(m, d)`` injections of the batch elements at ``positions``: the gradient the step loses when the
+        element is dropped from the batch, ``grad S_B - grad S_{B without it}`` with ``S = |B| F`` the batch sum.
+
+        Without batch coupling this is ``grad l(theta; z)`` (``vmap(grad(l))``), Eq. (10)'s injection. With
+        BatchNorm in training mode the other elements' losses depend on the element through the batch
+        statistics, and the difference (one forward/backward over the batch without it, per element) is
+        the first-order change of the step [derived].
+        """
+        x, y, theta = self.x[positions], self.y[positions], self.theta.detach()
+        if positions.numel() == 0:
+            return theta.new_zeros(0, theta.numel())
+        if not self.coupled:
+            return per_sample_grads(self.loss, theta, x, y, self.chunk_size)
+        n = self.x.shape[0]
+        out = []
+        for p in positions.tolist():
+            keep = torch.arange(n, device=self.x.device) != p
+            th = theta.clone().requires_grad_(True)
+            with torch.enable_grad(), batch_statistics_only(self.loss.module):
+                (g,) = torch.autograd.grad((n - 1) * self.loss.mean(th, self.x[keep], self.y[keep]), th)
+            out.append(n * self.grad - g)
+        return torch.stack(out)
+
+
 # -- the recursion ---------------------------------------------------------------------------------
-def recursion_step(A: Tensor, AH: Tensor, lr: float, rows: Tensor, grads: Tensor, batch_size: int) -> Tensor:
-    """One step of the canonical forward recursion (equal to Eq. (10)):
+def propagate(
+    rows: Tensor,
+    hvp: Callable[[Tensor], Tensor],
+    lr: float,
+    batch_size: int,
+    positions: Tensor | None = None,
+    grads: Tensor | None = None,
+) -> Tensor:
+    """One step of the canonical forward recursion (equal to Eq. (10)) on a chunk of rows:
 
     ``a_{t+1} = (I - eta_t H_t) a_t + 1[u in B_t] (eta_t/|B_t|) grad l(w_t; u)``
 
-    ``AH`` is ``A H_t`` (H_t symmetric); ``rows`` indexes into ``A`` the occurrence of each batch
-    element (a row repeated in the batch injects once per occurrence, footnote 5), ``grads`` are
-    their per-sample gradients at ``w_t``. The injection is NOT multiplied by this step's own
-    ``(I - eta_t H_t)`` (Eq. (9)). Returns the new ``A``.
+    Args:
+        rows: ``(k, d)`` vectors ``a_t`` of any storage dtype; they are cast to the dtype ``hvp`` returns
+            (the parameters' dtype, e.g. float32 for float16 storage), in which the step accumulates.
+        hvp: ``V -> V H_t`` for a ``(k, d)`` matrix (e.g. :meth:`StepObjective.hvp`, ``H_t`` symmetric).
+        lr: the step's learning rate ``eta_t``.
+        batch_size: ``|B_t|`` (all ranks' elements under DDP).
+        positions: for each injected gradient, the index of its row in ``rows`` (a row repeated in the
+            batch injects once per occurrence, footnote 5); ``None``: no injection.
+        grads: ``(len(positions), d)`` per-sample gradients at ``w_t`` (:meth:`StepObjective.sample_grads`).
+            The injection is NOT multiplied by this step's own ``(I - eta_t H_t)`` (Eq. (9)).
+
+    Returns:
+        The ``(k, d)`` vectors ``a_{t+1}`` in the accumulation dtype; the caller casts them to its storage.
+
+    Raises:
+        ValueError: ``grads`` and ``positions`` disagree in length or width.
     """
-    if grads.shape != (rows.numel(), A.shape[1]):
-        raise ValueError(f"{rows.numel()} batch rows but per-sample gradients of shape {tuple(grads.shape)}")
-    out = A - lr * AH
-    return out.index_add(0, rows.to(out.device), grads.to(out), alpha=lr / batch_size)
+    rows_h = hvp(rows)
+    out = rows.to(rows_h) - lr * rows_h
+    if positions is None or grads is None:
+        return out
+    if grads.shape != (positions.numel(), rows.shape[1]):
+        raise ValueError(f"{positions.numel()} injected rows but per-sample gradients of shape {tuple(grads.shape)}")
+    return out.index_add(0, positions.to(out.device), grads.to(out), alpha=lr / batch_size)
 
 
 # -- noise calibration (Algorithm 1 line 13, Eqs. (12)-(13), (56)) --------------------------------
