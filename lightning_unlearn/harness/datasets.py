@@ -433,6 +433,7 @@ def benchmark_info(
     epochs: int = 5,
     lr: float = 0.05,
     batch_size: int = 64,
+    num_workers: int = 0,
     trainer_kwargs: Mapping[str, Any] | None = None,
 ) -> BenchmarkInfo:
     """Benchmark ``name`` as the harness runs it: [ACU]'s protocol (Section 4.1, App. E.1) on files from ``root``.
@@ -443,8 +444,8 @@ def benchmark_info(
     entries overridden by ``pretrain``, e.g. ``{"epochs": 1}`` for a smoke run; random crops, and
     flips where valid, when ``augment``) and frozen as the backbone; the stream is learned in
     ``n_experiences`` experiences of whole classes. ``epochs``, ``lr`` and ``batch_size`` are the
-    continual recipe of gradient-trained families; ``trainer_kwargs`` go to the pre-training
-    Trainer (``accelerator``, ``devices``).
+    continual recipe of gradient-trained families; ``num_workers`` and ``trainer_kwargs`` go to the
+    pre-training ``DataLoader`` and ``Trainer`` (``accelerator``, ``devices``).
 
     Raises:
         ValueError: an unknown benchmark, model or ``pretrain`` entry, or bad split settings.
@@ -470,6 +471,7 @@ def benchmark_info(
         **{**ACU_PRETRAIN, **(pretrain or {})},
         augment=standard_augmentation(spec.in_shape, flip=spec.flip) if augment else None,
         seed=seed,
+        num_workers=num_workers,
         trainer_kwargs=trainer_kwargs,
     )
     return describe_benchmark(

@@ -186,6 +186,7 @@ def pretrain_backbone(
     batch_size: int = ACU_PRETRAIN["batch_size"],
     augment: Callable[[Tensor], Tensor] | None = None,
     seed: int = 0,
+    num_workers: int = 0,
     trainer_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[nn.Module, int]:
     """Train ``model`` (ending in ``fc``) on the base samples, then return its frozen feature extractor.
@@ -205,6 +206,7 @@ def pretrain_backbone(
         augment: applied to each training input (e.g. :func:`standard_augmentation`); ``None``: none.
         seed: seeds the shuffling and the augmentation (not ``model``'s initialisation, done
             before); the global RNG state is restored afterwards.
+        num_workers: the ``DataLoader``'s worker processes (decoding and augmentation).
         trainer_kwargs: further ``lightning.Trainer`` options (``accelerator``, ``devices``, ...).
 
     Returns:
@@ -229,7 +231,7 @@ def pretrain_backbone(
     }
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        loader = DataLoader(data, batch_size=batch_size, shuffle=True)
+        loader = DataLoader(data, batch_size=batch_size, shuffle=True, num_workers=num_workers)
         L.Trainer(**options).fit(_Pretraining(model, lr, momentum, weight_decay, epochs), loader)
     backbone, dim = backbone_of(model.cpu())
     return backbone.requires_grad_(False).eval(), dim
