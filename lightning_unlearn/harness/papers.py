@@ -1,0 +1,600 @@
+"""The seed papers' headline tables as reproduction configs (:class:`~lightning_unlearn.harness.repro.ReproConfig`).
+
+Each config keeps the paper's protocol, method settings and metrics, and the paper's own numbers
+typed in from the table named in its ``source``. Each method runs under its own paper's protocol,
+against the gold standard of that protocol:
+
+* ``acu-table1`` ([ACU] Table 1): class-incremental CIFAR-10/100 on a frozen backbone pre-trained
+  on a disjoint base split; every method updates the same analytic model ("all baselines are
+  updated starting from the same base model", Section 4.1); the reference is the joint ridge
+  fit on the retained data of all experiences so far.
+* ``hf-table2``, ``hf-table6`` ([HF] Tables 2 and 6): one dataset, non-continual; 20% of the
+  training samples deleted one per request; the reference retrains the recipe once at the end.
+* ``safe-table1`` ([SAFE] Table 1): one dataset, 20 rounds of 400 random samples, the columns
+  averaged over the rounds, each round against a retrain.
+* ``rbm-table2`` ([RBM] Table 2): one dataset, random (10%) and class-wise forgetting.
+* ``ccl-table1``, ``ccl-fig2`` ([CCL] Table 1, Fig. 2): MNIST as 30 non-i.i.d. tasks of three labels
+  learned with the proximal regulariser; five requests forget whole tasks (its Table 2, row 1).
+
+Smoke scales use the bundled digits (1,797 real 8x8 images) until a paper's dataset is on disk.
+"""
+
+from __future__ import annotations
+
+from lightning_unlearn.harness.repro import Entry, ReproConfig, Requests, Scale, Setup
+
+_K = (Requests("K=5", k=5, fraction=0.25), Requests("K=25", k=25, fraction=0.25))
+_SMOKE_K = (Requests("K=5", k=5, fraction=0.25),)
+_ONE_EPOCH = {"epochs": 1}
+#: the smoke scale's trainable model: a tiny MLP learns 120 digits to ~70% test accuracy in 0.2 s
+_TINY = {"model": "mlp", "width": 32, "epochs": 5, "lr": 0.3, "batch_size": 8}
+
+
+# -- [ACU] Table 1 ---------------------------------------------------------------------------------------------------
+def _acu_paper(rows: dict[str, tuple[float, ...]]) -> dict[tuple[str, str], dict[str, float]]:
+    """Table 1's cells, ordered dParams, dRetain, dForget, dTest, dMIA, each as (K=5, K=25)."""
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for row, v in rows.items():
+        for j, k in enumerate(("K=5", "K=25")):
+            out[(k, row)] = dict(zip(("dParams", "dRetain", "dForget", "dTest", "dMIA"), v[j::2]))
+    return out
+
+
+_ACU_CIFAR10 = _acu_paper(
+    {
+        "Finetuning": (33.65, 35.45, 6.61, 6.09, 1.03, 4.19, 2.26, 4.20, 0.02, 0.04),
+        "L1-Sparse": (24.14, 25.39, 16.79, 15.16, 9.88, 10.26, 10.09, 10.50, 0.49, 0.10),
+        "SCRUB": (28.12, 34.34, 1.17, 15.42, 8.48, 6.85, 0.07, 8.19, 0.09, 0.07),
+        "WoodFisher": (28.30, 57.12, 1.57, 89.58, 10.02, 79.23, 0.51, 79.23, 0.09, 0.01),
+        "RandomLabel": (27.45, 26.75, 2.21, 3.26, 0.92, 2.47, 2.40, 3.89, 0.01, 0.03),
+        "NegGrad+": (28.63, 55.50, 13.21, 82.32, 9.73, 71.85, 11.51, 70.91, 0.09, 0.07),
+        "NegGrad": (28.30, 28.31, 6.06, 24.85, 1.57, 14.82, 6.55, 20.20, 0.02, 0.15),
+        "ACU": (0.0,) * 10,
+    }
+)
+_ACU_CIFAR100 = _acu_paper(
+    {
+        "Finetuning": (58.92, 61.80, 12.03, 15.55, 1.27, 4.03, 0.30, 4.72, 0.02, 0.04),
+        "L1-Sparse": (44.93, 45.64, 29.36, 30.17, 11.85, 14.86, 13.55, 15.33, 0.12, 0.15),
+        "SCRUB": (53.72, 54.59, 0.98, 7.60, 20.22, 10.65, 2.47, 2.76, 0.20, 0.11),
+        "WoodFisher": (54.00, 54.01, 1.38, 16.04, 22.7, 11.87, 3.06, 4.50, 0.23, 0.12),
+        "RandomLabel": (53.77, 53.76, 7.16, 11.89, 6.42, 11.72, 2.73, 5.99, 0.63, 0.02),
+        "NegGrad+": (53.82, 54.76, 1.09, 11.02, 9.65, 15.07, 0.62, 9.95, 0.10, 0.05),
+        "NegGrad": (54.00, 54.01, 0.38, 15.53, 22.05, 12.14, 2.31, 4.10, 0.21, 0.12),
+        "ACU": (0.0,) * 10,
+    }
+)
+_ACU_METHODS = (
+    Entry("acu", "ACU"),
+    Entry("finetune", "Finetuning"),
+    Entry("l1_sparse", "L1-Sparse"),
+    Entry("scrub", "SCRUB"),
+    Entry("woodfisher", "WoodFisher"),
+    Entry("randomlabel", "RandomLabel"),
+    Entry("neggrad_plus", "NegGrad+"),
+    Entry("neggrad", "NegGrad"),
+)
+_ACU_SMOKE = Scale(
+    "digits",
+    "mlp",
+    epochs=1,
+    lr=0.1,
+    batch_size=32,
+    width=16,
+    pretrain_epochs=5,
+    per_class=12,
+    n_experiences=5,
+    requests=_SMOKE_K,
+    options={e.name: _ONE_EPOCH for e in _ACU_METHODS if e.name not in ("acu", "woodfisher")},
+)
+
+
+def _acu_full(dataset: str) -> Scale:
+    # App. E.1: 10,000 base samples, 40,000 CL training samples; 300 epochs, lr 0.5, batch 256
+    return Scale(
+        dataset, "resnet18", epochs=1, lr=0.5, batch_size=256, pretrain_epochs=300, n_experiences=5, requests=_K
+    )
+
+
+ACU_TABLE1 = ReproConfig(
+    name="acu-table1",
+    paper="[ACU]",
+    table="Table 1",
+    protocol=(
+        "Class-incremental stream (5 experiences of whole classes) on a backbone pre-trained on a disjoint base split "
+        "and frozen; a quarter of the learned samples split into K = 5 or 25 forget requests, executed in order. "
+        "Every method updates the same analytic model; the reference is the joint ridge fit on the retained data "
+        "of all experiences (retraining from scratch). Columns are averaged over the requests."
+    ),
+    columns=("dParams", "dRetain", "dForget", "dTest", "dMIA"),
+    setups=(
+        Setup(
+            "CIFAR-10",
+            "class-incremental",
+            _acu_full("cifar10"),
+            _ACU_SMOKE,
+            _ACU_METHODS,
+            _ACU_CIFAR10,
+            "[ACU] Table 1, CIFAR-10 rows",
+        ),
+        Setup(
+            "CIFAR-100",
+            "class-incremental",
+            _acu_full("cifar100"),
+            _ACU_SMOKE,
+            _ACU_METHODS,
+            _ACU_CIFAR100,
+            "[ACU] Table 1, CIFAR-100 rows",
+        ),
+    ),
+    notes=(
+        "[interp] [ACU] does not state the number of CL experiences nor the backbone; we use 5 class-incremental "
+        "experiences and a ResNet-18 (CIFAR stem). Pre-training is plain SGD (no cosine schedule, no augmentation).",
+        "dParams is the L2 distance of all parameters to the retrain; [ACU] calls it 'normalised' without the "
+        "normalisation, so only its ordering is comparable.",
+    ),
+)
+
+
+# -- [HF] Tables 2 and 6 ---------------------------------------------------------------------------------------------
+_HF_SMOKE_REQUESTS = (Requests("20% single", k=5, per_request=1, compare="last"),)
+
+
+def _hf_requests(n_train: int, share: float = 0.2) -> tuple[Requests, ...]:
+    return (Requests("20% single", k=round(share * n_train), per_request=1, compare="last"),)
+
+
+_HF_LR = (
+    Entry("hf", "HF", {"epsilon": 1.0, "delta": 1e-3, "l2": 0.5}),
+    Entry("hf", "HF noise-free", {"noise": False, "l2": 0.5}),
+)
+_HF_NONCONVEX = (Entry("hf", "HF", {"family": "supervised", "sigma_override": 0.01}, relax_families=True),)
+
+
+def _hf_smoke(model: str) -> Scale:
+    if model == "linear":
+        return Scale("digits", model, epochs=5, lr=0.1, batch_size=16, per_class=10, requests=_HF_SMOKE_REQUESTS)
+    if model == "cnn":  # the conv path at its smallest (it learns little in 5 epochs)
+        return Scale(
+            "digits", model, epochs=5, lr=0.3, batch_size=8, width=4, per_class=10, requests=_HF_SMOKE_REQUESTS
+        )
+    return Scale("digits", per_class=10, requests=_HF_SMOKE_REQUESTS, **_TINY)  # type: ignore[arg-type]
+
+
+_HF_MNIST_LR = Setup(
+    "MNIST LR",
+    "single",
+    Scale("mnist", "linear", epochs=15, lr=0.05, batch_size=32, train_size=1000, requests=_hf_requests(1000)),
+    _hf_smoke("linear"),
+    _HF_LR,
+    {
+        ("20% single", "HF"): {"TA": 87.50, "TestGap": -0.25, "Time(s)": 0.0073, "Distance": 0.15},
+        ("20% single", "Retrain"): {"TA": 87.75},
+    },
+    "[HF] Table 2 (and Table 6), HF LR row",
+)
+_HF_MNIST_CNN = Setup(
+    "MNIST CNN",
+    "single",
+    Scale("mnist", "cnn", epochs=20, lr=0.05, batch_size=64, width=16, train_size=1000, requests=_hf_requests(1000)),
+    _hf_smoke("mlp"),
+    _HF_NONCONVEX,
+    {
+        ("20% single", "HF"): {"TA": 91.50, "TestGap": -2.25, "Time(s)": 0.0268, "Distance": 0.68},
+        ("20% single", "Retrain"): {"TA": 93.75},
+    },
+    "[HF] Table 2 (and Table 6), HF CNN row",
+)
+_HF_NOTES = (
+    "[HF]'s NS and IJ rows (Newton step, infinitesimal jackknife) are not implemented here.",
+    "[interp] Non-convex models (CNN, ResNet-18) run HF on the trainable family with the recorder's estimated "
+    "constants and noise of standard deviation 0.01 ([HF] App. D.3: 'we uniformly add noise with a standard "
+    "deviation of 0.01'): not certified. The linear family caps lr at 0.9 x 2/(M + l2) ([HF] Lemma 3).",
+    "The reference retrains the recipe once, on what all requests leave (compare='last'); HF's time is the total "
+    "over all single-sample requests, as the paper's 'total computational cost for all samples'.",
+)
+
+HF_TABLE2 = ReproConfig(
+    name="hf-table2",
+    paper="[HF]",
+    table="Table 2",
+    protocol=(
+        "MNIST, 1,000 training samples learned at once (non-continual); 20% of them deleted one sample per request. "
+        "LR: L2-regularised (0.5) logistic regression, 15 epochs, lr 0.05, batch 32, certified at (1, 1e-3). "
+        "CNN: 20 epochs, lr 0.05, batch 64. The reference retrains the recipe on the retained samples."
+    ),
+    columns=("TA", "TestGap", "Distance", "Time(s)"),
+    setups=(_HF_MNIST_LR, _HF_MNIST_CNN),
+    aggregate="last",
+    notes=_HF_NOTES,
+    smoke_setups=2,
+)
+
+HF_TABLE6 = ReproConfig(
+    name="hf-table6",
+    paper="[HF]",
+    table="Table 6",
+    protocol=(
+        "[HF] App. D.3: FMNIST, 4,000 training samples, 20% deleted one per request (CNN: 30 epochs, lr 0.5, batch "
+        "256); CIFAR-10 with ResNet-18 (50,000 samples, 40 epochs, lr 0.001, batch 256), 50 samples deleted one per "
+        "request, next to FineTune (10 epochs, lr 0.001) and NegGrad (1 epoch, lr 5e-5, batch 2). Non-continual."
+    ),
+    columns=("TA", "TestGap", "Distance", "Time(s)", "s/sample"),
+    setups=(
+        Setup(
+            "FMNIST CNN",
+            "single",
+            Scale(
+                "fmnist",
+                "cnn",
+                epochs=30,
+                lr=0.5,
+                batch_size=256,
+                width=16,
+                train_size=4000,
+                requests=_hf_requests(4000),
+            ),
+            _hf_smoke("cnn"),
+            _HF_NONCONVEX,
+            {
+                ("20% single", "HF"): {"TA": 77.85, "TestGap": -2.09, "Time(s)": 0.127, "Distance": 0.74},
+                ("20% single", "Retrain"): {"TA": 79.94},
+            },
+            "[HF] Table 6, HF FMNIST CNN row",
+        ),
+        Setup(
+            "CIFAR-10 ResNet-18",
+            "single",
+            Scale(
+                "cifar10",
+                "resnet18",
+                epochs=40,
+                lr=0.001,
+                batch_size=256,
+                requests=(Requests("50 single", k=50, per_request=1, compare="last"),),
+            ),
+            Scale(
+                "digits",
+                per_class=10,
+                requests=(Requests("50 single", k=5, per_request=1, compare="last"),),
+                **_TINY,  # type: ignore[arg-type]
+                options={"finetune": _ONE_EPOCH, "neggrad": _ONE_EPOCH},
+            ),
+            (
+                *_HF_NONCONVEX,
+                Entry("finetune", "FineTune", {"family": "supervised", "epochs": 10, "lr": 0.001, "batch_size": 256}),
+                Entry("neggrad", "NegGrad", {"family": "supervised", "epochs": 1, "lr": 5e-5, "batch_size": 2}),
+            ),
+            {
+                ("50 single", "HF"): {"TA": 79.62, "TestGap": -0.01, "s/sample": 0.0006, "Distance": 0.06},
+                ("50 single", "FineTune"): {"TA": 79.34, "TestGap": -0.29, "s/sample": 106.76, "Distance": 2.21},
+                ("50 single", "NegGrad"): {"TA": 40.61, "TestGap": -39.03, "s/sample": 0.56, "Distance": 0.11},
+                ("50 single", "Retrain"): {"TA": 79.63},
+            },
+            "[HF] Table 6 (CIFAR10 rows) and Table 3",
+        ),
+    ),
+    aggregate="last",
+    notes=(
+        *_HF_NOTES,
+        "Not reproduced: the LeNet rows (no LeNet here) and the LFW and CelebA rows (no loaders for them); the MNIST "
+        "rows are hf-table2's.",
+        "[interp] FineTune and NegGrad execute each single-sample request separately (the paper reports their "
+        "per-sample cost).",
+    ),
+    smoke_setups=2,
+)
+
+
+# -- [SAFE] Table 1 --------------------------------------------------------------------------------------------------
+def _safe_full(dataset: str, model: str, lr: float, batch: int, size: int | None = None) -> Scale:
+    return Scale(
+        dataset,
+        model,
+        epochs=20,
+        lr=lr,
+        batch_size=batch,
+        width=32,
+        train_size=size,
+        requests=(Requests("20x400", k=20, per_request=400),),
+    )
+
+
+def _safe_entry(forget_weight: float, lr_constant: float) -> tuple[Entry, ...]:
+    return (Entry("safe", "SAFE", {"forget_weight": forget_weight, "lr_constant": lr_constant, "expected_rounds": 20}),)
+
+
+def _safe_paper(retrain: tuple[float, ...], safe: tuple[float, ...]) -> dict[tuple[str, str], dict[str, float]]:
+    cols = ("RA", "FA", "TA", "MIA")
+    return {("20x400", "Retrain"): dict(zip(cols, retrain)), ("20x400", "SAFE"): dict(zip(cols, safe))}
+
+
+_SAFE_SMOKE = Scale(
+    "digits",
+    per_class=12,
+    requests=(Requests("20x400", k=4, per_request=5),),
+    options={"safe": {"expected_rounds": 4}},
+    **_TINY,  # type: ignore[arg-type]
+)
+SAFE_TABLE1 = ReproConfig(
+    name="safe-table1",
+    paper="[SAFE]",
+    table="Table 1",
+    protocol=(
+        "One dataset learned at once (non-continual); 20 rounds, each forgetting 400 random training samples, in "
+        "order. Two-layer CNN on MNIST/Fashion (20 epochs, batch 32), ResNet-18 from scratch on "
+        "CIFAR-10/TinyImagenet (20 epochs, lr 0.1, batch 128; TinyImagenet: 80K training images). Columns averaged over the 20 rounds, each "
+        "against retraining from scratch on the retained data."
+    ),
+    columns=("RA", "FA", "TA", "MIA"),
+    setups=(
+        Setup(
+            "MNIST",
+            "single",
+            _safe_full("mnist", "cnn", 0.05, 32),
+            _SAFE_SMOKE,
+            _safe_entry(1000, 2.5),
+            _safe_paper((99.68, 98.89, 99.00, 79.25), (99.25, 98.89, 98.58, 79.28)),
+            "[SAFE] Table 1, MNIST",
+        ),
+        Setup(
+            "Fashion",
+            "single",
+            _safe_full("fmnist", "cnn", 0.05, 32),
+            _SAFE_SMOKE,
+            _safe_entry(1000, 8),
+            _safe_paper((96.44, 90.76, 90.40, 79.57), (92.03, 90.88, 89.22, 79.00)),
+            "[SAFE] Table 1, Fashion",
+        ),
+        Setup(
+            "CIFAR10",
+            "single",
+            _safe_full("cifar10", "resnet18", 0.1, 128),
+            _SAFE_SMOKE,
+            _safe_entry(120000, 2.5),
+            _safe_paper((97.61, 91.78, 91.19, 64.38), (94.54, 92.49, 88.31, 72.63)),
+            "[SAFE] Table 1, CIFAR10",
+        ),
+        Setup(
+            "TinyImagenet",
+            "single",
+            _safe_full("tinyimagenet", "resnet18", 0.1, 128, 80000),
+            _SAFE_SMOKE,
+            _safe_entry(120000, 4),
+            _safe_paper((75.57, 42.71, 42.50, 29.69), (49.64, 47.70, 42.24, 25.99)),
+            "[SAFE] Table 1, TinyImagenet",
+        ),
+    ),
+    notes=(
+        "[SAFE]'s other rows (Unroll, CaMU, Lcode, Desc) are not implemented here.",
+        "[interp] lambda (forget_weight) and K (lr_constant) are Section 4.1's and App. B.2's; App. B.2's separate "
+        "'amplification factor' is not a setting of our implementation. The CNNs train by plain SGD at lr 0.05 "
+        "(the paper: lr 1e-3, weight decay 1e-4, optimizer unstated).",
+        "MIA is the loss-threshold attack fitted on retained vs test samples (fraction of forgotten samples called "
+        "members); [SAFE] trains an RBF-SVC on 10,000 retained vs 10,000 test samples: same reading, another attack.",
+    ),
+)
+
+
+# -- [RBM] Table 2 ---------------------------------------------------------------------------------------------------
+_RBM_METHODS = (
+    Entry("finetune", "FT", {"family": "supervised", "lr": 0.01, "epochs": 10}),
+    Entry("salun", "SalUn", {"family": "supervised", "lr": 0.013, "epochs": 10, "sparsity": 0.5}),
+    Entry("rbm", "Ours", {"family": "supervised", "lr": 0.02, "epochs": 10, "sparsity": 0.5}),
+)
+_RBM_COLUMNS = ("UA", "MIA-Efficacy", "RA", "TA", "Disparity", "Time(s)")
+
+
+def _rbm_paper(label: str, rows: dict[str, tuple[float, ...]]) -> dict[tuple[str, str], dict[str, float]]:
+    """Table 2 cells: UA, MIA-Efficacy, RA, TA, Avg. Disparity, run time (minutes, stored in seconds)."""
+    out = {}
+    for row, v in rows.items():
+        cells = dict(zip(_RBM_COLUMNS, v))
+        cells["Time(s)"] = 60.0 * cells["Time(s)"]
+        if row == "Retrain":
+            cells.pop("Disparity")
+        out[(label, row)] = cells
+    return out
+
+
+_RANDOM, _CLASS = Requests("random 10%", k=1, fraction=0.1), Requests("class-wise", kind="class", k=1)
+
+
+def _rbm_setup(dataset: str, label: str, requests: Requests, rows: dict[str, tuple[float, ...]]) -> Setup:
+    full = Scale(dataset, "resnet18", epochs=182, lr=0.1, batch_size=128, requests=(requests,))
+    smoke = Scale(
+        "digits",
+        per_class=12,
+        requests=(requests,),
+        options={e.name: _ONE_EPOCH for e in _RBM_METHODS},
+        **_TINY,  # type: ignore[arg-type]
+    )
+    return Setup(
+        label, "single", full, smoke, _RBM_METHODS, _rbm_paper(requests.label, rows), f"[RBM] Table 2, {label}"
+    )
+
+
+RBM_TABLE2 = ReproConfig(
+    name="rbm-table2",
+    paper="[RBM]",
+    table="Table 2",
+    protocol=(
+        "One dataset learned at once by a ResNet-18 (182 epochs, lr 0.1); one request forgets 10% random training "
+        "samples or one whole class. FT: lr 0.01, 10 epochs; SalUn: lr 0.013; RBM (Ours): lr 0.02; 10 epochs, "
+        "sparsity 50%, SGD. The reference retrains from scratch on the retained data."
+    ),
+    columns=_RBM_COLUMNS,
+    setups=(
+        _rbm_setup(
+            "cifar10",
+            "CIFAR-10 random",
+            _RANDOM,
+            {
+                "Retrain": (5.80, 13.91, 100.00, 94.30, 0.0, 82.15),
+                "FT": (0.18, 1.70, 99.92, 94.25, 4.48, 2.51),
+                "SalUn": (2.38, 15.45, 99.62, 94.11, 1.39, 2.50),
+                "Ours": (3.24, 14.22, 99.72, 93.90, 0.88, 2.50),
+            },
+        ),
+        _rbm_setup(
+            "cifar10",
+            "CIFAR-10 class-wise",
+            _CLASS,
+            {
+                "Retrain": (100.00, 100.00, 100.00, 94.81, 0.0, 82.00),
+                "FT": (8.36, 40.76, 99.92, 94.41, 37.84, 2.50),
+                "SalUn": (99.78, 100.00, 99.47, 93.55, 0.50, 2.50),
+                "Ours": (99.98, 100.00, 99.69, 93.44, 0.42, 2.50),
+            },
+        ),
+        _rbm_setup(
+            "cifar100",
+            "CIFAR-100 random",
+            _RANDOM,
+            {
+                "Retrain": (24.75, 49.68, 99.98, 74.57, 0.0, 82.33),
+                "FT": (0.11, 5.66, 99.97, 75.45, 16.65, 2.50),
+                "SalUn": (27.75, 71.42, 98.65, 68.97, 7.91, 1.3),
+                "Ours": (23.53, 69.02, 98.74, 69.16, 6.80, 1.3),
+            },
+        ),
+        _rbm_setup(
+            "cifar100",
+            "CIFAR-100 class-wise",
+            _CLASS,
+            {
+                "Retrain": (100.00, 100.00, 99.98, 73.75, 0.0, 82.22),
+                "FT": (11.55, 59.33, 99.78, 74.61, 32.55, 2.52),
+                "SalUn": (100.00, 100.00, 99.63, 74.76, 0.35, 2.50),
+                "Ours": (100.00, 100.00, 99.90, 74.47, 0.19, 2.50),
+            },
+        ),
+    ),
+    aggregate="last",
+    notes=(
+        "[interp] 10% random forgetting as in [RBM]'s TinyImageNet/SVHN experiments (Table 2 does not restate it); "
+        "the forgotten class is drawn at random (seeded). No cosine schedule; plain SGD at the stated rates.",
+        "MIA-Efficacy is the share of forgotten samples the loss-threshold attack calls non-members ([SalUn]'s "
+        "reading); Avg. Disparity averages |ours - retrain| over UA, MIA-Efficacy, RA and TA. Time(s) is wall time; "
+        "the paper's minutes are shown in seconds.",
+        "[RBM] uses 5 unlearning epochs for CIFAR-100 random forgetting; we keep 10 everywhere.",
+    ),
+    smoke_setups=2,
+)
+
+
+# -- [CCL] Table 1 and Fig. 2 ----------------------------------------------------------------------------------------
+_CCL_SEQUENCE = Requests("sequence 1", kind="tasks", tasks=((1, 2), (7, 10), (12, 13), (16,), (19, 23, 24)))
+_CCL_SMOKE_SEQUENCE = Requests("sequence 1", kind="tasks", tasks=((1,), (3, 4)))
+
+
+def _ccl_setup(lam: float, methods: tuple[Entry, ...], paper: dict[str, dict[str, float]]) -> Setup:
+    full = Scale(
+        "mnist",
+        "linear",
+        epochs=1,
+        lr=1.0,
+        batch_size=1 << 30,
+        n_experiences=30,
+        labels_per_task=3,
+        requests=(_CCL_SEQUENCE,),
+    )
+    smoke = Scale(
+        "digits",
+        "linear",
+        epochs=1,
+        lr=1.0,
+        batch_size=1 << 30,
+        per_class=15,
+        n_experiences=6,
+        labels_per_task=3,
+        requests=(_CCL_SMOKE_SEQUENCE,),
+        only=tuple(e.paper_row for e in methods if e.options.get("noise") is False),
+    )
+    return Setup(
+        f"lambda={lam:g}",
+        "tasks",
+        full,
+        smoke,
+        tuple(Entry(e.name, e.paper_row, {**e.options, "reg_lambda": lam}) for e in methods),
+        {("sequence 1", row): cells for row, cells in paper.items()},
+        "[CCL] Table 1" if paper else "[CCL] Fig. 2 (no numbers: see the notes)",
+    )
+
+
+_CCL_NOTES = (
+    "[interp] Tasks are disjoint: a label's samples are dealt round-robin to the tasks that drew it. The paper "
+    "interleaves the requests with learning (request i at task t_i); here all 30 tasks are learned, then the five "
+    "requests run in order (the final model forgets the same tasks).",
+    "[interp] The paper relaxes strong convexity; the proximal family keeps its l2 = 0.01 (closed-form constants "
+    "need it). The privacy level of Table 1 is not stated: hessian runs certified at (1, 1e-5) and noise-free.",
+    "The smoke scale runs the noise-free rows only: float32 L-BFGS on raw digits sometimes stops at a task "
+    "residual above the 1e-3 tolerance, and the certified release is then (rightly) refused.",
+)
+CCL_TABLE1 = ReproConfig(
+    name="ccl-table1",
+    paper="[CCL]",
+    table="Table 1",
+    protocol=(
+        "MNIST split into T = 30 non-i.i.d. tasks of at most three labels, learned in sequence by a linear softmax "
+        "model with the proximal regulariser lambda (each task solved by full-batch L-BFGS); the requests of Table 2, "
+        "row 1 forget tasks {1,2}, {7,10}, {12,13}, {16}, {19,23,24}. Test accuracy of the Hessian-based algorithm "
+        "(Alg. 2) after the requests next to perfect retraining, for lambda = 10, 20, 30."
+    ),
+    columns=("TA", "Distance"),
+    setups=tuple(
+        _ccl_setup(
+            lam,
+            (Entry("hessian", "Hessian-based"), Entry("hessian", "Hessian-based noise-free", {"noise": False})),
+            {"Hessian-based": {"TA": h}, "Retrain": {"TA": r}},
+        )
+        for lam, h, r in ((10, 64.17, 74.11), (20, 67.59, 75.81), (30, 71.59, 71.05))
+    ),
+    aggregate="last",
+    notes=_CCL_NOTES,
+)
+CCL_FIG2 = ReproConfig(
+    name="ccl-fig2",
+    paper="[CCL]",
+    table="Fig. 2",
+    protocol=(
+        "[CCL] Fig. 2's sweep of the proximal lambda on Table 1's protocol: (a) test accuracy, (b) the approximation "
+        "error ||w - w_retrain|| after each request of the gradient-based (Alg. 1, natural forgetting) and the "
+        "Hessian-based (Alg. 2) algorithms, noise-free."
+    ),
+    columns=("TA", "Distance"),
+    setups=tuple(
+        _ccl_setup(
+            lam,
+            (
+                Entry("gradient", "Alg. 1 (gradient)", {"noise": False}),
+                Entry("hessian", "Alg. 2 (Hessian)", {"noise": False}),
+            ),
+            {},
+        )
+        for lam in (5, 10, 20, 30, 40)
+    ),
+    aggregate="last",
+    notes=(
+        *_CCL_NOTES,
+        "Fig. 2 gives no numbers; the paper reports the best test accuracy at lambda in [5, 10] and the smallest "
+        "approximation error at lambda = 40 (Alg. 1) and lambda = 20 (Alg. 2). fig2.png shows ours.",
+    ),
+    smoke_setups=2,
+)
+
+#: every built-in config by name
+CONFIGS: dict[str, ReproConfig] = {
+    c.name: c for c in (ACU_TABLE1, HF_TABLE2, HF_TABLE6, SAFE_TABLE1, RBM_TABLE2, CCL_TABLE1, CCL_FIG2)
+}
+
+
+def get_config(name: str) -> ReproConfig:
+    """The built-in config ``name``.
+
+    Raises:
+        ValueError: an unknown name (listing the configs).
+    """
+    if name not in CONFIGS:
+        raise ValueError(f"unknown reproduction config {name!r}; one of {', '.join(CONFIGS)}")
+    return CONFIGS[name]

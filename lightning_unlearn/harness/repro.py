@@ -1,0 +1,848 @@
+"""Reproduction runs: a seed paper's headline table under its own protocol, our numbers next to the paper's.
+
+A :class:`ReproConfig` (the built-in ones: :mod:`lightning_unlearn.harness.papers`) names a paper's
+table and holds one :class:`Setup` per block of it (a dataset and model, e.g. "CIFAR-10" of
+[ACU] Table 1). A setup says how the data is split into a stream (``protocol``: ``"class-incremental"``
+experiences of whole classes, ``"single"`` one dataset learned at once, or ``"tasks"``: [CCL]'s
+non-i.i.d. tasks of a few labels each), which model and recipe learn it, the forget requests
+(:class:`Requests`), the methods with the paper's settings (:class:`Entry`), and the paper's own
+numbers for each (``paper``), typed in from the table with their source. Every setup runs at two
+scales (:class:`Scale`): ``full`` (the paper's data and model, for a GPU) and ``smoke`` (a few
+samples per class, one epoch, a tiny model, seconds on a CPU; the tests run it for every config).
+
+:func:`run_config` runs each setup's request sets through the harness (:func:`~lightning_unlearn.harness.evaluate`:
+each method against retraining from scratch of its own model family, which is the reference of its
+own paper's protocol), prints one progress line per phase, and writes per setup: the harness's
+per-request CSV and accuracy plot, ``paper_vs_ours.csv``, ``paper_vs_ours.png`` and the run's
+``summary.md`` (every table with the reference's own accuracies next to the gaps).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from lightning_unlearn.core.request import ForgetRequest
+from lightning_unlearn.data import IndexedDataset
+from lightning_unlearn.harness.loop import evaluate
+from lightning_unlearn.harness.registry import available_methods, method_spec
+from lightning_unlearn.harness.report import Report, format_table
+from lightning_unlearn.harness.types import BenchmarkInfo, Built, Method, describe_benchmark
+from lightning_unlearn.schedule import Schedule, make_schedule, validate_schedule
+
+#: stream protocols of a setup
+PROTOCOLS = ("class-incremental", "single", "tasks")
+#: backbones a scale may name (``linear``: the raw inputs are the features)
+MODELS = ("linear", "mlp", "cnn", "resnet18")
+
+
+@dataclass(frozen=True)
+class Scale:
+    """The data, model and learning recipe of one scale of a :class:`Setup`.
+
+    Args:
+        dataset: ``"digits"`` (scikit-learn's, bundled) or a dataset on disk (``mnist``, ``fmnist``,
+            ``cifar10``, ``cifar100``, ``tinyimagenet``; torchvision's file formats under ``--root``).
+        model: the backbone, one of :data:`MODELS`; a linear layer on top makes the classifier.
+        epochs: epochs per experience of gradient-trained models (their continual recipe).
+        lr: their SGD step size.
+        batch_size: their batch size.
+        width: the backbone's width (hidden units of ``mlp``, first channels of ``cnn``).
+        pretrain_epochs: ``> 0``: the backbone is pre-trained this long on the disjoint ``base``
+            split, then frozen ([ACU] App. E.1); ``0``: it starts untrained.
+        per_class: training samples kept per class (``None``: all); the test set keeps as many.
+        train_size: training samples kept (seeded draw, after ``per_class``; ``None``: all).
+        n_experiences: experiences of a class-incremental stream, tasks of a ``tasks`` stream.
+        labels_per_task: labels of each ``tasks``-stream task ([CCL] Section 6: at most three).
+        requests: the forget requests at this scale (each a request set run separately).
+        options: method options at this scale, by registered name (e.g. fewer unlearning epochs).
+        only: the paper rows run at this scale (``None``: every method of the setup).
+    """
+
+    dataset: str
+    model: str
+    epochs: int
+    lr: float
+    batch_size: int
+    requests: tuple[Requests, ...]
+    width: int = 64
+    pretrain_epochs: int = 0
+    per_class: int | None = None
+    train_size: int | None = None
+    n_experiences: int = 1
+    labels_per_task: int = 3
+    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    only: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Requests:
+    """One set of forget requests, executed in order (``label`` names it in tables, e.g. ``"K=5"``).
+
+    ``kind="samples"``: ``k`` requests of random samples, ``fraction`` of the learned samples
+    split evenly over them (or ``per_request`` each); ``kind="class"``: ``k`` random whole classes;
+    ``kind="tasks"``: request ``i`` forgets every sample of the tasks ``tasks[i]`` (1-based, as in [CCL]).
+    ``compare="each"`` compares with the reference after every request; ``"last"`` only after the last
+    (the reference then retrains once, on everything the requests leave: for long single-sample streams).
+    """
+
+    label: str
+    kind: str = "samples"
+    k: int = 1
+    fraction: float | None = None
+    per_request: int | None = None
+    tasks: tuple[tuple[int, ...], ...] = ()
+    compare: str = "each"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A method of a setup: a registered name with its options, and its row name in the paper's table.
+
+    ``relax_families`` runs a method on a family it is not registered for (e.g. [HF] on a CNN,
+    as its non-convex experiments do): its closed-form constants are then dropped, so its
+    certificate says "estimated", never certified.
+    """
+
+    name: str
+    paper_row: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    relax_families: bool = False
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One block of a paper's table: a dataset and model, its protocol, the methods and the paper's numbers.
+
+    ``paper`` maps ``(request label, paper row)`` to ``{column: value}``; the reference's row is
+    ``"Retrain"``. ``source`` says where the numbers come from (e.g. ``"[ACU] Table 1, CIFAR-10"``).
+    """
+
+    label: str
+    protocol: str
+    full: Scale
+    smoke: Scale
+    methods: tuple[Entry, ...]
+    paper: Mapping[tuple[str, str], Mapping[str, float]]
+    source: str
+
+
+@dataclass(frozen=True)
+class ReproConfig:
+    """A seed paper's headline table: its setups, the columns it reports and how they aggregate the requests.
+
+    ``aggregate="mean"`` averages each column over the requests (as [ACU] Table 1 and [SAFE] Table 1
+    do), ``"last"`` reads it after the last request. ``notes`` say where our protocol departs from
+    the paper's (``[interp]``) and what is not reproduced.
+    """
+
+    name: str
+    paper: str
+    table: str
+    protocol: str
+    columns: tuple[str, ...]
+    setups: tuple[Setup, ...]
+    aggregate: str = "mean"
+    notes: tuple[str, ...] = ()
+    smoke_setups: int = 1
+
+
+# -- columns: how each paper column is computed from the harness's per-request rows ---------------------------------
+def _gap(key: str) -> Callable[[Mapping[str, Any], Mapping[str, Any]], float]:
+    return lambda row, ref: 100.0 * float(row[key])
+
+
+def _acc(key: str) -> Callable[[Mapping[str, Any], Mapping[str, Any]], float]:
+    return lambda row, ref: 100.0 * float(row[key])
+
+
+def _disparity(row: Mapping[str, Any], ref: Mapping[str, Any]) -> float:
+    """[RBM] Section 5.2 "Avg. Disparity": mean |ours - retrain| over UA, MIA-Efficacy, RA and TA (pp)."""
+    keys = ("forget_acc", "mia", "retain_acc", "test_acc")
+    return sum(100.0 * abs(float(row[k]) - float(ref[k])) for k in keys) / len(keys)
+
+
+#: column name -> (value from a method's row and its reference's row at the same request, is it a gap)
+COLUMNS: dict[str, tuple[Callable[[Mapping[str, Any], Mapping[str, Any]], float], bool]] = {
+    "dParams": (lambda row, ref: float(row["l2_to_retrain"]), True),
+    "dRetain": (_gap("retain_acc_gap"), True),
+    "dForget": (_gap("forget_acc_gap"), True),
+    "dTest": (_gap("test_acc_gap"), True),
+    "dMIA": (lambda row, ref: float(row["mia_gap"]), True),
+    "RA": (_acc("retain_acc"), False),
+    "FA": (_acc("forget_acc"), False),
+    "TA": (_acc("test_acc"), False),
+    "UA": (lambda row, ref: 100.0 * (1.0 - float(row["forget_acc"])), False),
+    "MIA": (_acc("mia"), False),
+    "MIA-Efficacy": (lambda row, ref: 100.0 * (1.0 - float(row["mia"])), False),
+    "Disparity": (_disparity, True),
+    "TestGap": (lambda row, ref: 100.0 * (float(row["test_acc"]) - float(ref["test_acc"])), True),
+    "Distance": (lambda row, ref: float(row["l2_to_retrain"]), True),
+    "Time(s)": (lambda row, ref: float(row["time_s"]), False),
+    "s/sample": (lambda row, ref: float(row["time_s"]) / max(1, int(row["n_removed"])), False),
+}
+#: columns summed (not averaged) over the requests: a paper's total runtime
+SUMMED = frozenset({"Time(s)"})
+
+
+@dataclass
+class SetupResult:
+    """One setup's reports (by request label), table rows and wall times (by phase)."""
+
+    setup: Setup
+    scale: Scale
+    reports: dict[str, Report]
+    rows: list[dict[str, Any]]
+    seconds: dict[str, float]
+
+
+@dataclass
+class ReproResult:
+    """What :func:`run_config` measured: per-setup results, the formatted tables, files written, total time."""
+
+    config: ReproConfig
+    smoke: bool
+    setups: list[SetupResult]
+    tables: list[str]
+    paths: list[Path]
+    seconds: float
+
+
+# -- data ------------------------------------------------------------------------------------------------------------
+def load_splits(dataset: str, root: str | Path | None, seed: int) -> tuple[dict[str, tuple[Tensor, Tensor]], int]:
+    """``base``/``train``/``test`` tensors of a dataset and its number of classes.
+
+    ``digits`` is scikit-learn's bundled set (as 1x8x8 images); the others are read from
+    torchvision-format files under ``root`` by :mod:`lightning_unlearn.harness.datasets`.
+
+    Raises:
+        ValueError: a dataset on disk without ``root``, or its files missing (naming them).
+    """
+    if dataset == "digits":
+        from lightning_unlearn.harness.digits import digits_splits
+
+        splits = digits_splits(seed=seed)
+        return {k: (x.reshape(-1, 1, 8, 8), y) for k, (x, y) in splits.items()}, 10
+    if root is None:
+        raise ValueError(f"dataset {dataset!r} is read from local files: give its directory with --root")
+    try:
+        from lightning_unlearn.harness.datasets import load_tensors
+    except ImportError:
+        raise ValueError(
+            f"dataset {dataset!r} needs lightning_unlearn.harness.datasets (local torchvision files); "
+            "not available in this build: run with --smoke"
+        ) from None
+    return load_tensors(dataset, root, seed=seed)
+
+
+def _subsample(
+    x: Tensor, y: Tensor, per_class: int | None, size: int | None, g: torch.Generator
+) -> tuple[Tensor, Tensor]:
+    keep = torch.randperm(len(y), generator=g)
+    if per_class is not None:
+        keep = torch.cat([keep[y[keep] == c][:per_class] for c in y.unique().tolist()])
+    if size is not None:
+        keep = keep[torch.randperm(len(keep), generator=g)[:size]]
+    keep = keep.sort().values
+    return x[keep], y[keep]
+
+
+@dataclass(frozen=True)
+class _Experience:
+    current_experience: int
+    dataset: Dataset
+    classes_in_this_experience: list[int]
+
+
+@dataclass(frozen=True)
+class TaskStream:
+    """A stream of given experiences (``train_stream``, ``test_stream``, ``n_classes``), as the harness reads
+    Avalanche benchmarks; items are ``(x, y, sample_id, task_label)``."""
+
+    train_stream: list[_Experience]
+    test_stream: list[_Experience]
+    n_classes: int
+
+
+class _WithTask(Dataset):
+    """``(x, y, sample_id)`` items with a task label 0 appended, as Avalanche's items are."""
+
+    def __init__(self, dataset: IndexedDataset) -> None:
+        self.dataset, self.targets = dataset, dataset.targets
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> tuple[Any, ...]:
+        return (*self.dataset[i], 0)
+
+
+def task_stream(
+    x: Tensor, y: Tensor, xt: Tensor, yt: Tensor, n_tasks: int, labels_per_task: int, num_classes: int, seed: int
+) -> TaskStream:
+    """[CCL] Section 6's stream: the training set split into ``n_tasks`` non-i.i.d. tasks, each drawing
+    ``labels_per_task`` labels at random and an equal share of the samples of those labels.
+
+    [interp] A label's samples are dealt round-robin to the tasks that drew it, so the tasks are
+    disjoint and every sample is learned once; a label no task drew is left out.
+    """
+    g = torch.Generator().manual_seed(seed)
+    labels = [torch.randperm(num_classes, generator=g)[:labels_per_task].tolist() for _ in range(n_tasks)]
+    task = torch.full_like(y, -1)
+    for c in range(num_classes):
+        owners = [t for t in range(n_tasks) if c in labels[t]]
+        rows = torch.nonzero(y == c).flatten()
+        rows = rows[torch.randperm(len(rows), generator=g)]
+        for j, r in enumerate(rows.tolist()):
+            if owners:
+                task[r] = owners[j % len(owners)]
+    ds = IndexedDataset(TensorDataset(x, y))
+    train = [
+        _Experience(t, _WithTask(_subset(ds, task == t)), sorted(labels[t]))
+        for t in range(n_tasks)
+        if (task == t).any()
+    ]
+    test = [_Experience(0, _WithTask(IndexedDataset(TensorDataset(xt, yt))), list(range(num_classes)))]
+    return TaskStream(train, test, num_classes)
+
+
+def _subset(ds: IndexedDataset, rows: Tensor) -> IndexedDataset:
+    idx = torch.nonzero(rows).flatten()
+    x, y = ds.dataset.tensors  # type: ignore[attr-defined]
+    return IndexedDataset(TensorDataset(x[idx], y[idx]), ids=ds.ids[idx])
+
+
+# -- models ----------------------------------------------------------------------------------------------------------
+def backbone(model: str, in_shape: Sequence[int], width: int) -> tuple[nn.Module, int]:
+    """A backbone by name and its output width (a linear layer on top makes the classifier).
+
+    ``linear``: the flattened inputs; ``mlp``: two hidden layers; ``cnn``: two 3x3 conv blocks and
+    global average pooling (the "two-layer CNN" of [SAFE] and [HF]); ``resnet18``: torchvision's
+    ResNet-18 with the CIFAR stem (3x3 first convolution, no max-pool), classifier removed.
+
+    Raises:
+        ValueError: an unknown model name.
+    """
+    d = math.prod(in_shape)
+    if model == "linear":
+        return nn.Flatten(), d
+    if model == "mlp":
+        return nn.Sequential(
+            nn.Flatten(), nn.Linear(d, 2 * width), nn.ReLU(), nn.Linear(2 * width, width), nn.ReLU()
+        ), width
+    if model == "cnn":
+        c = in_shape[0]
+        net = nn.Sequential(
+            nn.Conv2d(c, width, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(width, 2 * width, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+        )
+        return net, 2 * width
+    if model == "resnet18":
+        from torchvision.models import resnet18
+
+        net = resnet18(num_classes=10)
+        net.conv1 = nn.Conv2d(in_shape[0], 64, 3, stride=1, padding=1, bias=False)
+        net.maxpool = nn.Identity()
+        net.fc = nn.Identity()
+        return net, 512
+    raise ValueError(f"unknown model {model!r}; one of {MODELS}")
+
+
+def _pretrain(net: nn.Module, dim: int, x: Tensor, y: Tensor, scale: Scale, trainer_kwargs: Mapping[str, Any]) -> None:
+    """[ACU] App. E.1: the backbone learns the ``base`` split (with a linear head), then is frozen."""
+    from lightning_unlearn.models import SupervisedClassifier
+
+    head = nn.Linear(dim, int(y.max()) + 1)
+    trainer = L.Trainer(
+        max_epochs=scale.pretrain_epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        **trainer_kwargs,
+    )
+    loader = DataLoader(TensorDataset(x, y), batch_size=scale.batch_size, shuffle=True)
+    trainer.fit(SupervisedClassifier(nn.Sequential(net, head), lr=scale.lr), loader)
+    net.requires_grad_(False)
+
+
+def build_info(
+    setup: Setup, scale: Scale, root: str | Path | None, seed: int, trainer_kwargs: Mapping[str, Any]
+) -> BenchmarkInfo:
+    """The setup's stream at ``scale`` as the harness's :class:`BenchmarkInfo` (backbone pre-trained if asked)."""
+    from lightning_unlearn.avalanche import class_incremental_benchmark
+
+    splits, num_classes = load_splits(scale.dataset, root, seed)
+    g = torch.Generator().manual_seed(seed)
+    x, y = _subsample(*splits["train"], scale.per_class, scale.train_size, g)
+    xt, yt = _subsample(*splits["test"], scale.per_class, None, g)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        net, dim = backbone(scale.model, tuple(x.shape[1:]), scale.width)
+        if scale.pretrain_epochs > 0:
+            _pretrain(net, dim, *splits["base"], scale, trainer_kwargs)
+    if setup.protocol == "tasks":
+        bm: Any = task_stream(x, y, xt, yt, scale.n_experiences, scale.labels_per_task, num_classes, seed)
+    else:
+        n = scale.n_experiences if setup.protocol == "class-incremental" else 1
+        bm = class_incremental_benchmark(x, y, xt, yt, n_experiences=n, seed=seed)
+    return describe_benchmark(
+        bm, backbone=net, backbone_dim=dim, seed=seed, epochs=scale.epochs, lr=scale.lr, batch_size=scale.batch_size
+    )
+
+
+# -- requests and methods --------------------------------------------------------------------------------------------
+def make_requests(requests: Requests, info: BenchmarkInfo, seed: int) -> Schedule:
+    """The :class:`Schedule` of a request set on ``info``'s stream.
+
+    Raises:
+        ValueError: an unknown kind, a task the stream does not have, or requests that cannot be drawn.
+    """
+    catalog = info.catalog()
+    if requests.kind == "tasks":
+        reqs = []
+        for tasks in requests.tasks:
+            missing = [t for t in tasks if not bool((info.experiences == t - 1).any())]
+            if missing:
+                raise ValueError(f"request set {requests.label!r}: tasks {missing} are not in the stream")
+            rows = torch.isin(info.experiences, torch.tensor([t - 1 for t in tasks]))
+            reqs.append(ForgetRequest.samples(info.ids[rows].sort().values))
+        validate_schedule(reqs, catalog)
+        return Schedule(tuple(reqs), None, ("samples",))
+    if requests.kind == "class":
+        return make_schedule(catalog, requests.k, kinds=("class",), seed=seed)
+    if requests.kind != "samples":
+        raise ValueError(f"request kind must be samples, class or tasks; got {requests.kind!r}")
+    n = requests.per_request or max(1, round((requests.fraction or 0.25) * len(catalog) / requests.k))
+    return make_schedule(catalog, requests.k, kinds=("samples",), samples_per_request=n, seed=seed)
+
+
+def make_method(entry: Entry, options: Mapping[str, Any], trainer_kwargs: Mapping[str, Any]) -> Method:
+    """The harness :class:`Method` of an entry; ``trainer_kwargs`` (e.g. ``accelerator``) reach every ``Trainer``
+    of its continual learning, of its reference's retraining and of its own unlearning."""
+    spec = method_spec(entry.name)
+    if entry.relax_families:
+        spec = replace(spec, families=(*spec.families, "supervised"), context=None)
+    opts = dict(options)
+    if trainer_kwargs and "trainer_kwargs" in spec.strategy_options():
+        opts["trainer_kwargs"] = {**opts.get("trainer_kwargs", {}), **trainer_kwargs}
+    return _on_trainer(spec.method(**opts), trainer_kwargs)
+
+
+def _on_trainer(method: Method, trainer_kwargs: Mapping[str, Any]) -> Method:
+    if not trainer_kwargs:
+        return method
+
+    def build(info: BenchmarkInfo) -> Built:
+        built = method.build(info)
+        built.trainer_kwargs.update(trainer_kwargs)  # in place: a retrain strategy shares this dict
+        return built
+
+    reference = _on_trainer(method.reference, trainer_kwargs) if method.reference is not None else None
+    return Method(method.name, build, reference=reference, family=method.family)
+
+
+# -- running ---------------------------------------------------------------------------------------------------------
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_config(
+    config: ReproConfig,
+    *,
+    root: str | Path | None = None,
+    smoke: bool = False,
+    out: str | Path | None = None,
+    seed: int = 0,
+    trainer_kwargs: Mapping[str, Any] | None = None,
+    setups: Sequence[str] | None = None,
+    log: Callable[[str], None] = _log,
+) -> ReproResult:
+    """Run a reproduction config and compare with the paper (``smoke``: the first ``config.smoke_setups`` setups).
+
+    One progress line per phase goes to ``log``. With ``out`` each setup writes into
+    ``out/<setup>``: the harness's ``<K>_requests.csv``, ``<K>_summary.csv`` and ``<K>_accuracies.png``,
+    plus ``paper_vs_ours.csv`` and ``paper_vs_ours.png``; ``out/summary.md`` holds every table.
+
+    Args:
+        config: what to run.
+        root: the directory holding the datasets' files (not needed for ``digits``).
+        smoke: the CPU smoke scale instead of the paper's.
+        out: where to write the outputs (nothing written without it).
+        seed: data split, request draw and model initialisation.
+        trainer_kwargs: extra ``Trainer`` arguments for every fit (e.g. ``{"accelerator": "gpu", "devices": 2}``).
+        setups: labels of the setups to run (default: all at full scale).
+        log: receives the progress lines.
+
+    Raises:
+        ValueError: an unknown setup label, dataset, model or method option.
+    """
+    start = time.perf_counter()
+    kwargs = dict(trainer_kwargs or {})
+    chosen = list(config.setups[: config.smoke_setups] if smoke else config.setups)
+    if setups is not None:
+        unknown = sorted(set(setups) - {s.label for s in config.setups})
+        if unknown:
+            raise ValueError(f"{config.name}: no setup(s) {unknown}; its setups: {[s.label for s in config.setups]}")
+        chosen = [s for s in config.setups if s.label in setups]
+    results, tables, paths = [], [], []
+    for setup in chosen:
+        result = _run_setup(config, setup, setup.smoke if smoke else setup.full, root, seed, kwargs, log)
+        results.append(result)
+        tables += [format_comparison(config, result, label) for label in result.reports]
+        if out is not None:
+            t0 = time.perf_counter()
+            paths += write_setup(config, result, Path(out) / _slug(setup.label))
+            log(f"[{config.name}] {setup.label}: wrote outputs ({time.perf_counter() - t0:.1f} s)")
+    elapsed = time.perf_counter() - start
+    if out is not None:
+        summary = Path(out) / "summary.md"
+        summary.write_text(summary_markdown(config, results, smoke, elapsed))
+        paths.append(summary)
+        if config.name == "ccl-fig2":
+            paths.append(plot_lambda_sweep(results, Path(out) / "fig2.png"))
+    return ReproResult(config, smoke, results, tables, paths, elapsed)
+
+
+def _run_setup(
+    config: ReproConfig,
+    setup: Setup,
+    scale: Scale,
+    root: str | Path | None,
+    seed: int,
+    trainer_kwargs: Mapping[str, Any],
+    log: Callable[[str], None],
+) -> SetupResult:
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    info = build_info(setup, scale, root, seed, trainer_kwargs)
+    seconds["data"] = time.perf_counter() - t0
+    n_test = len(info.test)  # type: ignore[arg-type]
+    log(
+        f"[{config.name}] {setup.label}: {scale.dataset}, {len(info.ids)} training samples in "
+        f"{len(info.experiences.unique())} experience(s), {n_test} test samples, {scale.model} backbone"
+        f"{' (pre-trained, frozen)' if scale.pretrain_epochs else ''} ({seconds['data']:.1f} s)"
+    )
+    registered = set(available_methods())
+    wanted = [e for e in setup.methods if scale.only is None or e.paper_row in scale.only]
+    entries = [e for e in wanted if e.name in registered]
+    for e in setup.methods:
+        if e.name not in registered:
+            log(f"[{config.name}] {setup.label}: {e.name} ({e.paper_row}) skipped: not registered")
+    methods = [make_method(e, {**e.options, **scale.options.get(e.name, {})}, trainer_kwargs) for e in entries]
+    reports: dict[str, Report] = {}
+    for requests in scale.requests:
+        t0 = time.perf_counter()
+        schedule = make_requests(requests, info, seed)
+        reports[requests.label] = (
+            evaluate(methods, info, schedule) if requests.compare == "each" else evaluate_last(methods, info, schedule)
+        )
+        seconds[requests.label] = time.perf_counter() - t0
+        log(
+            f"[{config.name}] {setup.label} {requests.label}: {len(methods)} method(s), {len(schedule)} request(s) "
+            f"of {_removed(reports[requests.label])} samples in all "
+            f"({seconds[requests.label]:.1f} s)"
+        )
+    rows = comparison_rows(config, setup, reports, entries)
+    return SetupResult(setup, scale, reports, rows, seconds)
+
+
+def _removed(report: Report) -> int:
+    first = report.methods()[0]
+    return sum(int(r["n_removed"]) for r in report.table(first))
+
+
+def evaluate_last(methods: Sequence[Method], info: BenchmarkInfo, schedule: Schedule) -> Report:
+    """Like :func:`~lightning_unlearn.harness.evaluate`, compared with the reference only after the last request.
+
+    Each method executes every request in order (its time is their total); the reference retrains
+    once, on what all of them leave (one request naming every removed id), which is the retrained
+    model of the end state. For long streams of small requests ([HF]'s 20% of the samples deleted one
+    at a time), where a retrain per request would cost more than the whole benchmark.
+    """
+    from lightning_unlearn.harness import loop
+
+    merged = Schedule((ForgetRequest.samples(torch.cat(validate_schedule(schedule.requests, info.catalog()))),))
+    report = Report(schedule, [], [])
+    bar = loop._progress(0, 0, False)
+    refs = {ref.name: ref for ref in (m.reference or m for m in methods)}
+    snapshots = {name: loop._run(ref, info, merged, bar)[-1] for name, ref in refs.items()}
+    for name, (module, result, catalog) in snapshots.items():
+        report.reference_rows.append(
+            {
+                "method": f"{name} (reference)",
+                "family": refs[name].family,
+                **loop._request_fields(len(schedule) - 1, result),
+                **loop._metrics(module, None, info, catalog),
+            }
+        )
+    for method in methods:
+        steps = loop._run(method, info, schedule, bar)
+        module, result, catalog = steps[-1]
+        fields = loop._request_fields(len(schedule) - 1, result)
+        fields["time_s"] = sum(float(s[1].wall_time_s) for s in steps)
+        fields["n_removed"] = sum(int(s[1].removed_ids.numel()) for s in steps)
+        report.rows.append(
+            {
+                "method": method.name,
+                "family": method.family,
+                "reference": f"{(method.reference or method).name} (reference)",
+                **fields,
+                **loop._metrics(module, snapshots[(method.reference or method).name][0], info, catalog),
+            }
+        )
+    return report
+
+
+# -- tables ----------------------------------------------------------------------------------------------------------
+def _aggregate(values: Sequence[float], column: str, how: str) -> float:
+    if column in SUMMED:
+        return float(sum(values))
+    return float(values[-1]) if how == "last" else float(sum(values) / len(values))
+
+
+def comparison_rows(
+    config: ReproConfig, setup: Setup, reports: Mapping[str, Report], entries: Sequence[Entry]
+) -> list[dict[str, Any]]:
+    """One row per (request set, method or reference): ours per column (aggregated over the requests), the
+    paper's number, and our absolute retain/forget/test accuracies."""
+    out = []
+    for label, report in reports.items():
+        names = report.methods()
+        for name, entry in zip(names, entries):
+            rows = report.table(name)
+            refs = [r for r in report.reference_rows if r["method"] == rows[0]["reference"]]
+            out.append(_row(config, setup, label, name, entry.paper_row, rows, refs, is_reference=False))
+        for ref in dict.fromkeys(r["method"] for r in report.reference_rows):
+            refs = [r for r in report.reference_rows if r["method"] == ref]
+            out.append(_row(config, setup, label, ref, "Retrain", refs, refs, is_reference=True))
+    return out
+
+
+def _row(
+    config: ReproConfig,
+    setup: Setup,
+    label: str,
+    name: str,
+    paper_row: str,
+    rows: Sequence[Mapping[str, Any]],
+    refs: Sequence[Mapping[str, Any]],
+    *,
+    is_reference: bool,
+) -> dict[str, Any]:
+    paper = setup.paper.get((label, paper_row), {})
+    row: dict[str, Any] = {
+        "setup": setup.label,
+        "requests": label,
+        "method": name,
+        "paper_row": paper_row,
+        "reference": is_reference,
+        "guarantee": "/".join(sorted({str(r["certificate"]) for r in rows})),
+    }
+    for key in ("retain_acc", "forget_acc", "test_acc"):
+        row[key] = 100.0 * _aggregate([float(r[key]) for r in rows], key, config.aggregate)
+    for column in config.columns:
+        fn, is_gap = COLUMNS[column]
+        if is_reference and is_gap:
+            row[column] = math.nan
+        else:
+            row[column] = _aggregate([fn(r, ref) for r, ref in zip(rows, refs)], column, config.aggregate)
+        row[f"paper {column}"] = paper.get(column, math.nan)
+    return row
+
+
+def _cell(ours: float, paper: float) -> str:
+    if math.isnan(ours):
+        return "-" if math.isnan(paper) else f"- ({paper:.2f})"
+    text = f"{ours:.3g}" if abs(ours) < 0.01 and ours != 0 else f"{ours:.2f}"
+    return text if math.isnan(paper) else f"{text} ({paper:.2f})"
+
+
+def format_comparison(config: ReproConfig, result: SetupResult, label: str) -> str:
+    """The table of one setup and request set: ``ours (paper)`` per column, the reference with its own accuracies."""
+    head = ["method", "retain%", "forget%", "test%", *config.columns, "guarantee"]
+    body = [
+        [
+            f"{r['method']} [{r['paper_row']}]",
+            f"{r['retain_acc']:.2f}",
+            f"{r['forget_acc']:.2f}",
+            f"{r['test_acc']:.2f}",
+            *(_cell(r[c], r[f"paper {c}"]) for c in config.columns),
+            r["guarantee"],
+        ]
+        for r in result.rows
+        if r["requests"] == label
+    ]
+    title = (
+        f"{config.paper} {config.table}, {result.setup.label}, {label} ({result.scale.dataset}, {result.scale.model}): "
+        f"ours (paper); {config.aggregate} over the requests"
+    )
+    return format_table(head, body, title=title)
+
+
+def _markdown(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body])
+
+
+def summary_markdown(config: ReproConfig, results: Sequence[SetupResult], smoke: bool, seconds: float) -> str:
+    """The run's Markdown summary: one table per setup and request set, the protocol, notes and wall times."""
+    parts = [
+        f"# {config.name}: {config.paper} {config.table}{' (CPU smoke scale)' if smoke else ''}",
+        "",
+        config.protocol,
+        "",
+        "Cells are `ours (paper)`; accuracies in %, gaps in percentage points to retraining from scratch "
+        f"(the reference row shows its own accuracies); columns {config.aggregate} over the requests.",
+    ]
+    for res in results:
+        for label in res.reports:
+            head = ["method", "paper row", "retain%", "forget%", "test%", *config.columns, "guarantee"]
+            body = [
+                [
+                    r["method"],
+                    r["paper_row"],
+                    f"{r['retain_acc']:.2f}",
+                    f"{r['forget_acc']:.2f}",
+                    f"{r['test_acc']:.2f}",
+                    *(_cell(r[c], r[f"paper {c}"]) for c in config.columns),
+                    r["guarantee"],
+                ]
+                for r in res.rows
+                if r["requests"] == label
+            ]
+            parts += [
+                "",
+                f"## {res.setup.label}, {label}",
+                "",
+                f"{res.scale.dataset}, {res.scale.model}; paper numbers: {res.setup.source}; "
+                f"run time {res.seconds[label]:.1f} s (data {res.seconds['data']:.1f} s)",
+                "",
+                _markdown(head, body),
+            ]
+    if config.notes:
+        parts += ["", "## Notes", "", *(f"- {n}" for n in config.notes)]
+    parts += ["", f"Total wall time: {seconds:.1f} s", ""]
+    return "\n".join(parts)
+
+
+# -- outputs ---------------------------------------------------------------------------------------------------------
+def write_setup(config: ReproConfig, result: SetupResult, out: Path) -> list[Path]:
+    """A setup's files: the harness's per request set, ``paper_vs_ours.csv`` and ``paper_vs_ours.png``."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    for label, report in result.reports.items():
+        paths += report.write(out, stem=f"{_slug(label)}_")
+    table = out / "paper_vs_ours.csv"
+    keys = list(dict.fromkeys(k for r in result.rows for k in r))
+    with table.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(result.rows)
+    paths.append(table)
+    paths.append(plot_paper_vs_ours(config, result, out / "paper_vs_ours.png"))
+    return paths
+
+
+_OURS, _PAPER = "#0072B2", "#E69F00"
+
+
+def plot_paper_vs_ours(config: ReproConfig, result: SetupResult, path: Path) -> Path:
+    """One panel per column and request set: paired horizontal bars, ours and the paper's, per method."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    labels = list(result.reports)
+    names = list(dict.fromkeys((r["method"], r["paper_row"]) for r in result.rows))
+    fig = Figure(figsize=(2.6 * len(config.columns) + 1.8, 0.32 * len(names) * len(labels) + 1.4), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(labels), len(config.columns), squeeze=False, sharey="row")
+    for i, label in enumerate(labels):
+        rows = {(r["method"], r["paper_row"]): r for r in result.rows if r["requests"] == label}
+        ys = torch.arange(len(names)).tolist()
+        for j, column in enumerate(config.columns):
+            ax = axes[i, j]
+            ours = [rows[n][column] if n in rows else math.nan for n in names]
+            paper = [rows[n][f"paper {column}"] if n in rows else math.nan for n in names]
+            ax.barh([y - 0.2 for y in ys], ours, height=0.38, color=_OURS, label="ours")
+            ax.barh([y + 0.2 for y in ys], paper, height=0.38, color=_PAPER, label=f"paper ({config.paper})")
+            ax.set_yticks(ys, [f"{m} [{p}]" for m, p in names], fontsize=8)
+            ax.invert_yaxis()
+            ax.grid(True, axis="x", color="0.9", lw=0.6)
+            ax.set_axisbelow(True)
+            ax.set_title(f"{column}" + (f", {label}" if len(labels) > 1 else ""), fontsize=9)
+            ax.tick_params(axis="x", labelsize=8)
+    handles, texts = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, texts, loc="outside lower center", ncols=2, frameon=False, fontsize=8)
+    fig.suptitle(f"{config.paper} {config.table}, {result.setup.label}: ours ({result.scale.dataset}) vs the paper's")
+    fig.savefig(path, dpi=150)
+    return path
+
+
+def plot_lambda_sweep(results: Sequence[SetupResult], path: Path) -> Path:
+    """[CCL] Fig. 2: (a) test accuracy after the requests vs lambda, (b) distance to retraining over the requests."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    fig = Figure(figsize=(10.5, 3.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax_a, ax_b = fig.subplots(1, 2)
+    lambdas = [float(r.setup.label.split("=")[1]) for r in results]
+    series: dict[str, list[float]] = {}
+    for res in results:
+        report = next(iter(res.reports.values()))
+        for name in [*report.methods(), *dict.fromkeys(r["method"] for r in report.reference_rows)]:
+            rows = report.table(name) or [r for r in report.reference_rows if r["method"] == name]
+            series.setdefault(name.split("[")[0].replace(" (reference)", " (retrain)"), []).append(
+                100 * float(rows[-1]["test_acc"])
+            )
+    styles = ["o-", "s--", "^-.", "D:"]
+    for k, (name, accs) in enumerate(series.items()):
+        ax_a.plot(lambdas, accs, styles[k % len(styles)], label=name, mfc="white")
+    ax_a.set_xlabel(r"$\lambda$ (proximal regulariser)")
+    ax_a.set_ylabel("test accuracy after the requests (%)")
+    ax_a.set_title("(a) excess risk")
+    ax_a.legend(fontsize=8, frameon=False, loc="best")
+    colors = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9"]
+    for k, res in enumerate(results):
+        report = next(iter(res.reports.values()))
+        for name, ls in zip(report.methods(), ("-", "--")):
+            rows = report.table(name)
+            ax_b.plot(
+                [r["request"] for r in rows],
+                [float(r["l2_to_retrain"]) for r in rows],
+                ls=ls,
+                marker="o",
+                color=colors[k % len(colors)],
+                mfc="white",
+                label=f"{name.split('[')[0]}, {res.setup.label.replace('lambda', 'λ')}",
+            )
+    ax_b.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax_b.set_xlabel("forget request")
+    ax_b.set_ylabel(r"$\|w - w_{retrain}\|_2$")
+    ax_b.set_title("(b) unlearning loss (approximation error)")
+    ax_b.legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    fig.suptitle("[CCL] Fig. 2 protocol: gradient (Alg. 1, natural forgetting) vs Hessian (Alg. 2) unlearning")
+    fig.savefig(path, dpi=150)
+    return path
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text).strip("_")
