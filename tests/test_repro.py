@@ -149,3 +149,17 @@ def test_cli_lists_configs_and_rejects_devices_without_accelerator(capsys):
     with pytest.raises(SystemExit):
         main(["reproduce", "hf-table2", "--devices", "2"])
     assert "--devices needs --accelerator" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("name", "dataset"), [("acu-table1", "split-cifar10"), ("hf-table2", "split-mnist")])
+def test_smoke_scale_reads_the_papers_dataset_from_files_on_disk(tmp_path, name, dataset):
+    from lightning_unlearn.harness.fake_data import write_fake_dataset
+
+    root = write_fake_dataset(dataset, tmp_path / "data", per_class=8, test_per_class=4)
+    config = get_config(name)
+    config = replace(config, setups=config.setups[:1], smoke_setups=1)
+    lines = []
+    result = run_config(config, root=root, smoke=True, log=lines.append)
+    assert result.setups[0].scale.dataset == dataset
+    assert any(f"{dataset}, " in line and "training samples" in line for line in lines)
+    assert all(0 <= r["test_acc"] <= 100 for r in result.setups[0].rows)

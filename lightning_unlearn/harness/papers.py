@@ -111,7 +111,7 @@ ACU_TABLE1 = ReproConfig(
         Setup(
             "CIFAR-10",
             "class-incremental",
-            _acu_full("cifar10"),
+            _acu_full("split-cifar10"),
             _ACU_SMOKE,
             _ACU_METHODS,
             _ACU_CIFAR10,
@@ -120,7 +120,7 @@ ACU_TABLE1 = ReproConfig(
         Setup(
             "CIFAR-100",
             "class-incremental",
-            _acu_full("cifar100"),
+            _acu_full("split-cifar100"),
             _ACU_SMOKE,
             _ACU_METHODS,
             _ACU_CIFAR100,
@@ -164,7 +164,7 @@ def _hf_smoke(model: str) -> Scale:
 _HF_MNIST_LR = Setup(
     "MNIST LR",
     "single",
-    Scale("mnist", "linear", epochs=15, lr=0.05, batch_size=32, train_size=1000, requests=_hf_requests(1000)),
+    Scale("split-mnist", "linear", epochs=15, lr=0.05, batch_size=32, train_size=1000, requests=_hf_requests(1000)),
     _hf_smoke("linear"),
     _HF_LR,
     {
@@ -176,7 +176,9 @@ _HF_MNIST_LR = Setup(
 _HF_MNIST_CNN = Setup(
     "MNIST CNN",
     "single",
-    Scale("mnist", "cnn", epochs=20, lr=0.05, batch_size=64, width=16, train_size=1000, requests=_hf_requests(1000)),
+    Scale(
+        "split-mnist", "cnn", epochs=20, lr=0.05, batch_size=64, width=16, train_size=1000, requests=_hf_requests(1000)
+    ),
     _hf_smoke("mlp"),
     _HF_NONCONVEX,
     {
@@ -225,7 +227,7 @@ HF_TABLE6 = ReproConfig(
             "FMNIST CNN",
             "single",
             Scale(
-                "fmnist",
+                "split-fmnist",
                 "cnn",
                 epochs=30,
                 lr=0.5,
@@ -246,7 +248,7 @@ HF_TABLE6 = ReproConfig(
             "CIFAR-10 ResNet-18",
             "single",
             Scale(
-                "cifar10",
+                "split-cifar10",
                 "resnet18",
                 epochs=40,
                 lr=0.001,
@@ -323,15 +325,15 @@ SAFE_TABLE1 = ReproConfig(
     protocol=(
         "One dataset learned at once (non-continual); 20 rounds, each forgetting 400 random training samples, in "
         "order. Two-layer CNN on MNIST/Fashion (20 epochs, batch 32), ResNet-18 from scratch on "
-        "CIFAR-10/TinyImagenet (20 epochs, lr 0.1, batch 128; TinyImagenet: 80K training images). Columns averaged over the 20 rounds, each "
-        "against retraining from scratch on the retained data."
+        "CIFAR-10/TinyImagenet (20 epochs, lr 0.1, batch 128; TinyImagenet: 80K training images). Columns "
+        "averaged over the 20 rounds, each against retraining from scratch on the retained data."
     ),
     columns=("RA", "FA", "TA", "MIA"),
     setups=(
         Setup(
             "MNIST",
             "single",
-            _safe_full("mnist", "cnn", 0.05, 32),
+            _safe_full("split-mnist", "cnn", 0.05, 32),
             _SAFE_SMOKE,
             _safe_entry(1000, 2.5),
             _safe_paper((99.68, 98.89, 99.00, 79.25), (99.25, 98.89, 98.58, 79.28)),
@@ -340,7 +342,7 @@ SAFE_TABLE1 = ReproConfig(
         Setup(
             "Fashion",
             "single",
-            _safe_full("fmnist", "cnn", 0.05, 32),
+            _safe_full("split-fmnist", "cnn", 0.05, 32),
             _SAFE_SMOKE,
             _safe_entry(1000, 8),
             _safe_paper((96.44, 90.76, 90.40, 79.57), (92.03, 90.88, 89.22, 79.00)),
@@ -349,7 +351,7 @@ SAFE_TABLE1 = ReproConfig(
         Setup(
             "CIFAR10",
             "single",
-            _safe_full("cifar10", "resnet18", 0.1, 128),
+            _safe_full("split-cifar10", "resnet18", 0.1, 128),
             _SAFE_SMOKE,
             _safe_entry(120000, 2.5),
             _safe_paper((97.61, 91.78, 91.19, 64.38), (94.54, 92.49, 88.31, 72.63)),
@@ -358,7 +360,7 @@ SAFE_TABLE1 = ReproConfig(
         Setup(
             "TinyImagenet",
             "single",
-            _safe_full("tinyimagenet", "resnet18", 0.1, 128, 80000),
+            _safe_full("split-tinyimagenet", "resnet18", 0.1, 128, 80000),
             _SAFE_SMOKE,
             _safe_entry(120000, 4),
             _safe_paper((75.57, 42.71, 42.50, 29.69), (49.64, 47.70, 42.24, 25.99)),
@@ -426,7 +428,7 @@ RBM_TABLE2 = ReproConfig(
     columns=_RBM_COLUMNS,
     setups=(
         _rbm_setup(
-            "cifar10",
+            "split-cifar10",
             "CIFAR-10 random",
             _RANDOM,
             {
@@ -437,7 +439,7 @@ RBM_TABLE2 = ReproConfig(
             },
         ),
         _rbm_setup(
-            "cifar10",
+            "split-cifar10",
             "CIFAR-10 class-wise",
             _CLASS,
             {
@@ -448,7 +450,7 @@ RBM_TABLE2 = ReproConfig(
             },
         ),
         _rbm_setup(
-            "cifar100",
+            "split-cifar100",
             "CIFAR-100 random",
             _RANDOM,
             {
@@ -459,7 +461,7 @@ RBM_TABLE2 = ReproConfig(
             },
         ),
         _rbm_setup(
-            "cifar100",
+            "split-cifar100",
             "CIFAR-100 class-wise",
             _CLASS,
             {
@@ -490,7 +492,7 @@ _CCL_SMOKE_SEQUENCE = Requests("sequence 1", kind="tasks", tasks=((1,), (3, 4)))
 
 def _ccl_setup(lam: float, methods: tuple[Entry, ...], paper: dict[str, dict[str, float]]) -> Setup:
     full = Scale(
-        "mnist",
+        "split-mnist",
         "linear",
         epochs=1,
         lr=1.0,

@@ -28,13 +28,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.data import IndexedDataset
+from lightning_unlearn.harness.datasets import ACU_BASE_FRACTION
 from lightning_unlearn.harness.loop import evaluate
 from lightning_unlearn.harness.registry import available_methods, method_spec
 from lightning_unlearn.harness.report import Report, format_table
@@ -220,42 +220,65 @@ class ReproResult:
 
 
 # -- data ------------------------------------------------------------------------------------------------------------
-def load_splits(dataset: str, root: str | Path | None, seed: int) -> tuple[dict[str, tuple[Tensor, Tensor]], int]:
-    """``base``/``train``/``test`` tensors of a dataset and its number of classes.
+#: one split's inputs, labels and stable sample ids
+Split = tuple[Tensor, Tensor, Tensor]
 
-    ``digits`` is scikit-learn's bundled set (as 1x8x8 images); the others are read from
-    torchvision-format files under ``root`` by :mod:`lightning_unlearn.harness.datasets`.
+
+def load_data(
+    dataset: str, root: str | Path | None, *, seed: int, per_class: int | None, base_fraction: float
+) -> tuple[dict[str, Split], int]:
+    """``base``/``train``/``test`` tensors (inputs, labels, sample ids) of a dataset and its number of classes.
+
+    ``digits`` is scikit-learn's bundled set (1x8x8 images, its own base split); the others are the
+    benchmarks of :mod:`lightning_unlearn.harness.datasets` read from torchvision-format files under
+    ``root`` (:func:`~lightning_unlearn.harness.datasets.load_splits`, ``per_class`` kept per class,
+    ``base_fraction`` of them in ``base``), ids being the rows of the dataset's own files.
 
     Raises:
-        ValueError: a dataset on disk without ``root``, or its files missing (naming them).
+        ValueError: a dataset on disk without ``root``, or an unknown dataset.
+        DatasetNotFoundError: its files are missing under ``root`` (naming them).
     """
     if dataset == "digits":
         from lightning_unlearn.harness.digits import digits_splits
 
-        splits = digits_splits(seed=seed)
-        return {k: (x.reshape(-1, 1, 8, 8), y) for k, (x, y) in splits.items()}, 10
+        g = torch.Generator().manual_seed(seed)
+        out = {}
+        for k, (x, y) in digits_splits(seed=seed).items():
+            ids = torch.arange(len(y))
+            if per_class is not None and k != "base":
+                ids = _per_class(y, per_class, g)
+            out[k] = (x[ids].reshape(-1, 1, 8, 8), y[ids], ids)
+        return out, 10
     if root is None:
-        raise ValueError(f"dataset {dataset!r} is read from local files: give its directory with --root")
-    try:
-        from lightning_unlearn.harness.datasets import load_tensors
-    except ImportError:
-        raise ValueError(
-            f"dataset {dataset!r} needs lightning_unlearn.harness.datasets (local torchvision files); "
-            "not available in this build: run with --smoke"
-        ) from None
-    return load_tensors(dataset, root, seed=seed)
+        raise ValueError(f"dataset {dataset!r} is read from local files: give their directory with --root")
+    from lightning_unlearn.harness.datasets import load_splits
+
+    splits = load_splits(dataset, root, seed=seed, per_class=per_class, base_fraction=base_fraction)
+    return {k: _tensors(getattr(splits, k)) for k in ("base", "train", "test")}, splits.num_classes
 
 
-def _subsample(
-    x: Tensor, y: Tensor, per_class: int | None, size: int | None, g: torch.Generator
-) -> tuple[Tensor, Tensor]:
-    keep = torch.randperm(len(y), generator=g)
-    if per_class is not None:
-        keep = torch.cat([keep[y[keep] == c][:per_class] for c in y.unique().tolist()])
-    if size is not None:
-        keep = keep[torch.randperm(len(keep), generator=g)[:size]]
-    keep = keep.sort().values
-    return x[keep], y[keep]
+def _per_class(y: Tensor, n: int, g: torch.Generator) -> Tensor:
+    order = torch.randperm(len(y), generator=g)
+    return torch.cat([order[y[order] == c][:n] for c in y.unique().tolist()]).sort().values
+
+
+def _tensors(data: Dataset) -> Split:
+    """Materialise ``(x, y, sample_id)`` items (the harness evaluates on tensors)."""
+    xs, ys, ids = [], [], []
+    for x, y, i in DataLoader(data, batch_size=1024):
+        xs.append(x)
+        ys.append(torch.as_tensor(y).long())
+        ids.append(torch.as_tensor(i).long())
+    if not xs:
+        return torch.empty(0), torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long)
+    return torch.cat(xs), torch.cat(ys), torch.cat(ids)
+
+
+def _cap(split: Split, size: int | None, g: torch.Generator) -> Split:
+    if size is None or size >= len(split[1]):
+        return split
+    keep = torch.randperm(len(split[1]), generator=g)[:size].sort().values
+    return split[0][keep], split[1][keep], split[2][keep]
 
 
 @dataclass(frozen=True)
@@ -289,13 +312,22 @@ class _WithTask(Dataset):
 
 
 def task_stream(
-    x: Tensor, y: Tensor, xt: Tensor, yt: Tensor, n_tasks: int, labels_per_task: int, num_classes: int, seed: int
+    x: Tensor,
+    y: Tensor,
+    xt: Tensor,
+    yt: Tensor,
+    n_tasks: int,
+    labels_per_task: int,
+    num_classes: int,
+    seed: int,
+    ids: Tensor | None = None,
 ) -> TaskStream:
     """[CCL] Section 6's stream: the training set split into ``n_tasks`` non-i.i.d. tasks, each drawing
     ``labels_per_task`` labels at random and an equal share of the samples of those labels.
 
     [interp] A label's samples are dealt round-robin to the tasks that drew it, so the tasks are
-    disjoint and every sample is learned once; a label no task drew is left out.
+    disjoint and every sample is learned once; a label no task drew is left out. ``ids``: the samples'
+    ids (default: their rows).
     """
     g = torch.Generator().manual_seed(seed)
     labels = [torch.randperm(num_classes, generator=g)[:labels_per_task].tolist() for _ in range(n_tasks)]
@@ -307,7 +339,7 @@ def task_stream(
         for j, r in enumerate(rows.tolist()):
             if owners:
                 task[r] = owners[j % len(owners)]
-    ds = IndexedDataset(TensorDataset(x, y))
+    ds = IndexedDataset(TensorDataset(x, y), ids=ids)
     train = [
         _Experience(t, _WithTask(_subset(ds, task == t)), sorted(labels[t]))
         for t in range(n_tasks)
@@ -324,27 +356,42 @@ def _subset(ds: IndexedDataset, rows: Tensor) -> IndexedDataset:
 
 
 # -- models ----------------------------------------------------------------------------------------------------------
-def backbone(model: str, in_shape: Sequence[int], width: int) -> tuple[nn.Module, int]:
-    """A backbone by name and its output width (a linear layer on top makes the classifier).
+class Classifier(nn.Module):
+    """``fc(net(x))``: a backbone and its final linear layer ``fc`` (the layout
+    :func:`~lightning_unlearn.harness.models.backbone_of` strips)."""
 
-    ``linear``: the flattened inputs; ``mlp``: two hidden layers; ``cnn``: two 3x3 conv blocks and
+    def __init__(self, net: nn.Module, fc: nn.Linear) -> None:
+        super().__init__()
+        self.net, self.fc = net, fc
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.net(x))
+
+
+def classifier(model: str, num_classes: int, in_shape: Sequence[int], width: int) -> nn.Module:
+    """A fresh classifier by name, ending in a linear layer ``fc``.
+
+    ``linear``: ``fc`` on the flattened inputs (logistic regression); ``mlp``: two hidden ReLU layers
+    (``2 * width``, ``width``); ``cnn``: two 3x3 conv blocks of ``width`` and ``2 * width`` channels and
     global average pooling (the "two-layer CNN" of [SAFE] and [HF]); ``resnet18``: torchvision's
-    ResNet-18 with the CIFAR stem (3x3 first convolution, no max-pool), classifier removed.
+    ResNet-18 with the CIFAR stem (:func:`~lightning_unlearn.harness.models.build_model`).
 
     Raises:
         ValueError: an unknown model name.
     """
+    if model == "resnet18":
+        from lightning_unlearn.harness.models import build_model
+
+        return build_model("resnet18", num_classes, tuple(in_shape))
     d = math.prod(in_shape)
     if model == "linear":
-        return nn.Flatten(), d
+        return Classifier(nn.Flatten(), nn.Linear(d, num_classes))
     if model == "mlp":
-        return nn.Sequential(
-            nn.Flatten(), nn.Linear(d, 2 * width), nn.ReLU(), nn.Linear(2 * width, width), nn.ReLU()
-        ), width
+        net = nn.Sequential(nn.Flatten(), nn.Linear(d, 2 * width), nn.ReLU(), nn.Linear(2 * width, width), nn.ReLU())
+        return Classifier(net, nn.Linear(width, num_classes))
     if model == "cnn":
-        c = in_shape[0]
         net = nn.Sequential(
-            nn.Conv2d(c, width, 3, padding=1),
+            nn.Conv2d(in_shape[0], width, 3, padding=1),
             nn.ReLU(),
             nn.MaxPool2d(2),
             nn.Conv2d(width, 2 * width, 3, padding=1),
@@ -352,56 +399,55 @@ def backbone(model: str, in_shape: Sequence[int], width: int) -> tuple[nn.Module
             nn.AdaptiveAvgPool2d(1),
             nn.Flatten(),
         )
-        return net, 2 * width
-    if model == "resnet18":
-        from torchvision.models import resnet18
-
-        net = resnet18(num_classes=10)
-        net.conv1 = nn.Conv2d(in_shape[0], 64, 3, stride=1, padding=1, bias=False)
-        net.maxpool = nn.Identity()
-        net.fc = nn.Identity()
-        return net, 512
+        return Classifier(net, nn.Linear(2 * width, num_classes))
     raise ValueError(f"unknown model {model!r}; one of {MODELS}")
-
-
-def _pretrain(net: nn.Module, dim: int, x: Tensor, y: Tensor, scale: Scale, trainer_kwargs: Mapping[str, Any]) -> None:
-    """[ACU] App. E.1: the backbone learns the ``base`` split (with a linear head), then is frozen."""
-    from lightning_unlearn.models import SupervisedClassifier
-
-    head = nn.Linear(dim, int(y.max()) + 1)
-    trainer = L.Trainer(
-        max_epochs=scale.pretrain_epochs,
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=False,
-        **trainer_kwargs,
-    )
-    loader = DataLoader(TensorDataset(x, y), batch_size=scale.batch_size, shuffle=True)
-    trainer.fit(SupervisedClassifier(nn.Sequential(net, head), lr=scale.lr), loader)
-    net.requires_grad_(False)
 
 
 def build_info(
     setup: Setup, scale: Scale, root: str | Path | None, seed: int, trainer_kwargs: Mapping[str, Any]
 ) -> BenchmarkInfo:
-    """The setup's stream at ``scale`` as the harness's :class:`BenchmarkInfo` (backbone pre-trained if asked)."""
-    from lightning_unlearn.avalanche import class_incremental_benchmark
+    """The setup's stream at ``scale`` as the harness's :class:`BenchmarkInfo`.
 
-    splits, num_classes = load_splits(scale.dataset, root, seed)
+    With ``scale.pretrain_epochs`` the classifier is first trained on the disjoint ``base`` split by
+    :func:`~lightning_unlearn.harness.models.pretrain_backbone` ([ACU] App. E.1's recipe: SGD with
+    momentum 0.9, weight decay 5e-4, cosine decay from ``scale.lr``; random crops and flips on files
+    from disk) and its frozen feature extractor is the backbone; otherwise the backbone starts untrained.
+    """
+    from avalanche.benchmarks import nc_benchmark
+
+    from lightning_unlearn.harness.models import backbone_of, pretrain_backbone, standard_augmentation
+
+    base = ACU_BASE_FRACTION if scale.pretrain_epochs > 0 else 0.0
+    splits, num_classes = load_data(scale.dataset, root, seed=seed, per_class=scale.per_class, base_fraction=base)
     g = torch.Generator().manual_seed(seed)
-    x, y = _subsample(*splits["train"], scale.per_class, scale.train_size, g)
-    xt, yt = _subsample(*splits["test"], scale.per_class, None, g)
+    x, y, ids = _cap(splits["train"], scale.train_size, g)
+    xt, yt, idt = splits["test"]
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        net, dim = backbone(scale.model, tuple(x.shape[1:]), scale.width)
-        if scale.pretrain_epochs > 0:
-            _pretrain(net, dim, *splits["base"], scale, trainer_kwargs)
+        model = classifier(scale.model, num_classes, tuple(x.shape[1:]), scale.width)
+    if scale.pretrain_epochs > 0:
+        xb, yb, _ = splits["base"]
+        augment = None if scale.dataset == "digits" else standard_augmentation(tuple(x.shape[1:]), flip=x.shape[1] == 3)
+        net, dim = pretrain_backbone(
+            model,
+            TensorDataset(xb, yb),
+            epochs=scale.pretrain_epochs,
+            lr=scale.lr,
+            batch_size=scale.batch_size,
+            augment=augment,
+            seed=seed,
+            trainer_kwargs=trainer_kwargs,
+        )
+    else:
+        net, dim = backbone_of(model)
     if setup.protocol == "tasks":
-        bm: Any = task_stream(x, y, xt, yt, scale.n_experiences, scale.labels_per_task, num_classes, seed)
+        n_tasks, per_task = scale.n_experiences, scale.labels_per_task
+        bm: Any = task_stream(x, y, xt, yt, n_tasks, per_task, num_classes, seed, ids=ids)
     else:
         n = scale.n_experiences if setup.protocol == "class-incremental" else 1
-        bm = class_incremental_benchmark(x, y, xt, yt, n_experiences=n, seed=seed)
+        train = IndexedDataset(TensorDataset(x, y), ids=ids)
+        test = IndexedDataset(TensorDataset(xt, yt), ids=idt)
+        bm = nc_benchmark(train, test, n_experiences=n, task_labels=False, seed=seed)
     return describe_benchmark(
         bm, backbone=net, backbone_dim=dim, seed=seed, epochs=scale.epochs, lr=scale.lr, batch_size=scale.batch_size
     )
@@ -483,7 +529,8 @@ def run_config(
     Args:
         config: what to run.
         root: the directory holding the datasets' files (not needed for ``digits``).
-        smoke: the CPU smoke scale instead of the paper's.
+        smoke: the CPU smoke scale instead of the paper's: on the bundled digits, or with ``root`` on the
+            paper's dataset (e.g. files of :func:`~lightning_unlearn.harness.fake_data.write_fake_dataset`).
         out: where to write the outputs (nothing written without it).
         seed: data split, request draw and model initialisation.
         trainer_kwargs: extra ``Trainer`` arguments for every fit (e.g. ``{"accelerator": "gpu", "devices": 2}``).
@@ -503,7 +550,10 @@ def run_config(
         chosen = [s for s in config.setups if s.label in setups]
     results, tables, paths = [], [], []
     for setup in chosen:
-        result = _run_setup(config, setup, setup.smoke if smoke else setup.full, root, seed, kwargs, log)
+        scale = setup.full
+        if smoke:  # the smoke scale reads the paper's own dataset when its files are given
+            scale = setup.smoke if root is None else replace(setup.smoke, dataset=setup.full.dataset)
+        result = _run_setup(config, setup, scale, root, seed, kwargs, log)
         results.append(result)
         tables += [format_comparison(config, result, label) for label in result.reports]
         if out is not None:
