@@ -262,7 +262,7 @@ def compare(args: argparse.Namespace) -> str:
     tables = []
     for k in args.requests:
         n = args.samples_per_request or max(1, len(catalog) // (4 * k))
-        schedule = make_schedule(catalog, k, kinds=kinds, samples_per_request=n, seed=args.seed)  # type: ignore[arg-type]
+        schedule = make_schedule(catalog, k, kinds=kinds, samples_per_request=n, seed=args.seed)
         report = evaluate(methods, info, schedule, out_dir=args.out, progress=not args.no_progress)
         tables.append(report.format())
         print("\n" + tables[-1], flush=True)

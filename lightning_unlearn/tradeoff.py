@@ -206,7 +206,7 @@ def run_tradeoff(
         for eps in grid:
             if "hf" in methods:
                 m2, r2 = copy.deepcopy(model), copy.deepcopy(rec)
-                strategy = HFStrategy(
+                hf_strategy = HFStrategy(
                     m2,
                     r2,
                     epsilon=1.0 if eps == math.inf else eps,
@@ -214,18 +214,24 @@ def run_tradeoff(
                     constants=constants,
                     noise=eps != math.inf,
                 )
-                rows.append(_row("hf", eps, m2, model, retrain_acc, setup, _requests(setup, strategy)))
+                rows.append(_row("hf", eps, m2, model, retrain_acc, setup, _requests(setup, hf_strategy)))
                 log(_line(rows[-1]))
             if "safe" in methods:
-                m2, r2 = copy.deepcopy(model), copy.deepcopy(srec)
-                noise = {} if eps == math.inf else {"epsilon": eps, "delta": delta}
-                strategy = StreamingStrategy(m2, r2, weight_bound=theta, expected_rounds=setup.m, **noise)
-                cert = _requests(setup, strategy, setup.train)
+                m2, sr2 = copy.deepcopy(model), copy.deepcopy(srec)
+                safe_strategy = StreamingStrategy(
+                    m2,
+                    sr2,
+                    weight_bound=theta,
+                    expected_rounds=setup.m,
+                    epsilon=None if eps == math.inf else eps,
+                    delta=None if eps == math.inf else delta,
+                )
+                cert = _requests(setup, safe_strategy, setup.train)
                 rows.append(_row("safe", eps, m2, model, retrain_acc, setup, cert if eps != math.inf else None))
                 log(_line(rows[-1]))
     if {"hessian", "gradient"} & set(methods):
-        model, rec, check = setup.proximal(), HessianRecorder(hessian="exact"), TaskOptimality(1e-4)
-        setup.fit_proximal(model, setup.x, setup.y, [rec, check])
+        model, hrec, check = setup.proximal(), HessianRecorder(hessian="exact"), TaskOptimality(1e-4)
+        setup.fit_proximal(model, setup.x, setup.y, [hrec, check])
         retrain = setup.proximal()
         setup.fit_proximal(retrain, setup.x[setup.keep], setup.y[setup.keep], [])
         retrain_acc = accuracy(retrain, setup.test, 10)
@@ -235,17 +241,17 @@ def run_tradeoff(
             for name, cls in (("hessian", HessianCertifiedStrategy), ("gradient", GradientCertifiedStrategy)):
                 if name not in methods:
                     continue
-                m2, r2 = copy.deepcopy(model), copy.deepcopy(rec)
-                strategy = cls(
+                m2, hr2 = copy.deepcopy(model), copy.deepcopy(hrec)
+                ccl_strategy = cls(
                     m2,
-                    r2,
+                    hr2,
                     epsilon=1.0 if eps == math.inf else eps,
                     delta=delta,
                     constants=constants,
                     optimality=check,
                     noise=eps != math.inf,
                 )
-                cert = _requests(setup, strategy, setup.train if cls.reads_data else None)
+                cert = _requests(setup, ccl_strategy, setup.train if cls.reads_data else None)
                 rows.append(_row(name, eps, m2, model, retrain_acc, setup, cert))
                 log(_line(rows[-1]))
     return rows, setup

@@ -112,7 +112,7 @@ def _run(
             after_experience=lambda *_: bar.update(),
         )
         strategy = built.strategy()
-        steps = []
+        steps: list[tuple[nn.Module, Any, SampleCatalog]] = []
         for request in schedule:
             result = strategy.forget(request, info.train if strategy.reads_data else None)
             bar.update()

@@ -163,7 +163,7 @@ def keyword_options(cls: type) -> set[str]:
     for klass in cls.__mro__:
         if "__init__" not in vars(klass):
             continue
-        params = inspect.signature(klass.__init__).parameters.values()
+        params = inspect.signature(vars(klass)["__init__"]).parameters.values()
         names |= {
             p.name
             for p in params

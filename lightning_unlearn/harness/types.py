@@ -91,7 +91,7 @@ def describe_benchmark(
         experiences=torch.cat(exps),
         num_classes=int(benchmark.n_classes),
         backbone=backbone,
-        backbone_dim=int(backbone_dim),  # type: ignore[arg-type]
+        backbone_dim=int(backbone_dim),
         seed=seed,
         epochs=epochs,
         lr=lr,
