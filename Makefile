@@ -1,6 +1,6 @@
 # The two commands of the README:
 #   make demo   create .venv, install, run the end-to-end demo
-#   make test   create .venv if needed, install, lint (ruff), run the test suite
+#   make test   create .venv if needed, install, lint (ruff), type-check (mypy), run the test suite
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -18,6 +18,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(PY) -m mypy
 	$(PY) -m pytest -q -p no:cacheprovider
 
 bench: $(STAMP)
