@@ -8,19 +8,22 @@ its experience had already committed). A checkpoint saved during a fit carries t
 resumed mid-epoch, it records exactly what the uninterrupted fit would have recorded if the
 training loader resumes mid-epoch too (``state_dict``/``load_state_dict``, restored by
 Lightning), and refuses otherwise. A checkpoint whose recorder of this class was created
-with other settings is refused, naming them. Under DDP
-every rank all-gathers each batch, so all ranks hold the same statistics, and ids repeated by
-``DistributedSampler`` padding are counted once; recorders of additive statistics
-(``gathers_inputs = False``) gather only ids, labels and fingerprints and sum their statistics
-over the ranks once per experience. An exception during fit drops the staged block,
-so statistics only ever reflect whole experiences.
+with other settings is refused, naming them. Under DDP the recorders shard their work
+(``gathers_inputs = False``: ACU, SAFE, [CCL], HF and the catalog-only recorder): per batch only ids,
+labels and input fingerprints are gathered (the catalog is global, an id repeated by
+``DistributedSampler`` padding is counted once, by the first rank holding it), each rank records
+its own samples, and additive statistics are summed over the ranks once per experience through
+``trainer.strategy`` collectives (:meth:`RecorderCallback.sum_over_ranks`), like torchmetrics' states
+with ``dist_reduce_fx="sum"``; HF's per-sample vectors stay on one rank each (see
+:class:`~lightning_unlearn.callbacks.TrajectoryRecorder`). A recorder that sets ``gathers_inputs = True``
+gets every rank's batch (inputs included) in :meth:`record`. An exception during fit drops the staged
+block, so statistics only ever reflect whole experiences.
 """
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Callable, Mapping
-from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -70,7 +73,9 @@ class RecorderCallback(L.Callback):
         self._staged_labels: list[Tensor] = []
         self._staged_prints: list[Tensor] = []
         self._staged_seen: set[int] = set()
-        self._sum_ranks: Callable[[Tensor], Tensor] | None = None
+        #: rank and number of processes of the last Lightning fit (0 and 1 outside DDP)
+        self.global_rank, self.world_size = 0, 1
+        self._strategy: Any = None  # the DDP fit's ``trainer.strategy`` (its collectives), None in one process
         self._fitting = False  # inside a Lightning fit: state_dict carries the running fit
         self._resume: dict[str, Any] | None = None  # the running fit of a restored state, until on_train_start
         self._loader_state_saved = False  # the restored checkpoint holds the training loader's position
@@ -201,7 +206,8 @@ class RecorderCallback(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         continue_log_step(self.trainer, trainer)
         self.trainer = trainer
-        self._sum_ranks = partial(trainer.strategy.reduce, reduce_op="sum") if trainer.world_size > 1 else None
+        self.global_rank, self.world_size = trainer.global_rank, trainer.world_size
+        self._strategy = trainer.strategy if trainer.world_size > 1 else None
         resume, self._resume = self._resume, None
         done = trainer.fit_loop.epoch_loop.batch_progress.current.ready  # restored, not yet reset
         mid_epoch = trainer.fit_loop.restarting and 0 < done < trainer.num_training_batches
@@ -282,7 +288,34 @@ class RecorderCallback(L.Callback):
 
     def sum_over_ranks(self, t: Tensor) -> Tensor:
         """``t`` summed over the ranks of the current DDP fit (``t`` itself otherwise); every rank must call it."""
-        return self._sum_ranks(t) if self._sum_ranks is not None else t
+        return self._strategy.reduce(t, reduce_op="sum") if self._strategy is not None else t
+
+    def max_over_ranks(self, value: float) -> float:
+        """The largest ``value`` over the ranks (a collective under DDP, ``value`` itself otherwise)."""
+        if self._strategy is None:
+            return value
+        t = torch.tensor(value, dtype=torch.float64, device=self._strategy.root_device)
+        return float(self._strategy.reduce(t, reduce_op=torch.distributed.ReduceOp.MAX))
+
+    def gather_over_ranks(self, t: Tensor) -> Tensor:
+        """Every rank's ``t`` concatenated along dim 0, rank-major (their lengths may differ); a collective
+        under DDP, ``t`` itself otherwise."""
+        if self._strategy is None:
+            return t
+        device = self._strategy.root_device
+        sizes = self._strategy.all_gather(torch.tensor(len(t), device=device)).tolist()
+        padded = t.new_zeros(max(sizes), *t.shape[1:]).to(device)
+        padded[: len(t)] = t
+        parts = self._strategy.all_gather(padded)
+        return torch.cat([part[:n] for part, n in zip(parts, sizes)]).to(t.device)
+
+    def broadcast_from_rank0(self, t: Tensor) -> Tensor:
+        """Rank 0's ``t`` on every rank (same shape and dtype everywhere; a collective under DDP)."""
+        if self._strategy is None:
+            return t
+        buffer = t.detach().to(self._strategy.root_device).contiguous()
+        torch.distributed.broadcast(buffer, src=0)
+        return buffer.to(t.device)
 
     def _record(self, module: torch.nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any) -> None:
         raise NotImplementedError

@@ -54,6 +54,8 @@ class TaskDeltaRecorder(RecorderCallback):
 
     #: the task's end is its solution: commit when the fit ends, not after its first epoch
     records_every_epoch = True
+    #: under DDP only ids, labels and fingerprints are gathered (the task size counts them)
+    gathers_inputs = False
 
     def __init__(
         self,
@@ -219,6 +221,14 @@ class HessianRecorder(TaskDeltaRecorder):
     (``n d`` floats) so sample-level requests need no data. It warns when a task was not solved
     exactly, ``||mean grad l(end_i) + lambda (end_i - start_i)|| > tolerance``.
 
+    DDP: each rank holds only the inputs of its own batches (a sample repeated by ``DistributedSampler``
+    padding is held by the first rank), and ``H_i`` is the sum over ranks of ``n_r H_r / n_i`` (``H_r`` the mean
+    Hessian of rank ``r``'s ``n_r`` samples), added in one all-reduce at the end of the experience (``d^2``
+    floats for ``"exact"``, ``n_probes d`` for ``"diagonal"``: the probes are drawn alike on every rank and
+    their products added before the clamp; ``"lowrank"`` adds each Lanczos step's HVP, ``rank`` all-reduces
+    of ``d`` floats). The gradient sum is added likewise, the maxima (L, M) taken over ranks, and stored sample
+    gradients (``store_sample_gradients``) gathered once so that every rank holds them all.
+
     Args:
         hessian: ``"auto"``, ``"exact"``, ``"diagonal"`` or ``"lowrank"``.
         max_exact_dim: largest ``d`` for which ``"auto"`` stores the dense Hessian.
@@ -256,8 +266,9 @@ class HessianRecorder(TaskDeltaRecorder):
         self.lipschitz = 0.0
         self.smoothness = 0.0
         self.sample_grads: dict[int, Tensor] = {}
-        self._x: list[Tensor] = []
+        self._x: list[Tensor] = []  # this rank's inputs of the task (all of them in one process)
         self._y: list[Tensor] = []
+        self._shard_ids: list[Tensor] = []  # their ids
 
     @property
     def state_key(self) -> str:
@@ -265,7 +276,7 @@ class HessianRecorder(TaskDeltaRecorder):
 
     def _drop_staged(self) -> None:
         super()._drop_staged()
-        self._x, self._y = [], []
+        self._x, self._y, self._shard_ids = [], [], []
 
     def _load_staged_state(self, state: dict[str, Any]) -> None:
         if state["ids"].numel():
@@ -278,6 +289,7 @@ class HessianRecorder(TaskDeltaRecorder):
         device = self._device(module)
         self._x.append(x.detach().to(device))
         self._y.append(y.detach().to(device))
+        self._shard_ids.append(ids.detach().cpu())
 
     def _commit(self, module: nn.Module) -> None:
         if self._fit_experience in self.experience_ids:
@@ -288,20 +300,24 @@ class HessianRecorder(TaskDeltaRecorder):
         if reg is None or lam is None or l2 is None:
             raise RuntimeError(f"{type(self).__name__} committed an experience that begin_experience did not set up")
         theta = hf.flat_params(module)
-        x, y, ids = (
-            torch.cat(self._x).to(theta.device),
-            torch.cat(self._y).to(theta.device),
-            torch.cat(self._staged_ids),
-        )
+        empty = theta.new_zeros(0)
+        x = torch.cat(self._x).to(theta.device) if self._x else empty
+        y = torch.cat(self._y).to(theta.device) if self._y else empty.long()
+        n = int(sum(t.numel() for t in self._staged_ids))  # over all ranks
+        share = len(x) / n  # this rank's weight n_r / n in the mean Hessian
         loss, d = self.module_loss(module), theta.numel()
         kind = self.hessian if self.hessian != "auto" else "exact" if d <= self.max_exact_dim else "diagonal"
-        g = torch.Generator().manual_seed(self.seed + len(self.hessians))
+        g = torch.Generator().manual_seed(self.seed + len(self.hessians))  # the same probes on every rank
         with eval_mode(module):  # the Hessian of a per-sample loss: BatchNorm statistics fixed
             if kind == "exact":
-                H: Any = cl.dense_hessian(loss, theta, x, y, self.chunk_size)
+                H: Any = self.sum_over_ranks(cl.dense_hessian(loss, theta, x, y, self.chunk_size) * share)
                 top = torch.linalg.eigvalsh(H)
             else:
-                apply_h = cl.hessian_operator(loss, theta, x, y, self.chunk_size)
+                local = cl.hessian_operator(loss, theta, x, y, self.chunk_size) if len(x) else torch.zeros_like
+
+                def apply_h(V: Tensor) -> Tensor:
+                    return self.sum_over_ranks(local(V) * share)
+
                 if kind == "diagonal":
                     H = top = cl.hutchinson_diagonal(apply_h, d, self.n_probes, float(l2), g, theta.dtype, theta.device)
                 else:
@@ -309,18 +325,23 @@ class HessianRecorder(TaskDeltaRecorder):
                         lambda v: apply_h(v[None])[0], d, min(self.rank, d), theta.dtype, g, theta.device
                     )
                     H, top = {"values": values, "vectors": vectors}, values
-            grad_max, grads, grad_sum = 0.0, {}, torch.zeros_like(theta)
-            for k in range(0, len(x), self.chunk_size or len(x)):
-                xb, yb = x[k : k + (self.chunk_size or len(x))], y[k : k + (self.chunk_size or len(x))]
+            grad_max, grad_rows, grad_sum = 0.0, [], torch.zeros_like(theta)
+            step = self.chunk_size or max(len(x), 1)
+            for k in range(0, len(x), step):
+                xb, yb = x[k : k + step], y[k : k + step]
                 gb = hf.per_sample_grads(loss, theta, xb, yb)
                 grad_max = max(grad_max, float(gb.norm(dim=1).max()))
                 grad_sum += gb.sum(0)
                 if self.store_sample_gradients:
-                    grads.update(
-                        {int(i): gi.to(self._device(module)) for i, gi in zip(ids[k : k + len(xb)].tolist(), gb)}
-                    )
+                    grad_rows.append(gb.to(self._device(module)))
+        grad_sum, grad_max = self.sum_over_ranks(grad_sum), self.max_over_ranks(grad_max)
+        grads: dict[int, Tensor] = {}
+        if self.store_sample_gradients:
+            ids = self.gather_over_ranks(torch.cat(self._shard_ids) if self._shard_ids else empty.long().cpu())
+            rows = self.gather_over_ranks(torch.cat(grad_rows) if grad_rows else theta.new_zeros(0, d))
+            grads = {int(i): gi for i, gi in zip(ids.tolist(), rows.to(self._device(module)))}
         anchor = reg.anchor_vector(module).to(theta)
-        stationarity = float((grad_sum / len(x) + lam * (theta - anchor)).norm())
+        stationarity = float((grad_sum / n + lam * (theta - anchor)).norm())
         if stationarity > self.tolerance:
             warn(
                 f"task {self._fit_experience} is not solved exactly: ||grad of Eq. (1)|| = {stationarity:.3g} > "

@@ -17,7 +17,10 @@ class SampleRecorder(RecorderCallback):
     method-specific statistics, but a forget request is still resolved against what the model
     actually learned (:meth:`SampleCatalog.resolve`): a request for a class never learned, or for
     ids already forgotten, fails before anything changes. Add it to the Trainer's callbacks.
+    Under DDP only ids, labels and fingerprints are gathered.
     """
+
+    gathers_inputs = False
 
     def _record(self, module: torch.nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any) -> None:
         return None  # the base class stages ids and labels; there is nothing else to record

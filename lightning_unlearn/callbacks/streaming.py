@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import lightning as L
@@ -70,12 +70,21 @@ class StreamingRecorder(RecorderCallback):
     final weights (it cannot be re-evaluated without their data), so after a second fit the
     retention gradient is an approximation; with a single fit it is exact.
 
+    DDP: the class sums and the anchor pass's gradient and loss sums are additive. Each rank sums the samples
+    it holds (a sample repeated by ``DistributedSampler`` padding counts once, on the first rank holding it)
+    and the ranks' sums are added once: the class sums at the end of the fit's first epoch, the anchor sums at
+    the end of the anchor pass (one all-reduce each, of ``C (1 + k + k^2)`` and ``d + 1`` floats). Only
+    ids, labels and input fingerprints are gathered per batch, never inputs; every rank then holds the same
+    statistics.
+
     Args:
         num_classes: number of classes ``C`` (labels must lie in ``[0, C)``).
         proj_dim: dimension ``k`` of the projection ``V`` (not given in the paper; [interp] 16).
         ridge: covariance regulariser, relative to ``trace(Sigma)/k`` ([interp]; not in the paper).
         seed: seed of ``V``.
     """
+
+    gathers_inputs = False
 
     def __init__(self, num_classes: int, proj_dim: int = 16, ridge: float = 1e-4, seed: int = 0) -> None:
         super().__init__()
@@ -167,10 +176,21 @@ class StreamingRecorder(RecorderCallback):
             n, s1, s2 = n + self._staged[0], s1 + self._staged[1], s2 + self._staged[2]
         self._staged = (n, s1, s2)
 
+    def _staged_sums(self) -> tuple[Tensor, Tensor, Tensor]:
+        """The staged class sums added over the ranks (one collective under DDP; zeros on a rank that recorded
+        nothing), on the CPU."""
+        staged = self._staged or (torch.zeros_like(self.counts), torch.zeros_like(self.s1), torch.zeros_like(self.s2))
+        if self._strategy is None:
+            return tuple(t.to(self.counts.device) for t in staged)  # type: ignore[return-value]
+        k, C = self.proj_dim, self.num_classes
+        flat = torch.cat([t.to(self._strategy.root_device).reshape(-1) for t in staged])
+        flat = self.sum_over_ranks(flat).to(self.counts.device)  # one transfer per experience
+        return flat[:C], flat[C : C + C * k].view(C, k), flat[C + C * k :].view(C, k, k)
+
     def _commit(self, module: nn.Module) -> None:
-        if self._staged is None:
+        if self._staged is None and self._strategy is None:
             raise RuntimeError("StreamingRecorder: samples were staged without their class sums")
-        n, s1, s2 = (t.to(self.counts.device) for t in self._staged)  # one transfer per experience
+        n, s1, s2 = self._staged_sums()
         self.counts, self.s1, self.s2 = self.counts + n, self.s1 + s1, self.s2 + s2
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -189,7 +209,8 @@ class StreamingRecorder(RecorderCallback):
             self.anchor(trainer, pl_module)
 
     def anchor(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        """Anchor at the end of a Lightning fit: one pass over the trainer's training loader (rank-gathered)."""
+        """Anchor at the end of a Lightning fit: one pass over the trainer's training loader (under DDP each rank
+        passes over its own batches; their ids are gathered to count a padded repeat once)."""
 
         loader = trainer.train_dataloader
         if loader is None:
@@ -197,19 +218,24 @@ class StreamingRecorder(RecorderCallback):
 
         def batches() -> Iterator[tuple[Tensor, Tensor, Tensor]]:
             for batch in loader:
-                x, y, ids = (t.to(module.device) for t in unpack_batch(batch, self.batch_keys))
-                if trainer.world_size > 1:
-                    x, y, ids = (_gather(module, t) for t in (x, y, ids))
-                yield x, y, ids
+                yield tuple(t.to(module.device) for t in unpack_batch(batch, self.batch_keys))  # type: ignore[misc]
 
-        self.anchor_on(module, batches(), trainer.global_step)
+        gather = (lambda t: _gather(module, t)) if trainer.world_size > 1 else None
+        self.anchor_on(module, batches(), trainer.global_step, gather)
 
-    def anchor_on(self, module: nn.Module, batches: Iterable[tuple[Tensor, Tensor, Tensor]], step: int) -> None:
+    def anchor_on(
+        self,
+        module: nn.Module,
+        batches: Iterable[tuple[Tensor, Tensor, Tensor]],
+        step: int,
+        gather: Callable[[Tensor], Tensor] | None = None,
+    ) -> None:
         """Take the module's weights as ``w_0`` and sum ``grad l`` and ``l`` at ``w_0`` over this fit's samples.
 
         Framework-neutral (the Avalanche plugin calls it after each experience): ``batches`` yields
         ``(x, y, ids)`` covering the experience's samples (others and repeats are skipped), on the
-        module's device; ``step`` is the training step count the anchor belongs to.
+        module's device; ``step`` is the training step count the anchor belongs to. Under DDP ``gather``
+        stacks every rank's ids of a batch (rank-major): each rank sums its own rows, then the sums are added.
         """
         if not len(self.catalog):
             return
@@ -221,12 +247,22 @@ class StreamingRecorder(RecorderCallback):
         seen: set[int] = set()
         with eval_mode(module):  # BN statistics must not move
             for x, y, ids in batches:
-                keep = self._fit_rows(ids, seen)
+                if gather is None:
+                    keep = self._fit_rows(ids, seen)
+                else:  # positions in the gathered batch; this rank's own are rank * n ... (rank + 1) * n - 1
+                    start = self.global_rank * len(ids)
+                    keep = self._fit_rows(gather(ids), seen)
+                    keep = keep[(keep >= start) & (keep < start + len(ids))] - start
                 if keep.numel():
                     g, value = safe.summed_loss_grad(module, params, buffers, x[keep], y[keep])
                     for n in names:
                         grads[n] += g[n].detach().double()
                     loss += value.double()
+        if gather is not None:  # the ranks' sums added, in one collective
+            flat = self.sum_over_ranks(torch.cat([*(grads[n].reshape(-1) for n in names), loss.reshape(1)]))
+            parts = flat.split([grads[n].numel() for n in names] + [1])
+            grads = {n: part.view_as(grads[n]) for n, part in zip(names, parts)}
+            loss = parts[-1][0]
         prior_grads, prior_loss = self._prior
         self.grad_sum = {n: grads[n].cpu() + prior_grads.get(n, 0.0) for n in names}
         self.loss_sum = loss.cpu() + prior_loss
@@ -294,11 +330,14 @@ class StreamingRecorder(RecorderCallback):
         }
 
     def _staged_state(self) -> dict[str, Any]:
-        return {"staged": self._staged, "prior": self._prior}
+        # every rank saves the sums over all ranks (Lightning builds a checkpoint on every rank)
+        return {"staged": self._staged_sums() if self._staged_ids else None, "prior": self._prior}
 
     def _load_staged_state(self, state: dict[str, Any]) -> None:
         staged = state.get("staged")
-        self._staged = None if staged is None else tuple(staged)
+        # the saved sums cover every rank: one rank carries them on
+        mine = self.trainer is None or self.trainer.global_rank == 0
+        self._staged = None if staged is None or not mine else tuple(staged)
         if state.get("prior") is not None:
             self._prior = (dict(state["prior"][0]), state["prior"][1])
 

@@ -76,9 +76,32 @@ class TrajectoryRecorder(RecorderCallback):
     ([derived]; e.g. 0.05% per step, 5% after 100 steps in the worst case, far less when rounding errors
     cancel). A row that leaves float16's range (65504) is an error naming its sample.
 
-    DDP: each step's global batch is all-gathered, ``DistributedSampler`` padding duplicates
-    included (they do enter the averaged gradient, so they inject once per occurrence); all
-    ranks hold identical statistics.
+    DDP (sharded rows): every rank keeps the same bookkeeping (ids, rows, occurrences, step sizes,
+    estimates of M and G; only sample ids are gathered per step, never inputs), but each vector lives on
+    one rank only, its *owner*: the rank whose batch held the sample when it was first seen (the first in
+    rank order if ``DistributedSampler`` padding put it on several), so each rank stores about
+    ``n_tracked / world_size`` vectors. A DDP step follows ``(1/W) sum_r mean_{B_r} l``, the mean over the
+    ``W`` ranks of each rank's local batch mean, so Eq. (10) reads
+
+        a_u <- a_u + sum_r [ -(eta_t/W) a_u H_{B_r} + 1[u in B_r] (eta_t / (W |B_r|)) grad l(w_t; u) ]
+
+    and the bracket of rank ``r`` needs only rank ``r``'s batch. Per step, for each owner and each block
+    of at most ``row_block`` of its live vectors: the owner broadcasts the block, every rank computes its
+    bracket for it (batched HVPs on its local batch, plus its local per-sample gradient terms), and a sum
+    reduction to the owner returns the total, which the owner adds to its rows. Communication per step:
+    each live vector is sent once to every other rank and its ``W - 1`` brackets are sent back, i.e.
+    ``2 n_live d (W - 1) / W`` floats received and sent per rank on average (the row traffic of a
+    reduce-scatter), plus the gathered ids and one all-reduce of ``d`` floats per power-iteration step.
+    Peak memory per rank: its own vectors plus two blocks of ``row_block x d``. The HVP work per rank is
+    ``n_live`` products on a local batch of ``|B| / W`` samples.
+
+    A request is executed collectively (every rank calls ``forget`` with the same ids):
+    :meth:`row_sum` adds each rank's owned vectors of the request and an all-reduce gives every rank the
+    same ``a^{-U}``; :class:`~lightning_unlearn.strategies.hf.HFStrategy` then publishes rank 0's noise on
+    every rank (:meth:`broadcast_from_rank0`), so all ranks hold the same model. Checkpoints: Lightning saves
+    rank 0's callback state only, which holds rank 0's vectors only, so a state saved under DDP records
+    ``shards = W`` and :meth:`load_state_dict` refuses it (naming the world size): resume a sharded
+    trajectory by fitting again, or record in one process.
 
     Requirements (checked at fit start, ``ValueError`` otherwise): plain SGD (``weight_decay`` is the
     ridge; no momentum / Nesterov), no gradient accumulation or clipping, no
@@ -121,6 +144,7 @@ class TrajectoryRecorder(RecorderCallback):
     """
 
     records_every_epoch = True
+    gathers_inputs = False  # under DDP: ids, labels and fingerprints only; vectors sharded (class docstring)
 
     def __init__(
         self,
@@ -150,8 +174,12 @@ class TrajectoryRecorder(RecorderCallback):
         self.hessian, self.chunk_size, self.power_iters, self.row_block = hessian, chunk_size, power_iters, row_block
         self.loss_fn: contract.LossFn = loss_fn or contract.per_sample_cross_entropy
         self.offload = offload
-        self._rows: RowStore | None = None  # (rows allocated, d) approximators
-        self.n_rows = 0
+        self._rows: RowStore | None = None  # (rows allocated, d) approximators (this rank's, under DDP)
+        self.n_rows = 0  # tracked samples (all ranks')
+        self.owner = torch.zeros(0, dtype=torch.long)  # rank holding each row's vector (all 0 in one process)
+        self._slot = torch.zeros(0, dtype=torch.long)  # each row's index in this rank's store (-1: another rank's)
+        self.n_local = 0  # vectors held by this rank
+        self._shards = 1  # ranks the vectors are spread over (the world size of the fits that recorded them)
         self.row_of: dict[int, int] = {}
         self.row_ids: list[int] = []
         self.active = torch.zeros(0, dtype=torch.bool)
@@ -194,8 +222,9 @@ class TrajectoryRecorder(RecorderCallback):
         return len(self.lrs)
 
     def memory_bytes(self) -> int:
-        """Bytes of the stored vectors: ``n_tracked * d * itemsize``."""
-        return 0 if self.A is None else self.n_rows * self.A.shape[1] * self.A.element_size()
+        """Bytes of the vectors this rank stores: ``n_tracked * d * itemsize`` (under DDP about ``1 / world_size``
+        of it)."""
+        return 0 if self.A is None else self.n_local * self.A.shape[1] * self.A.element_size()
 
     # -- checks -------------------------------------------------------------------------------------
     @staticmethod
@@ -283,9 +312,21 @@ class TrajectoryRecorder(RecorderCallback):
         x, y, ids = unpack_batch(batch, self.batch_keys)
         if self._check_module:  # once per fit, on its first batch: the module's own loss is loss_fn's
             contract.resolve_loss_fn(pl_module, self.loss_fn, batch, keys=self.batch_keys)
-        if trainer.world_size > 1:  # the DDP step averages all ranks' batches: gather every occurrence
-            x, y, ids = (_gather(pl_module, t) for t in (x, y, ids))
-        self.before_step(pl_module, x, y, ids, float(trainer.optimizers[0].param_groups[0]["lr"]))
+        lr = float(trainer.optimizers[0].param_groups[0]["lr"])
+        if self.n_rows and self._shards != trainer.world_size:
+            raise ValueError(
+                f"TrajectoryRecorder vectors were recorded over {self._shards} process(es); they cannot continue "
+                f"on {trainer.world_size}"
+            )
+        self._shards = trainer.world_size
+        if trainer.world_size == 1:
+            self.before_step(pl_module, x, y, ids, lr)
+            return
+        if self._check_module:
+            self.check_module(pl_module)
+            self._check_module = False
+        self.record_shard(pl_module, x, y, ids, None, lambda t: _gather(pl_module, t), trainer.global_rank)
+        self._step_sharded(pl_module, x.detach(), y.detach(), ids, lr)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -310,27 +351,39 @@ class TrajectoryRecorder(RecorderCallback):
 
     # -- recording ----------------------------------------------------------------------------------
     def _record(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any) -> None:
+        if self._strategy is not None:
+            return  # DDP: the rows are allocated by _step_sharded from the gathered ids
         new = [i for i in ids.tolist() if (self.track is None or i in self.track) and i not in self.row_of]
         if new:
             theta = hf.flat_params(module)
             self._allocate(new, theta.numel(), torch.device("cpu") if self.offload else theta.device)
 
-    def _allocate(self, new_ids: list[int], dim: int, device: torch.device | None = None) -> None:
+    def _allocate(
+        self, new_ids: list[int], dim: int, device: torch.device | None = None, owners: list[int] | None = None
+    ) -> None:
+        """Rows for ``new_ids``; this rank stores the vectors of those ``owners`` names it for (all without)."""
         if self._rows is None:
             self._rows = self._new_store(dim, device)
         if self._rows.data.shape[1] != dim:
             have = self._rows.data.shape[1]
             raise ValueError(f"module has {dim} trainable parameters but the recorded vectors have {have}")
-        self._rows.reserve(self.n_rows + len(new_ids))
+        owner = torch.tensor(owners if owners is not None else [self.global_rank] * len(new_ids), dtype=torch.long)
+        mine = owner == self.global_rank
+        self._rows.reserve(self.n_local + int(mine.sum()))
+        slot = torch.full((len(new_ids),), -1, dtype=torch.long)
+        slot[mine] = torch.arange(self.n_local, self.n_local + int(mine.sum()))
         for i in new_ids:
             self.row_of[i] = self.n_rows
             self.row_ids.append(i)
             self.n_rows += 1
+        self.n_local += int(mine.sum())
+        self.owner, self._slot = torch.cat([self.owner, owner]), torch.cat([self._slot, slot])
         self.active = torch.cat([self.active, torch.ones(len(new_ids), dtype=torch.bool)])
 
     def _new_store(self, dim: int, device: torch.device | None = None) -> RowStore:
-        if self.store == "mmap":
-            return RowStore.create(self.path, self.capacity, dim, self.dtype)  # type: ignore[arg-type]
+        if self.store == "mmap":  # under DDP each rank maps its own file, ``path`` suffixed ``.rank<r>``
+            path = self.path if self._shards == 1 else f"{self.path}.rank{self.global_rank}"
+            return RowStore.create(path, self.capacity, dim, self.dtype)  # type: ignore[arg-type]
         return RowStore.memory(dim, self.dtype, device=device)
 
     def _commit(self, module: nn.Module) -> None:
@@ -378,6 +431,64 @@ class TrajectoryRecorder(RecorderCallback):
         self._occ_steps.append(torch.full((rows.numel(),), self.n_steps, dtype=torch.long))
         self.lrs.append(lr)
         self.batch_sizes.append(len(ids))
+
+    def _step_sharded(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, lr: float) -> None:
+        """One DDP recursion step on this rank's local batch (the scheme of the class docstring): rows of new
+        samples allocated on their owners, then for each owner's blocks of live vectors a broadcast from the
+        owner, this rank's bracket, and a sum reduction back to the owner."""
+        W, me = self.world_size, self.global_rank
+        theta = hf.flat_params(module)
+        all_ids = self.gather_over_ranks(ids.to(theta.device))
+        sizes = self.gather_over_ranks(torch.tensor([len(ids)], device=theta.device)).tolist()
+        rank_of = torch.repeat_interleave(torch.arange(W), torch.tensor(sizes)).tolist()
+        new: dict[int, int] = {}  # id -> owner: the first rank (in rank order) whose batch holds it
+        for i, r in zip(all_ids.tolist(), rank_of):
+            if (self.track is None or i in self.track) and i not in self.row_of and i not in new:
+                new[i] = r
+        if new or self._rows is None:
+            device = torch.device("cpu") if self.offload else theta.device
+            self._allocate(list(new), theta.numel(), device, list(new.values()))
+        step = hf.StepObjective(
+            hf.ModuleLoss(module, float(self.l2 or 0.0), self.loss_fn), theta, x, y, self.chunk_size
+        )  # this rank's local batch
+        live = self.active.nonzero().flatten()
+        rows, in_batch = self._live_rows(ids.cpu())  # this rank's occurrences with a live vector
+        grads = step.sample_grads(in_batch.nonzero().flatten().to(x.device))
+        times_h = self._hessian_operator(step, live.numel())
+        position = torch.full((max(self.n_rows, 1),), -1, dtype=torch.long)
+        for owner in range(W):
+            for block in live[self.owner[live] == owner].split(self.row_block):
+                store = self._store().data
+                slots = self._slot[block]
+                A = store[slots].to(theta) if owner == me else theta.new_empty(block.numel(), theta.numel())
+                torch.distributed.broadcast(A, src=owner)
+                position[block] = torch.arange(block.numel())
+                mine = position[rows] >= 0
+                bracket = hf.rank_bracket(
+                    A, times_h, lr, W, len(ids), position[rows][mine], grads[mine.to(grads.device)]
+                )
+                torch.distributed.reduce(bracket, dst=owner)
+                position[block] = -1
+                if owner != me:
+                    continue
+                stored = (A + bracket).to(store)
+                if not bool(stored.isfinite().all()):
+                    bad = [self.row_ids[r] for r in block[~stored.isfinite().all(1).cpu()].tolist()]
+                    raise ValueError(
+                        f"HF vectors of sample ids {bad[:10]} leave the range of {self.dtype} at step {self.n_steps}"
+                    )
+                store[slots] = stored
+
+        def global_h(v: Tensor) -> Tensor:  # H_t v with H_t = (1/W) sum_r H_{B_r}
+            return self.sum_over_ranks(step.hvp(v[None])[0] / W)
+
+        self._update_estimates(global_h, theta, grads, self._power_start(theta) if self.power_iters else None, None)
+        self.grad_max = self.max_over_ranks(self.grad_max)
+        occurrences, _ = self._live_rows(all_ids.cpu())
+        self._occ_rows.append(occurrences)
+        self._occ_steps.append(torch.full((occurrences.numel(),), self.n_steps, dtype=torch.long))
+        self.lrs.append(lr)
+        self.batch_sizes.append(len(all_ids))
 
     def _live_rows(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         """Rows of the batch elements that have a live vector (one per occurrence), and their mask in the batch."""
@@ -434,6 +545,25 @@ class TrajectoryRecorder(RecorderCallback):
             )
         return rows
 
+    def _owned_slots(self, rows: Tensor) -> Tensor:
+        """This rank's store indices of those of ``rows`` whose vectors it holds (all of them in one process)."""
+        slots = self._slot[rows]
+        return slots[slots >= 0]
+
+    def row_sum(self, rows: Tensor, like: Tensor) -> Tensor:
+        """``a^{-U} = sum_{u in rows} a^{-u}`` (Theorem 1) in ``like``'s dtype and device. Under DDP a collective:
+        each rank adds the vectors it holds and an all-reduce gives every rank the total (every rank must call
+        it with the same rows)."""
+        if self._shards == 1:
+            return self._store().data[rows].to(like).sum(0)
+        if self._strategy is None or self.world_size != self._shards:
+            raise ValueError(
+                f"TrajectoryRecorder vectors are spread over {self._shards} DDP processes: forget requests must "
+                "be executed by all of them together, after the DDP fit (every rank calls forget with the same ids)"
+            )
+        part = self._store().data[self._owned_slots(rows)].to(like).sum(0)
+        return self.sum_over_ranks(part.to(self._strategy.root_device)).to(like.device)
+
     def occurrences(self) -> tuple[Tensor, Tensor]:
         """``(rows, steps)``: every step at which each tracked sample was in the batch."""
         if not self._occ_rows:
@@ -447,14 +577,15 @@ class TrajectoryRecorder(RecorderCallback):
         if change:
             raise ValueError(f"TrajectoryRecorder.apply_forget takes no statistics change, got {sorted(change)}")
         rows = self.rows_for(ids)
-        saved = self._store().data[rows].clone()
+        slots = self._owned_slots(rows)  # under DDP each rank erases the vectors it holds
+        saved = self._store().data[slots].clone()
         undo_catalog = super().apply_forget(ids, {})
-        self._store().erase(rows)
+        self._store().erase(slots)
         self.active[rows] = False
 
         def undo() -> None:
             store = self._store()
-            store.data[rows] = saved
+            store.data[slots] = saved
             store.flush()
             self.active[rows] = True
             undo_catalog()
@@ -467,7 +598,8 @@ class TrajectoryRecorder(RecorderCallback):
         return {
             **super().state_dict(),
             # the vectors (in-memory store), or the store file's reference and digest (memory-mapped)
-            "A": None if self._rows is None else self._rows.state_dict(self.n_rows),
+            "A": None if self._rows is None else self._rows.state_dict(self.n_local),
+            "shards": self._shards,
             "row_ids": torch.tensor(self.row_ids, dtype=torch.long),
             "active": self.active.clone(),
             "lrs": torch.tensor(self.lrs, dtype=torch.float64),
@@ -482,6 +614,13 @@ class TrajectoryRecorder(RecorderCallback):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        shards = int(state_dict.get("shards", 1))
+        if shards != 1:
+            raise ValueError(
+                f"TrajectoryRecorder state was saved by a DDP fit over {shards} processes: each held its own share "
+                "of the vectors and a checkpoint holds rank 0's only, so it cannot be restored (fit again to resume, "
+                "or record in one process)"
+            )
         missing = [k for k in _STATE_KEYS if state_dict.get(k) is None]
         if missing:
             raise ValueError(f"TrajectoryRecorder state lacks recorded statistics {missing}")
@@ -498,6 +637,8 @@ class TrajectoryRecorder(RecorderCallback):
             self.catalog.add(fit["ids"], fit["labels"], int(fit["experience"]), fit["fingerprints"])
             self._resume = {**fit, **{k: fit[k][:0] for k in ("ids", "labels", "fingerprints")}}
         self.n_rows, self.row_ids = n, state_dict["row_ids"].tolist()
+        self.n_local, self._shards = n, 1
+        self.owner, self._slot = torch.zeros(n, dtype=torch.long), torch.arange(n)
         self.row_of = {i: k for k, i in enumerate(self.row_ids)}
         self.active = state_dict["active"].clone().bool()
         self.lrs = state_dict["lrs"].tolist()

@@ -257,6 +257,32 @@ def propagate(
     return out.index_add(0, positions.to(out.device), grads.to(out), alpha=lr / batch_size)
 
 
+def rank_bracket(
+    rows: Tensor,
+    hvp: Callable[[Tensor], Tensor],
+    lr: float,
+    world_size: int,
+    local_batch_size: int,
+    positions: Tensor,
+    grads: Tensor,
+) -> Tensor:
+    """One DDP rank's share of Eq. (10) for a chunk of rows (the rows are added once, by their owner):
+
+    ``-(eta_t/W) a_t H_{B_r} + 1[u in B_r] (eta_t / (W |B_r|)) grad l(w_t; u)``
+
+    A DDP step follows ``(1/W) sum_r F_{B_r}`` (the ranks' gradients averaged), so ``H_t = (1/W) sum_r H_{B_r}``
+    and the sum of the ``W`` brackets plus ``a_t`` is :func:`propagate`'s ``a_{t+1}`` ([derived]; equal when
+    the local batches have one size). ``hvp`` is rank ``r``'s ``V -> V H_{B_r}``, ``positions``/``grads`` the
+    injections of rank ``r``'s batch elements as in :func:`propagate`. Returns the ``(k, d)`` bracket in the
+    dtype ``hvp`` returns.
+    """
+    bracket = hvp(rows).mul_(-lr / world_size)
+    if grads.shape != (positions.numel(), rows.shape[1]):
+        raise ValueError(f"{positions.numel()} injected rows but per-sample gradients of shape {tuple(grads.shape)}")
+    alpha = lr / (world_size * local_batch_size)
+    return bracket.index_add_(0, positions.to(bracket.device), grads.to(bracket), alpha=alpha)
+
+
 # -- noise calibration (Algorithm 1 line 13, Eqs. (12)-(13), (56)) --------------------------------
 def per_sample_bound(
     occurrences: Tensor, lrs: Tensor, batch_sizes: Tensor, grad_bound: float, rho: float

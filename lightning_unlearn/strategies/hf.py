@@ -218,7 +218,7 @@ class HFStrategy(ReleasingStrategy):
                 "large for M"
             )
         internal = self.clean_parameters()
-        update = rec.A[rows].to(internal).sum(0)  # a^{-U} = sum_u a^{-u} (Theorem 1)
+        update = rec.row_sum(rows, internal)  # a^{-U} = sum_u a^{-u} (Theorem 1; a collective under DDP)
         internal = internal + update  # Alg. 1 line 13
         published = self._release(bounds["sensitivity"], internal)
         certificate = Certificate(

@@ -149,7 +149,8 @@ class ReleasingStrategy(UnlearningStrategy):
             seed=self.seed,
             budget=self.budget,
         )
-        weights = internal + plan.noise
+        noise = self.recorder.broadcast_from_rank0(plan.noise)  # under DDP every rank publishes rank 0's draw
+        weights = internal + noise
         if not bool(torch.isfinite(weights).all()):
             raise ValueError(f"{self.method} update is not finite (diverged statistics or weights?)")
-        return Publication(weights, plan.noise, plan, self.noise, self.certified_release, (self.epsilon, self.delta))
+        return Publication(weights, noise, plan, self.noise, self.certified_release, (self.epsilon, self.delta))

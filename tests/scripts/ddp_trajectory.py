@@ -19,7 +19,10 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, __file__.rsplit("/", 1)[0] + "/..")
 from helpers_certified import blobs, cl_tasks, proximal_model, sgd_model  # noqa: E402
 
+from lightning_unlearn import ForgetRequest  # noqa: E402
 from lightning_unlearn.callbacks import HessianRecorder, StreamingRecorder, TrajectoryRecorder  # noqa: E402
+from lightning_unlearn.functional import hf  # noqa: E402
+from lightning_unlearn.strategies import HFStrategy  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -44,12 +47,37 @@ def loader(ds, devices: int) -> DataLoader:
     return DataLoader(ds, batch_size=16 // devices, sampler=list(range(rank, len(ds), devices)))
 
 
+def count_rows(recorder) -> list[int]:
+    """Counts the rows the recorder's ``_record`` receives on this rank (its own samples under DDP)."""
+    seen: list[int] = []
+    record = recorder._record
+    recorder._record = lambda module, x, y, ids, out: (seen.append(len(x)), record(module, x, y, ids, out))
+    return seen
+
+
 def main(out: str, devices: int) -> None:
     traj = TrajectoryRecorder(dtype=torch.float64)
     stream = StreamingRecorder(num_classes=3, proj_dim=4)
+    stream_rows = count_rows(stream)
+    model = sgd_model()
     tr = trainer(devices, [traj, stream], epochs=2)
-    tr.fit(sgd_model(), loader(blobs(96, seed=0), devices))
+    tr.fit(model, loader(blobs(96, seed=0), devices))
+    owned = traj._slot >= 0  # the vectors this rank holds, by id
+    shard = {
+        "ids": torch.tensor(traj.row_ids)[owned],
+        "rows": traj.A[traj._slot[owned]].clone(),
+        "memory_bytes": traj.memory_bytes(),
+    }
+    traj_state = {k: traj.state_dict()[k] for k in ("row_ids", "lrs", "batch_sizes", "occ_rows", "occ_steps")}
+    # an HF request executed by every rank: without noise (compared with one process), then with noise drawn
+    # from OS entropy (every rank must publish the same model)
+    strategy = HFStrategy(model, traj, noise=False, max_deletions=10)
+    clean = strategy.forget(ForgetRequest.samples([3, 50, 77]))
+    published_clean = hf.flat_params(model)
+    noised = HFStrategy(model, traj, sigma_override=0.01, max_deletions=10).forget(ForgetRequest.samples([10]))
+    published_noised = hf.flat_params(model)
     hess = HessianRecorder()
+    hess_rows = count_rows(hess)
     model = proximal_model()
     model.optimizer_name = "sgd"  # L-BFGS line searches would differ between ranks
     for k, ds in enumerate(cl_tasks(n=48)[:2]):
@@ -57,7 +85,18 @@ def main(out: str, devices: int) -> None:
         trainer(devices, [hess], epochs=3).fit(model, loader(ds, devices))
     rank = tr.global_rank
     torch.save(
-        {"trajectory": traj.state_dict(), "streaming": stream.state_dict(), "hessian": hess.state_dict()},
+        {
+            "trajectory": traj_state,
+            "shard": shard,
+            "published_clean": published_clean,
+            "update_norm": clean.extra["update_norm"],
+            "published_noised": published_noised,
+            "noise_norm": noised.extra["noise_norm"],
+            "streaming": stream.state_dict(),
+            "streaming_rows": sum(stream_rows),
+            "hessian": hess.state_dict(),
+            "hessian_rows": sum(hess_rows),
+        },
         out.replace(".pt", f".rank{rank}.pt"),
     )
 
