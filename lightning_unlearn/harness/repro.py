@@ -830,12 +830,18 @@ def plot_paper_vs_ours(config: ReproConfig, result: SetupResult, path: Path) -> 
             ax = axes[i, j]
             ours = [rows[n][column] if n in rows else math.nan for n in names]
             paper = [rows[n][f"paper {column}"] if n in rows else math.nan for n in names]
-            ax.barh([y - 0.2 for y in ys], ours, height=0.38, color=_OURS, label="ours")
-            ax.barh([y + 0.2 for y in ys], paper, height=0.38, color=_PAPER, label=f"paper ({config.paper})")
+            for shift, values, color, name in (
+                (-0.2, ours, _OURS, "ours"),
+                (0.2, paper, _PAPER, f"paper ({config.paper})"),
+            ):
+                bars = ax.barh([y + shift for y in ys], values, height=0.38, color=color, label=name)
+                texts = ["" if math.isnan(v) else f"{v:.3g}" for v in values]
+                ax.bar_label(bars, texts, fontsize=6, padding=2)
             ax.set_yticks(ys, [f"{m} [{p}]" for m, p in names], fontsize=8)
             ax.invert_yaxis()
             ax.grid(True, axis="x", color="0.9", lw=0.6)
             ax.set_axisbelow(True)
+            ax.margins(x=0.18)  # room for the value labels
             ax.set_title(f"{column}" + (f", {label}" if len(labels) > 1 else ""), fontsize=9)
             ax.tick_params(axis="x", labelsize=8)
     handles, texts = axes[0, 0].get_legend_handles_labels()
@@ -866,6 +872,7 @@ def plot_lambda_sweep(results: Sequence[SetupResult], path: Path) -> Path:
     styles = ["o-", "s--", "^-.", "D:"]
     for k, (name, accs) in enumerate(series.items()):
         ax_a.plot(lambdas, accs, styles[k % len(styles)], label=name, mfc="white")
+    ax_a.set_xticks(lambdas, [f"{v:g}" for v in lambdas])
     ax_a.set_xlabel(r"$\lambda$ (proximal regulariser)")
     ax_a.set_ylabel("test accuracy after the requests (%)")
     ax_a.set_title("(a) excess risk")
@@ -873,18 +880,19 @@ def plot_lambda_sweep(results: Sequence[SetupResult], path: Path) -> Path:
     colors = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9"]
     for k, res in enumerate(results):
         report = next(iter(res.reports.values()))
-        for name, ls in zip(report.methods(), ("-", "--")):
+        for name, ls, marker in zip(report.methods(), ("-", "--"), ("o", "s")):
             rows = report.table(name)
             ax_b.plot(
                 [r["request"] for r in rows],
                 [float(r["l2_to_retrain"]) for r in rows],
                 ls=ls,
-                marker="o",
+                marker=marker,
                 color=colors[k % len(colors)],
                 mfc="white",
                 label=f"{name.split('[')[0]}, {res.setup.label.replace('lambda', 'λ')}",
             )
     ax_b.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax_b.set_yscale("log")
     ax_b.set_xlabel("forget request")
     ax_b.set_ylabel(r"$\|w - w_{retrain}\|_2$")
     ax_b.set_title("(b) unlearning loss (approximation error)")
