@@ -112,6 +112,10 @@ def test_report_rows_csv_plot_and_table(report):
         ["retrain[supervised]", "supervised"],
     ]
     assert len({len(line) for line in text.splitlines()[1:]}) == 1  # aligned columns
+    # each row shows its reference's own accuracies (mean over the requests) next to the gaps
+    ref_rows = [r for r in rep.reference_rows if r["method"] == "retrain[supervised] (reference)"]
+    test_acc = sum(r["test_acc"] for r in ref_rows) / len(ref_rows)
+    assert text.splitlines()[-1].split()[-2].split("/")[2] == f"{100 * test_acc:.1f}"
 
 
 def test_schedule_is_reproducible_from_its_seed(info):

@@ -67,6 +67,7 @@ class Report:
             "dTest(pp)",
             "dMIA",
             "s/request",
+            "reference R/F/T(%)",
             "guarantee",
         ]
         body = [
@@ -74,12 +75,24 @@ class Report:
                 m,
                 self.family(m),
                 *(f"{s[c]:.4g}" if c == "time_per_request_s" else f"{s[c]:.2f}" for c in TABLE1),
+                "/".join(f"{100 * a:.1f}" for a in self.reference_accuracies(m)),
                 self._guarantee(m),
             ]
             for m, s in self.summary().items()
         ]
-        title = f"K = {self.k} requests ({describe(self.schedule)}); gaps to retraining from scratch"
+        title = (
+            f"K = {self.k} requests ({describe(self.schedule)}); gaps to retraining from scratch, whose own "
+            "retain/forget/test accuracies (mean over the requests) are in column 'reference R/F/T'"
+        )
         return format_table(head, body, title=title)
+
+    def reference_accuracies(self, method: str) -> tuple[float, float, float]:
+        """Retain, forget and test accuracy of ``method``'s reference, each the mean over the requests: what a
+        gap is measured against (a reference that itself forgot its early experiences makes small gaps cheap)."""
+        ref = self.table(method)[0]["reference"]
+        rows = [r for r in self.reference_rows if r["method"] == ref]
+        means = [sum(float(r[k]) for r in rows) / len(rows) for k in ("retain_acc", "forget_acc", "test_acc")]
+        return means[0], means[1], means[2]
 
     def _guarantee(self, method: str) -> str:
         certs = {r["certificate"] for r in self.table(method)}
