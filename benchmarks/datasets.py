@@ -32,6 +32,7 @@ from lightning_unlearn.harness.models import ACU_PRETRAIN, MODELS, build_model
 FULL_TRAIN = {
     "split-mnist": 60_000,
     "split-fmnist": 60_000,
+    "split-svhn": 73_257,
     "split-cifar10": 50_000,
     "split-cifar100": 50_000,
     "split-tinyimagenet": 100_000,

@@ -127,12 +127,12 @@ def test_bad_split_settings_are_refused(fake_root):
         load_benchmark("split-cifar10", fake_root, n_experiences=3)
     with pytest.raises(ValueError, match="base_fraction must lie in"):
         load_splits("split-cifar10", fake_root, base_fraction=1.0)
-    with pytest.raises(ValueError, match="unknown benchmark 'split-svhn'"):
-        load_splits("split-svhn", fake_root)
+    with pytest.raises(ValueError, match="unknown benchmark 'split-celeba'"):
+        load_splits("split-celeba", fake_root)
 
 
 @pytest.mark.parametrize("in_shape", [(1, 28, 28), (3, 32, 32), (3, 64, 64)])
-@pytest.mark.parametrize("name", ["resnet18", "cnn", "mlp"])
+@pytest.mark.parametrize("name", ["resnet18", "cnn", "lenet", "mlp"])
 def test_each_model_builds_and_runs_on_its_input_shape(name, in_shape):
     torch.manual_seed(0)
     model = build_model(name, 7, in_shape).eval()
@@ -141,6 +141,10 @@ def test_each_model_builds_and_runs_on_its_input_shape(name, in_shape):
     backbone, dim = backbone_of(model)
     assert backbone(x).shape == (1, dim)
     assert torch.equal(model.fc(backbone(x)), model(x))  # the backbone is the model without its fc
+
+
+def test_lenet_has_the_parameter_count_of_hf_fmnist_lenet():
+    assert sum(p.numel() for p in build_model("lenet", 10, (1, 28, 28)).parameters()) == 61_706
 
 
 def test_resnet18_cifar_stem_keeps_the_resolution():

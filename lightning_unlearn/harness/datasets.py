@@ -1,9 +1,10 @@
 """The standard class-incremental benchmarks, from datasets already on disk (never downloaded).
 
-``split-mnist``, ``split-fmnist``, ``split-cifar10``, ``split-cifar100`` and ``split-tinyimagenet``
+``split-mnist``, ``split-fmnist``, ``split-svhn``, ``split-cifar10``, ``split-cifar100`` and ``split-tinyimagenet``
 read the files torchvision's own dataset classes read (``download=False``) under one ``root``:
 
 * ``root/MNIST/raw/`` and ``root/FashionMNIST/raw/``: the four decompressed idx files;
+* ``root/svhn/``: ``train_32x32.mat`` and ``test_32x32.mat`` (the folder is Avalanche's default location);
 * ``root/cifar-10-batches-py/``: ``data_batch_1`` ... ``data_batch_5``, ``test_batch``, ``batches.meta``;
 * ``root/cifar-100-python/``: ``train``, ``test``, ``meta``;
 * ``root/tiny-imagenet-200/``: ``wnids.txt``, ``train/<wnid>/images/*.JPEG``, ``val/images/*.JPEG``
@@ -87,6 +88,18 @@ BENCHMARKS: dict[str, DatasetSpec] = {
             "the four .gz files of http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/ "
             "into root/FashionMNIST/raw/ "
             "and gunzip them",
+        ),
+        DatasetSpec(
+            "split-svhn",
+            "SVHN",
+            10,
+            (3, 32, 32),
+            5,
+            ("svhn/train_32x32.mat", "svhn/test_32x32.mat"),
+            (0.4377, 0.4438, 0.4728),
+            (0.1980, 0.2010, 0.1970),
+            False,
+            "train_32x32.mat and test_32x32.mat of http://ufldl.stanford.edu/housenumbers/ into root/svhn/",
         ),
         DatasetSpec(
             "split-cifar10",
@@ -232,8 +245,8 @@ def load_dataset(name: str, root: str | Path, train: bool = True) -> Dataset:
     """Benchmark ``name``'s training (or test) set from ``root`` with torchvision's readers (``download=False``).
 
     Items are ``(x, y)`` with ``x`` a normalised float tensor of shape ``spec.in_shape``; the
-    dataset has ``targets``. CIFAR's md5 checksums are not checked, so that subsets and test
-    files in the same format load; the files' presence is (:func:`check_files`).
+    dataset has ``targets``. CIFAR's and SVHN's md5 checksums are not checked, so that subsets and
+    test files in the same format load; the files' presence is (:func:`check_files`).
 
     Raises:
         ValueError: an unknown benchmark name.
@@ -246,11 +259,21 @@ def load_dataset(name: str, root: str | Path, train: bool = True) -> Dataset:
     transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize(spec.mean, spec.std)])
     if name == "split-tinyimagenet":
         return TinyImageNet(root, train=train, transform=transform)
+    if name == "split-svhn":
+        svhn = type("SVHN", (datasets.SVHN,), {"split_list": _without_md5(datasets.SVHN.split_list)})
+        data = svhn(str(Path(root) / "svhn"), split="train" if train else "test", transform=transform, download=False)
+        data.targets = data.labels.tolist()  # SVHN names them labels (digit 0 already mapped from 10 to 0)
+        return data
     if name in ("split-mnist", "split-fmnist"):
         cls = datasets.MNIST if name == "split-mnist" else datasets.FashionMNIST
         return cls(str(root), train=train, transform=transform, download=False)
     cifar = _unchecked(datasets.CIFAR10 if name == "split-cifar10" else datasets.CIFAR100)
     return cifar(str(root), train=train, transform=transform, download=False)
+
+
+def _without_md5(split_list: Mapping[str, Sequence[str]]) -> dict[str, list[str | None]]:
+    """SVHN's ``split_list`` with ``None`` for each md5 (``check_integrity(path, None)`` checks the file exists)."""
+    return {split: [*entry[:2], None] for split, entry in split_list.items()}
 
 
 def _unchecked(cls: type) -> type:
@@ -376,7 +399,8 @@ def load_benchmark(
     row in the dataset's training set (test items: the row in its test set). No download.
 
     Args:
-        name: ``split-mnist``, ``split-fmnist``, ``split-cifar10``, ``split-cifar100`` or ``split-tinyimagenet``.
+        name: one of :data:`BENCHMARKS` (``split-mnist``, ``split-fmnist``, ``split-svhn``, ``split-cifar10``,
+            ``split-cifar100``, ``split-tinyimagenet``).
         root: the folder holding the dataset's files (see the module docstring).
         n_experiences: experiences of whole classes (``None``: the benchmark's usual, ``spec.n_experiences``);
             must divide the number of classes.

@@ -36,8 +36,9 @@ def write_fake_dataset(
 
     Formats (what torchvision's readers, and :class:`~lightning_unlearn.harness.datasets.TinyImageNet`, read):
     CIFAR-10's python pickles ``cifar-10-batches-py/data_batch_1..5``, ``test_batch``, ``batches.meta``;
-    CIFAR-100's ``cifar-100-python/train``, ``test``, ``meta`` (fine and coarse labels); (Fashion-)MNIST's
-    raw idx files ``MNIST/raw/*-idx?-ubyte`` (``FashionMNIST/raw/``); Tiny-ImageNet's
+    CIFAR-100's ``cifar-100-python/train``, ``test``, ``meta`` (fine and coarse labels); SVHN's MATLAB
+    files ``svhn/train_32x32.mat``, ``test_32x32.mat`` (``X`` of shape (32, 32, 3, N), ``y`` with 10 for
+    the digit 0); (Fashion-)MNIST's raw idx files ``MNIST/raw/*-idx?-ubyte`` (``FashionMNIST/raw/``); Tiny-ImageNet's
     ``tiny-imagenet-200`` folders of JPEGs with ``wnids.txt``, ``words.txt`` and ``val/val_annotations.txt``.
     Every class of the real dataset is present (CIFAR-100: 100, Tiny-ImageNet: 200).
 
@@ -61,13 +62,15 @@ def write_fake_dataset(
     root = Path(root)
     rng = np.random.default_rng(seed)
     c, h, w = spec.in_shape
-    shape = (c, h, w) if name in ("split-cifar10", "split-cifar100") else (h, w, c) if c == 3 else (h, w)
+    layout = {"split-cifar10": (c, h, w), "split-cifar100": (c, h, w), "split-svhn": (h, w, c)}
+    shape = layout.get(name, (h, w, c) if c == 3 else (h, w))
     prototypes = rng.integers(0, 256, size=(spec.num_classes, *shape))
     train = fake_images(spec.num_classes, per_class, shape, rng, prototypes)
     test = fake_images(spec.num_classes, test_per_class, shape, rng, prototypes)
     writer = {
         "split-cifar10": _cifar10,
         "split-cifar100": _cifar100,
+        "split-svhn": _svhn,
         "split-mnist": _mnist,
         "split-fmnist": _mnist,
         "split-tinyimagenet": _tinyimagenet,
@@ -116,6 +119,16 @@ def _cifar100(root: Path, name: str, train: tuple[np.ndarray, np.ndarray], test:
             "coarse_label_names": [f"superclass_{i:02d}" for i in range(20)],
         },
     )
+
+
+def _svhn(root: Path, name: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray]) -> None:
+    from scipy.io import savemat
+
+    folder = root / "svhn"
+    folder.mkdir(parents=True, exist_ok=True)
+    for file, (images, labels) in (("train_32x32.mat", train), ("test_32x32.mat", test)):
+        # X is (32, 32, 3, N); y is (N, 1) with the digit 0 stored as 10
+        savemat(folder / file, {"X": images.transpose(1, 2, 3, 0), "y": np.where(labels == 0, 10, labels)[:, None]})
 
 
 def _idx(path: Path, array: np.ndarray) -> None:

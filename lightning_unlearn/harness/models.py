@@ -1,7 +1,8 @@
 """Models by name for the file benchmarks, and the frozen backbone [ACU] pre-trains on its base split.
 
 * :func:`build_model`: ``"resnet18"`` (torchvision's, with the CIFAR stem the papers' CIFAR
-  ResNet-18s use), ``"cnn"`` (a small CNN with BatchNorm) or ``"mlp"``; every model ends in a
+  ResNet-18s use), ``"cnn"`` (a small CNN with BatchNorm), ``"lenet"`` (LeNet-5, [HF]'s FMNIST
+  model) or ``"mlp"``; every model ends in a
   linear layer named ``fc``.
 * :func:`backbone_of`: the model without its ``fc`` (the feature extractor) and its output width.
 * :func:`pretrain_backbone`: [ACU] App. E.1's recipe (SGD, momentum 0.9, weight decay 5e-4,
@@ -23,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-MODELS = ("resnet18", "cnn", "mlp")
+MODELS = ("resnet18", "cnn", "lenet", "mlp")
 
 #: [ACU] App. E.1: the base model's training recipe (300 epochs; SGD with cosine half-cycle decay)
 ACU_PRETRAIN: dict[str, Any] = {
@@ -45,7 +46,10 @@ def build_model(name: str, num_classes: int, in_shape: tuple[int, ...], *, cifar
             of [SCRUB], [SalUn] and [RBM]'s code bases (32x32 inputs keep their resolution);
             otherwise torchvision's ImageNet stem (7x7 stride 2 + max-pool).
             ``"cnn"``: three conv-BatchNorm-ReLU-max-pool blocks (32, 64, 128 channels), global
-            average pooling, a linear layer. ``"mlp"``: two hidden layers of 256 ReLU units.
+            average pooling, a linear layer. ``"lenet"``: LeNet-5 (two 5x5 convolutions with 6 and 16
+            channels, each followed by 2x2 max-pooling, then 120 and 84 units; ReLU [interp]), on
+            28x28 grey images the 61,706 parameters of [HF]'s FMNIST LeNet. ``"mlp"``: two hidden
+            layers of 256 ReLU units.
         num_classes: outputs of the final linear layer ``fc``.
         in_shape: one input's shape; its first entry is the channel count (1 for (Fashion-)MNIST).
         cifar_stem: the CIFAR stem for ``resnet18`` (ignored by the others).
@@ -65,6 +69,8 @@ def build_model(name: str, num_classes: int, in_shape: tuple[int, ...], *, cifar
         raise ValueError(f"model {name!r} takes images of shape (C, H, W), got in_shape={in_shape}")
     if name == "cnn":
         return SmallCNN(in_shape[0], num_classes)
+    if name == "lenet":
+        return LeNet5(in_shape, num_classes)
     return resnet18(num_classes, in_shape[0], cifar_stem=cifar_stem)
 
 
@@ -98,6 +104,38 @@ class SmallCNN(nn.Module):
             channels = out
         self.features = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
         self.fc = nn.Linear(channels, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.features(x))
+
+
+class LeNet5(nn.Module):
+    """LeNet-5: conv(5x5, 6, padding 2)-ReLU-pool, conv(5x5, 16)-ReLU-pool, 120 and 84 ReLU units, ``fc``.
+
+    Raises:
+        ValueError: images smaller than 12x12 (nothing is left after the second pooling).
+    """
+
+    def __init__(self, in_shape: tuple[int, ...], num_classes: int) -> None:
+        super().__init__()
+        c, h, w = in_shape
+        side_h, side_w = (h // 2 - 4) // 2, (w // 2 - 4) // 2
+        if min(side_h, side_w) < 1:
+            raise ValueError(f"lenet takes images of at least 12x12, got in_shape={in_shape}")
+        self.features = nn.Sequential(
+            nn.Conv2d(c, 6, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(16 * side_h * side_w, 120),
+            nn.ReLU(),
+            nn.Linear(120, 84),
+            nn.ReLU(),
+        )
+        self.fc = nn.Linear(84, num_classes)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc(self.features(x))
