@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
@@ -16,6 +16,13 @@ from lightning_unlearn.models import AnalyticHead, float64_forward
 from lightning_unlearn.warnings import warn
 
 _STATISTICS = ("R", "Q", "T", "W")
+
+
+def require_statistic(value: Tensor | None, name: str) -> Tensor:
+    """``value``, one of the :class:`AnalyticRecorder` statistics; ``ValueError`` naming it if none is recorded yet."""
+    if value is None:
+        raise ValueError(f"AnalyticRecorder has no {name} yet: fit the module with the recorder first")
+    return value
 
 
 class AnalyticRecorder(RecorderCallback):
@@ -116,12 +123,12 @@ class AnalyticRecorder(RecorderCallback):
     def _subtract_pending_rows(self) -> None:
         if self._pending_rows:
             P = torch.cat(self._pending_rows)
-            self._R.addmm_(P.T, P, alpha=-1)  # type: ignore[union-attr]
+            require_statistic(self._R, "R").addmm_(P.T, P, alpha=-1)
             self._pending_rows = []
 
     def _apply_pending_tracking_update(self) -> None:
         if self._pending_T is not None:
-            acu.apply_tracking_update(self._T, *self._pending_T)  # type: ignore[arg-type]
+            acu.apply_tracking_update(require_statistic(self._T, "T"), *self._pending_T)
             self._pending_T = None
 
     # -- the model parts ----------------------------------------------------------------------------
@@ -150,8 +157,10 @@ class AnalyticRecorder(RecorderCallback):
 
     def backbone_of(self, module: nn.Module) -> nn.Module:
         """The named frozen backbone. Raises ``ValueError`` if the module has none of that name."""
+        if self.backbone is None:
+            raise ValueError("AnalyticRecorder names no backbone submodule (backbone=...)")
         try:
-            return module.get_submodule(self.backbone)  # type: ignore[arg-type]
+            return module.get_submodule(self.backbone)
         except AttributeError as err:
             raise ValueError(f"the module has no backbone submodule {self.backbone!r}") from err
 
@@ -175,7 +184,7 @@ class AnalyticRecorder(RecorderCallback):
             F = head.features(b) if isinstance(head, AnalyticHead) else b.flatten(1)
         else:
             with torch.no_grad():
-                F = module.features(x)  # type: ignore[operator]
+                F = cast(Callable[[Tensor], Tensor], module.features)(x)  # head_of checked it is callable
         return self._augment(F, linear)
 
     def _augment(self, F: Tensor, linear: nn.Linear) -> Tensor:
@@ -231,12 +240,13 @@ class AnalyticRecorder(RecorderCallback):
         if self._R is None:
             self.R = torch.zeros(d_F, d_F, dtype=self.dtype, device=device)
             self.Q = torch.zeros(d_F, d_C, dtype=self.dtype, device=device)
-        elif self._R.shape[0] != d_F or self.Q.shape[1] != d_C:  # type: ignore[union-attr]
-            raise ValueError(
-                f"module head is {d_F}x{d_C} (bias counted as a row) but the recorded statistics are "
-                f"{tuple(self.Q.shape)}"  # type: ignore[union-attr]
-            )
         else:
+            Q = require_statistic(self.Q, "Q")
+            if self._R.shape[0] != d_F or Q.shape[1] != d_C:
+                raise ValueError(
+                    f"module head is {d_F}x{d_C} (bias counted as a row) but the recorded statistics are "
+                    f"{tuple(Q.shape)}"
+                )
             self._to(device)
         self._frozen_digest = self._frozen_state_digest(module)
         super().begin_experience(module)
@@ -251,8 +261,8 @@ class AnalyticRecorder(RecorderCallback):
 
     def _staged_sums(self) -> tuple[Tensor, Tensor]:
         """The staged block's ``(dR, dQ)`` summed over the ranks (a collective call under DDP)."""
-        dR = self._dR if self._dR is not None else torch.zeros_like(self._R)  # type: ignore[arg-type]
-        dQ = self._dQ if self._dQ is not None else torch.zeros_like(self.Q)  # type: ignore[arg-type]
+        dR = self._dR if self._dR is not None else torch.zeros_like(require_statistic(self._R, "R"))
+        dQ = self._dQ if self._dQ is not None else torch.zeros_like(require_statistic(self.Q, "Q"))
         return self.sum_over_ranks(dR), self.sum_over_ranks(dQ)
 
     def _staged_state(self) -> dict[str, Any]:
@@ -269,10 +279,12 @@ class AnalyticRecorder(RecorderCallback):
     def _record(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any) -> None:
         f = outputs.get("features") if isinstance(outputs, dict) and self.backbone is None else None
         F = self._augment(f, self.head_of(module)) if f is not None else self.features(module, x)
-        Y = acu.one_hot(y.to(F.device), self.Q.shape[1], self.dtype)  # type: ignore[union-attr]
-        if self._dR is None:
-            self._dR, self._dQ = torch.zeros_like(self._R), torch.zeros_like(self.Q)  # type: ignore[arg-type]
-        self._dR, self._dQ = acu.accumulate(self._dR, self._dQ, F, Y)  # type: ignore[arg-type]
+        Q = require_statistic(self.Q, "Q")
+        Y = acu.one_hot(y.to(F.device), Q.shape[1], self.dtype)
+        dR, dQ = self._dR, self._dQ
+        if dR is None or dQ is None:
+            dR, dQ = torch.zeros_like(require_statistic(self._R, "R")), torch.zeros_like(Q)
+        self._dR, self._dQ = acu.accumulate(dR, dQ, F, Y)
 
     def _commit(self, module: nn.Module) -> None:
         if self._frozen_digest is not None and self._frozen_state_digest(module) != self._frozen_digest:
@@ -282,7 +294,7 @@ class AnalyticRecorder(RecorderCallback):
                 "statistics of a train-mode forward): ACU needs a frozen backbone; its statistics were not updated"
             )
         dR, dQ = self._staged_sums()
-        R, Q = self.R + dR, self.Q + dQ  # type: ignore[operator]
+        R, Q = require_statistic(self.R, "R") + dR, require_statistic(self.Q, "Q") + dQ
         T, W = acu.ridge_solution(R, Q, self.ridge)
         self.R, self.Q, self.T, self.W = R, Q, T, W
         self.write_head(module)
@@ -291,7 +303,7 @@ class AnalyticRecorder(RecorderCallback):
         """Copy ``W`` into the head (an ``nn.Linear`` stores ``W^T``; a bias is the last row of ``W``)."""
         params = dict(module.named_parameters())
         with torch.no_grad():
-            for name, value in self.head_weights(module, self.W).items():  # type: ignore[arg-type]
+            for name, value in self.head_weights(module, require_statistic(self.W, "W")).items():
                 params[name].copy_(value)
 
     # -- forgetting ---------------------------------------------------------------------------------
@@ -317,7 +329,7 @@ class AnalyticRecorder(RecorderCallback):
         FT, S = change["tracking_update"]
         F = change["forgotten_rows"]
         self._apply_pending_tracking_update()  # an earlier committed update, if any, goes first
-        if sum(len(P) for P in self._pending_rows) + len(F) > self._R.shape[0]:  # type: ignore[union-attr]
+        if sum(len(P) for P in self._pending_rows) + len(F) > require_statistic(self._R, "R").shape[0]:
             self._subtract_pending_rows()  # hold at most d_F rows: no more memory than R itself
         prints = self.catalog.mark_forgotten(ids)
         old_Q, old_W, old_rows = self.Q, self.W, self._pending_rows
@@ -329,11 +341,11 @@ class AnalyticRecorder(RecorderCallback):
             if self._pending_T is update:
                 self._pending_T = None
             else:
-                acu.apply_tracking_update(self._T, FT, S, alpha=-1)  # type: ignore[arg-type]
+                acu.apply_tracking_update(require_statistic(self._T, "T"), FT, S, alpha=-1)
             if self._pending_rows is rows:
                 self._pending_rows = old_rows
             else:
-                self._R.addmm_(F.T, F)  # type: ignore[union-attr]
+                require_statistic(self._R, "R").addmm_(F.T, F)
             self.Q, self.W = old_Q, old_W
             self.catalog.unmark_forgotten(ids, prints)
 
@@ -342,7 +354,8 @@ class AnalyticRecorder(RecorderCallback):
     # -- state --------------------------------------------------------------------------------------
     def check_consistency(self) -> None:
         """Raise ``ValueError`` naming what fails if ``W != T Q`` or ``T (R + gamma I) != I`` (float64 tolerance)."""
-        errors = acu.consistency_errors(self.R, self.Q, self.T, self.W, self.ridge)  # type: ignore[arg-type]
+        R, Q, T, W = (require_statistic(getattr(self, k), k) for k in _STATISTICS)  # reading R and T applies updates
+        errors = acu.consistency_errors(R, Q, T, W, self.ridge)
         if errors:
             raise ValueError(f"AnalyticRecorder statistics are inconsistent: {'; '.join(errors)}")
 
@@ -376,7 +389,8 @@ class AnalyticRecorder(RecorderCallback):
         }
         R, Q, T, W = (stats[k] for k in _STATISTICS)
         if not first_fit:
-            errors = acu.consistency_errors(R, Q, T, W, self.ridge)  # type: ignore[arg-type]
+            cR, cQ, cT, cW = (require_statistic(stats[k], k) for k in _STATISTICS)  # all present: checked above
+            errors = acu.consistency_errors(cR, cQ, cT, cW, self.ridge)
             if errors:
                 raise ValueError(f"refusing AnalyticRecorder state: {'; '.join(errors)}")
         super().load_state_dict(state_dict)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from lightning_unlearn.callbacks.analytic import AnalyticRecorder
+from lightning_unlearn.callbacks.analytic import AnalyticRecorder, require_statistic
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.functional import acu
@@ -39,7 +39,7 @@ class ACUStrategy(UnlearningStrategy):
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         rec = self.recorder
-        head = rec.head_weights(self.module, rec.W)  # type: ignore[arg-type]
+        head = rec.head_weights(self.module, require_statistic(rec.W, "W"))
         params = dict(self.module.named_parameters())
         changed = [k for k, v in head.items() if not torch.equal(params[k].detach(), v.to(params[k]))]
         if changed:
@@ -49,15 +49,17 @@ class ACUStrategy(UnlearningStrategy):
             )
         x, labels = self.forget_samples(ids, data)
         F = rec.features(self.module, x)
-        Y = acu.one_hot(labels.to(F.device), rec.Q.shape[1], rec.dtype)  # type: ignore[union-attr]
-        d_F, d_C = rec.Q.shape  # type: ignore[union-attr]
+        Q0 = require_statistic(rec.Q, "Q")
+        Y = acu.one_hot(labels.to(F.device), Q0.shape[1], rec.dtype)
+        d_F, d_C = Q0.shape
         if acu.woodbury_is_cheaper(d_F, d_C, len(F)):
-            FT, S, W = acu.forget_factors(rec.T, rec.W, F, Y)  # type: ignore[arg-type]  # eq. (5), eq. (6)
-            Q = torch.addmm(rec.Q, F.T, Y, alpha=-1)  # type: ignore[arg-type]
+            T0, W0 = require_statistic(rec.T, "T"), require_statistic(rec.W, "W")
+            FT, S, W = acu.forget_factors(T0, W0, F, Y)  # eq. (5), eq. (6)
+            Q = torch.addmm(Q0, F.T, Y, alpha=-1)
             statistics = {"tracking_update": (FT, S), "forgotten_rows": F, "Q": Q, "W": W}
             path = "woodbury"
         else:
-            R, Q, T, W = acu.resolve(rec.R, rec.Q, F, Y, rec.ridge)  # type: ignore[arg-type]  # eq. (8)
+            R, Q, T, W = acu.resolve(require_statistic(rec.R, "R"), Q0, F, Y, rec.ridge)  # eq. (8)
             statistics = {"R": R, "Q": Q, "T": T, "W": W}
             path = "resolve"
         certificate = Certificate(
