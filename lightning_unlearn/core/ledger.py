@@ -195,9 +195,9 @@ class Ledger:
 
         All or nothing: if the write fails, the file is truncated back and the entry is not kept.
         """
+        path = self.path
         # Lightning sets the attribute at import time; its stubs type the decorator as a plain function.
-        writes = self.path is not None and rank_zero_only.rank == 0  # type: ignore[attr-defined]
-        if not writes:
+        if path is None or rank_zero_only.rank != 0:  # type: ignore[attr-defined]
             return self._append(result, module)
         with self._locked():
             on_disk = self._read()
@@ -208,7 +208,7 @@ class Ledger:
             self._entries = on_disk
             entry = self._append(result, module)
             try:
-                with self.path.open("ab") as fh:  # type: ignore[union-attr]
+                with path.open("ab") as fh:
                     size = fh.tell()
                     try:
                         fh.write((json.dumps(asdict(entry), sort_keys=True) + "\n").encode())

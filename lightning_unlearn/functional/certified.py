@@ -91,9 +91,15 @@ def hessian_correction(
         if s.kind == "deleted":
             e = e + (starts[i] - ends[i])
         else:
-            e = transport(solves[i], lam, e)  # type: ignore[arg-type]
+            solve = solves[i]
+            if solve is None:
+                raise ValueError(f"task {i} is {s.kind} but has no Hessian solve")
+            e = transport(solve, lam, e)
             if s.kind == "partial":
-                e = e + partial_step(solves[i], lam, s.n, s.m, grad_sums[i], starts[i] - ends[i])  # type: ignore[arg-type]
+                grad_sum = grad_sums[i]
+                if grad_sum is None:
+                    raise ValueError(f"task {i} is partially deleted but has no sum of its forgotten gradients")
+                e = e + partial_step(solve, lam, s.n, s.m, grad_sum, starts[i] - ends[i])
         prev_end = ends[i]
     return e - (current - prev_end)
 
