@@ -3,8 +3,8 @@ strategies key on the id. The batch format is specified in :mod:`lightning_unlea
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence, Sized
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -26,11 +26,14 @@ class IndexedDataset(Dataset):
     ``(x, y, sample_id, task_label)``).
 
     Raises:
+        TypeError: ``dataset`` has no length (an iterable-style dataset).
         ValueError: the ids are not one unique id per sample, or dict items already hold ``id_key``.
     """
 
     def __init__(self, dataset: Dataset, ids: Sequence[int] | Tensor | None = None, id_key: str = "sample_id") -> None:
-        n = len(dataset)  # type: ignore[arg-type]
+        if not isinstance(dataset, Sized):
+            raise TypeError(f"IndexedDataset needs a dataset with a length, got {type(dataset).__name__}")
+        n = len(dataset)
         self.dataset, self.id_key = dataset, id_key
         self.ids = torch.arange(n) if ids is None else torch.as_tensor(ids, dtype=torch.long).flatten()
         if self.ids.numel() != n:
@@ -82,4 +85,4 @@ def select_by_ids(
     if found < len(wanted):
         missing = [i for i, k in wanted.items() if xs[k] is None]
         raise ValueError(f"forget data lacks {len(missing)} requested sample ids, e.g. {missing[:10]}")
-    return torch.stack(xs), torch.stack(ys)  # type: ignore[arg-type]
+    return torch.stack(cast(list[Tensor], xs)), torch.stack(cast(list[Tensor], ys))  # every slot found above
