@@ -216,9 +216,9 @@ class RecorderCallback(L.Callback):
             where = f"epoch {trainer.current_epoch} after {done} batches"
             self._resume_fit(trainer, pl_module, resume, mid_epoch, where)
         else:
-            if staged:  # its first epoch ended before the checkpoint, uncommitted when it was saved
-                self._fit_experience = int(resume["experience"])  # type: ignore[index]
-                self._restore_staged(resume)  # type: ignore[arg-type]
+            if staged and resume is not None:  # its first epoch ended before the checkpoint, uncommitted when saved
+                self._fit_experience = int(resume["experience"])
+                self._restore_staged(resume)
                 self.end_experience(pl_module)
             # a fresh fit, or one restored at an epoch end: it records the first epoch it runs
             self._first_epoch = trainer.current_epoch
