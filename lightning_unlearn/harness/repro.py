@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -533,7 +534,9 @@ def run_config(
             paper's dataset (e.g. files of :func:`~lightning_unlearn.harness.fake_data.write_fake_dataset`).
         out: where to write the outputs (nothing written without it).
         seed: data split, request draw and model initialisation.
-        trainer_kwargs: extra ``Trainer`` arguments for every fit (e.g. ``{"accelerator": "gpu", "devices": 2}``).
+        trainer_kwargs: extra ``Trainer`` arguments for every fit (e.g. ``{"accelerator": "gpu", "devices": 2}``;
+            with several devices Lightning's launcher runs the whole function on every rank, and only rank 0
+            logs and writes).
         setups: labels of the setups to run (default: all at full scale).
         log: receives the progress lines.
 
@@ -542,6 +545,10 @@ def run_config(
     """
     start = time.perf_counter()
     kwargs = dict(trainer_kwargs or {})
+    # under a multi-device launch every rank runs this function; only global rank 0 writes and reports progress
+    writer = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0
+    out = out if writer else None
+    log = log if writer else (lambda _: None)
     chosen = list(config.setups[: config.smoke_setups] if smoke else config.setups)
     if setups is not None:
         unknown = sorted(set(setups) - {s.label for s in config.setups})
