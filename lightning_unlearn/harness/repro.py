@@ -44,8 +44,9 @@ from lightning_unlearn.schedule import Schedule, make_schedule, validate_schedul
 
 #: stream protocols of a setup
 PROTOCOLS = ("class-incremental", "single", "tasks")
-#: backbones a scale may name (``linear``: the raw inputs are the features)
-MODELS = ("linear", "mlp", "cnn", "resnet18")
+#: models a scale may name besides :data:`lightning_unlearn.harness.models.MODELS` (``linear``: the raw inputs
+#: are the features; ``mlp`` and ``cnn2`` take a width)
+MODELS = ("linear", "mlp", "cnn2")
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class Scale:
     Args:
         dataset: ``"digits"`` (scikit-learn's, bundled) or a dataset on disk (``mnist``, ``fmnist``,
             ``cifar10``, ``cifar100``, ``tinyimagenet``; torchvision's file formats under ``--root``).
-        model: the backbone, one of :data:`MODELS`; a linear layer on top makes the classifier.
+        model: the classifier (:func:`classifier`); its layers up to the last are the backbone.
         epochs: epochs per experience of gradient-trained models (their continual recipe).
         lr: their SGD step size.
         batch_size: their batch size.
@@ -373,35 +374,35 @@ def classifier(model: str, num_classes: int, in_shape: Sequence[int], width: int
     """A fresh classifier by name, ending in a linear layer ``fc``.
 
     ``linear``: ``fc`` on the flattened inputs (logistic regression); ``mlp``: two hidden ReLU layers
-    (``2 * width``, ``width``); ``cnn``: two 3x3 conv blocks of ``width`` and ``2 * width`` channels and
-    global average pooling (the "two-layer CNN" of [SAFE] and [HF]); ``resnet18``: torchvision's
-    ResNet-18 with the CIFAR stem (:func:`~lightning_unlearn.harness.models.build_model`).
+    (``2 * width``, ``width``); ``cnn2``: two 3x3 conv blocks of ``width`` and ``2 * width`` channels and
+    global average pooling (the "two-layer CNN" of [SAFE] and [HF]); any other name is
+    :func:`~lightning_unlearn.harness.models.build_model`'s (``resnet18`` with the CIFAR stem, ``lenet``, ...).
 
     Raises:
         ValueError: an unknown model name.
     """
-    if model == "resnet18":
-        from lightning_unlearn.harness.models import build_model
+    from lightning_unlearn.harness import models
 
-        return build_model("resnet18", num_classes, tuple(in_shape))
+    if model not in MODELS:
+        if model not in models.MODELS:
+            raise ValueError(f"unknown model {model!r}; one of {sorted({*MODELS, *models.MODELS})}")
+        return models.build_model(model, num_classes, tuple(in_shape))
     d = math.prod(in_shape)
     if model == "linear":
         return Classifier(nn.Flatten(), nn.Linear(d, num_classes))
     if model == "mlp":
         net = nn.Sequential(nn.Flatten(), nn.Linear(d, 2 * width), nn.ReLU(), nn.Linear(2 * width, width), nn.ReLU())
         return Classifier(net, nn.Linear(width, num_classes))
-    if model == "cnn":
-        net = nn.Sequential(
-            nn.Conv2d(in_shape[0], width, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(width, 2 * width, 3, padding=1),
-            nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(),
-        )
-        return Classifier(net, nn.Linear(2 * width, num_classes))
-    raise ValueError(f"unknown model {model!r}; one of {MODELS}")
+    net = nn.Sequential(  # cnn2
+        nn.Conv2d(in_shape[0], width, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(width, 2 * width, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+    )
+    return Classifier(net, nn.Linear(2 * width, num_classes))
 
 
 def build_info(
