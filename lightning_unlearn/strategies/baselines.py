@@ -228,18 +228,19 @@ class _Trained(UnlearningStrategy):
                 f"{self.method}: no retained samples would be left; it cannot train on an empty retained set"
             )
         missing = [i for i in keep if i not in self._rows]
-        if missing:
+        train = self.train_data
+        if missing or train is None:  # without training data every retained id is missing
             raise ValueError(
                 f"{self.method}: the training data lacks {len(missing)} retained sample ids, e.g. {missing[:10]}"
             )
-        return Subset(self.train_data, [self._rows[i] for i in keep])  # type: ignore[arg-type]
+        return Subset(train, [self._rows[i] for i in keep])
 
     def forget_set(self, ids: Tensor, data: ForgetData) -> tuple[Dataset, Tensor]:
         """The samples to forget as items of ``data`` (its format), checked against the learned ones; their labels."""
-        _, labels = self.forget_samples(ids, data)
-        dataset = data.dataset if isinstance(data, DataLoader) else data
-        where = id_rows(dataset, self.recorder.batch_keys)  # type: ignore[arg-type]
-        return Subset(dataset, [where[i] for i in ids.tolist()]), labels  # type: ignore[arg-type]
+        _, labels = self.forget_samples(ids, data)  # refuses data=None
+        dataset = cast(Dataset, data.dataset if isinstance(data, DataLoader) else data)
+        where = id_rows(dataset, self.recorder.batch_keys)
+        return Subset(dataset, [where[i] for i in ids.tolist()]), labels
 
     def relabelled(self, forget: Dataset, labels: Tensor) -> Dataset:
         """The samples to forget, each with a uniformly drawn *wrong* label ``y' != y`` (seeded per request)."""
@@ -268,7 +269,7 @@ class _Trained(UnlearningStrategy):
             x, y, _ = unpack_batch(batch, keys)
             with norms_in_eval(model, len(y) == 1):
                 if self.trains_itself:
-                    return training_loss(model, batch, batch_idx)  # type: ignore[arg-type]
+                    return training_loss(cast(L.LightningModule, model), batch, batch_idx)  # trains_itself
                 return self.loss_fn(model(x), y).mean()
 
         return loss
@@ -295,7 +296,7 @@ class _Trained(UnlearningStrategy):
             _set_training_step(model, step)  # this copy trains on the objective, through its own loss and optimizer
             extra = [_LearningRate(self.lr)] if self.lr is not None else []
         else:
-            model = _Objective(work, step, self.lr, self.momentum)  # type: ignore[arg-type]
+            model = _Objective(work, step, cast(float, self.lr), self.momentum)  # default_lr when not trains_itself
         every = [*self.trainer_kwargs.get("callbacks", []), *extra, *callbacks]
         trainer = L.Trainer(**{**_QUIET, "max_epochs": self.epochs, **self.trainer_kwargs, "callbacks": every})
         with torch.random.fork_rng():
