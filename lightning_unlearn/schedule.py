@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -122,7 +123,8 @@ def make_schedule(
                 )
             take, free = free[:samples_per_request], free[samples_per_request:]
             requests[i] = ForgetRequest.samples(catalog.ids[take.sort().values])
-    schedule = Schedule(tuple(requests), seed, tuple(kinds), samples_per_request)  # type: ignore[arg-type]
+    drawn = cast(list[ForgetRequest], requests)  # every slot was drawn above
+    schedule = Schedule(tuple(drawn), seed, tuple(kinds), samples_per_request)
     validate_schedule(schedule.requests, catalog)
     return schedule
 
