@@ -1,6 +1,7 @@
 """Under DDP (2 CPU processes, gloo) the HF, SAFE and [CCL] recorders hold the same statistics as in one process,
 sharded: SAFE's and [CCL]'s sums are taken over each rank's own samples and added once, HF's vectors are split
-between the ranks, and an HF request executed by both ranks publishes the single-process model.
+between the ranks (a memory-mapped store's checkpoint restores each rank's file), and an HF request executed by
+both ranks publishes the single-process model.
 
 Tolerance: the models and statistics are float64 and only the summation order differs (sums of per-rank partial
 sums instead of one sum, rank brackets added in another order over 12 steps): relative errors of a few hundred
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import run_script
+
+from lightning_unlearn.callbacks import TrajectoryRecorder
 
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]
 
@@ -55,8 +58,18 @@ def test_ddp_statistics_equal_single_process(tmp_path):
         for key in ("starts", "ends", "hessians"):
             for u, v in zip(h[key], g[key]):
                 assert close(u, v), (rank, key)
+    # a checkpoint of a memory-mapped store: each rank reopened its own file (digest checked) with its rows
+    assert ddp[0]["restored"] and ddp[1]["restored"] and single["restored"]
+    assert (tmp_path / "ddp.rows.rank0").is_file() and (tmp_path / "ddp.rows.rank1").is_file()
     assert torch.equal(ddp[0]["published_noised"], ddp[1]["published_noised"])  # rank 0's noise, broadcast
     assert ddp[0]["noise_norm"] > 0 and not close(ddp[0]["published_noised"], ddp[0]["published_clean"])
+    # a DDP checkpoint restores only in a DDP run of its size, and never without its ranks' files
+    states = torch.load(tmp_path / "ddp.ckpt", map_location="cpu", weights_only=True)["callbacks"]
+    for dtype, store, why in ((torch.float64, "memory", "store='mmap'"), (torch.float32, "mmap", "this one has 1")):
+        fresh = TrajectoryRecorder(dtype=dtype, store=store, path=tmp_path / "fresh.rows", capacity=96)
+        with pytest.raises(ValueError, match=why):
+            fresh.load_state_dict(states[fresh.state_key])
+        assert fresh.A is None and not len(fresh.catalog)
     # sharded recording: no rank computed statistics of the other's samples
     assert single["streaming_rows"] == N and single["hessian_rows"] == 2 * 48
     for key, total in (("streaming_rows", N), ("hessian_rows", 2 * 48)):

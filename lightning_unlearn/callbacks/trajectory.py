@@ -99,9 +99,12 @@ class TrajectoryRecorder(RecorderCallback):
     :meth:`row_sum` adds each rank's owned vectors of the request and an all-reduce gives every rank the
     same ``a^{-U}``; :class:`~lightning_unlearn.strategies.hf.HFStrategy` then publishes rank 0's noise on
     every rank (:meth:`broadcast_from_rank0`), so all ranks hold the same model. Checkpoints: Lightning saves
-    rank 0's callback state only, which holds rank 0's vectors only, so a state saved under DDP records
-    ``shards = W`` and :meth:`load_state_dict` refuses it (naming the world size): resume a sharded
-    trajectory by fitting again, or record in one process.
+    rank 0's callback state only. With ``store="mmap"`` each rank maps its own file, ``path`` suffixed
+    ``.rank<r>``, and :meth:`state_dict` (a collective under DDP: Lightning calls it on every rank when it
+    saves) gathers every rank's file reference and XXH3 digest into the state, so a DDP run of the same
+    world size restores it, each rank reopening its own file under its digest. With ``store="memory"`` the
+    other ranks' vectors cannot be in the checkpoint: :meth:`load_state_dict` refuses such a state, naming
+    ``store="mmap"``.
 
     Requirements (checked at fit start, ``ValueError`` otherwise): plain SGD (``weight_decay`` is the
     ridge; no momentum / Nesterov), no gradient accumulation or clipping, no
@@ -381,10 +384,13 @@ class TrajectoryRecorder(RecorderCallback):
         self.active = torch.cat([self.active, torch.ones(len(new_ids), dtype=torch.bool)])
 
     def _new_store(self, dim: int, device: torch.device | None = None) -> RowStore:
-        if self.store == "mmap":  # under DDP each rank maps its own file, ``path`` suffixed ``.rank<r>``
-            path = self.path if self._shards == 1 else f"{self.path}.rank{self.global_rank}"
-            return RowStore.create(path, self.capacity, dim, self.dtype)  # type: ignore[arg-type]
+        if self.store == "mmap":
+            return RowStore.create(self._store_path(), self.capacity, dim, self.dtype)  # type: ignore[arg-type]
         return RowStore.memory(dim, self.dtype, device=device)
+
+    def _store_path(self) -> str:
+        """The memory-mapped file: ``path``, under DDP suffixed ``.rank<r>`` (each rank maps its own)."""
+        return str(self.path) if self._shards == 1 else f"{self.path}.rank{self.global_rank}"
 
     def _commit(self, module: nn.Module) -> None:
         """Nothing to fold in: the vectors were updated in place at every step."""
@@ -595,11 +601,17 @@ class TrajectoryRecorder(RecorderCallback):
     # -- state ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         rows, steps = self.occurrences()
+        # the vectors (in-memory store), or the store file's reference and digest (memory-mapped)
+        A = None if self._rows is None else self._rows.state_dict(self.n_local)
+        if self._shards > 1:  # every rank's file reference (a collective), or None for in-memory shards
+            refs: list[Any] = [None] * self._shards
+            torch.distributed.all_gather_object(refs, A if isinstance(A, dict) else None)
+            A = {"shards": refs} if all(isinstance(r, dict) for r in refs) else None
         return {
             **super().state_dict(),
-            # the vectors (in-memory store), or the store file's reference and digest (memory-mapped)
-            "A": None if self._rows is None else self._rows.state_dict(self.n_local),
+            "A": A,
             "shards": self._shards,
+            "owner": self.owner.clone(),
             "row_ids": torch.tensor(self.row_ids, dtype=torch.long),
             "active": self.active.clone(),
             "lrs": torch.tensor(self.lrs, dtype=torch.float64),
@@ -614,20 +626,19 @@ class TrajectoryRecorder(RecorderCallback):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        shards = int(state_dict.get("shards", 1))
-        if shards != 1:
-            raise ValueError(
-                f"TrajectoryRecorder state was saved by a DDP fit over {shards} processes: each held its own share "
-                "of the vectors and a checkpoint holds rank 0's only, so it cannot be restored (fit again to resume, "
-                "or record in one process)"
-            )
-        missing = [k for k in _STATE_KEYS if state_dict.get(k) is None]
+        shards, rank = int(state_dict.get("shards", 1)), 0
+        missing = [k for k in _STATE_KEYS if state_dict.get(k) is None and (k != "A" or shards == 1)]
         if missing:
             raise ValueError(f"TrajectoryRecorder state lacks recorded statistics {missing}")
-        A = state_dict["A"]
-        n = int(A["rows"]) if isinstance(A, dict) else A.shape[0]
-        if n != state_dict["row_ids"].numel() or state_dict["active"].numel() != n:
-            raise ValueError(f"inconsistent TrajectoryRecorder state: {n} vectors, {state_dict['row_ids'].numel()} ids")
+        A: Tensor | dict[str, Any] = state_dict["A"]
+        if shards != 1:
+            A, rank = self._own_shard(state_dict, shards)
+        n = state_dict["row_ids"].numel()
+        owner = state_dict["owner"] if shards != 1 else torch.zeros(n, dtype=torch.long)
+        local = int(A["rows"]) if isinstance(A, dict) else A.shape[0]
+        if local != int((owner == rank).sum()) or owner.numel() != n or state_dict["active"].numel() != n:
+            raise ValueError(f"inconsistent TrajectoryRecorder state: {local} vectors here, {n} ids")
+        self.global_rank, self.world_size, self._shards = rank, shards, shards
         self._load_store(A)
         super().load_state_dict(state_dict)
         fit = self._resume
@@ -636,9 +647,9 @@ class TrajectoryRecorder(RecorderCallback):
             # trajectory prefix), so they are learned; a resumed fit skips them
             self.catalog.add(fit["ids"], fit["labels"], int(fit["experience"]), fit["fingerprints"])
             self._resume = {**fit, **{k: fit[k][:0] for k in ("ids", "labels", "fingerprints")}}
-        self.n_rows, self.row_ids = n, state_dict["row_ids"].tolist()
-        self.n_local, self._shards = n, 1
-        self.owner, self._slot = torch.zeros(n, dtype=torch.long), torch.arange(n)
+        self.n_rows, self.row_ids, self.n_local = n, state_dict["row_ids"].tolist(), local
+        mine = owner == rank  # slots follow the row order of each rank's own rows (as _allocate gives them)
+        self.owner, self._slot = owner.clone(), torch.where(mine, mine.long().cumsum(0) - 1, -1)
         self.row_of = {i: k for k, i in enumerate(self.row_ids)}
         self.active = state_dict["active"].clone().bool()
         self.lrs = state_dict["lrs"].tolist()
@@ -652,6 +663,30 @@ class TrajectoryRecorder(RecorderCallback):
         self._interrupted = bool(state_dict.get("interrupted", False))
         self._eig = state_dict.get("eig")
 
+    @staticmethod
+    def _own_shard(state_dict: dict[str, Any], shards: int) -> tuple[dict[str, Any], int]:
+        """This process's store reference in a state saved under DDP, and its rank.
+
+        Raises:
+            ValueError: the state holds no file references (in-memory shards), or this process is not one of a
+                DDP run of the same size.
+        """
+        A = state_dict.get("A")
+        if not (isinstance(A, dict) and "shards" in A):
+            raise ValueError(
+                f"TrajectoryRecorder state was saved by a DDP fit over {shards} processes with store='memory': each "
+                "rank's vectors were in its own memory and the checkpoint holds none of them; record with "
+                "store='mmap' (each rank's file is referenced with its digest) to restore a DDP trajectory"
+            )
+        dist = torch.distributed
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        if world != shards:
+            raise ValueError(
+                f"TrajectoryRecorder state holds vectors spread over {shards} DDP processes; restore it in a DDP "
+                f"run of {shards} processes (this one has {world})"
+            )
+        return A["shards"][dist.get_rank()], dist.get_rank()
+
     def _load_store(self, saved: Tensor | dict[str, Any]) -> None:
         """Open the vectors of a state: the referenced store file itself if this recorder's ``path``
         names it, otherwise a new store of this recorder's kind holding a copy of its rows."""
@@ -660,7 +695,7 @@ class TrajectoryRecorder(RecorderCallback):
                 raise ValueError(
                     f"the referenced store holds {saved['dtype']} vectors, this recorder has dtype={self.dtype}"
                 )
-            same = self.store == "mmap" and Path(self.path).absolute() == Path(saved["path"])  # type: ignore[arg-type]
+            same = self.store == "mmap" and Path(self._store_path()).absolute() == Path(saved["path"])
             if same and self.capacity != int(saved["capacity"]):
                 raise ValueError(
                     f"the store file {saved['path']} holds {saved['capacity']} rows, "

@@ -55,13 +55,30 @@ def count_rows(recorder) -> list[int]:
     return seen
 
 
+def restored_shard(tr: L.Trainer, mapped: TrajectoryRecorder, ckpt: str) -> bool:
+    """Save a checkpoint (every rank), close the memory-mapped recorder and restore its state into a new one:
+    whether this rank reopened its own file with the same rows."""
+    tr.save_checkpoint(ckpt)
+    rows = mapped.A[: mapped.n_local].clone()
+    key, path = mapped.state_key, mapped.path
+    mapped.close()
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)["callbacks"][key]
+    restored = TrajectoryRecorder(dtype=torch.float32, store="mmap", path=path, capacity=96)
+    restored.load_state_dict(state)
+    same = torch.equal(restored.A[: restored.n_local], rows) and torch.equal(restored._slot, mapped._slot)
+    restored.close()
+    return same
+
+
 def main(out: str, devices: int) -> None:
     traj = TrajectoryRecorder(dtype=torch.float64)
+    mapped = TrajectoryRecorder(dtype=torch.float32, store="mmap", path=out.replace(".pt", ".rows"), capacity=96)
     stream = StreamingRecorder(num_classes=3, proj_dim=4)
     stream_rows = count_rows(stream)
     model = sgd_model()
-    tr = trainer(devices, [traj, stream], epochs=2)
+    tr = trainer(devices, [traj, mapped, stream], epochs=2)
     tr.fit(model, loader(blobs(96, seed=0), devices))
+    restored = restored_shard(tr, mapped, out.replace(".pt", ".ckpt"))
     owned = traj._slot >= 0  # the vectors this rank holds, by id
     shard = {
         "ids": torch.tensor(traj.row_ids)[owned],
@@ -88,6 +105,7 @@ def main(out: str, devices: int) -> None:
         {
             "trajectory": traj_state,
             "shard": shard,
+            "restored": restored,
             "published_clean": published_clean,
             "update_norm": clean.extra["update_norm"],
             "published_noised": published_noised,
