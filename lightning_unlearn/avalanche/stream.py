@@ -110,7 +110,8 @@ def fit_stream(
         trainer.fit(module, DataLoader(experience.dataset, batch_size=batch_size, shuffle=True))
         seen.append(experience.dataset)
         data: ForgetData = ConcatDataset(seen) if unlearning is not None and unlearning.reads_data else None
-        done = [unlearning.forget(r, data) for r in (requests or {}).get(k, ())]  # type: ignore[union-attr]
+        todo = (requests or {}).get(k, ())  # none without a strategy (check_unlearning)
+        done = [unlearning.forget(r, data) for r in todo] if unlearning is not None else []
         step = log_step(trainer)
         results.extend(done)
         if after_experience is not None:
