@@ -132,7 +132,7 @@ def test_bad_split_settings_are_refused(fake_root):
 
 
 @pytest.mark.parametrize("in_shape", [(1, 28, 28), (3, 32, 32), (3, 64, 64)])
-@pytest.mark.parametrize("name", ["resnet18", "cnn", "lenet", "mlp"])
+@pytest.mark.parametrize("name", ["resnet18", "vit_tiny", "cnn", "lenet", "mlp", "linear"])
 def test_each_model_builds_and_runs_on_its_input_shape(name, in_shape):
     torch.manual_seed(0)
     model = build_model(name, 7, in_shape).eval()
@@ -143,8 +143,14 @@ def test_each_model_builds_and_runs_on_its_input_shape(name, in_shape):
     assert torch.equal(model.fc(backbone(x)), model(x))  # the backbone is the model without its fc
 
 
-def test_lenet_has_the_parameter_count_of_hf_fmnist_lenet():
-    assert sum(p.numel() for p in build_model("lenet", 10, (1, 28, 28)).parameters()) == 61_706
+def test_lenet_and_vit_tiny_have_the_parameter_counts_of_the_papers_models():
+    def count(model):
+        return sum(p.numel() for p in model.parameters())
+
+    assert count(build_model("lenet", 10, (1, 28, 28))) == 61_706  # [HF]'s FMNIST LeNet
+    assert count(build_model("vit_tiny", 1000, (3, 224, 224))) == 5_717_416  # ViT-Tiny/16 at 224 ([RBM]: ~5.7M)
+    with pytest.raises(ValueError, match="square images"):
+        build_model("vit_tiny", 10, (3, 32, 48))
 
 
 def test_resnet18_cifar_stem_keeps_the_resolution():

@@ -1,8 +1,9 @@
 """Models by name for the file benchmarks, and the frozen backbone [ACU] pre-trains on its base split.
 
 * :func:`build_model`: ``"resnet18"`` (torchvision's, with the CIFAR stem the papers' CIFAR
-  ResNet-18s use), ``"cnn"`` (a small CNN with BatchNorm), ``"lenet"`` (LeNet-5, [HF]'s FMNIST
-  model) or ``"mlp"``; every model ends in a
+  ResNet-18s use), ``"vit_tiny"`` (ViT-Tiny, [RBM]'s SVHN model), ``"cnn"`` (a small CNN with
+  BatchNorm), ``"lenet"`` (LeNet-5, [HF]'s FMNIST model), ``"mlp"`` or ``"linear"`` (logistic
+  regression on the pixels, [HF]'s "LR"); every model ends in a
   linear layer named ``fc``.
 * :func:`backbone_of`: the model without its ``fc`` (the feature extractor) and its output width.
 * :func:`pretrain_backbone`: [ACU] App. E.1's recipe (SGD, momentum 0.9, weight decay 5e-4,
@@ -24,7 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-MODELS = ("resnet18", "cnn", "lenet", "mlp")
+MODELS = ("resnet18", "vit_tiny", "cnn", "lenet", "mlp", "linear")
 
 #: [ACU] App. E.1: the base model's training recipe (300 epochs; SGD with cosine half-cycle decay)
 ACU_PRETRAIN: dict[str, Any] = {
@@ -45,11 +46,14 @@ def build_model(name: str, num_classes: int, in_shape: tuple[int, ...], *, cifar
             convolution is 3x3 with stride 1 and the max-pool is dropped, as the CIFAR ResNet-18s
             of [SCRUB], [SalUn] and [RBM]'s code bases (32x32 inputs keep their resolution);
             otherwise torchvision's ImageNet stem (7x7 stride 2 + max-pool).
+            ``"vit_tiny"``: torchvision's ``VisionTransformer`` in ViT-Tiny's size (12 layers, 3 heads,
+            width 192, MLP 768; 5.7M parameters at 224x224 with 16x16 patches), on square images with
+            the largest patch of 16, 8, 4 or 2 pixels that leaves at least 7 patches a side [interp].
             ``"cnn"``: three conv-BatchNorm-ReLU-max-pool blocks (32, 64, 128 channels), global
             average pooling, a linear layer. ``"lenet"``: LeNet-5 (two 5x5 convolutions with 6 and 16
             channels, each followed by 2x2 max-pooling, then 120 and 84 units; ReLU [interp]), on
             28x28 grey images the 61,706 parameters of [HF]'s FMNIST LeNet. ``"mlp"``: two hidden
-            layers of 256 ReLU units.
+            layers of 256 ReLU units. ``"linear"``: one linear layer on the flattened input.
         num_classes: outputs of the final linear layer ``fc``.
         in_shape: one input's shape; its first entry is the channel count (1 for (Fashion-)MNIST).
         cifar_stem: the CIFAR stem for ``resnet18`` (ignored by the others).
@@ -65,12 +69,16 @@ def build_model(name: str, num_classes: int, in_shape: tuple[int, ...], *, cifar
         raise ValueError(f"in_shape must be a non-empty shape of positive sizes, got {in_shape}")
     if name == "mlp":
         return MLP(math.prod(in_shape), num_classes)
+    if name == "linear":
+        return Linear(math.prod(in_shape), num_classes)
     if len(in_shape) != 3:
         raise ValueError(f"model {name!r} takes images of shape (C, H, W), got in_shape={in_shape}")
     if name == "cnn":
         return SmallCNN(in_shape[0], num_classes)
     if name == "lenet":
         return LeNet5(in_shape, num_classes)
+    if name == "vit_tiny":
+        return ViTTiny(in_shape, num_classes)
     return resnet18(num_classes, in_shape[0], cifar_stem=cifar_stem)
 
 
@@ -150,6 +158,49 @@ class MLP(nn.Module):
             nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU()
         )
         self.fc = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.features(x))
+
+
+class Linear(nn.Module):
+    """Logistic regression: ``fc`` on the flattened input (its backbone is ``Flatten``)."""
+
+    def __init__(self, in_features: int, num_classes: int) -> None:
+        super().__init__()
+        self.features = nn.Flatten()
+        self.fc = nn.Linear(in_features, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.features(x))
+
+
+class ViTTiny(nn.Module):
+    """ViT-Tiny (torchvision's ``VisionTransformer``: 12 layers, 3 heads, width 192, MLP 768); ``fc`` reads the
+    class token.
+
+    Raises:
+        ValueError: a non-square image, or one with no patch size of 16, 8, 4 or 2 leaving 7 patches a side.
+    """
+
+    def __init__(self, in_shape: tuple[int, ...], num_classes: int) -> None:
+        from torchvision.models import VisionTransformer
+
+        super().__init__()
+        c, h, w = in_shape
+        patches = [p for p in (16, 8, 4, 2) if h % p == 0 and h // p >= 7]
+        if h != w or not patches:
+            raise ValueError(
+                f"vit_tiny takes square images divisible into at least 7x7 patches, got in_shape={in_shape}"
+            )
+        patch = patches[0]
+        self.features = VisionTransformer(
+            image_size=h, patch_size=patch, num_layers=12, num_heads=3, hidden_dim=192, mlp_dim=768
+        )
+        if c != 3:
+            self.features.conv_proj = nn.Conv2d(c, 192, kernel_size=patch, stride=patch)
+        self.features.heads = nn.Identity()
+        self.fc = nn.Linear(192, num_classes)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc(self.features(x))
