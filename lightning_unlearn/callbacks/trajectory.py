@@ -561,13 +561,13 @@ class TrajectoryRecorder(RecorderCallback):
         each rank adds the vectors it holds and an all-reduce gives every rank the total (every rank must call
         it with the same rows)."""
         if self._shards == 1:
-            return self._store().data[rows].to(like).sum(0)
+            return hf.sum_rows(self._store().data, rows, like)
         if self._strategy is None or self.world_size != self._shards:
             raise ValueError(
                 f"TrajectoryRecorder vectors are spread over {self._shards} DDP processes: forget requests must "
                 "be executed by all of them together, after the DDP fit (every rank calls forget with the same ids)"
             )
-        part = self._store().data[self._owned_slots(rows)].to(like).sum(0)
+        part = hf.sum_rows(self._store().data, self._owned_slots(rows), like).clone()
         return self.sum_over_ranks(part.to(self._strategy.root_device)).to(like.device)
 
     def occurrences(self) -> tuple[Tensor, Tensor]:
@@ -584,7 +584,7 @@ class TrajectoryRecorder(RecorderCallback):
             raise ValueError(f"TrajectoryRecorder.apply_forget takes no statistics change, got {sorted(change)}")
         rows = self.rows_for(ids)
         slots = self._owned_slots(rows)  # under DDP each rank erases the vectors it holds
-        saved = self._store().data[slots].clone()
+        saved = self._store().data[slots]  # advanced indexing copies the rows
         undo_catalog = super().apply_forget(ids, {})
         self._store().erase(slots)
         self.active[rows] = False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -33,6 +34,96 @@ def check_step_sizes(lrs: Tensor, constants: ModelConstants) -> str | None:
             "lightning_unlearn.privacy.recipe.propose_recipe)"
         )
     return None
+
+
+@dataclass(frozen=True, eq=False)
+class TrajectoryTerms:
+    """What the noise bound needs from one recorded trajectory under one set of constants, computed once.
+
+    Args:
+        lrs: the recorder's step-size list itself (its identity marks the trajectory: a new fit appends to
+            it, loading a state replaces it).
+        steps, rows: the trajectory's length and tracked rows when computed.
+        constants: Assumption 1's constants used.
+        lr_tensor, batch_sizes: the step sizes (float64) and batch sizes.
+        lr_max: the largest step size.
+        rho, q: Lemma 3's contraction factor and the step-size ratio of :func:`hf.per_sample_bound`.
+        taylor: the per-sample Taylor term ``C_1`` (the same for every sample, Eq. (53)).
+        problem: why the step sizes break the theorem (:func:`check_step_sizes`), or ``None``.
+        occ_steps, occ_start: occurrence steps grouped by row: row ``r``'s are
+            ``occ_steps[occ_start[r]:occ_start[r + 1]]``.
+    """
+
+    lrs: list[float]
+    steps: int
+    rows: int
+    constants: ModelConstants
+    lr_tensor: Tensor
+    batch_sizes: Tensor
+    lr_max: float
+    rho: float
+    q: float
+    taylor: float
+    problem: str | None
+    occ_steps: Tensor
+    occ_start: Tensor
+
+    @classmethod
+    def of(cls, rec: TrajectoryRecorder, c: ModelConstants) -> TrajectoryTerms:
+        lrs = torch.tensor(rec.lrs, dtype=torch.float64)
+        rho = hf.contraction_factor(lrs, c.strong_convexity, c.smoothness)
+        q = hf.step_ratio(lrs)
+        occ_rows, occ_steps = rec.occurrences()
+        order = torch.sort(occ_rows, stable=True).indices
+        counts = torch.bincount(occ_rows, minlength=rec.n_rows)
+        start = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+        return cls(
+            lrs=rec.lrs,
+            steps=rec.n_steps,
+            rows=rec.n_rows,
+            constants=c,
+            lr_tensor=lrs,
+            batch_sizes=torch.tensor(rec.batch_sizes),
+            lr_max=float(lrs.max()),
+            rho=rho,
+            q=q,
+            taylor=hf.taylor_term(lrs, c.grad_bound, rho, q),
+            problem=check_step_sizes(lrs, c),
+            occ_steps=occ_steps[order],
+            occ_start=start,
+        )
+
+    def current(self, rec: TrajectoryRecorder, c: ModelConstants) -> bool:
+        """Whether these terms are still those of ``rec``'s trajectory under ``c``."""
+        return self.lrs is rec.lrs and (self.steps, self.rows) == (rec.n_steps, rec.n_rows) and self.constants == c
+
+    def mismatch(self, rows: Tensor) -> float:
+        """``C_2`` (Eq. (54)) summed over ``rows``' occurrences, in ``O(len(rows) + their occurrences)``."""
+        lo, hi = self.occ_start[rows], self.occ_start[rows + 1]
+        counts = hi - lo
+        offsets = torch.arange(int(counts.sum())) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+        steps = self.occ_steps[torch.repeat_interleave(lo, counts) + offsets]
+        return hf.mismatch_term(steps, self.lr_tensor, self.batch_sizes, self.constants.grad_bound, self.rho, self.q)
+
+
+@dataclass(frozen=True, eq=False)
+class DeletionBound:
+    """The running sum form of Eq. (56): the per-sample bound terms summed over every sample deleted so far.
+
+    Part of :class:`HFStrategy`'s state (committed and rolled back with each request); valid for the
+    ``terms`` it was summed under and while ``deleted`` equals the recorder's count of deleted rows.
+    """
+
+    terms: TrajectoryTerms
+    deleted: int
+    taylor: float
+    mismatch: float
+
+    def add(self, rows: Tensor) -> DeletionBound:
+        """The bound with ``rows`` deleted too: only their terms are added."""
+        m = int(rows.numel())
+        taylor = self.taylor + (m * self.terms.taylor if m else 0.0)
+        return DeletionBound(self.terms, self.deleted + m, taylor, self.mismatch + self.terms.mismatch(rows))
 
 
 class HFStrategy(ReleasingStrategy):
@@ -126,12 +217,33 @@ class HFStrategy(ReleasingStrategy):
         self.capacity, self.max_deletions = capacity, max_deletions
         self._internal: Tensor | None = None
         self._internal_step = -1
+        self._bound: DeletionBound | None = None
+        self._terms: TrajectoryTerms | None = None  # a cache of what the recorder's trajectory determines
 
     def clean_parameters(self) -> Tensor:
         """The noise-free internal model ``w + sum a^{-u}`` (flat), before any published noise."""
+        return self._clean().clone()
+
+    def _clean(self) -> Tensor:
         if self._internal is None or self._internal_step != self.recorder.n_steps:
             return hf.flat_params(self.module)
-        return self._internal.clone()
+        return self._internal
+
+    def trajectory_terms(self, c: ModelConstants) -> TrajectoryTerms:
+        """The recorder's :class:`TrajectoryTerms` under ``c`` (computed once per trajectory)."""
+        if self._terms is None or not self._terms.current(self.recorder, c):
+            self._terms = TrajectoryTerms.of(self.recorder, c)
+        return self._terms
+
+    def deletion_bound(self, rows: Tensor, c: ModelConstants) -> DeletionBound:
+        """The running bound once ``rows`` are deleted too: the state's sum plus their terms, or (for a new
+        strategy or a changed trajectory) the sum over every deleted row of the recorder plus theirs."""
+        rec, terms = self.recorder, self.trajectory_terms(c)
+        deleted = ~rec.active[: rec.n_rows]
+        bound = self._bound
+        if bound is None or bound.terms is not terms or bound.deleted != int(deleted.sum()):
+            bound = DeletionBound(terms, 0, 0.0, 0.0).add(deleted.nonzero().flatten())
+        return bound.add(rows)
 
     def constants(self) -> ModelConstants:
         """Assumption 1's (M, G, lambda) and their kind (see the class docstring)."""
@@ -150,31 +262,6 @@ class HFStrategy(ReleasingStrategy):
         kind = "given" if self.smoothness is not None and self.grad_bound is not None else "estimated"
         return ModelConstants(smoothness=max(float(M), lam), grad_bound=float(G), strong_convexity=lam, kind=kind)
 
-    def bound_terms(self, rows: Tensor, c: ModelConstants) -> dict[str, float]:
-        """Per-sample bound terms (:func:`hf.per_sample_bound`) summed over ``rows``, and the constants used."""
-        rec = self.recorder
-        lrs = torch.tensor(rec.lrs, dtype=torch.float64)
-        lam, M, G = c.strong_convexity, c.smoothness, c.grad_bound
-        rho = hf.contraction_factor(lrs, lam, M)
-        occ_rows, occ_steps = rec.occurrences()
-        sizes = torch.tensor(rec.batch_sizes)
-        c1 = c2 = 0.0
-        for r in rows.tolist():
-            t1, t2 = hf.per_sample_bound(occ_steps[occ_rows == r], lrs, sizes, G, rho)
-            c1, c2 = c1 + t1, c2 + t2
-        return {
-            "taylor_term": c1,
-            "gradient_mismatch_term": c2,
-            "sensitivity": c1 + c2,
-            "rho": rho,
-            "strong_convexity": lam,
-            "smoothness": M,
-            "grad_bound": G,
-            "steps": float(rec.n_steps),
-            "lr0": float(lrs[0]),
-            "lr_max": float(lrs.max()),
-        }
-
     def _check_capacity(self, m: int, bounds: dict[str, float], dim: int) -> float:
         cap = (
             float(self.max_deletions)
@@ -192,34 +279,45 @@ class HFStrategy(ReleasingStrategy):
         return float(cap)
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
-        rec = self.recorder
-        d = hf.flat_params(self.module).numel()
+        rec, spec = self.recorder, hf.param_spec(self.module)
+        d = sum(math.prod(shape) for _, shape in spec)
         if rec.A is None or rec.A.shape[1] != d:
             raise ValueError(
                 f"module has {d} trainable parameters but the HF statistics have "
                 f"{None if rec.A is None else rec.A.shape[1]}"
             )
         rows = rec.rows_for(ids)
-        deleted = (~rec.active[: rec.n_rows]).nonzero().flatten()
-        all_rows = torch.cat([deleted, rows])
         c = self.constants()
-        problem = check_step_sizes(torch.tensor(rec.lrs, dtype=torch.float64), c)
+        terms = self.trajectory_terms(c)
+        problem = terms.problem
         if problem is not None and self.certified_release:
             raise ValueError(f"HF refuses a certified release: {problem}")
         if problem is not None:
             warn(f"HF recipe outside the theorem ({problem}); the release is not certified anyway", stacklevel=5)
-        bounds = self.bound_terms(all_rows, c)
-        bounds["capacity"] = self._check_capacity(int(all_rows.numel()), bounds, d)
-        bounds["deleted_total"] = float(all_rows.numel())
+        bound = self.deletion_bound(rows, c)
+        bounds = {
+            "taylor_term": bound.taylor,
+            "gradient_mismatch_term": bound.mismatch,
+            "sensitivity": bound.taylor + bound.mismatch,
+            "rho": terms.rho,
+            "strong_convexity": c.strong_convexity,
+            "smoothness": c.smoothness,
+            "grad_bound": c.grad_bound,
+            "steps": float(terms.steps),
+            "lr0": float(rec.lrs[0]),
+            "lr_max": terms.lr_max,
+        }
+        bounds["capacity"] = self._check_capacity(bound.deleted, bounds, d)
+        bounds["deleted_total"] = float(bound.deleted)
         finite = math.isfinite(bounds["sensitivity"])
         if not finite and self.certified_release:
             raise ValueError(
                 f"HF noise bound is infinite (rho = {bounds['rho']:.4g} over {rec.n_steps} steps): step size too "
                 "large for M"
             )
-        internal = self.clean_parameters()
-        update = rec.row_sum(rows, internal)  # a^{-U} = sum_u a^{-u} (Theorem 1; a collective under DDP)
-        internal = internal + update  # Alg. 1 line 13
+        clean = self._clean()
+        update = rec.row_sum(rows, clean)  # a^{-U} = sum_u a^{-u} (Theorem 1; a collective under DDP)
+        internal = clean + update  # Alg. 1 line 13 (a new tensor: the old internal model stays for rollback)
         published = self._release(bounds["sensitivity"], internal)
         certificate = Certificate(
             method=self.method,
@@ -239,7 +337,7 @@ class HFStrategy(ReleasingStrategy):
         return UnlearningUpdate(
             certificate,
             weights=hf.unflatten(published.weights, hf.param_spec(self.module)),
-            state={"_internal": internal, "_internal_step": rec.n_steps, **published.state},
+            state={"_internal": internal, "_internal_step": rec.n_steps, "_bound": bound, **published.state},
             extra={
                 "n_forgotten": int(ids.numel()),
                 "noise_norm": float(published.noise.norm()),

@@ -9,6 +9,7 @@ options, their validation, the accountant and that one step, :meth:`ReleasingStr
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,14 @@ from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.privacy import PlannedRelease, normalise_budget, plan_release
 from lightning_unlearn.privacy.analysis import check_privacy_parameters
 from lightning_unlearn.strategies.base import UnlearningStrategy
+
+
+def all_finite(t: Tensor) -> bool:
+    """Whether every entry of ``t`` is finite, in one pass without a mask: a float64 sum of float32/float16
+    entries cannot overflow, so it is finite exactly when they all are."""
+    if t.dtype in (torch.float16, torch.bfloat16, torch.float32):
+        return math.isfinite(float(t.sum(dtype=torch.float64)))
+    return bool(torch.isfinite(t).all())
 
 
 @dataclass(frozen=True)
@@ -149,8 +158,9 @@ class ReleasingStrategy(UnlearningStrategy):
             seed=self.seed,
             budget=self.budget,
         )
-        noise = self.recorder.broadcast_from_rank0(plan.noise)  # under DDP every rank publishes rank 0's draw
+        # drawn on the CPU (OS entropy); under DDP every rank publishes rank 0's draw
+        noise = self.recorder.broadcast_from_rank0(plan.noise).to(internal.device)
         weights = internal + noise
-        if not bool(torch.isfinite(weights).all()):
+        if not all_finite(weights):
             raise ValueError(f"{self.method} update is not finite (diverged statistics or weights?)")
         return Publication(weights, noise, plan, self.noise, self.certified_release, (self.epsilon, self.delta))
