@@ -1,8 +1,9 @@
 """The built-in methods of the registry, each an unlearning strategy class on its model families.
 
 Registered: ``acu``, ``hf``, ``hessian``, ``gradient``, ``safe``, ``rbm``, ``salun`` and the baselines
-``retrain``, ``finetune``, ``neggrad``, ``neggrad_plus``, ``randomlabel``. The baselines, RBM and
-SalUn run on every family (default: analytic, [ACU]'s protocol; their defaults are [ACU] App. E.3's);
+``retrain``, ``finetune``, ``neggrad``, ``neggrad_plus``, ``randomlabel`` and the further baselines of [ACU]'s
+Table 1, ``scrub`` ([SCRUB]), ``l1_sparse`` and ``woodfisher`` ([Sparse]). The baselines, RBM and SalUn run on every
+family (default: analytic, [ACU]'s protocol; their defaults are [ACU] App. E.3's);
 [HF] on the linear family, [CCL]'s Hessian and gradient methods on the proximal family (with a
 :class:`HessianRecorder`, whose estimates are their Lipschitz and smoothness constants), [SAFE]
 on the supervised family by default.
@@ -36,6 +37,8 @@ from lightning_unlearn.strategies.certified import (
 )
 from lightning_unlearn.strategies.hf import HFStrategy
 from lightning_unlearn.strategies.rbm import RBMStrategy
+from lightning_unlearn.strategies.scrub import SCRUBStrategy
+from lightning_unlearn.strategies.sparse import L1SparseStrategy, WoodFisherStrategy
 from lightning_unlearn.strategies.streaming import StreamingStrategy
 
 
@@ -147,3 +150,6 @@ register(
         recorder_options={"num_classes": None},
     )
 )
+register(MethodSpec("scrub", SCRUBStrategy))
+register(MethodSpec("l1_sparse", L1SparseStrategy))
+register(MethodSpec("woodfisher", WoodFisherStrategy))

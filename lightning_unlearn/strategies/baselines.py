@@ -142,6 +142,16 @@ class _LearningRate(L.Callback):
                 group["lr"] = self.lr
 
 
+class EpochCounter(L.Callback):
+    """Holds the 0-based epoch of the running fit (set at each epoch's start), for objectives that change per epoch."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.epoch = trainer.current_epoch
+
+
 class _Relabelled(Dataset):
     """Items of ``dataset`` (tuples or dicts) with their targets replaced by ``labels``, row by row."""
 
@@ -235,7 +245,7 @@ class _Trained(UnlearningStrategy):
             )
         return Subset(train, [self._rows[i] for i in keep])
 
-    def forget_set(self, ids: Tensor, data: ForgetData) -> tuple[Dataset, Tensor]:
+    def forget_set(self, ids: Tensor, data: ForgetData) -> tuple[Subset, Tensor]:
         """The samples to forget as items of ``data`` (its format), checked against the learned ones; their labels."""
         _, labels = self.forget_samples(ids, data)  # refuses data=None
         dataset = cast(Dataset, data.dataset if isinstance(data, DataLoader) else data)
@@ -278,12 +288,20 @@ class _Trained(UnlearningStrategy):
         """The unlearning objective of one step, from the module's loss ``loss(batch)``."""
         return loss(batch)
 
-    def fit(self, work: nn.Module, loaders: Any, callbacks: Sequence[L.Callback] = ()) -> None:
-        """Train ``work`` (a copy of the module) in place: ``epochs`` epochs of :meth:`objective` (global RNG kept)."""
+    def fit(
+        self,
+        work: nn.Module,
+        loaders: Any,
+        callbacks: Sequence[L.Callback] = (),
+        objective: Callable[[Callable[[Batch], Tensor], Batch], Tensor] | None = None,
+    ) -> None:
+        """Train ``work`` (a copy of the module) in place: ``epochs`` epochs of ``objective`` (default
+        :meth:`objective`; global RNG kept)."""
         batch_loss = self.batch_loss(work)
+        objective = objective or self.objective
 
         def step(batch: Batch, batch_idx: int) -> Tensor:
-            value = self.objective(lambda b: batch_loss(b, batch_idx), batch)
+            value = objective(lambda b: batch_loss(b, batch_idx), batch)
             if not torch.isfinite(value):
                 raise ValueError(
                     f"unlearning loss became {float(value.detach())}; lower the learning rate or the number of epochs"
