@@ -44,6 +44,7 @@ from lightning_unlearn import (
 )
 from lightning_unlearn.callbacks import ProximalRegularizer, SampleRecorder
 from lightning_unlearn.models import AnalyticHead
+from lightning_unlearn.strategies import L1SparseStrategy, SCRUBStrategy, WoodFisherStrategy
 from lightning_unlearn.strategies.baselines import (
     FinetuneStrategy,
     NegGradPlusStrategy,
@@ -162,6 +163,9 @@ def build_all(
         ("randomlabel", lambda m, r: RandomLabelStrategy(m, r, data, epochs=1)),
         ("rbm", lambda m, r: RBMStrategy(m, r, data, masking="retain", epochs=1)),
         ("salun", lambda m, r: RBMStrategy(m, r, data, masking="forget", epochs=1)),
+        ("scrub", lambda m, r: SCRUBStrategy(m, r, data, epochs=1)),
+        ("l1_sparse", lambda m, r: L1SparseStrategy(m, r, data, epochs=1)),
+        ("woodfisher", lambda m, r: WoodFisherStrategy(m, r, data, n_samples=4)),  # 4 x 11.2M per-sample gradients
         ("retrain", lambda m, r: RetrainStrategy(m, r, data, initial, trainer_kwargs={"max_epochs": args.epochs})),
     ):
         strategy = make(copy.deepcopy(model), copy.deepcopy(rec))

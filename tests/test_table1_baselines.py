@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import quiet_trainer
+from helpers import N_CLASSES, N_FEATURES, quiet_trainer, toy_dataset
 from torch import nn
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
@@ -147,3 +147,68 @@ def test_a_class_request_on_the_digits_moves_each_method_towards_retraining(digi
     assert after["retain"] >= original["retain"] - 0.05 and after["test"] >= original["test"] - 0.05, (name, after)
     assert not result.certificate.certified and result.certificate.method == name
     assert int(rec.catalog.forgotten.sum()) == int((digits["train"].dataset.tensors[1] == FORGET_CLASS).sum())
+
+
+# -- SCRUB+R and bad input ------------------------------------------------------------------------------------------
+def toy_model(train: Any) -> tuple[SupervisedClassifier, SampleRecorder]:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(N_FEATURES, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, N_CLASSES))
+    model, rec = SupervisedClassifier(net, lr=0.1), SampleRecorder()
+    quiet_trainer([rec], max_epochs=2).fit(model, DataLoader(train, batch_size=16, shuffle=True))
+    return model, rec
+
+
+def test_scrub_rewinding_returns_the_checkpoint_of_the_chosen_epoch():
+    """SCRUB+R's checkpoint after epoch c equals a plain SCRUB run of c epochs (same seed, same batches), so the
+    rewound model is exactly that run's; the reference error is read on held-out samples of the forgotten class."""
+    train, held_out = toy_dataset(120), toy_dataset(40, seed=5)
+    model, rec = toy_model(train)
+    request = ForgetRequest.of_class(2)
+    rewound, rewound_rec = copy.deepcopy(model), copy.deepcopy(rec)
+    result = SCRUBStrategy(rewound, rewound_rec, train, epochs=3, batch_size=16, rewind_data=held_out).forget(
+        request, train
+    )
+    chosen = result.extra["rewound_to_epoch"]
+    assert 1 <= chosen <= 3 and 0 <= result.extra["rewind_reference_error"] <= 1
+    plain = copy.deepcopy(model)
+    SCRUBStrategy(plain, copy.deepcopy(rec), train, epochs=chosen, batch_size=16).forget(request, train)
+    for k, v in plain.state_dict().items():
+        assert torch.equal(rewound.state_dict()[k], v), k
+
+
+def test_bad_input_raises_and_changes_nothing():
+    train = toy_dataset(120)
+    model, rec = toy_model(train)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    three_only = Subset(toy_dataset(40, seed=5), [i for i in range(40) if i % N_CLASSES == 3])
+    for make, data, match in (
+        (lambda: SCRUBStrategy(model, rec, train), None, "needs the samples to forget"),
+        (lambda: WoodFisherStrategy(model, rec, train), None, "needs the samples to forget"),
+        (lambda: L1SparseStrategy(model, rec, train), train, "does not read forget"),
+        (
+            lambda: SCRUBStrategy(model, rec, train, epochs=1, rewind_data=three_only),
+            train,
+            "no sample of the forgotten",
+        ),
+        (lambda: WoodFisherStrategy(model, rec, Subset(train, list(range(60)))), train, "training data lacks"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            make().forget(ForgetRequest.of_class(2), data)
+    with pytest.raises(ValueError, match="no retained samples"):
+        WoodFisherStrategy(model, rec, train).forget(ForgetRequest.samples(range(120)), train)
+    with pytest.raises(ValueError, match="not finite|loss became"):
+        WoodFisherStrategy(model, rec, train, alpha=1e300, dampening=1e-300).forget(ForgetRequest.samples([1]), train)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert rec.catalog.n_active == 120
+    for make, match in (
+        (lambda: SCRUBStrategy(model, rec, train, epochs=2, msteps=3), "msteps"),
+        (lambda: SCRUBStrategy(model, rec, train, alpha=-1.0), "alpha and gamma"),
+        (lambda: SCRUBStrategy(model, rec, train, temperature=0.0), "temperature"),
+        (lambda: L1SparseStrategy(model, rec, train, gamma=-1e-4), "gamma"),
+        (lambda: L1SparseStrategy(model, rec, train, epochs=2, no_l1_epochs=3), "no_l1_epochs"),
+        (lambda: WoodFisherStrategy(model, rec, train, alpha=0.0), "alpha > 0"),
+        (lambda: WoodFisherStrategy(model, rec, train, n_samples=0), "n_samples >= 1"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            make()

@@ -12,6 +12,8 @@ from lightning_unlearn.strategies.baselines import (
 from lightning_unlearn.strategies.certified import GradientCertifiedStrategy, HessianCertifiedStrategy
 from lightning_unlearn.strategies.hf import HFStrategy
 from lightning_unlearn.strategies.rbm import MaskProjection, RBMStrategy
+from lightning_unlearn.strategies.scrub import SCRUBStrategy
+from lightning_unlearn.strategies.sparse import L1SparseStrategy, WoodFisherStrategy
 from lightning_unlearn.strategies.streaming import StreamingStrategy
 
 __all__ = [
@@ -28,5 +30,8 @@ __all__ = [
     "RetrainStrategy",
     "StreamingStrategy",
     "RBMStrategy",
+    "SCRUBStrategy",
+    "L1SparseStrategy",
+    "WoodFisherStrategy",
     "MaskProjection",
 ]
