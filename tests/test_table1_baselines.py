@@ -212,3 +212,35 @@ def test_bad_input_raises_and_changes_nothing():
     ):
         with pytest.raises(ValueError, match=match):
             make()
+
+
+def plain_mlp_model(train: Any) -> tuple[SupervisedClassifier, SampleRecorder]:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(N_FEATURES, 16), nn.ReLU(), nn.Linear(16, N_CLASSES))
+    model, rec = SupervisedClassifier(net, lr=0.1), SampleRecorder()
+    quiet_trainer([rec], max_epochs=2).fit(model, DataLoader(train, batch_size=16, shuffle=True))
+    return model, rec
+
+
+def test_scrub_without_max_steps_or_kl_is_fine_tuning_and_l1_shrinks_the_weights():
+    """SCRUB with msteps=0 and alpha=0 minimises gamma L on the retained batches only: with gamma=1 it is exactly
+    fine-tuning (same seed, same batches; a module without BatchNorm, whose statistics the KL forward would move).
+    l1-sparse ends with a smaller ||w||_1 than fine-tuning of the same length."""
+    from lightning_unlearn.strategies import FinetuneStrategy
+
+    train = toy_dataset(120)
+    model, rec = plain_mlp_model(train)
+    runs = {}
+    for name, make in (
+        ("finetune", lambda m, r: FinetuneStrategy(m, r, train, epochs=2, batch_size=16)),
+        ("scrub", lambda m, r: SCRUBStrategy(m, r, train, epochs=2, msteps=0, alpha=0.0, batch_size=16)),
+        ("l1_sparse", lambda m, r: L1SparseStrategy(m, r, train, epochs=2, gamma=1e-2, batch_size=16)),
+    ):
+        m = copy.deepcopy(model)
+        s = make(m, copy.deepcopy(rec))
+        s.forget(ForgetRequest.of_class(1), train if s.reads_data else None)
+        runs[name] = m
+    for k, v in runs["finetune"].state_dict().items():
+        assert torch.equal(runs["scrub"].state_dict()[k], v), k
+    norms = {n: float(l1_norm(m.parameters())) for n, m in runs.items()}
+    assert norms["l1_sparse"] < norms["finetune"] - 0.1, norms
