@@ -109,23 +109,25 @@ class RecorderCallback(L.Callback):
         outputs: Any,
         gather: Callable[[Tensor], Tensor],
         rank: int,
-    ) -> None:
+    ) -> Tensor:
         """Stage one batch of which this rank holds its own rows only (DDP, ``gathers_inputs = False``).
 
-        Ids, labels and fingerprints are gathered (``gather`` stacks every rank's tensor, rank-major),
-        so every rank stages the same samples; :meth:`_record` sees this rank's new rows only, and an id
-        repeated by ``DistributedSampler`` padding is recorded by the first rank (in rank-major order) that holds it.
+        Ids, labels and fingerprints are gathered (``gather`` stacks every rank's tensor, rank-major; the
+        ranks' batches have one size, as ``DistributedSampler`` makes them), so every rank stages the same
+        samples; :meth:`_record` sees this rank's new rows only, and an id repeated by ``DistributedSampler``
+        padding is recorded by the first rank (in rank-major order) that holds it. Returns the gathered ids.
         """
         prints = self._prints(x, len(ids))
         all_ids, all_y, all_prints = (gather(t) for t in (ids, y.long(), prints.to(ids.device)))
         keep = self._unseen(all_ids)
         if not len(keep):
-            return
+            return all_ids
         n = len(ids)
         mine = keep[(keep >= rank * n) & (keep < (rank + 1) * n)] - rank * n
         if len(mine):
             self._record(module, x[mine], y[mine], ids[mine], _select(outputs, mine))
         self._stage(all_ids[keep], all_y[keep], all_prints[keep])
+        return all_ids
 
     def _unseen(self, ids: Tensor) -> Tensor:
         """Positions of the ids not staged yet in this fit (first occurrence) nor committed by a resumed one.

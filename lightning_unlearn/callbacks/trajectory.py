@@ -328,8 +328,8 @@ class TrajectoryRecorder(RecorderCallback):
         if self._check_module:
             self.check_module(pl_module)
             self._check_module = False
-        self.record_shard(pl_module, x, y, ids, None, lambda t: _gather(pl_module, t), trainer.global_rank)
-        self._step_sharded(pl_module, x.detach(), y.detach(), ids, lr)
+        all_ids = self.record_shard(pl_module, x, y, ids, None, lambda t: _gather(pl_module, t), trainer.global_rank)
+        self._step_sharded(pl_module, x.detach(), y.detach(), ids, all_ids, lr)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -438,19 +438,17 @@ class TrajectoryRecorder(RecorderCallback):
         self.lrs.append(lr)
         self.batch_sizes.append(len(ids))
 
-    def _step_sharded(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, lr: float) -> None:
+    def _step_sharded(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, all_ids: Tensor, lr: float) -> None:
         """One DDP recursion step on this rank's local batch (the scheme of the class docstring): rows of new
         samples allocated on their owners, then for each owner's blocks of live vectors a broadcast from the
-        owner, this rank's bracket, and a sum reduction back to the owner."""
+        owner, this rank's bracket, and a sum reduction back to the owner. ``all_ids`` are every rank's ids of
+        the step, rank-major (the ranks' batches have one size)."""
         W, me = self.world_size, self.global_rank
         theta = hf.flat_params(module)
-        all_ids = self.gather_over_ranks(ids.to(theta.device))
-        sizes = self.gather_over_ranks(torch.tensor([len(ids)], device=theta.device)).tolist()
-        rank_of = torch.repeat_interleave(torch.arange(W), torch.tensor(sizes)).tolist()
         new: dict[int, int] = {}  # id -> owner: the first rank (in rank order) whose batch holds it
-        for i, r in zip(all_ids.tolist(), rank_of):
+        for k, i in enumerate(all_ids.tolist()):
             if (self.track is None or i in self.track) and i not in self.row_of and i not in new:
-                new[i] = r
+                new[i] = k // len(ids)
         if new or self._rows is None:
             device = torch.device("cpu") if self.offload else theta.device
             self._allocate(list(new), theta.numel(), device, list(new.values()))
