@@ -21,13 +21,26 @@ Smoke scales use the bundled digits (1,797 real 8x8 images) until a paper's data
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from lightning_unlearn.harness.repro import Entry, ReproConfig, Requests, Scale, Setup
+
+
+class _Model(TypedDict):
+    """The model and recipe fields of a :class:`Scale`."""
+
+    model: str
+    width: int
+    epochs: int
+    lr: float
+    batch_size: int
+
 
 _K = (Requests("K=5", k=5, fraction=0.25), Requests("K=25", k=25, fraction=0.25))
 _SMOKE_K = (Requests("K=5", k=5, fraction=0.25),)
 _ONE_EPOCH = {"epochs": 1}
 #: the smoke scale's trainable model: a tiny MLP learns 120 digits to ~70% test accuracy in 0.2 s
-_TINY = {"model": "mlp", "width": 32, "epochs": 5, "lr": 0.3, "batch_size": 8}
+_TINY: _Model = {"model": "mlp", "width": 32, "epochs": 5, "lr": 0.3, "batch_size": 8}
 
 
 # -- [ACU] Table 1 ---------------------------------------------------------------------------------------------------
@@ -158,7 +171,7 @@ def _hf_smoke(model: str) -> Scale:
         return Scale(
             "digits", model, epochs=5, lr=0.3, batch_size=8, width=4, per_class=10, requests=_HF_SMOKE_REQUESTS
         )
-    return Scale("digits", per_class=10, requests=_HF_SMOKE_REQUESTS, **_TINY)  # type: ignore[arg-type]
+    return Scale("digits", per_class=10, requests=_HF_SMOKE_REQUESTS, **_TINY)
 
 
 _HF_MNIST_LR = Setup(
@@ -259,7 +272,7 @@ HF_TABLE6 = ReproConfig(
                 "digits",
                 per_class=10,
                 requests=(Requests("50 single", k=5, per_request=1, compare="last"),),
-                **_TINY,  # type: ignore[arg-type]
+                **_TINY,
                 options={"finetune": _ONE_EPOCH, "neggrad": _ONE_EPOCH},
             ),
             (
@@ -329,7 +342,7 @@ _SAFE_SMOKE = Scale(
     per_class=12,
     requests=(Requests("20x400", k=4, per_request=5),),
     options={"safe": {"expected_rounds": 4}},
-    **_TINY,  # type: ignore[arg-type]
+    **_TINY,
 )
 SAFE_TABLE1 = ReproConfig(
     name="safe-table1",
@@ -422,7 +435,7 @@ def _rbm_setup(dataset: str, label: str, requests: Requests, rows: dict[str, tup
         per_class=12,
         requests=(requests,),
         options={e.name: _ONE_EPOCH for e in _RBM_METHODS},
-        **_TINY,  # type: ignore[arg-type]
+        **_TINY,
     )
     return Setup(
         label, "single", full, smoke, _RBM_METHODS, _rbm_paper(requests.label, rows), f"[RBM] Table 2, {label}"
