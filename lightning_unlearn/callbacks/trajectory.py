@@ -136,6 +136,7 @@ class TrajectoryRecorder(RecorderCallback):
             more vectors than parameters).
         chunk_size: vectors per batched HVP call and per-sample gradients per ``vmap`` chunk (peak memory
             about ``chunk_size`` times the step's activations; ``None``: all of a row block at once).
+            Chunks share the step's forward and differentiable backward, so smaller chunks cost little.
         power_iters: power-iteration steps per SGD step to estimate ``M = ||H_t||``, warm-started from the
             previous step's estimate (a power iteration continued along the trajectory); the first one rides in
             the recursion's batched HVP call, each further one costs a separate call (about the price of all K HVPs
@@ -157,7 +158,7 @@ class TrajectoryRecorder(RecorderCallback):
         capacity: int | None = None,
         track: Collection[int] | None = None,
         hessian: str = "auto",
-        chunk_size: int | None = None,
+        chunk_size: int | None = 32,
         power_iters: int = 1,
         row_block: int = 4096,
         loss_fn: contract.LossFn | None = None,

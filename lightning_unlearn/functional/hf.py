@@ -185,7 +185,7 @@ class StepObjective:
     """
 
     def __init__(self, loss: ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = None) -> None:
-        self.loss, self.x, self.y, self.chunk_size = loss, x, y, chunk_size
+        self.loss, self.x, self.y, self.chunk_size = loss, x.detach(), y.detach(), chunk_size
         self.theta = theta.detach().requires_grad_(True)
         with torch.enable_grad(), batch_statistics_only(loss.module) as coupled:
             (self._graph,) = torch.autograd.grad(loss.mean(self.theta, x, y), self.theta, create_graph=True)
@@ -223,6 +223,8 @@ class StepObjective:
         if not self.coupled:
             return per_sample_grads(self.loss, theta, x, y, self.chunk_size)
         n = self.x.shape[0]
+        if n == 1:  # the batch without its only element is empty: the step loses its whole gradient
+            return n * self.grad[None]
         out = []
         for p in positions.tolist():
             keep = torch.arange(n, device=self.x.device) != p
