@@ -38,6 +38,7 @@ def test_woodfisher_recursion_is_the_inverse_of_the_dampened_empirical_fisher(da
     got = woodfisher_inverse_product(grads, v, dampening)
     tolerance = 1e4 * F64_EPS * float(torch.linalg.cond(fisher))
     assert float((got - expected).norm() / expected.norm()) < tolerance
+    assert torch.equal(woodfisher_inverse_product(grads.clone(), v, dampening, overwrite=True), got)
     assert float((got - v / dampening).norm()) > 1e-3 * float(expected.norm())  # the gradients matter
 
 

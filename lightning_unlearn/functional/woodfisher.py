@@ -25,13 +25,17 @@ import torch
 from torch import Tensor
 
 
-def woodfisher_inverse_product(gradients: Tensor, v: Tensor, dampening: float = 1.0) -> Tensor:
+def woodfisher_inverse_product(
+    gradients: Tensor, v: Tensor, dampening: float = 1.0, *, overwrite: bool = False
+) -> Tensor:
     """``F^{-1} v`` for ``F = dampening I + (1/N) sum_k g_k g_k^T`` by the Sherman-Morrison recursion.
 
     Args:
         gradients: ``(N, d)``, one per-sample gradient per row (``N >= 1``).
         v: ``(d,)``, the vector to precondition.
         dampening: ``lambda > 0`` (the authors' code starts the recursion from the identity: 1).
+        overwrite: store ``u_k`` in row ``k`` of ``gradients`` (each row is read once, before it is
+            replaced), halving the memory; ``gradients`` is then garbage.
 
     Returns:
         ``(d,)``, in the dtype of ``gradients`` and ``v`` (give float64 for an exact inverse).
@@ -46,10 +50,10 @@ def woodfisher_inverse_product(gradients: Tensor, v: Tensor, dampening: float = 
     n = gradients.shape[0]
     if n == 0:
         raise ValueError("the empirical Fisher needs at least one per-sample gradient")
-    u = torch.empty_like(gradients)  # u_k = F_{k-1}^{-1} g_k
+    u = gradients if overwrite else torch.empty_like(gradients)  # u_k = F_{k-1}^{-1} g_k
     denominators = torch.empty(n, dtype=gradients.dtype, device=gradients.device)
     for k in range(n):
-        g = gradients[k]
+        g = gradients[k].clone() if overwrite else gradients[k]
         u[k] = g / dampening - u[:k].T @ ((u[:k] @ g) / denominators[:k])
         denominators[k] = n + g @ u[k]
     return v / dampening - u.T @ ((u @ v) / denominators)

@@ -108,8 +108,9 @@ class WoodFisherStrategy(_Trained):
     cost of 2 points of retained accuracy (``tests/test_table1_baselines.py``). A head that was not
     trained on the cross-entropy (the analytic family's ridge head) is far from the stationary point
     the step assumes: there ``alpha = 1`` destroyed the model and 0.1 matched retraining
-    (``benchmarks/table1_baselines.py``). Memory is ``2 n_samples d`` floats (float64) for ``d``
-    trainable parameters, time ``O(n_samples^2 d)``: lower ``n_samples`` for large models. Needs the
+    (``benchmarks/table1_baselines.py``). The recursion runs in the parameters' precision (float32 at
+    least); memory is ``n_samples d`` such floats for ``d`` trainable parameters, time
+    ``O(n_samples^2 d)``: lower ``n_samples`` for large models. Needs the
     retained data (``train``) and the samples to forget (``data``). Uncertified.
 
     Args:
@@ -174,10 +175,14 @@ class WoodFisherStrategy(_Trained):
 
         g = torch.Generator().manual_seed(self.seed + len(self.history))
         chosen = torch.randperm(len(retained), generator=g)[: self.n_samples].tolist()
+        dtype = torch.promote_types(torch.float32, next(iter(params.values())).dtype)
         with eval_mode(work):
             v = influence_direction(mean_gradient(forget), mean_gradient(retained), len(forget), len(retained))
-            per_sample = torch.stack([mean_gradient(Subset(retained, [r])) for r in chosen])
-        step = self.alpha * woodfisher_inverse_product(per_sample, v, self.dampening)
+            per_sample = torch.empty(len(chosen), v.numel(), dtype=dtype, device=v.device)
+            for k, r in enumerate(chosen):
+                per_sample[k] = mean_gradient(Subset(retained, [r]))
+        inverse = woodfisher_inverse_product(per_sample, v.to(dtype), self.dampening, overwrite=True)
+        step = self.alpha * inverse.double()
         if not torch.isfinite(step).all():
             raise ValueError(f"{self.method}: the update is not finite; raise the dampening or lower alpha")
         weights, start = {}, 0
