@@ -1,4 +1,14 @@
-"""Benchmark: HF recording overhead on a small CNN (a user LightningModule), and where the time goes.
+"""Benchmark: HF recording cost per tracked sample per SGD step against one Hessian-vector product.
+
+Part 1, a user's torchvision ``resnet18`` (11.2M parameters, BatchNorm in training mode, 32x32 inputs,
+batch 64, CPU): step-level timings, interleaved and repeated (medians), of one plain training step,
+ONE Hessian-vector product of the step's batch loss computed from scratch (forward + differentiable
+backward + one double backward; and the forward-over-reverse ``jvp(grad)`` product for reference),
+and :meth:`TrajectoryRecorder.before_step` with K tracked vectors (of which one sample is in the batch);
+then ``(recorder step) / K`` in units of one HVP. As K grows the step's forward and differentiable
+backward are shared and the cost per vector tends to one batched double backward.
+
+Part 2, a small CNN:
 
 [HF]'s recursion (Eq. (10)) applies ``(I - eta H_t)`` to every tracked vector at every SGD step, so
 its cost per step is about one Hessian-vector product per tracked sample (plus per-sample
@@ -10,17 +20,22 @@ for a CNN without BatchNorm (HF needs deterministic per-sample losses) on synthe
   ``vmap`` HVP call over the K vectors and of one plain training step (forward + backward);
 * the cost per tracked sample per step in units of one HVP (1.0 = nothing but the HVPs).
 
-    python benchmarks/hf_recording.py
+    python benchmarks/hf_recording.py [--repeats 3] [--skip-cnn]
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
+import statistics
+import sys
 import warnings
+from collections.abc import Callable
 from time import perf_counter
 
 import lightning as L
 import torch
+import torchvision
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -89,8 +104,66 @@ def timed(fn, repeat: int = 5) -> float:
     return (perf_counter() - start) / repeat
 
 
+def resnet_steps(repeats: int) -> None:
+    """Part 1: step-level costs on resnet18 (see the module docstring)."""
+    torch.manual_seed(0)
+    net = torchvision.models.resnet18(num_classes=10).train()
+    x, y = torch.rand(BATCH, 3, 32, 32), torch.randint(0, 10, (BATCH,))
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, weight_decay=5e-4)
+    theta = hf.flat_params(net)
+    loss = hf.ModuleLoss(net, 5e-4)
+    v = torch.randn(1, theta.numel())
+
+    def plain_step() -> None:
+        net.zero_grad()
+        nn.functional.cross_entropy(net(x), y).backward()
+
+    def one_hvp() -> None:
+        hf.StepObjective(loss, theta, x, y).hvp(v)
+
+    def recorder_step(k: int) -> Callable[[], None]:
+        rec = TrajectoryRecorder(track=range(k), power_iters=0)
+        rec.check_optimizer(opt, net)
+        rec.begin_experience(net)
+        ids = torch.arange(k - 1, k - 1 + BATCH)  # one tracked sample in this batch, k - 1 vectors from earlier
+        rec.before_step(net, x[: k + 2], y[: k + 2], torch.arange(k + 2), 0.01)  # allocate k rows (small, untimed)
+        return lambda: rec.before_step(net, x, y, ids, 0.01)
+
+    ks = (1, 4)
+    runs: dict[str, Callable[[], None]] = {"plain": plain_step, "hvp": one_hvp}
+    runs.update({f"k{k}": recorder_step(k) for k in ks})
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):  # interleaved: load from other processes hits every column alike
+        for name, run in runs.items():
+            start = perf_counter()
+            run()
+            times[name].append(perf_counter() - start)
+            print(f"  {name}: {times[name][-1]:.2f} s", file=sys.stderr, flush=True)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    d = theta.numel()
+    print(f"resnet18 (BatchNorm in training mode), d = {d:,}, batch {BATCH} of 32x32, CPU, median of {repeats}")
+    print(f"  one plain training step (forward + backward)              : {1e3 * med['plain']:8.0f} ms")
+    print(
+        f"  ONE HVP from scratch (forward, create_graph, double back) : {1e3 * med['hvp']:8.0f} ms"
+        f"   ({med['hvp'] / med['plain']:.2f} x plain step)"
+    )
+    print(f"  {'K tracked':>9} | {'recorder step ms':>16} | {'ms per vector':>13} | {'per vector / one HVP':>20}")
+    for k in ks:
+        t = med[f"k{k}"]
+        print(f"  {k:>9} | {1e3 * t:16.0f} | {1e3 * t / k:13.0f} | {t / k / med['hvp']:20.2f}")
+    print("  (a recorder step: one forward + differentiable backward, K vectors in one batched double backward,")
+    print("   one leave-one-out gradient for the tracked sample in the batch; no power iteration here)\n")
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-cnn", action="store_true")
+    args = parser.parse_args()
     torch.set_num_threads(2)
+    resnet_steps(args.repeats)
+    if args.skip_cnn:
+        return
     plain, model = fit([])
     d = hf.flat_params(model).numel()
     steps = EPOCHS * (N // BATCH)
