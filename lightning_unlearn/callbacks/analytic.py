@@ -259,11 +259,15 @@ class AnalyticRecorder(RecorderCallback):
         super()._drop_staged()
         self._dR = self._dQ = None
 
+    summed_states = ("_dR", "_dQ")  # this rank's staged sum f^T f and sum f^T y, added over the ranks once
+
+    def _zero_state(self, name: str) -> Tensor:
+        return torch.zeros_like(require_statistic(self._R, "R") if name == "_dR" else require_statistic(self.Q, "Q"))
+
     def _staged_sums(self) -> tuple[Tensor, Tensor]:
         """The staged block's ``(dR, dQ)`` summed over the ranks (a collective call under DDP)."""
-        dR = self._dR if self._dR is not None else torch.zeros_like(require_statistic(self._R, "R"))
-        dQ = self._dQ if self._dQ is not None else torch.zeros_like(require_statistic(self.Q, "Q"))
-        return self.sum_over_ranks(dR), self.sum_over_ranks(dQ)
+        sums = self.summed_staged()
+        return sums["_dR"], sums["_dQ"]
 
     def _staged_state(self) -> dict[str, Any]:
         # every rank saves the sums over all ranks (Lightning builds a checkpoint on every rank)

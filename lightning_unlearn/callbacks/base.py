@@ -13,8 +13,8 @@ with other settings is refused, naming them. Under DDP the recorders shard their
 labels and input fingerprints are gathered (the catalog is global, an id repeated by
 ``DistributedSampler`` padding is counted once, by the first rank holding it), each rank records
 its own samples, and additive statistics are summed over the ranks once per experience through
-``trainer.strategy`` collectives (:meth:`RecorderCallback.sum_over_ranks`), like torchmetrics' states
-with ``dist_reduce_fx="sum"``; HF's per-sample vectors stay on one rank each (see
+``trainer.strategy`` collectives (states declared in :attr:`RecorderCallback.summed_states`, like
+torchmetrics' states with ``dist_reduce_fx="sum"``, or :meth:`RecorderCallback.sum_over_ranks`); HF's per-sample vectors stay on one rank each (see
 :class:`~lightning_unlearn.callbacks.TrajectoryRecorder`). A recorder that sets ``gathers_inputs = True``
 gets every rank's batch (inputs included) in :meth:`record`. An exception during fit drops the staged
 block, so statistics only ever reflect whole experiences.
@@ -25,7 +25,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import lightning as L
 import torch
@@ -287,6 +287,30 @@ class RecorderCallback(L.Callback):
     #: statistics are sums over samples set it to False: each rank records the samples it holds
     #: (:meth:`record_shard`) and adds the ranks' sums once per experience with :meth:`sum_over_ranks`
     gathers_inputs: bool = True
+
+    #: staged statistics that are sums over this rank's samples, declared with their reduction like torchmetrics'
+    #: states (``add_state(name, dist_reduce_fx="sum")``): attributes holding a tensor, a tuple of tensors, or
+    #: ``None`` (nothing recorded on this rank: :meth:`_zero_state`); :meth:`summed_staged` adds them over the
+    #: ranks once, when the experience is committed (or a running fit saved)
+    summed_states: ClassVar[tuple[str, ...]] = ()
+
+    def summed_staged(self) -> dict[str, Any]:
+        """The :attr:`summed_states` added over the ranks of a DDP fit, in ONE all-reduce of their concatenation
+        (every rank must call it); this rank's own values in one process."""
+        values = {
+            n: getattr(self, n) if getattr(self, n) is not None else self._zero_state(n) for n in self.summed_states
+        }
+        if self._strategy is None:
+            return values
+        parts = [t for v in values.values() for t in (v if isinstance(v, tuple) else (v,))]
+        device = self._strategy.root_device
+        total = self.sum_over_ranks(torch.cat([t.reshape(-1).to(device) for t in parts]))
+        sums = iter(t.view_as(part).to(part) for t, part in zip(total.split([p.numel() for p in parts]), parts))
+        return {n: tuple(next(sums) for _ in v) if isinstance(v, tuple) else next(sums) for n, v in values.items()}
+
+    def _zero_state(self, name: str) -> Any:
+        """The value of the summed state ``name`` of a rank that has recorded nothing (zeros of its shape)."""
+        raise NotImplementedError
 
     def sum_over_ranks(self, t: Tensor) -> Tensor:
         """``t`` summed over the ranks of the current DDP fit (``t`` itself otherwise); every rank must call it."""

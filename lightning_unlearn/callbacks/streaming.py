@@ -176,16 +176,15 @@ class StreamingRecorder(RecorderCallback):
             n, s1, s2 = n + self._staged[0], s1 + self._staged[1], s2 + self._staged[2]
         self._staged = (n, s1, s2)
 
+    summed_states = ("_staged",)  # this rank's staged class sums (n, sum u, sum u u^T), added over the ranks once
+
+    def _zero_state(self, name: str) -> tuple[Tensor, Tensor, Tensor]:
+        return torch.zeros_like(self.counts), torch.zeros_like(self.s1), torch.zeros_like(self.s2)
+
     def _staged_sums(self) -> tuple[Tensor, Tensor, Tensor]:
-        """The staged class sums added over the ranks (one collective under DDP; zeros on a rank that recorded
-        nothing), on the CPU."""
-        staged = self._staged or (torch.zeros_like(self.counts), torch.zeros_like(self.s1), torch.zeros_like(self.s2))
-        if self._strategy is None:
-            return tuple(t.to(self.counts.device) for t in staged)  # type: ignore[return-value]
-        k, C = self.proj_dim, self.num_classes
-        flat = torch.cat([t.to(self._strategy.root_device).reshape(-1) for t in staged])
-        flat = self.sum_over_ranks(flat).to(self.counts.device)  # one transfer per experience
-        return flat[:C], flat[C : C + C * k].view(C, k), flat[C + C * k :].view(C, k, k)
+        """The staged class sums added over the ranks (one collective under DDP), moved to the CPU once."""
+        n, s1, s2 = self.summed_staged()["_staged"]
+        return n.to(self.counts.device), s1.to(self.counts.device), s2.to(self.counts.device)
 
     def _commit(self, module: nn.Module) -> None:
         if self._staged is None and self._strategy is None:
