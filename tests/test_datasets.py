@@ -122,9 +122,9 @@ def test_compressed_mnist_files_are_named_with_the_fix(tmp_path):
         load_splits("split-mnist", tmp_path)
 
 
-def test_bad_split_settings_are_refused(fake_root):
+def test_bad_split_settings_are_refused(fake_root, tmp_path):
     with pytest.raises(ValueError, match="n_experiences=3 must divide split-cifar10's 10 classes"):
-        load_benchmark("split-cifar10", fake_root, n_experiences=3)
+        load_benchmark("split-cifar10", tmp_path, n_experiences=3)  # refused before the (missing) files are read
     with pytest.raises(ValueError, match="base_fraction must lie in"):
         load_splits("split-cifar10", fake_root, base_fraction=1.0)
     with pytest.raises(ValueError, match="unknown benchmark 'split-celeba'"):

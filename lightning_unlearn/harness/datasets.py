@@ -412,10 +412,19 @@ def load_benchmark(
         ValueError: an unknown name, an ``n_experiences`` that does not divide the classes, or bad caps.
         DatasetNotFoundError: the dataset's files are missing under ``root`` (naming them).
     """
+    _experiences(dataset_spec(name), n_experiences)  # refused before anything is read
     splits = load_splits(
         name, root, seed=seed, per_class=per_class, test_per_class=test_per_class, base_fraction=base_fraction
     )
     return stream_benchmark(splits, n_experiences, seed=seed, class_order=class_order)
+
+
+def _experiences(spec: DatasetSpec, n_experiences: int | None) -> int:
+    """``n_experiences`` (``None``: the benchmark's usual); ``ValueError`` unless it divides the classes."""
+    n = spec.n_experiences if n_experiences is None else n_experiences
+    if n < 1 or spec.num_classes % n:
+        raise ValueError(f"n_experiences={n} must divide {spec.name}'s {spec.num_classes} classes")
+    return n
 
 
 def stream_benchmark(
@@ -428,13 +437,10 @@ def stream_benchmark(
     """
     from avalanche.benchmarks import nc_benchmark
 
-    n = BENCHMARKS[splits.name].n_experiences if n_experiences is None else n_experiences
-    if n < 1 or splits.num_classes % n:
-        raise ValueError(f"n_experiences={n} must divide {splits.name}'s {splits.num_classes} classes")
     return nc_benchmark(
         splits.train,
         splits.test,
-        n_experiences=n,
+        n_experiences=_experiences(BENCHMARKS[splits.name], n_experiences),
         task_labels=False,
         seed=seed,
         fixed_class_order=class_order,
