@@ -80,9 +80,10 @@ _ACU_CIFAR100 = _acu_paper(
 _ACU_METHODS = (
     Entry("acu", "ACU"),
     Entry("finetune", "Finetuning"),
-    Entry("l1_sparse", "L1-Sparse"),
-    Entry("scrub", "SCRUB"),
-    Entry("woodfisher", "WoodFisher"),
+    # App. E.3's settings (the other baselines' registry defaults are App. E.3's)
+    Entry("l1_sparse", "L1-Sparse", {"epochs": 10, "lr": 1e-2, "gamma": 1e-3}),
+    Entry("scrub", "SCRUB", {"epochs": 5, "lr": 1e-3, "temperature": 4.0, "msteps": 4, "alpha": 0.5, "gamma": 0.5}),
+    Entry("woodfisher", "WoodFisher", {"alpha": 0.2}),
     Entry("randomlabel", "RandomLabel"),
     Entry("neggrad_plus", "NegGrad+"),
     Entry("neggrad", "NegGrad"),
@@ -98,7 +99,10 @@ _ACU_SMOKE = Scale(
     per_class=12,
     n_experiences=5,
     requests=_SMOKE_K,
-    options={e.name: _ONE_EPOCH for e in _ACU_METHODS if e.name not in ("acu", "woodfisher")},
+    options={
+        **{e.name: _ONE_EPOCH for e in _ACU_METHODS if e.name not in ("acu", "woodfisher")},
+        "scrub": {"epochs": 1, "msteps": 1},
+    },
 )
 
 
