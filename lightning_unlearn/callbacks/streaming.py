@@ -9,7 +9,9 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
+from lightning_unlearn import contract
 from lightning_unlearn.callbacks.base import RecorderCallback, _gather
+from lightning_unlearn.callbacks.proximal import ProximalRegularizer
 from lightning_unlearn.data import unpack_batch
 from lightning_unlearn.functional import streaming as safe
 from lightning_unlearn.modes import eval_mode
@@ -56,13 +58,19 @@ class StreamingRecorder(RecorderCallback):
     * :class:`StreamingStrategy` then subtracts each request's samples from these statistics and
       appends them to the forget buffer (the past forget sets ``F_1..F_t`` Eq. (25) sums over).
 
-    Device: the per-batch class sums and the anchor pass's gradient sums are computed and accumulated
-    on the module's device (no per-batch transfer); the totals move to the CPU once per experience,
-    where :class:`StreamingStrategy` computes its rounds. The deletion update of the class statistics
-    is :func:`safe.remove_samples`.
+    Device: the statistics live on the module's device (``offload=True``: on the CPU); the per-batch
+    class sums and the anchor pass's gradient sums are computed there (no per-batch transfer), and
+    :class:`StreamingStrategy` computes its rounds on the module's device. The deletion update of the
+    class statistics is :func:`safe.remove_samples`.
 
-    ``l`` is the cross-entropy of ``module(x)`` (the prediction loss of Eq. (1); a regulariser in
-    the module's training objective is not part of it).
+    ``l`` is the prediction loss of Eq. (1) ("e.g. cross-entropy"): ``loss_fn(outputs, targets)``, the
+    module's own per-sample loss, checked on the first batch of every fit against the module's
+    training loss (:func:`~lightning_unlearn.contract.resolve_loss_fn`; a label-smoothed training loss
+    with the default cross-entropy ``loss_fn`` is refused, naming both values). A regulariser of the
+    training objective is not part of ``l``; a :class:`ProximalRegularizer` penalty in the module's
+    loss is accounted for in that check. SAFE's forgetting term (Eq. (8), (24)-(25)) is not the loss:
+    it is a KL between the predictive distributions ``softmax(f(x; w))``, so the module's outputs must
+    be ``num_classes`` class logits whatever its loss (:class:`StreamingStrategy` checks it).
 
     [interp] Continual learning: every fit re-anchors at its final weights, resets
     the round counter and the forget buffer, and takes the current class statistics as the new
@@ -82,11 +90,24 @@ class StreamingRecorder(RecorderCallback):
         proj_dim: dimension ``k`` of the projection ``V`` (not given in the paper; [interp] 16).
         ridge: covariance regulariser, relative to ``trace(Sigma)/k`` ([interp]; not in the paper).
         seed: seed of ``V``.
+        loss_fn: ``loss_fn(outputs, targets) -> (n,)`` per-sample prediction loss (default: cross-entropy).
+        offload: keep the statistics on the CPU instead of the module's device.
+
+    Raises:
+        ValueError: bad sizes; at fit start, a training loss that is not ``mean loss_fn`` (+ penalty).
     """
 
     gathers_inputs = False
 
-    def __init__(self, num_classes: int, proj_dim: int = 16, ridge: float = 1e-4, seed: int = 0) -> None:
+    def __init__(
+        self,
+        num_classes: int,
+        proj_dim: int = 16,
+        ridge: float = 1e-4,
+        seed: int = 0,
+        loss_fn: contract.LossFn | None = None,
+        offload: bool = False,
+    ) -> None:
         super().__init__()
         if num_classes < 2 or proj_dim < 1 or ridge < 0:
             raise ValueError(
@@ -99,6 +120,9 @@ class StreamingRecorder(RecorderCallback):
             float(ridge),
             int(seed),
         )
+        self.loss_fn: contract.LossFn = loss_fn or contract.per_sample_cross_entropy
+        self.offload = offload
+        self._check_loss = False
         self.V: Tensor | None = None
         self.counts = torch.zeros(self.num_classes, dtype=torch.float64)
         self.s1 = torch.zeros(self.num_classes, self.proj_dim, dtype=torch.float64)
@@ -146,8 +170,28 @@ class StreamingRecorder(RecorderCallback):
         return Anchor(V, w0, counts, mean, cov)
 
     # -- recording -------------------------------------------------------------------------------
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._check_loss = True
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._check_loss:  # once per fit, on its first batch: the module's own loss is loss_fn's
+            regs = [c for c in trainer.callbacks if isinstance(c, ProximalRegularizer) and c.in_loss]  # type: ignore[attr-defined]
+            penalty = regs[0].penalty if regs else None
+            contract.resolve_loss_fn(pl_module, self.loss_fn, batch, keys=self.batch_keys, penalty=penalty)
+            self._check_loss = False
+
+    def _home(self, module: nn.Module) -> torch.device:
+        """Where the statistics live: the module's device, or the CPU with ``offload``."""
+        param = next(module.parameters(), None)
+        return torch.device("cpu") if self.offload or param is None else param.device
+
     def begin_experience(self, module: nn.Module) -> None:
         super().begin_experience(module)
+        home = self._home(module)
+        self.counts, self.s1, self.s2 = self.counts.to(home), self.s1.to(home), self.s2.to(home)
         if self._anchor_key is None or self._anchor_key[0] != self._fit_experience:
             self._prior = ({k: v.clone() for k, v in self.grad_sum.items()}, self.loss_sum.clone())
 
@@ -182,7 +226,8 @@ class StreamingRecorder(RecorderCallback):
         return torch.zeros_like(self.counts), torch.zeros_like(self.s1), torch.zeros_like(self.s2)
 
     def _staged_sums(self) -> tuple[Tensor, Tensor, Tensor]:
-        """The staged class sums added over the ranks (one collective under DDP), moved to the CPU once."""
+        """The staged class sums added over the ranks (one collective under DDP), moved to the statistics' device
+        once."""
         n, s1, s2 = self.summed_staged()["_staged"]
         return n.to(self.counts.device), s1.to(self.counts.device), s2.to(self.counts.device)
 
@@ -253,7 +298,7 @@ class StreamingRecorder(RecorderCallback):
                     keep = self._fit_rows(gather(ids), seen)
                     keep = keep[(keep >= start) & (keep < start + len(ids))] - start
                 if keep.numel():
-                    g, value = safe.summed_loss_grad(module, params, buffers, x[keep], y[keep])
+                    g, value = safe.summed_loss_grad(module, params, buffers, x[keep], y[keep], self.loss_fn)
                     for n in names:
                         grads[n] += g[n].detach().double()
                     loss += value.double()
@@ -263,10 +308,13 @@ class StreamingRecorder(RecorderCallback):
             grads = {n: part.view_as(grads[n]) for n, part in zip(names, parts)}
             loss = parts[-1][0]
         prior_grads, prior_loss = self._prior
-        self.grad_sum = {n: grads[n].cpu() + prior_grads.get(n, 0.0) for n in names}
-        self.loss_sum = loss.cpu() + prior_loss
-        self.w0 = {n: p.detach().cpu().clone() for n, p in params.items()}
-        self.buffers0 = {n: b.cpu() for n, b in buffers.items()}
+        home = self._home(module)
+        self.grad_sum = {
+            n: grads[n].to(home) + prior_grads[n].to(home) if n in prior_grads else grads[n].to(home) for n in names
+        }
+        self.loss_sum = loss.to(home) + prior_loss.to(home)
+        self.w0 = {n: p.detach().to(home, copy=True) for n, p in params.items()}
+        self.buffers0 = {n: b.to(home) for n, b in buffers.items()}
         self.ref_counts = self.counts.clone()
         self.ref_mean, self.ref_cov = self.moments(self.counts, self.s1, self.s2)
         self.n_anchor = self.n_retained
@@ -293,14 +341,14 @@ class StreamingRecorder(RecorderCallback):
 
         Only the ids of ``F_t`` are kept (for the sum over ``F_1..F_t`` of Eq. (25)), never its inputs.
         """
-        V = self.require_anchor().V
+        V, home = self.require_anchor().V.to(x.device), self.counts.device
         counts, s1, s2 = safe.remove_samples(self.counts, self.s1, self.s2, safe.project(x, V), y)
         return {
             "counts": counts,
             "s1": s1,
             "s2": s2,
-            "grad_sum": grad_sum,
-            "loss_sum": loss_sum,
+            "grad_sum": {n: g.to(home) for n, g in grad_sum.items()},
+            "loss_sum": loss_sum.to(home),
             "forget_ids": torch.cat([self.forget_ids, ids]),
             "rounds": self.rounds + 1,
             "cumulative_surrogate": self.cumulative_surrogate + surrogate,

@@ -10,7 +10,7 @@ term (Eq. (25)), a KL to a pseudo-target that re-weights ``f(x; w_0)`` by the la
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -65,7 +65,7 @@ def class_moments(n: Tensor, s1: Tensor, s2: Tensor, ridge: float) -> tuple[Tens
     safe_n = n.clamp(min=1)[:, None]
     mean = s1 / safe_n
     cov = (s2 - safe_n[:, :, None] * mean[:, :, None] * mean[:, None, :]) / (n - 1).clamp(min=1)[:, None, None]
-    eye = torch.eye(k, dtype=s1.dtype)
+    eye = torch.eye(k, dtype=s1.dtype, device=s1.device)
     scale = torch.diagonal(cov, dim1=1, dim2=2).sum(-1).clamp(min=1e-12) / k
     cov = cov + ridge * scale[:, None, None] * eye
     return mean, torch.where((n >= 2)[:, None, None], cov, eye)
@@ -127,15 +127,21 @@ def kl_to_target(logits: Tensor, target: Tensor, direction: str = "model_to_targ
 
 
 def summed_loss_grad(
-    module: nn.Module, params: Params, buffers: Mapping[str, Tensor], x: Tensor, y: Tensor
+    module: nn.Module,
+    params: Params,
+    buffers: Mapping[str, Tensor],
+    x: Tensor,
+    y: Tensor,
+    loss_fn: Callable[[Tensor, Tensor], Tensor],
 ) -> tuple[Params, Tensor]:
-    """``sum_i grad_w CE(f(x_i; w), y_i)`` at ``params`` and the summed loss (the terms of Eq. (12)/(15))."""
+    """``sum_i grad_w l(f(x_i; w), y_i)`` at ``params`` and the summed loss (the terms of Eq. (12)/(15)).
+
+    ``l`` is the prediction loss of Eq. (1), "e.g. cross-entropy": ``loss_fn(outputs, targets) -> (n,)``
+    per-sample losses (the module's own training loss).
+    """
 
     def loss(p: Params) -> Tensor:
-        logits = functional_call(module, {**p, **buffers}, (x,))
-        return nn.functional.cross_entropy(
-            logits.to(torch.promote_types(logits.dtype, torch.float32)), y.long(), reduction="sum"
-        )
+        return loss_fn(functional_call(module, {**p, **buffers}, (x,)), y).sum()
 
     grads, value = grad_and_value(loss)(params)
     return grads, value.detach()

@@ -157,15 +157,17 @@ class StreamingStrategy(ReleasingStrategy):
         x = self._checked_inputs(x)
         self._check_module()
         names, device = rec.param_names, next(self.module.parameters()).device
+        x, labels = x.to(device), labels.to(device)
         w0 = {n: t.to(device) for n, t in anchor.w0.items()}
         buffers = {n: t.to(device) for n, t in rec.buffers0.items()}
+        V = anchor.V.to(device)
         t = rec.rounds + 1
 
-        # Eq. (15): retention gradient (and risk) at w_0 over D_t = D_{t-1} \ F_t
+        # Eq. (15): retention gradient (and risk) at w_0 over D_t = D_{t-1} \ F_t, with the module's own loss
         with eval_mode(self.module):
-            g_f, loss_f = safe.summed_loss_grad(self.module, w0, buffers, x.to(device), labels.to(device))
-        grad_sum = {n: rec.grad_sum[n] - g_f[n].detach().double().cpu() for n in names}
-        loss_sum = rec.loss_sum - loss_f.double().cpu()
+            g_f, loss_f = safe.summed_loss_grad(self.module, w0, buffers, x, labels, rec.loss_fn)
+        grad_sum = {n: rec.grad_sum[n].to(device) - g_f[n].detach().double() for n in names}
+        loss_sum = rec.loss_sum.to(device) - loss_f.double()
         n_t = rec.n_retained - int(ids.numel())
         if n_t < 1:
             raise ValueError(
@@ -175,21 +177,23 @@ class StreamingStrategy(ReleasingStrategy):
         g_ret = safe.flatten(grad_sum, names) / n_t
 
         # Eq. (22)-(24): class statistics of D_t and the pseudo-targets of the forget buffer
-        u_new = safe.project(x, anchor.V)
+        u_new = safe.project(x, V)
         dn, ds1, ds2 = safe.class_sums(u_new, labels, rec.num_classes)
-        counts = rec.counts - dn
-        moments_t = rec.moments(counts, rec.s1 - ds1, rec.s2 - ds2)
-        moments_0 = (anchor.ref_mean, anchor.ref_cov)
+        counts = rec.counts.to(device) - dn
+        moments_t = rec.moments(counts, rec.s1.to(device) - ds1, rec.s2.to(device) - ds2)
+        moments_0 = (anchor.ref_mean.to(device), anchor.ref_cov.to(device))
+        ref_counts = anchor.ref_counts.to(device)
         bx, by = self._scope(x, labels, data)
-        log_q = safe.log_shift_ratio(safe.project(bx, anchor.V), counts, anchor.ref_counts, moments_t, moments_0)
+        log_q = safe.log_shift_ratio(safe.project(bx, V), counts, ref_counts, moments_t, moments_0)
         with eval_mode(self.module), torch.no_grad():
-            logits_0 = torch.func.functional_call(self.module, {**w0, **buffers}, (bx.to(device),)).double().cpu()
-        target = safe.pseudo_target(logits_0, log_q).to(device)
+            logits_0 = torch.func.functional_call(self.module, {**w0, **buffers}, (bx,))
+        self._check_outputs(logits_0, len(bx))
+        target = safe.pseudo_target(logits_0.double(), log_q)
 
         # Eq. (25)-(27): forgetting gradient at w_0, total gradient, one normalised step from w_0
         with eval_mode(self.module):
             g_fg_d, fg_w0 = safe.forgetting_grad(
-                self.module, w0, buffers, bx.to(device), target, self.forget_weight, self.kl_direction
+                self.module, w0, buffers, bx, target, self.forget_weight, self.kl_direction
             )
         g_fg = safe.flatten(g_fg_d, names)
         g = g_ret + g_fg
@@ -204,7 +208,7 @@ class StreamingStrategy(ReleasingStrategy):
                 float(safe.flatten(anchor.w0, names).norm()), self.lr_constant, max(t, self.expected_rounds)
             )
         )
-        flat0 = safe.flatten(anchor.w0, names)
+        flat0 = safe.flatten(w0, names)
         W = self.weight_bound if self.weight_bound is not None else float(flat0.norm())
         published = None
         if self.epsilon is not None:  # Theorem 2(iii): -b_t ~ N(0, sigma^2 I) calibrated on sensitivity 2W
@@ -212,7 +216,7 @@ class StreamingStrategy(ReleasingStrategy):
             flat_t = published.weights
         else:
             noise = (
-                gaussian_noise(flat0.shape, self.noise_std, torch.float64, self.seed, t)
+                gaussian_noise(flat0.shape, self.noise_std, torch.float64, self.seed, t).to(device)
                 if self.noise_std
                 else torch.zeros_like(flat0)
             )
@@ -220,9 +224,7 @@ class StreamingStrategy(ReleasingStrategy):
         w_t = safe.unflatten(flat_t, anchor.w0, names)
 
         with eval_mode(self.module), torch.no_grad():
-            logits_t = torch.func.functional_call(
-                self.module, {**{n: v.to(device) for n, v in w_t.items()}, **buffers}, (bx.to(device),)
-            )
+            logits_t = torch.func.functional_call(self.module, {**w_t, **buffers}, (bx,))
             fg_t = float(self.forget_weight * safe.kl_to_target(logits_t.double(), target, self.kl_direction).mean())
         retain_risk_w0 = float(loss_sum) / n_t
         surrogate = retain_risk_w0 + float(g_ret @ (flat_t - flat0)) + fg_t
@@ -244,7 +246,7 @@ class StreamingStrategy(ReleasingStrategy):
             "surrogate_risk": surrogate,
             "cumulative_surrogate_risk": rec.cumulative_surrogate + surrogate,
             "theorem1_bound": safe.theorem1_bound(rec.num_classes, n_forgotten, n_t),
-            "label_shift": ((counts / anchor.ref_counts.clamp(min=1)) * rec.n_anchor / n_t).tolist(),
+            "label_shift": ((counts / ref_counts.clamp(min=1)) * rec.n_anchor / n_t).tolist(),
             "mean_log_density_ratio": float(own_ratio),
         }
 
@@ -298,7 +300,8 @@ class StreamingStrategy(ReleasingStrategy):
                 f"{self.method} with forget_scope='all' (Eq. (25)) sums over every earlier round's samples, which the "
                 f"library does not keep: pass them in data too, or use forget_scope='current' ({err})"
             ) from None
-        return torch.cat([x, self._checked_inputs(ex)]), torch.cat([y, self.catalog.labels_of(earlier)])
+        earlier_x, earlier_y = self._checked_inputs(ex).to(x.device), self.catalog.labels_of(earlier).to(y.device)
+        return torch.cat([x, earlier_x]), torch.cat([y, earlier_y])
 
     def _checked_inputs(self, x: Tensor) -> Tensor:
         V = self.recorder.require_anchor().V
@@ -306,7 +309,18 @@ class StreamingStrategy(ReleasingStrategy):
             raise ValueError(
                 f"forget data has {x[0].numel()} features per sample but the recorded projection expects {V.shape[0]}"
             )
-        return x.detach().cpu()
+        return x.detach()
+
+    def _check_outputs(self, outputs: Tensor, n: int) -> None:
+        """``ValueError`` unless the module's outputs are ``(n, num_classes)`` class logits: the forgetting term
+        (Eq. (8), (24)-(25)) compares predictive distributions ``softmax(f(x; w))``, whatever the loss."""
+        C = self.recorder.num_classes
+        if not isinstance(outputs, Tensor) or tuple(outputs.shape) != (n, C):
+            shape = tuple(outputs.shape) if isinstance(outputs, Tensor) else type(outputs).__name__
+            raise ValueError(
+                f"{self.method} needs the module's outputs to be class logits of shape ({n}, {C}) (its forgetting "
+                f"term is a KL between softmax predictive distributions, Eq. (25)); got {shape}"
+            )
 
     def _check_module(self) -> None:
         rec = self.recorder
