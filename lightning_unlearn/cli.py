@@ -11,7 +11,8 @@
 ``--benchmark split-cifar10 --root DIR --model resnet18`` a standard benchmark from files on disk,
 :mod:`lightning_unlearn.harness.datasets`; never downloaded), executes
 K seeded forget requests with every method, and prints the [ACU] Table 1 columns (gaps to
-retraining from scratch) per K; with ``--out`` it also writes CSVs and a PNG plot. ``tradeoff``
+retraining from scratch) and the attack AUCs (MIA-U, offline [LiRA]) next to retraining's, per K;
+with ``--out`` it also writes CSVs and a PNG plot. ``tradeoff``
 prints the privacy-utility table of the certified methods (test accuracy vs the per-release
 epsilon, with the accountant's total epsilon; :mod:`lightning_unlearn.tradeoff`) and with ``--out``
 writes ``tradeoff.csv`` and ``tradeoff.png``. ``reproduce`` runs a seed paper's headline table under its
@@ -149,6 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="METHOD.KEY=VALUE",
         help="a method option, e.g. finetune.epochs=2",
     )
+    c.add_argument(
+        "--shadows",
+        type=int,
+        default=4,
+        help="shadow models per reference for the offline LiRA AUC (retrains on random halves; 0: no LiRA)",
+    )
     c.add_argument("--out", type=Path, default=None, help="directory for CSVs and the PNG plot")
     c.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     t = sub.add_parser("tradeoff", help="privacy-utility curve of the certified methods on digits logistic regression")
@@ -263,7 +270,9 @@ def compare(args: argparse.Namespace) -> str:
     for k in args.requests:
         n = args.samples_per_request or max(1, len(catalog) // (4 * k))
         schedule = make_schedule(catalog, k, kinds=kinds, samples_per_request=n, seed=args.seed)
-        report = evaluate(methods, info, schedule, out_dir=args.out, progress=not args.no_progress)
+        report = evaluate(
+            methods, info, schedule, out_dir=args.out, progress=not args.no_progress, shadows=args.shadows
+        )
         tables.append(report.format())
         print("\n" + tables[-1], flush=True)
     if args.out is not None:

@@ -12,7 +12,7 @@ from lightning_unlearn.harness import get_method
 
 pytestmark = pytest.mark.slow
 
-QUICK = ["compare", "--experiences", "2", "--pretrain-epochs", "1", "--epochs", "1", "--no-progress"]
+QUICK = ["compare", "--experiences", "2", "--pretrain-epochs", "1", "--epochs", "1", "--no-progress", "--shadows", "2"]
 
 
 def test_methods_lists_the_registry(capsys):
@@ -95,6 +95,7 @@ def test_compare_prints_an_aligned_table_per_k_and_writes_files(capsys, tmp_path
     assert acu_row.split()[-1] == "exact"
     assert neggrad_row.split()[:2] == ["neggrad", "analytic"] and neggrad_row.split()[-1] == "none"
     assert len(header) == len(acu_row) == len(neggrad_row)
+    assert header.split()[-7:] == ["MIA-U(DD)", "[retr]", "MIA-U(Euc)", "[retr]", "LiRA", "[retr]", "guarantee"]
 
 
 @pytest.mark.parametrize(

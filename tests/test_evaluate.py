@@ -19,6 +19,7 @@ from lightning_unlearn.harness import (
     register,
 )
 from lightning_unlearn.harness.registry import HARNESS_ARGUMENTS, keyword_options
+from lightning_unlearn.harness.report import ATTACK_COLUMNS, ATTACKS
 from lightning_unlearn.schedule import Schedule, make_schedule, validate_schedule
 from lightning_unlearn.strategies import ACUStrategy, HFStrategy, StreamingStrategy
 
@@ -40,7 +41,7 @@ def report(info, tmp_path_factory):
         get_method("retrain", family="supervised"),
     ]
     out = tmp_path_factory.mktemp("report")
-    return evaluate(methods, info, schedule, out_dir=out), out
+    return evaluate(methods, info, schedule, out_dir=out, shadows=2), out
 
 
 def test_retrain_has_zero_gap_to_an_independent_retrain(report):
@@ -116,6 +117,41 @@ def test_report_rows_csv_plot_and_table(report):
     ref_rows = [r for r in rep.reference_rows if r["method"] == "retrain[supervised] (reference)"]
     test_acc = sum(r["test_acc"] for r in ref_rows) / len(ref_rows)
     assert text.splitlines()[-1].split()[-2].split("/")[2] == f"{100 * test_acc:.1f}"
+
+
+def test_attack_aucs_sit_next_to_the_reference_on_the_same_request(report):
+    rep, out = report
+    for name in rep.methods():
+        rows = rep.table(name)
+        ref_rows = [r for r in rep.reference_rows if r["method"] == rows[0]["reference"]]
+        for row, ref in zip(rows, ref_rows, strict=True):
+            keys = list(row)
+            for attack in ATTACKS:
+                # the column, then the reference's, which is the same attack on the retrained model after this request
+                assert keys[keys.index(attack) + 1] == f"{attack}_retrain"
+                assert row[f"{attack}_retrain"] == ref[attack]
+                assert 0.0 <= row[attack] <= 1.0 and 0.0 <= ref[attack] <= 1.0  # >= 8 forgotten samples
+    # a retrain method and its independent reference are the same model: the same AUCs
+    assert all(
+        r[a] == r[f"{a}_retrain"]
+        for r in rep.table("retrain[supervised]")
+        for a in ("mia_u_direct_diff_auc", "lira_auc")
+    )
+    s = rep.summary()["neggrad"]
+    assert set(ATTACK_COLUMNS) <= set(s)
+    assert s["lira_auc_retrain"] == sum(r["lira_auc_retrain"] for r in rep.table("neggrad")) / 3
+    assert "MIA-U(DD)" in rep.format() and "LiRA" in rep.format()
+    with (out / "k3_summary.csv").open() as fh:
+        assert set(ATTACK_COLUMNS) <= set(next(csv.DictReader(fh)))
+
+
+def test_shadow_count_is_checked_and_zero_leaves_lira_out(info):
+    schedule = make_schedule(info.catalog(), 1, samples_per_request=8, seed=1)
+    with pytest.raises(ValueError, match="shadows >= 2"):
+        evaluate([get_method("acu", expansion_dim=48)], info, schedule, shadows=1)
+    rep = evaluate([get_method("acu", expansion_dim=48)], info, schedule, shadows=0)
+    assert "lira_auc" not in rep.rows[0] and "mia_u_euc_dist_auc_retrain" in rep.rows[0]
+    assert "LiRA" not in rep.format() and "MIA-U(Euc)" in rep.format()
 
 
 def test_schedule_is_reproducible_from_its_seed(info):
@@ -259,6 +295,7 @@ def test_every_certified_and_masking_method_runs_in_the_harness(info):
         [get_method(n) for n in names] + [get_method(n, noise=False) for n in ("hf", "hessian", "gradient")],
         info,
         schedule,
+        shadows=0,
     )
     assert report.methods() == [*names, "hf[noise=off]", "hessian[noise=off]", "gradient[noise=off]"]
     refs = {r["method"] for r in report.reference_rows}

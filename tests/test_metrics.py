@@ -1,5 +1,7 @@
 """Metrics: torchmetrics accuracy, loss-threshold MIA, parameter distance, MIA-U and offline LiRA."""
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -7,6 +9,7 @@ from torch.utils.data import TensorDataset
 
 from lightning_unlearn.metrics import (
     accuracy,
+    attack_auc,
     evaluate_unlearning,
     lira_auc,
     lira_offline_scores,
@@ -99,3 +102,36 @@ def test_offline_lira_flags_members_and_not_forgotten_samples():
     assert abs(lira_auc(retrained, shadows, subset(FORGOTTEN), targets_out) - 0.5) < 0.25  # forgotten rows look unseen
     with pytest.raises(ValueError, match="2 shadow"):
         lira_offline_scores(torch.zeros(3), torch.zeros(1, 3))
+
+
+def test_evaluate_unlearning_attacks_tell_doing_nothing_from_retraining():
+    """On rows the trained model memorised, MIA-U flags retraining (the posteriors of exactly the forgotten rows
+    change) and cannot flag doing nothing (no posterior changes: features all 0, AUC 0.5 exactly), while offline
+    LiRA flags doing nothing (the forgotten rows are still memorised) and not retraining."""
+    trained, retrained = memoriser(FORGOTTEN + RETAINED, seed=0), memoriser(RETAINED, seed=0)
+    shadows = [memoriser(OUTSIDE[:10] + RETAINED, seed=s) for s in range(1, 4)]
+    common = dict(retain=subset(RETAINED), forget=subset(FORGOTTEN), test=subset(OUTSIDE[10:]), num_classes=N_LABELS)
+    nothing = evaluate_unlearning(trained, before=trained, shadows=shadows, **common)
+    retrain = evaluate_unlearning(retrained, before=trained, shadows=shadows, **common)
+    for out in (nothing, retrain):
+        assert {"mia_u_direct_diff_auc", "mia_u_euc_dist_auc", "lira_auc"} <= set(out)
+        assert all(0.0 <= out[k] <= 1.0 for k in ("mia_u_direct_diff_auc", "mia_u_euc_dist_auc", "lira_auc"))
+    assert nothing["mia_u_direct_diff_auc"] == nothing["mia_u_euc_dist_auc"] == 0.5
+    assert retrain["mia_u_direct_diff_auc"] > 0.9 and retrain["mia_u_euc_dist_auc"] > 0.9
+    assert nothing["lira_auc"] > 0.9 and abs(retrain["lira_auc"] - 0.5) < 0.25
+    # without before/shadows the attacks are absent; with too few forgotten samples MIA-U is NaN
+    assert "lira_auc" not in evaluate_unlearning(trained, **common)
+    one = evaluate_unlearning(retrained, **{**common, "forget": subset(FORGOTTEN[:1])}, before=trained)
+    assert math.isnan(one["mia_u_direct_diff_auc"])
+
+
+def test_attack_auc_on_imbalanced_sets():
+    """10 members among 200 non-members (scored on a balanced subsample): separable features give 1,
+    identically distributed ones about 0.5 (20 scored rows: a wide margin), too few members an error."""
+    g = torch.Generator().manual_seed(0)
+    members, nonmembers = torch.randn(10, 3, generator=g) + 5.0, torch.randn(200, 3, generator=g)
+    assert attack_auc(members, nonmembers) == 1.0
+    same = torch.randn(210, 3, generator=g)
+    assert abs(attack_auc(same[:10], same[10:]) - 0.5) < 0.3
+    with pytest.raises(ValueError, match="at least 5"):
+        attack_auc(members[:4], nonmembers)

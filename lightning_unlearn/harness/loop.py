@@ -7,13 +7,15 @@ the module is compared with its gold standard: the method's ``reference`` (a ret
 :class:`Method` of the same model family), run on its own through the same protocol. Per request
 it records :func:`~lightning_unlearn.metrics.evaluate_unlearning` on the retained set, the union of
 all forgotten sets (App. E.2) and the test set, plus the request's wall time
-(:class:`~lightning_unlearn.harness.report.Report`).
+(:class:`~lightning_unlearn.harness.report.Report`), and membership-inference attacks as AUCs
+(MIA-U, [HF] Sec. 6; offline [LiRA]), each next to the same attack on the reference.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +25,21 @@ from torch.utils.data import Subset
 
 from lightning_unlearn.core.catalog import SampleCatalog
 from lightning_unlearn.core.request import ForgetRequest
-from lightning_unlearn.harness.report import Report
+from lightning_unlearn.harness.report import ATTACKS, Report
 from lightning_unlearn.harness.types import BenchmarkInfo, Method
 from lightning_unlearn.metrics import evaluate_unlearning
 from lightning_unlearn.schedule import Schedule, validate_schedule
+from lightning_unlearn.strategies.base import UnlearningStrategy
+
+
+@dataclass
+class _Run:
+    """One method's run: its module before the requests, a copy of (module, result, catalog) after each
+    request, and (for references) the LiRA shadow models of its family."""
+
+    before: nn.Module
+    steps: list[tuple[nn.Module, Any, SampleCatalog]]
+    shadows: list[nn.Module] = field(default_factory=list)
 
 
 def evaluate(
@@ -36,6 +49,7 @@ def evaluate(
     *,
     out_dir: str | Path | None = None,
     progress: bool = False,
+    shadows: int = 4,
 ) -> Report:
     """Run continual learning then the schedule's requests for every method; compare each with its reference.
 
@@ -43,46 +57,66 @@ def evaluate(
     (``ValueError`` naming the faulty request). Every run starts from ``info.seed`` (module
     initialisation and data order), with the global RNG state restored afterwards. With
     ``out_dir`` the report is written there (:meth:`Report.write`).
+
+    Besides the gaps to the reference, every row holds the attack AUCs of
+    :data:`~lightning_unlearn.harness.report.ATTACKS`, each next to the same attack on the reference
+    after the same request (``<name>_retrain``): MIA-U between
+    the module before the requests and after this one, and offline [LiRA] with ``shadows`` shadow
+    models per reference, each the reference's gold standard forgetting every sample the schedule
+    forgets and a random half of the others (seeded): trained on neither the forgotten nor the test
+    samples, as offline LiRA needs. ``shadows=0`` leaves LiRA out.
+
+    Raises:
+        ValueError: no methods, duplicate names, a bad schedule, ``shadows`` of 1 or below 0, or a method
+            that removed other samples than its reference.
     """
     if not methods:
         raise ValueError("evaluate needs at least one Method")
     names = [m.name for m in methods]
     if len(set(names)) != len(names):
         raise ValueError(f"method names must be unique, got {names}")
+    if shadows == 1 or shadows < 0:
+        raise ValueError(f"offline LiRA needs shadows >= 2 (or 0 to leave it out), got {shadows}")
     validate_schedule(schedule.requests, info.catalog())
     references = list({ref.name: ref for ref in (m.reference or m for m in methods)}.values())
     bar = _progress(
         len(references) + len(methods),
         len(info.experiences.unique()) + len(schedule),
+        len(references) * shadows,
         progress,
     )
-    snapshots = {ref.name: _run(ref, info, schedule, bar) for ref in references}
+    runs = {ref.name: _run(ref, info, schedule, bar, shadows) for ref in references}
     report = Report(schedule, [], [])
     for ref in references:
+        run = runs[ref.name]
         report.reference_rows += [
             {
                 "method": f"{ref.name} (reference)",
                 "family": ref.family,
                 **_request_fields(i, res),
-                **_metrics(mod, None, info, cat),
+                **_metrics(mod, None, run.before, run.shadows, info, cat),
             }
-            for i, (mod, res, cat) in enumerate(snapshots[ref.name])
+            for i, (mod, res, cat) in enumerate(run.steps)
         ]
     for method in methods:
-        ref_steps = snapshots[(method.reference or method).name]
-        for i, (module, result, catalog) in enumerate(_run(method, info, schedule, bar)):
-            ref_module, ref_result, _ = ref_steps[i]
+        ref_name = (method.reference or method).name
+        ref_run = runs[ref_name]
+        ref_rows = [r for r in report.reference_rows if r["method"] == f"{ref_name} (reference)"]
+        run = _run(method, info, schedule, bar, 0)
+        for i, (module, result, catalog) in enumerate(run.steps):
+            ref_module, ref_result, _ = ref_run.steps[i]
             if not torch.equal(result.removed_ids.sort().values, ref_result.removed_ids.sort().values):
                 raise ValueError(
                     f"{method.name} removed other samples than its reference {ref_result.request} did (request {i + 1})"
                 )
+            metrics = _metrics(module, ref_module, run.before, ref_run.shadows, info, catalog)
             report.rows.append(
                 {
                     "method": method.name,
                     "family": method.family,
-                    "reference": f"{(method.reference or method).name} (reference)",
+                    "reference": f"{ref_name} (reference)",
                     **_request_fields(i, result),
-                    **_metrics(module, ref_module, info, catalog),
+                    **_beside_reference(metrics, ref_rows[i]),
                 }
             )
     bar.close()
@@ -91,10 +125,18 @@ def evaluate(
     return report
 
 
-def _run(
-    method: Method, info: BenchmarkInfo, schedule: Schedule, bar: Any
-) -> list[tuple[nn.Module, Any, SampleCatalog]]:
-    """Learn the stream, then execute the requests; a copy of (module, result, catalog) after each."""
+def _beside_reference(metrics: dict[str, float], reference_row: dict[str, Any]) -> dict[str, Any]:
+    """``metrics`` with each attack AUC followed by the reference's on the same request (``<name>_retrain``)."""
+    out: dict[str, Any] = {}
+    for key, value in metrics.items():
+        out[key] = value
+        if key in ATTACKS:
+            out[f"{key}_retrain"] = reference_row[key]
+    return out
+
+
+def _run(method: Method, info: BenchmarkInfo, schedule: Schedule, bar: Any, shadows: int) -> _Run:
+    """Learn the stream, then execute the requests (and make ``shadows`` LiRA shadow models after them)."""
     from lightning_unlearn.avalanche import (
         fit_stream,  # imports Avalanche (slow); only when a run starts
     )
@@ -111,13 +153,28 @@ def _run(
             batch_size=built.batch_size or info.batch_size,
             after_experience=lambda *_: bar.update(),
         )
+        before = copy.deepcopy(built.module)
         strategy = built.strategy()
         steps: list[tuple[nn.Module, Any, SampleCatalog]] = []
         for request in schedule:
             result = strategy.forget(request, info.train if strategy.reads_data else None)
             bar.update()
             steps.append((copy.deepcopy(built.module), result, copy.deepcopy(strategy.catalog)))
-    return steps
+        run = _Run(before, steps)
+        for j in range(shadows):
+            run.shadows.append(_shadow(strategy, info, info.seed + j))
+            bar.update()
+    return run
+
+
+def _shadow(strategy: UnlearningStrategy, info: BenchmarkInfo, seed: int) -> nn.Module:
+    """An offline-LiRA shadow model: a copy of the gold standard ``strategy`` (after the schedule) forgetting a
+    random half of the samples it retains, i.e. its recipe replayed on the other half [interp]."""
+    work = copy.deepcopy(strategy)
+    active = work.catalog.active_ids()
+    half = active[torch.randperm(len(active), generator=torch.Generator().manual_seed(seed))[: len(active) // 2]]
+    work.forget(ForgetRequest.samples(half), info.train if work.reads_data else None)
+    return work.module
 
 
 def _request_fields(i: int, result: Any) -> dict[str, Any]:
@@ -147,10 +204,12 @@ def _guarantee(certificate: Any) -> str:
 def _metrics(
     module: nn.Module,
     reference: nn.Module | None,
+    before: nn.Module,
+    shadows: Sequence[nn.Module],
     info: BenchmarkInfo,
     catalog: SampleCatalog,
 ) -> dict[str, float]:
-    """App. E.2 metrics on the retained set, all samples forgotten so far, and the test set."""
+    """App. E.2 metrics on the retained set, all samples forgotten so far, and the test set; the attacks."""
     rows = {int(i): r for r, i in enumerate(info.ids.tolist())}
     retain = Subset(info.train, [rows[i] for i in catalog.active_ids().tolist()])
     forget = Subset(info.train, [rows[i] for i in catalog.ids[catalog.forgotten].tolist()])
@@ -161,14 +220,16 @@ def _metrics(
         test=info.test,
         num_classes=info.num_classes,
         reference=reference,
+        before=before,
+        shadows=shadows,
     )
 
 
-def _progress(runs: int, steps_per_run: int, enabled: bool) -> Any:
+def _progress(runs: int, steps_per_run: int, extra: int, enabled: bool) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(
-        total=runs * steps_per_run,
+        total=runs * steps_per_run + extra,
         disable=not enabled,
         desc="learn + forget",
         unit="step",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,23 @@ TABLE1 = {
     "test_gap_pp": ("test_acc_gap", 100.0),
     "mia_gap": ("mia_gap", 1.0),
     "time_per_request_s": ("time_s", 1.0),
+}
+#: attack AUCs of :func:`~lightning_unlearn.metrics.evaluate_unlearning`; each method's row also holds
+#: ``<name>_retrain``, the same attack on its reference (the retrained model) after the same request
+ATTACKS = ("mia_u_direct_diff_auc", "mia_u_euc_dist_auc", "lira_auc")
+#: attack summary columns: the mean over the requests (where the attack is defined) of each AUC, each
+#: followed by the same attack's mean on the reference
+ATTACK_COLUMNS = tuple(col for name in ATTACKS for col in (name, f"{name}_retrain"))
+
+
+#: the text table's heads of the attack columns
+ATTACK_HEADS = {
+    "mia_u_direct_diff_auc": "MIA-U(DD)",
+    "mia_u_direct_diff_auc_retrain": "[retr]",
+    "mia_u_euc_dist_auc": "MIA-U(Euc)",
+    "mia_u_euc_dist_auc_retrain": "[retr]",
+    "lira_auc": "LiRA",
+    "lira_auc_retrain": "[retr]",
 }
 
 
@@ -45,11 +63,16 @@ class Report:
         return [r for r in self.rows if r["method"] == method]
 
     def summary(self) -> dict[str, dict[str, float]]:
-        """Paper Table 1 row per method: mean over requests of each gap, and time per request."""
+        """Paper Table 1 row per method: mean over requests of each gap, and time per request; then the
+        mean of each attack AUC the rows hold (:data:`ATTACK_COLUMNS`, NaN where no request defines it)."""
         out = {}
         for m in self.methods():
             rows = self.table(m)
             out[m] = {col: scale * sum(float(r[key]) for r in rows) / len(rows) for col, (key, scale) in TABLE1.items()}
+            for col in ATTACK_COLUMNS:
+                if col in rows[0]:
+                    values = [float(r[col]) for r in rows if not math.isnan(float(r[col]))]
+                    out[m][col] = sum(values) / len(values) if values else float("nan")
         return out
 
     def family(self, method: str) -> str:
@@ -68,22 +91,27 @@ class Report:
             "dMIA",
             "s/request",
             "reference R/F/T(%)",
-            "guarantee",
         ]
+        summary = self.summary()
+        attacks = [c for c in ATTACK_COLUMNS if all(c in s for s in summary.values())]
+        head += [*(ATTACK_HEADS[c] for c in attacks), "guarantee"]
         body = [
             [
                 m,
                 self.family(m),
                 *(f"{s[c]:.4g}" if c == "time_per_request_s" else f"{s[c]:.2f}" for c in TABLE1),
                 "/".join(f"{100 * a:.1f}" for a in self.reference_accuracies(m)),
+                *(f"{s[c]:.2f}" for c in attacks),
                 self._guarantee(m),
             ]
-            for m, s in self.summary().items()
+            for m, s in summary.items()
         ]
         title = (
             f"K = {self.k} requests ({describe(self.schedule)}); gaps to retraining from scratch, whose own "
             "retain/forget/test accuracies (mean over the requests) are in column 'reference R/F/T'"
         )
+        if attacks:
+            title += "; attack AUCs (0.5: chance), each next to retraining's [retr]"
         return format_table(head, body, title=title)
 
     def reference_accuracies(self, method: str) -> tuple[float, float, float]:
