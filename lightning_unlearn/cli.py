@@ -157,7 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="shadow models per reference for the offline LiRA AUC (retrains on random halves; 0: no LiRA)",
     )
     c.add_argument("--out", type=Path, default=None, help="directory for CSVs and the PNG plot")
-    c.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    c.add_argument(
+        "--no-progress", action="store_true", help="hide the progress bar (default: shown when stderr is a terminal)"
+    )
     t = sub.add_parser("tradeoff", help="privacy-utility curve of the certified methods on digits logistic regression")
     t.add_argument(
         "--epsilons", type=_floats, default=[0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 100.0], help="per-release epsilons"
@@ -271,7 +273,12 @@ def compare(args: argparse.Namespace) -> str:
         n = args.samples_per_request or max(1, len(catalog) // (4 * k))
         schedule = make_schedule(catalog, k, kinds=kinds, samples_per_request=n, seed=args.seed)
         report = evaluate(
-            methods, info, schedule, out_dir=args.out, progress=not args.no_progress, shadows=args.shadows
+            methods,
+            info,
+            schedule,
+            out_dir=args.out,
+            progress=False if args.no_progress else None,
+            shadows=args.shadows,
         )
         tables.append(report.format())
         print("\n" + tables[-1], flush=True)

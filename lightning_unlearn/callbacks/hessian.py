@@ -14,6 +14,7 @@ from lightning_unlearn.callbacks.proximal import ProximalRegularizer
 from lightning_unlearn.functional import certified as cl
 from lightning_unlearn.functional import hf
 from lightning_unlearn.modes import eval_mode
+from lightning_unlearn.progress import status
 from lightning_unlearn.warnings import warn
 
 
@@ -308,6 +309,7 @@ class HessianRecorder(TaskDeltaRecorder):
         loss, d = self.module_loss(module), theta.numel()
         kind = self.hessian if self.hessian != "auto" else "exact" if d <= self.max_exact_dim else "diagonal"
         g = torch.Generator().manual_seed(self.seed + len(self.hessians))  # the same probes on every rank
+        status(f"HessianRecorder: task {self._fit_experience}: {kind} Hessian over {n} samples, {d} parameters")
         with eval_mode(module):  # the Hessian of a per-sample loss: BatchNorm statistics fixed
             if kind == "exact":
                 H: Any = self.sum_over_ranks(cl.dense_hessian(loss, theta, x, y, self.chunk_size) * share)

@@ -15,6 +15,7 @@ from lightning_unlearn.callbacks.proximal import ProximalRegularizer
 from lightning_unlearn.data import unpack_batch
 from lightning_unlearn.functional import streaming as safe
 from lightning_unlearn.modes import eval_mode
+from lightning_unlearn.progress import progress
 
 _STATE = (
     "V",
@@ -290,7 +291,7 @@ class StreamingRecorder(RecorderCallback):
         loss = torch.zeros((), dtype=torch.float64, device=next(iter(params.values())).device)
         seen: set[int] = set()
         with eval_mode(module):  # BN statistics must not move
-            for x, y, ids in batches:
+            for x, y, ids in progress(batches, desc="SAFE anchor pass", unit="batch"):
                 if gather is None:
                     keep = self._fit_rows(ids, seen)
                 else:  # positions in the gathered batch; this rank's own are rank * n ... (rank + 1) * n - 1

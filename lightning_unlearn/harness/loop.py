@@ -28,6 +28,8 @@ from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.harness.report import ATTACKS, Report
 from lightning_unlearn.harness.types import BenchmarkInfo, Method
 from lightning_unlearn.metrics import evaluate_unlearning
+from lightning_unlearn.progress import progress as progress_bar
+from lightning_unlearn.progress import quiet_lightning
 from lightning_unlearn.schedule import Schedule, validate_schedule
 from lightning_unlearn.strategies.base import UnlearningStrategy
 
@@ -48,7 +50,7 @@ def evaluate(
     schedule: Schedule,
     *,
     out_dir: str | Path | None = None,
-    progress: bool = False,
+    progress: bool | None = None,
     shadows: int = 4,
 ) -> Report:
     """Run continual learning then the schedule's requests for every method; compare each with its reference.
@@ -56,7 +58,9 @@ def evaluate(
     The schedule is validated against what the stream teaches before anything is trained
     (``ValueError`` naming the faulty request). Every run starts from ``info.seed`` (module
     initialisation and data order), with the global RNG state restored afterwards. With
-    ``out_dir`` the report is written there (:meth:`Report.write`).
+    ``out_dir`` the report is written there (:meth:`Report.write`). ``progress`` shows one bar whose
+    label names the phase (``None``: when stderr is a terminal, :func:`~lightning_unlearn.progress.progress_enabled`);
+    the fits inside print no Lightning banners.
 
     Besides the gaps to the reference, every row holds the attack AUCs of
     :data:`~lightning_unlearn.harness.report.ATTACKS`, each next to the same attack on the reference
@@ -79,16 +83,14 @@ def evaluate(
         raise ValueError(f"offline LiRA needs shadows >= 2 (or 0 to leave it out), got {shadows}")
     validate_schedule(schedule.requests, info.catalog())
     references = list({ref.name: ref for ref in (m.reference or m for m in methods)}.values())
-    bar = _progress(
-        len(references) + len(methods),
-        len(info.experiences.unique()) + len(schedule),
-        len(references) * shadows,
-        progress,
-    )
+    steps_per_run = len(info.experiences.unique()) + len(schedule)
+    total = (len(references) + len(methods)) * steps_per_run + len(references) * shadows
+    bar = progress_bar(desc="learn + forget", total=total, unit="step", enabled=progress)
     runs = {ref.name: _run(ref, info, schedule, bar, shadows) for ref in references}
     report = Report(schedule, [], [])
     for ref in references:
         run = runs[ref.name]
+        bar.set_description_str(f"{ref.name}: metrics and attacks")
         report.reference_rows += [
             {
                 "method": f"{ref.name} (reference)",
@@ -103,6 +105,7 @@ def evaluate(
         ref_run = runs[ref_name]
         ref_rows = [r for r in report.reference_rows if r["method"] == f"{ref_name} (reference)"]
         run = _run(method, info, schedule, bar, 0)
+        bar.set_description_str(f"{method.name}: metrics and attacks")
         for i, (module, result, catalog) in enumerate(run.steps):
             ref_module, ref_result, _ = ref_run.steps[i]
             if not torch.equal(result.removed_ids.sort().values, ref_result.removed_ids.sort().values):
@@ -141,8 +144,9 @@ def _run(method: Method, info: BenchmarkInfo, schedule: Schedule, bar: Any, shad
         fit_stream,  # imports Avalanche (slow); only when a run starts
     )
 
-    with torch.random.fork_rng():
+    with torch.random.fork_rng(), quiet_lightning():
         torch.manual_seed(info.seed)
+        bar.set_description_str(f"{method.name}: learning the stream")
         built = method.build(info)
         kwargs = {"enable_progress_bar": False, **built.trainer_kwargs}
         fit_stream(
@@ -156,12 +160,14 @@ def _run(method: Method, info: BenchmarkInfo, schedule: Schedule, bar: Any, shad
         before = copy.deepcopy(built.module)
         strategy = built.strategy()
         steps: list[tuple[nn.Module, Any, SampleCatalog]] = []
-        for request in schedule:
+        for i, request in enumerate(schedule):
+            bar.set_description_str(f"{method.name}: request {i + 1}/{len(schedule)}")
             result = strategy.forget(request, info.train if strategy.reads_data else None)
             bar.update()
             steps.append((copy.deepcopy(built.module), result, copy.deepcopy(strategy.catalog)))
         run = _Run(before, steps)
         for j in range(shadows):
+            bar.set_description_str(f"{method.name}: LiRA shadow {j + 1}/{shadows}")
             run.shadows.append(_shadow(strategy, info, info.seed + j))
             bar.update()
     return run
@@ -222,15 +228,4 @@ def _metrics(
         reference=reference,
         before=before,
         shadows=shadows,
-    )
-
-
-def _progress(runs: int, steps_per_run: int, extra: int, enabled: bool) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        total=runs * steps_per_run + extra,
-        disable=not enabled,
-        desc="learn + forget",
-        unit="step",
     )

@@ -70,6 +70,7 @@ from lightning_unlearn.contract import (
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.modes import eval_mode
+from lightning_unlearn.progress import quiet_lightning, status
 from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, UnlearningUpdate
 
 Batch = Any
@@ -316,8 +317,9 @@ class _Trained(UnlearningStrategy):
         else:
             model = _Objective(work, step, cast(float, self.lr), self.momentum)  # default_lr when not trains_itself
         every = [*self.trainer_kwargs.get("callbacks", []), *extra, *callbacks]
-        trainer = L.Trainer(**{**_QUIET, "max_epochs": self.epochs, **self.trainer_kwargs, "callbacks": every})
-        with torch.random.fork_rng():
+        status(f"{self.method}: request {len(self.history) + 1}: training a copy for {self.epochs} epoch(s)")
+        with quiet_lightning(), torch.random.fork_rng():
+            trainer = L.Trainer(**{**_QUIET, "max_epochs": self.epochs, **self.trainer_kwargs, "callbacks": every})
             torch.manual_seed(self.seed)
             trainer.fit(model, loaders)
 
@@ -519,6 +521,7 @@ class RetrainStrategy(UnlearningStrategy):
             _set_training_step(work, self._one_sample_safe(work))
         callbacks = list(self.fit_callbacks())
         experiences = self.catalog.experiences_of(keep)
+        status(f"retrain: request {len(self.history) + 1}: retraining from scratch on {keep.numel()} samples")
         for e in experiences.unique().tolist():
             rows = [self._rows[i] for i in keep[experiences == e].tolist()]
             for c in callbacks:
@@ -530,7 +533,7 @@ class RetrainStrategy(UnlearningStrategy):
                 shuffle=True,
                 generator=torch.Generator().manual_seed(self.seed + int(e)),
             )
-            with torch.random.fork_rng():
+            with quiet_lightning(), torch.random.fork_rng():
                 torch.manual_seed(self.seed + int(e))
                 L.Trainer(**{**_QUIET, **self.trainer_kwargs, "callbacks": callbacks}).fit(work, loader)
         certificate = Certificate(

@@ -1,0 +1,100 @@
+"""Progress output: internal fits print no Lightning banners, and a request's status line appears when enabled."""
+
+import logging
+
+import lightning as L
+import pytest
+import torch
+from helpers import N_CLASSES, N_FEATURES, quiet_trainer, toy_dataset
+from torch.utils.data import DataLoader
+
+from lightning_unlearn import ForgetRequest
+from lightning_unlearn.callbacks import SampleRecorder
+from lightning_unlearn.models import SupervisedClassifier
+from lightning_unlearn.progress import ENV, progress_enabled, quiet_lightning, status
+from lightning_unlearn.strategies import FinetuneStrategy, RetrainStrategy
+
+BANNERS = ("GPU available", "TPU available", "`Trainer.fit` stopped", "Tip:")
+
+
+@pytest.fixture
+def lightning_lines():
+    """Every record Lightning logs during the test, at any level, wherever its handlers would send it."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("lightning")
+    logger.addHandler(handler)
+    for name in ("lightning.pytorch", "lightning.fabric"):  # these two may not propagate to "lightning"
+        logging.getLogger(name).addHandler(handler)
+    yield records
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).removeHandler(handler)
+
+
+def trained(train):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(N_FEATURES, 16), torch.nn.ReLU(), torch.nn.Linear(16, N_CLASSES))
+    model, rec = SupervisedClassifier(net, lr=0.1), SampleRecorder()
+    quiet_trainer([rec], max_epochs=1).fit(model, DataLoader(train, batch_size=32))
+    return model, rec
+
+
+def banner_lines(text: str, records: list[logging.LogRecord]) -> list[str]:
+    lines = text.splitlines() + [r.getMessage() for r in records]
+    return [line for line in lines if any(b in line for b in BANNERS)]
+
+
+def test_the_capture_sees_lightning_banners_outside_quiet_lightning(capfd, lightning_lines):
+    """The control: a plain Trainer does log its banners, so their absence below means something."""
+    L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    out, err = capfd.readouterr()
+    assert any("GPU available" in line for line in banner_lines(out + err, lightning_lines))
+
+
+@pytest.mark.parametrize("retrain", [False, True])
+def test_a_baseline_request_prints_one_status_line_and_no_banner(capfd, lightning_lines, monkeypatch, retrain):
+    train = toy_dataset(80)
+    model, rec = trained(train)
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    if retrain:
+        strategy = RetrainStrategy(model, rec, train, initial, batch_size=32)
+    else:
+        strategy = FinetuneStrategy(model, rec, train, epochs=1, batch_size=32)
+    capfd.readouterr()
+    lightning_lines.clear()
+    monkeypatch.setenv(ENV, "0")
+    strategy.forget(ForgetRequest.samples([0, 1]))
+    out, err = capfd.readouterr()
+    assert banner_lines(out + err, lightning_lines) == [] and err.strip() == ""
+    monkeypatch.setenv(ENV, "1")
+    strategy.forget(ForgetRequest.samples([2, 3]))
+    out, err = capfd.readouterr()
+    assert banner_lines(out + err, lightning_lines) == []
+    expected = "retrain: request 2: retraining" if retrain else "finetune: request 2: training a copy"
+    assert [line for line in err.splitlines() if line.strip()] == [
+        line for line in err.splitlines() if expected in line
+    ]
+    assert sum(expected in line for line in err.splitlines()) == 1
+
+
+def test_quiet_lightning_restores_levels_and_keeps_warnings(lightning_lines):
+    logger = logging.getLogger("lightning.pytorch")
+    before = logger.level
+    with quiet_lightning():
+        logger.info("dropped")
+        logger.warning("kept")
+    assert logger.level == before
+    assert [r.getMessage() for r in lightning_lines] == ["kept"]
+
+
+def test_progress_switch(monkeypatch, capfd):
+    monkeypatch.setenv(ENV, "off")
+    assert not progress_enabled() and progress_enabled(True)
+    monkeypatch.setenv(ENV, "1")
+    assert progress_enabled() and not progress_enabled(False)
+    status("phase one")
+    assert capfd.readouterr().err == "phase one\n"
+    monkeypatch.setenv(ENV, "maybe")
+    with pytest.raises(ValueError, match=ENV):
+        progress_enabled()
