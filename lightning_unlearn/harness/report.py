@@ -90,18 +90,17 @@ class Report:
             "dTest(pp)",
             "dMIA",
             "s/request",
-            "reference R/F/T(%)",
         ]
         summary = self.summary()
         attacks = [c for c in ATTACK_COLUMNS if all(c in s for s in summary.values())]
-        head += [*(ATTACK_HEADS[c] for c in attacks), "guarantee"]
+        head += [*(ATTACK_HEADS[c] for c in attacks), "reference R/F/T(%)", "guarantee"]
         body = [
             [
                 m,
                 self.family(m),
                 *(f"{s[c]:.4g}" if c == "time_per_request_s" else f"{s[c]:.2f}" for c in TABLE1),
-                "/".join(f"{100 * a:.1f}" for a in self.reference_accuracies(m)),
                 *(f"{s[c]:.2f}" for c in attacks),
+                "/".join(f"{100 * a:.1f}" for a in self.reference_accuracies(m)),
                 self._guarantee(m),
             ]
             for m, s in summary.items()
