@@ -19,17 +19,20 @@ BANNERS = ("GPU available", "TPU available", "`Trainer.fit` stopped", "Tip:")
 
 @pytest.fixture
 def lightning_lines():
-    """Every record Lightning logs during the test, at any level, wherever its handlers would send it."""
+    """Every record Lightning logs during the test, at any level, wherever its handlers would send it. Lightning's
+    loggers start at INFO, their import-time level (an earlier test, e.g. the CLI's, may have raised it)."""
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.DEBUG)
     handler.emit = records.append  # type: ignore[method-assign]
-    logger = logging.getLogger("lightning")
-    logger.addHandler(handler)
-    for name in ("lightning.pytorch", "lightning.fabric"):  # these two may not propagate to "lightning"
+    names = ("lightning", "lightning.pytorch", "lightning.fabric")  # the last two may not propagate to "lightning"
+    levels = {name: logging.getLogger(name).level for name in names}
+    for name in names:
         logging.getLogger(name).addHandler(handler)
+        logging.getLogger(name).setLevel(logging.INFO)
     yield records
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+    for name in names:
         logging.getLogger(name).removeHandler(handler)
+        logging.getLogger(name).setLevel(levels[name])
 
 
 def trained(train):
