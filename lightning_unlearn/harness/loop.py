@@ -96,7 +96,7 @@ def evaluate(
                 "method": f"{ref.name} (reference)",
                 "family": ref.family,
                 **_request_fields(i, res),
-                **_metrics(mod, None, run.before, run.shadows, info, cat),
+                **_metrics(mod, None, info, cat, run.before, run.shadows),
             }
             for i, (mod, res, cat) in enumerate(run.steps)
         ]
@@ -112,7 +112,7 @@ def evaluate(
                 raise ValueError(
                     f"{method.name} removed other samples than its reference {ref_result.request} did (request {i + 1})"
                 )
-            metrics = _metrics(module, ref_module, run.before, ref_run.shadows, info, catalog)
+            metrics = _metrics(module, ref_module, info, catalog, run.before, ref_run.shadows)
             report.rows.append(
                 {
                     "method": method.name,
@@ -138,7 +138,7 @@ def _beside_reference(metrics: dict[str, float], reference_row: dict[str, Any]) 
     return out
 
 
-def _run(method: Method, info: BenchmarkInfo, schedule: Schedule, bar: Any, shadows: int) -> _Run:
+def _run(method: Method, info: BenchmarkInfo, schedule: Schedule, bar: Any, shadows: int = 0) -> _Run:
     """Learn the stream, then execute the requests (and make ``shadows`` LiRA shadow models after them)."""
     from lightning_unlearn.avalanche import (
         fit_stream,  # imports Avalanche (slow); only when a run starts
@@ -210,10 +210,10 @@ def _guarantee(certificate: Any) -> str:
 def _metrics(
     module: nn.Module,
     reference: nn.Module | None,
-    before: nn.Module,
-    shadows: Sequence[nn.Module],
     info: BenchmarkInfo,
     catalog: SampleCatalog,
+    before: nn.Module | None = None,
+    shadows: Sequence[nn.Module] = (),
 ) -> dict[str, float]:
     """App. E.2 metrics on the retained set, all samples forgotten so far, and the test set; the attacks."""
     rows = {int(i): r for r, i in enumerate(info.ids.tolist())}

@@ -40,6 +40,7 @@ from lightning_unlearn.harness.loop import evaluate
 from lightning_unlearn.harness.registry import available_methods, method_spec
 from lightning_unlearn.harness.report import Report, format_table
 from lightning_unlearn.harness.types import BenchmarkInfo, Built, Method, describe_benchmark
+from lightning_unlearn.progress import progress
 from lightning_unlearn.schedule import Schedule, make_schedule, validate_schedule
 
 #: stream protocols of a setup
@@ -609,7 +610,9 @@ def _run_setup(
         t0 = time.perf_counter()
         schedule = make_requests(requests, info, seed)
         reports[requests.label] = (
-            evaluate(methods, info, schedule) if requests.compare == "each" else evaluate_last(methods, info, schedule)
+            evaluate(methods, info, schedule, shadows=0)
+            if requests.compare == "each"
+            else evaluate_last(methods, info, schedule)
         )
         seconds[requests.label] = time.perf_counter() - t0
         log(
@@ -638,9 +641,9 @@ def evaluate_last(methods: Sequence[Method], info: BenchmarkInfo, schedule: Sche
 
     merged = Schedule((ForgetRequest.samples(torch.cat(validate_schedule(schedule.requests, info.catalog()))),))
     report = Report(schedule, [], [])
-    bar = loop._progress(0, 0, False)
+    bar = progress(desc="learn + forget", enabled=False)
     refs = {ref.name: ref for ref in (m.reference or m for m in methods)}
-    snapshots = {name: loop._run(ref, info, merged, bar)[-1] for name, ref in refs.items()}
+    snapshots = {name: loop._run(ref, info, merged, bar).steps[-1] for name, ref in refs.items()}
     for name, (module, result, catalog) in snapshots.items():
         report.reference_rows.append(
             {
@@ -651,7 +654,7 @@ def evaluate_last(methods: Sequence[Method], info: BenchmarkInfo, schedule: Sche
             }
         )
     for method in methods:
-        steps = loop._run(method, info, schedule, bar)
+        steps = loop._run(method, info, schedule, bar).steps
         module, result, catalog = steps[-1]
         fields = loop._request_fields(len(schedule) - 1, result)
         fields["time_s"] = sum(float(s[1].wall_time_s) for s in steps)
