@@ -5,7 +5,7 @@ The student ``w^u`` starts at the original model ``w^o`` (the frozen teacher) an
 * max-steps on the forget set: minimise ``-d(x_f; w^o, w^u)`` (move away from the teacher), and
 * min-steps on the retained set: minimise ``alpha d(x_r; w^o, w^u) + gamma l(f(x_r; w^u), y_r)``,
 
-the two halves of [SCRUB]'s objective (Section 3), with ``d`` the temperature-scaled KL divergence
+the two halves of [SCRUB]'s objective, with ``d`` the temperature-scaled KL divergence
 of the teacher's from the student's output distribution (:func:`distill_kl`, the authors'
 ``DistillKL`` of ``thirdparty/repdistiller/distiller_zoo/KD.py``). SCRUB+R's rewinding picks the
 checkpoint whose forget-set error is closest to a held-out reference error (:func:`rewind_index`).

@@ -1,6 +1,6 @@
 """SCRUB: a student distilled from the original model, away from it on the forget set and towards it on the rest.
 
-[SCRUB] Section 3, following the authors' code (github.com/meghdadk/SCRUB:
+[SCRUB], following the authors' code (github.com/meghdadk/SCRUB:
 ``thirdparty/repdistiller/helper/loops.py`` ``train_distill`` and the notebooks' ``args``). The
 student is a copy of the module (the original weights ``w^o``); the teacher is a frozen copy in
 eval mode. Each epoch ``e`` of a request is
