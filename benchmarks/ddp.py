@@ -18,7 +18,7 @@ Every process runs one intra-op thread (what Lightning sets for 2 DDP processes 
 run has twice the cores of the 1-process one; the machine is shared with other jobs, so the times are single,
 noisy runs (the memory columns are exact).
 
-    python benchmarks/ddp.py
+    python benchmarks/ddp.py [RECORDER ...]   # e.g. HF; default: all
 """
 
 from __future__ import annotations
@@ -116,6 +116,8 @@ def worker(name: str, devices: int, out: str) -> None:
     if recorder is not None:
         state = recorder.state_dict()
         stats = nbytes(state) - nbytes(state["catalog"])
+        if isinstance(recorder, TrajectoryRecorder):  # a DDP state holds no in-memory shard: count this rank's rows
+            stats += recorder.memory_bytes() - nbytes(state["A"])
     result = {"seconds": clock["end"] - clock["start"], "stats": stats, "held": held[0]}
     Path(f"{out}.rank{trainer.global_rank}.json").write_text(json.dumps(result))
 
@@ -137,7 +139,7 @@ def run(name: str, devices: int, tmp: Path) -> dict[str, float]:
     }
 
 
-def main() -> None:
+def main(names: list[str]) -> None:
     import tempfile
 
     header = (
@@ -147,7 +149,7 @@ def main() -> None:
     print(f"{N_SAMPLES} samples, global batch {BATCH}, one epoch; 1 process vs DDP over 2 (gloo, CPU)")
     print(header)
     with tempfile.TemporaryDirectory() as tmp:
-        for name in RECORDERS:
+        for name in names or RECORDERS:
             one, two = run(name, 1, Path(tmp)), run(name, 2, Path(tmp))
             mem_ratio = f"{two['stats'] / one['stats']:6.2f}" if one["stats"] else f"{'-':>6}"
             print(
@@ -161,4 +163,4 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker(sys.argv[2], int(sys.argv[3]), sys.argv[4])
     else:
-        main()
+        main(sys.argv[1:])
