@@ -130,7 +130,7 @@ PAPER_STEPS = 40 * -(-50_000 // 256)  # SGD steps of the paper's ResNet-18 run: 
 def resnet18_row(samples: int, epochs: int, tracked: int, batch: int = 64) -> None:
     """HF on a user's resnet18: recording overhead, storage per tracked sample, request vs addition vs retraining."""
     ds = fake_data(samples)
-    forget = 1  # a tracked sample
+    forget, second = 0, 1  # tracked samples (track=range(tracked), tracked >= 2)
 
     def run(callbacks: list, data: IndexedDataset = ds) -> tuple[float, UserResNet]:
         torch.manual_seed(0)
@@ -170,7 +170,7 @@ def resnet18_row(samples: int, epochs: int, tracked: int, batch: int = 64) -> No
         additions.append(perf_counter() - start)
     addition = min(additions)
     plain_request = HFStrategy(model, rec32, noise=False).forget(ForgetRequest.samples([forget])).wall_time_s
-    noised = HFStrategy(model, rec32, sigma_override=0.01).forget(ForgetRequest.samples([2])).wall_time_s
+    noised = HFStrategy(model, rec32, sigma_override=0.01).forget(ForgetRequest.samples([second])).wall_time_s
     d, steps = theta.numel(), rec32.n_steps
     per_vector_step = (fit32 - plain) / (tracked * steps)
     paper_step = float(PAPER["precomputation runtime (s)"]) / PAPER_STEPS
@@ -215,6 +215,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1, help="ResNet-18 row: epochs")
     parser.add_argument("--tracked", type=int, default=4, help="ResNet-18 row: tracked samples (track=)")
     args = parser.parse_args()
+    if args.tracked < 2:
+        parser.error("--tracked must be at least 2 (two requests of one tracked sample each)")
     torch.set_num_threads(2)
     if not args.resnet_only:
         mlp_rows()
