@@ -16,8 +16,8 @@ its own samples, and additive statistics are summed over the ranks once per expe
 ``trainer.strategy`` collectives (states declared in :attr:`RecorderCallback.summed_states`, like
 torchmetrics' states with ``dist_reduce_fx="sum"``, or :meth:`RecorderCallback.sum_over_ranks`); HF's
 per-sample vectors stay on one rank each (see :class:`~lightning_unlearn.callbacks.TrajectoryRecorder`).
-A recorder that sets ``gathers_inputs = True`` gets every rank's batch (inputs included) in :meth:`record`. An exception during fit drops the staged
-block, so statistics only ever reflect whole experiences.
+A recorder that sets ``gathers_inputs = True`` gets every rank's batch (inputs included) in :meth:`record`.
+An exception during fit drops the staged block, so statistics only ever reflect whole experiences.
 """
 
 from __future__ import annotations
