@@ -55,11 +55,14 @@ def test_running_bound_equals_resummed_bound(monkeypatch):
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(strategy.ledger, "append", broken_append)
+    rows = rec.A.clone()
     with pytest.raises(RuntimeError, match="disk full"):
         strategy.forget(ForgetRequest.samples([50, 51]))
     assert strategy._bound is bound and bound.deleted == 7
+    assert torch.equal(rec.A, rows)  # the vectors are erased only once the ledger entry is written
     monkeypatch.undo()
     check(strategy, [50, 51])  # retried: counted once
+    assert not rec.A[[rec.row_of[50], rec.row_of[51]]].any() and rec.A[rec.row_of[52]].any()
 
     # resume: the recorder restored from its state into a new one, a new strategy (the sum starts from the
     # recorder's deleted rows, then runs again)

@@ -199,6 +199,11 @@ class RecorderCallback(L.Callback):
 
         return undo
 
+    def erase_forgotten(self, ids: Tensor) -> None:
+        """Overwrite what the recorder still holds of ``ids`` once their request is committed (its ledger
+        entry written); recorders whose per-sample statistics are rows of a store override it, so that
+        :meth:`apply_forget` need not copy those rows for its undo. The default holds nothing more."""
+
     # -- Lightning hooks -------------------------------------------------------------------------
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         self._check_settings(checkpoint.get("callbacks") or {}, "the checkpoint")

@@ -576,26 +576,27 @@ class TrajectoryRecorder(RecorderCallback):
         return torch.cat(self._occ_rows), torch.cat(self._occ_steps)
 
     def apply_forget(self, ids: Tensor, change: Mapping[str, Any]) -> Callable[[], None]:
-        """Erase the vectors of ``ids`` (Alg. 1 line 13: "Delete unlearning statistics") by overwriting
-        their rows with zeros, and mark the ids forgotten; the undo writes the saved rows back.
-        ``change`` holds no statistics (HF's update lives in the module's weights)."""
+        """Mark the vectors of ``ids`` deleted and the ids forgotten; the undo marks them live again.
+        The rows themselves are overwritten with zeros by :meth:`erase_forgotten` once the request is
+        committed (Alg. 1 line 13: "Delete unlearning statistics"), so no copy of them is kept for the
+        undo. ``change`` holds no statistics (HF's update lives in the module's weights)."""
         if change:
             raise ValueError(f"TrajectoryRecorder.apply_forget takes no statistics change, got {sorted(change)}")
         rows = self.rows_for(ids)
-        slots = self._owned_slots(rows)  # under DDP each rank erases the vectors it holds
-        saved = self._store().data[slots]  # advanced indexing copies the rows
         undo_catalog = super().apply_forget(ids, {})
-        self._store().erase(slots)
         self.active[rows] = False
 
         def undo() -> None:
-            store = self._store()
-            store.data[slots] = saved
-            store.flush()
             self.active[rows] = True
             undo_catalog()
 
         return undo
+
+    def erase_forgotten(self, ids: Tensor) -> None:
+        """Overwrite the committed request's rows with zeros (written through to a memory-mapped file);
+        under DDP each rank erases the vectors it holds."""
+        rows = torch.tensor([self.row_of[i] for i in ids.tolist() if i in self.row_of], dtype=torch.long)
+        self._store().erase(self._owned_slots(rows))
 
     # -- state ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

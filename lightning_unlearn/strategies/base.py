@@ -10,6 +10,8 @@ Every method follows one contract, with one commit point:
    touched tensors are swapped for their new values, the strategy's own state is replaced, and
    the ledger entry is appended. If any of these raises, everything already done is undone:
    parameters, buffers, statistics, catalog and ledger are as before and the request can be retried;
+   once the entry is written, the recorder overwrites the rows it still holds of the forgotten
+   samples (:meth:`RecorderCallback.erase_forgotten`), so rollback needs no copy of them;
 4. the result's metrics go to the loggers of the Trainer the recorder last recorded with
    (:func:`lightning_unlearn.reporting.log_to_trainer`).
 """
@@ -209,6 +211,7 @@ class UnlearningStrategy(ABC):
             for step in reversed(undo):
                 step()
             raise
+        self.recorder.erase_forgotten(result.removed_ids)
         self.recorder.ledger_anchor = self.ledger.anchor()
         if self.accountant is not None:
             self.recorder.privacy = {**(self.recorder.privacy or {}), self.method: self.accountant.state_dict()}
