@@ -106,16 +106,16 @@ def evaluate_unlearning(
         "forget_acc": accuracy(module, forget, num_classes),
         "test_acc": accuracy(module, test, num_classes),
     }
-    retain_l, test_l = sample_losses(module, retain), sample_losses(module, test)
-    out["mia"] = loss_threshold_mia(retain_l, test_l, sample_losses(module, forget))
-    if before is not None:
-        folds = min(5, len(forget), len(test))  # type: ignore[arg-type]
+    retain_l, test_l, forget_l = (sample_losses(module, d) for d in (retain, test, forget))
+    out["mia"] = loss_threshold_mia(retain_l, test_l, forget_l)
+    if before is not None:  # sample counts from the losses: len() of a DataLoader counts batches
+        folds = min(5, forget_l.numel(), test_l.numel())
         for feature in MIA_U_FEATURES:
             out[f"mia_u_{feature}_auc"] = (
                 mia_u_auc(before, module, forget, test, feature, folds=folds) if folds >= 2 else float("nan")
             )
     if shadows:
-        out["lira_auc"] = lira_auc(module, shadows, forget, test) if len(forget) else float("nan")  # type: ignore[arg-type]
+        out["lira_auc"] = lira_auc(module, shadows, forget, test) if forget_l.numel() else float("nan")
     if reference is not None:
         ref = evaluate_unlearning(reference, retain=retain, forget=forget, test=test, num_classes=num_classes)
         out["l2_to_retrain"] = parameter_distance(module, reference)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn.metrics import (
     accuracy,
@@ -123,6 +123,10 @@ def test_evaluate_unlearning_attacks_tell_doing_nothing_from_retraining():
     assert "lira_auc" not in evaluate_unlearning(trained, **common)
     one = evaluate_unlearning(retrained, **{**common, "forget": subset(FORGOTTEN[:1])}, before=trained)
     assert math.isnan(one["mia_u_direct_diff_auc"])
+    # DataLoaders of one batch each: the sample counts, not len(loader) == 1, decide the folds
+    loaders = {k: DataLoader(v, batch_size=1000) for k, v in common.items() if k != "num_classes"}
+    batched = evaluate_unlearning(retrained, **loaders, num_classes=N_LABELS, before=trained)
+    assert batched["mia_u_direct_diff_auc"] == retrain["mia_u_direct_diff_auc"]
 
 
 def test_attack_auc_on_imbalanced_sets():
