@@ -55,7 +55,7 @@ from lightning_unlearn.strategies.baselines import (
 )
 
 QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
-FORGET = ForgetRequest.samples([3, 14, 15, 92])
+FORGET = ForgetRequest.samples([3, 14, 15, 29])
 
 
 class UserResNet(L.LightningModule):

@@ -19,7 +19,7 @@ SPEC.loader.exec_module(own_model)
 
 
 def test_every_registered_method_forgets_on_a_user_resnet18():
-    data = own_model.fake_data(96)
+    data = own_model.fake_data(32)  # one batch of 64: one step per epoch
     args = argparse.Namespace(epochs=1, track=4, hessian=True)
     _, rows, methods = own_model.build_all(data, args)
     assert {name for name, *_ in rows} >= {
