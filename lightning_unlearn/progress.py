@@ -23,6 +23,14 @@ from typing import Any, TypeVar
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from tqdm.auto import tqdm
 
+#: Trainer options of the library's internal fits: no logger, checkpoints, model summary or Lightning progress bar
+QUIET_TRAINER: dict[str, Any] = {
+    "logger": False,
+    "enable_checkpointing": False,
+    "enable_model_summary": False,
+    "enable_progress_bar": False,
+}
+
 #: environment variable that turns progress output on (``1``) or off (``0``)
 ENV = "LIGHTNING_UNLEARN_PROGRESS"
 #: the loggers Lightning's per-Trainer info lines go through

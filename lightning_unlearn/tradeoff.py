@@ -37,6 +37,7 @@ from lightning_unlearn.functional.bounds import linear_model_constants, module_c
 from lightning_unlearn.metrics import accuracy, lira_auc, mia_u_auc
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.privacy.recipe import Recipe, propose_recipe
+from lightning_unlearn.progress import QUIET_TRAINER
 from lightning_unlearn.strategies import (
     GradientCertifiedStrategy,
     HessianCertifiedStrategy,
@@ -62,14 +63,7 @@ COLUMNS = (
 
 
 def _trainer(callbacks: list[L.Callback], epochs: int) -> L.Trainer:
-    return L.Trainer(
-        max_epochs=epochs,
-        callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    return L.Trainer(max_epochs=epochs, callbacks=callbacks, **QUIET_TRAINER)
 
 
 class _Setup:

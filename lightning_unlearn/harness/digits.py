@@ -8,6 +8,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn.harness.types import BenchmarkInfo, describe_benchmark
+from lightning_unlearn.progress import QUIET_TRAINER
 
 
 def digits_splits(
@@ -60,13 +61,7 @@ def digits_benchmark(
         torch.manual_seed(seed)
         backbone = mlp_backbone(x.shape[1], 128, 64)
         net = nn.Sequential(backbone, nn.Linear(64, 10))
-        trainer = L.Trainer(
-            max_epochs=pretrain_epochs,
-            logger=False,
-            enable_checkpointing=False,
-            enable_model_summary=False,
-            enable_progress_bar=False,
-        )
+        trainer = L.Trainer(max_epochs=pretrain_epochs, **QUIET_TRAINER)
         trainer.fit(
             SupervisedClassifier(net, lr=0.1),
             DataLoader(TensorDataset(xb, yb), batch_size=32, shuffle=True),

@@ -25,6 +25,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_unlearn.progress import QUIET_TRAINER
+
 MODELS = ("resnet18", "vit_tiny", "cnn", "lenet", "mlp", "linear")
 
 #: [ACU] App. E.1: the base model's training recipe (300 epochs; SGD with cosine half-cycle decay)
@@ -312,10 +314,7 @@ def pretrain_backbone(
     data: Dataset = _Augmented(base, augment) if augment is not None else base
     options = {
         "max_epochs": epochs,
-        "logger": False,
-        "enable_checkpointing": False,
-        "enable_model_summary": False,
-        "enable_progress_bar": False,
+        **QUIET_TRAINER,
         **(trainer_kwargs or {}),
     }
     with torch.random.fork_rng():

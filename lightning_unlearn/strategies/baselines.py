@@ -70,17 +70,14 @@ from lightning_unlearn.contract import (
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.modes import eval_mode
-from lightning_unlearn.progress import quiet_lightning, status
+from lightning_unlearn.progress import QUIET_TRAINER, quiet_lightning, status
 from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, UnlearningUpdate
 
 Batch = Any
 #: the module's loss on one batch (with its index), ``L(batch)`` of the module docstring
 BatchLoss = Callable[[Batch, int], Tensor]
 _QUIET = {
-    "logger": False,
-    "enable_checkpointing": False,
-    "enable_model_summary": False,
-    "enable_progress_bar": False,
+    **QUIET_TRAINER,
     "num_sanity_val_steps": 0,
     "limit_val_batches": 0,
 }
