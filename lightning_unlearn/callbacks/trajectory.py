@@ -595,7 +595,7 @@ class TrajectoryRecorder(RecorderCallback):
     def erase_forgotten(self, ids: Tensor) -> None:
         """Overwrite the committed request's rows with zeros (written through to a memory-mapped file);
         under DDP each rank erases the vectors it holds."""
-        rows = torch.tensor([self.row_of[i] for i in ids.tolist() if i in self.row_of], dtype=torch.long)
+        rows = torch.tensor([self.row_of[i] for i in ids.tolist()], dtype=torch.long)  # checked by apply_forget
         self._store().erase(self._owned_slots(rows))
 
     # -- state ----------------------------------------------------------------------------------------
