@@ -43,6 +43,7 @@ from lightning_unlearn import ForgetRequest, IndexedDataset
 from lightning_unlearn.callbacks import HessianRecorder, TaskDeltaRecorder, TrajectoryRecorder
 from lightning_unlearn.functional import hf
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
+from lightning_unlearn.progress import QUIET_TRAINER
 from lightning_unlearn.strategies import HessianCertifiedStrategy, HFStrategy
 
 warnings.filterwarnings("ignore")
@@ -66,10 +67,7 @@ def timed_fit(model: L.LightningModule, ds, callbacks: list) -> float:
     trainer = L.Trainer(
         max_epochs=EPOCHS,
         callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        **QUIET_TRAINER,
     )
     loader = DataLoader(ds, batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(1))
     start = perf_counter()
@@ -139,10 +137,7 @@ def resnet18_row(samples: int, epochs: int, tracked: int, batch: int = 64) -> No
         trainer = L.Trainer(
             max_epochs=epochs,
             callbacks=callbacks,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
+            **QUIET_TRAINER,
         )
         start = perf_counter()
         trainer.fit(model, loader)

@@ -59,6 +59,7 @@ def worker(name: str, devices: int, out: str) -> None:
     from lightning_unlearn.callbacks import HessianRecorder, StreamingRecorder, TrajectoryRecorder
     from lightning_unlearn.data import IndexedDataset
     from lightning_unlearn.models import AnalyticClassifier, ProximalClassifier, SupervisedClassifier, mlp_backbone
+    from lightning_unlearn.progress import QUIET_TRAINER
 
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     torch.set_num_threads(1)  # one thread per process in both runs (Lightning sets it so for DDP on 2 cores)
@@ -105,10 +106,7 @@ def worker(name: str, devices: int, out: str) -> None:
         devices=devices,
         max_epochs=1,
         callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        **QUIET_TRAINER,
     )
     data = IndexedDataset(TensorDataset(x, y))
     trainer.fit(model, DataLoader(data, batch_size=BATCH // devices, shuffle=True))

@@ -42,6 +42,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_unlearn import IndexedDataset
 from lightning_unlearn.callbacks import TrajectoryRecorder
 from lightning_unlearn.functional import hf
+from lightning_unlearn.progress import QUIET_TRAINER
 
 warnings.filterwarnings("ignore")
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -85,10 +86,7 @@ def fit(callbacks: list) -> tuple[float, UserCNN]:
     trainer = L.Trainer(
         max_epochs=EPOCHS,
         callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        **QUIET_TRAINER,
     )
     loader = DataLoader(data(), batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(1))
     start = perf_counter()

@@ -45,6 +45,7 @@ from lightning_unlearn import (
 )
 from lightning_unlearn.callbacks import ProximalRegularizer, SampleRecorder
 from lightning_unlearn.models import AnalyticHead
+from lightning_unlearn.progress import QUIET_TRAINER
 from lightning_unlearn.strategies import L1SparseStrategy, SCRUBStrategy, WoodFisherStrategy
 from lightning_unlearn.strategies.baselines import (
     FinetuneStrategy,
@@ -54,7 +55,6 @@ from lightning_unlearn.strategies.baselines import (
     RetrainStrategy,
 )
 
-QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
 FORGET = ForgetRequest.samples([3, 14, 15, 29])
 
 
@@ -110,7 +110,7 @@ def fit(module: L.LightningModule, data: IndexedDataset, epochs: int, callbacks:
     torch.manual_seed(0)
     loader = DataLoader(data, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(0))
     start = perf_counter()
-    L.Trainer(max_epochs=epochs, callbacks=callbacks, **QUIET).fit(module, loader)
+    L.Trainer(max_epochs=epochs, callbacks=callbacks, **QUIET_TRAINER).fit(module, loader)
     return perf_counter() - start
 
 

@@ -37,6 +37,7 @@ from lightning_unlearn.harness import digits_benchmark, format_table, get_method
 from lightning_unlearn.harness.types import BenchmarkInfo
 from lightning_unlearn.metrics import accuracy
 from lightning_unlearn.models import SupervisedClassifier
+from lightning_unlearn.progress import QUIET_TRAINER
 from lightning_unlearn.strategies import (
     FinetuneStrategy,
     L1SparseStrategy,
@@ -46,7 +47,6 @@ from lightning_unlearn.strategies import (
 )
 
 METHODS = ("scrub", "l1_sparse", "woodfisher", "finetune")
-QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
 
 
 def accuracies(module: Any, info: BenchmarkInfo, forget_class: int) -> tuple[float, float, float]:
@@ -93,7 +93,9 @@ def run_user(name: str, info: BenchmarkInfo, forget_class: int, options: dict[st
     net = nn.Sequential(nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10))
     model, rec = SupervisedClassifier(net, lr=0.1), SampleRecorder()
     initial = {k: v.clone() for k, v in model.state_dict().items()}
-    L.Trainer(max_epochs=6, callbacks=[rec], **QUIET).fit(model, DataLoader(info.train, batch_size=64, shuffle=True))
+    L.Trainer(max_epochs=6, callbacks=[rec], **QUIET_TRAINER).fit(
+        model, DataLoader(info.train, batch_size=64, shuffle=True)
+    )
     before = accuracies(model, info, forget_class)
     trained = {"scrub": SCRUBStrategy, "l1_sparse": L1SparseStrategy, "finetune": FinetuneStrategy}
     strategy: Any
