@@ -189,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
 def reproduce(args: argparse.Namespace) -> str:
     """Run a reproduction config and return its tables (or the list of configs)."""
     from lightning_unlearn.harness.papers import CONFIGS, get_config
-    from lightning_unlearn.harness.repro import run_config
+    from lightning_unlearn.harness.repro import is_global_zero, run_config
 
     if args.list or args.config is None:
         listing = "\n".join(
@@ -214,8 +214,9 @@ def reproduce(args: argparse.Namespace) -> str:
         log=lambda line: print(line, file=sys.stderr, flush=True),
     )
     text = "\n\n".join(result.tables)
-    print(text, flush=True)
-    print(f"\n{args.config}: {result.seconds:.1f} s" + (f"; wrote {args.out}" if args.out is not None else ""))
+    if is_global_zero():  # every rank of a multi-device launch runs this command; one prints
+        print(text, flush=True)
+        print(f"\n{args.config}: {result.seconds:.1f} s" + (f"; wrote {args.out}" if args.out is not None else ""))
     return text
 
 

@@ -60,3 +60,26 @@ def run_script(script: Path, out: Path, devices: int) -> None:
         capture_output=True,
         timeout=300,
     )
+
+
+def run_cli_script(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Run a test script (``tests/scripts``) that drives the CLI as its own process; its output as text."""
+    return subprocess.run(
+        [sys.executable, str(script), *args], check=True, cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+def ddp_repro_config():
+    """[ACU] Table 1's first smoke setup with ACU and fine-tuning, its backbone left untrained (pre-training is an SGD
+    fit, which a second process changes: each step averages two half batches): the config tests/test_repro_ddp.py
+    runs on one and on two processes."""
+    from dataclasses import replace
+
+    from lightning_unlearn.harness.papers import ACU_TABLE1
+    from lightning_unlearn.harness.repro import Requests
+
+    setup = ACU_TABLE1.setups[0]
+    requests = (Requests("K=2", k=2, fraction=0.2),)
+    smoke = replace(setup.smoke, pretrain_epochs=0, n_experiences=2, requests=requests)
+    setup = replace(setup, smoke=smoke, methods=setup.methods[:2])
+    return replace(ACU_TABLE1, name="acu-ddp", setups=(setup,), smoke_setups=1)

@@ -512,6 +512,16 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def is_global_zero() -> bool:
+    """Whether this process is global rank 0 of a multi-device launch, or not part of one: the process that logs
+    and writes.
+
+    Lightning's launcher starts the other ranks with ``LOCAL_RANK`` (and ``NODE_RANK``) set, torchrun with
+    ``RANK``, SLURM with ``SLURM_PROCID``, all before anything runs, so this holds from a run's first line.
+    """
+    return all(os.environ.get(key, "0") == "0" for key in ("RANK", "NODE_RANK", "LOCAL_RANK", "SLURM_PROCID"))
+
+
 def run_config(
     config: ReproConfig,
     *,
@@ -548,7 +558,7 @@ def run_config(
     start = time.perf_counter()
     kwargs = dict(trainer_kwargs or {})
     # under a multi-device launch every rank runs this function; only global rank 0 writes and reports progress
-    writer = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0
+    writer = is_global_zero()
     out = out if writer else None
     log = log if writer else (lambda _: None)
     chosen = list(config.setups[: config.smoke_setups] if smoke else config.setups)
