@@ -92,6 +92,25 @@ def test_certified_and_uncertified_rows_say_so(smoke):
     assert rows["hf[noise=off]"]["guarantee"] == "none"
 
 
+def test_hf_columns_are_the_recorders_measured_costs(smoke):
+    result, _ = smoke["hf-table2"]
+    res = result.setups[0]  # MNIST LR at smoke scale: 100 digits, a linear model of 64 x 10 + 10 parameters
+    report = res.reports["20% single"]
+    rows = {r["method"]: r for r in res.rows}
+    hf, ref = rows["hf[noise=off]"], rows["retrain[linear,l2=0.5] (reference)"]
+    # every learned sample's vector in float32, nothing else: the paper's Storage
+    assert hf["Storage(GB)"] * 1e9 == pytest.approx(100 * 650 * 4, rel=1e-12)
+    raw = next(r for r in report.rows if r["method"] == "hf[noise=off]")
+    ref_raw = report.reference_rows[0]
+    assert raw["n_requests"] == 5 and raw["storage_bytes"] == 100 * 650 * 4
+    assert hf["Speedup"] == pytest.approx(ref_raw["time_s"] / (raw["time_s"] / 5), rel=1e-12)
+    assert hf["Precompute(s)"] == pytest.approx(raw["fit_s"] - ref_raw["fit_s"], rel=1e-12)
+    assert 0.0 <= hf["MIA-L"] <= 1.0 and 0.0 <= ref["MIA-L"] <= 1.0  # the reference is attacked too
+    assert math.isnan(ref["Speedup"]) and math.isnan(ref["Storage(GB)"]) and ref_raw["storage_bytes"] == 0
+    certified = rows["hf[eps=1,delta=0.001]"]
+    assert certified["paper Speedup"] == 93376 and certified["paper Storage(GB)"] == 0.03
+
+
 def _tiny(requests, methods, protocol="class-incremental", **scale):
     kw = {"per_class": 8, "n_experiences": 2, "width": 8, "pretrain_epochs": 2, **scale}
     s = Scale("digits", "mlp", epochs=1, lr=0.1, batch_size=16, requests=requests, **kw)

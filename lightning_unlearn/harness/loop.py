@@ -14,6 +14,7 @@ all forgotten sets (App. E.2) and the test set, plus the request's wall time
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 from torch.utils.data import Subset
 
+from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.core.catalog import SampleCatalog
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.harness.report import ATTACKS, Report
@@ -37,11 +39,47 @@ from lightning_unlearn.strategies.base import UnlearningStrategy
 @dataclass
 class _Run:
     """One method's run: its module before the requests, a copy of (module, result, catalog) after each
-    request, and (for references) the LiRA shadow models of its family."""
+    request, (for references) the LiRA shadow models of its family, the wall time of learning the stream
+    with its recorder and the bytes of the statistics that recorder holds after it."""
 
     before: nn.Module
     steps: list[tuple[nn.Module, Any, SampleCatalog]]
     shadows: list[nn.Module] = field(default_factory=list)
+    fit_s: float = 0.0
+    storage_bytes: int = 0
+
+
+def statistics_bytes(recorder: RecorderCallback) -> int:
+    """Bytes of the statistics a recorder keeps for unlearning: its ``memory_bytes()`` where it has one
+    (:class:`~lightning_unlearn.callbacks.trajectory.TrajectoryRecorder`: the tracked vectors), otherwise the
+    tensors of its ``state_dict`` besides what every recorder keeps (the sample catalog, ledger anchor, privacy
+    budget); 0 for a recorder of the catalog only."""
+    memory_bytes = getattr(recorder, "memory_bytes", None)
+    if callable(memory_bytes):
+        return int(memory_bytes())
+    common = set(RecorderCallback.state_dict(recorder))
+    return _tensor_bytes({k: v for k, v in recorder.state_dict().items() if k not in common})
+
+
+def _tensor_bytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+def cost_fields(run: _Run, reference: _Run) -> dict[str, float]:
+    """A run's precomputation cost: ``fit_s`` (learning the stream with its recorder), ``precompute_s`` (that minus
+    its reference's fit of the same recipe with a catalog-only recorder: the recorder's overhead, [HF] Table 2's
+    "pre-computation runtime") and ``storage_bytes`` (:func:`statistics_bytes` after learning)."""
+    return {
+        "fit_s": run.fit_s,
+        "precompute_s": run.fit_s - reference.fit_s,
+        "storage_bytes": run.storage_bytes,
+    }
 
 
 def evaluate(
@@ -96,6 +134,7 @@ def evaluate(
                 "method": f"{ref.name} (reference)",
                 "family": ref.family,
                 **_request_fields(i, res),
+                **cost_fields(run, run),
                 **_metrics(mod, None, info, cat, run.before, run.shadows),
             }
             for i, (mod, res, cat) in enumerate(run.steps)
@@ -119,6 +158,7 @@ def evaluate(
                     "family": method.family,
                     "reference": f"{ref_name} (reference)",
                     **_request_fields(i, result),
+                    **cost_fields(run, ref_run),
                     **_beside_reference(metrics, ref_rows[i]),
                 }
             )
@@ -149,6 +189,7 @@ def _run(method: Method, info: BenchmarkInfo, schedule: Schedule, bar: Any, shad
         bar.set_description_str(f"{method.name}: learning the stream")
         built = method.build(info)
         kwargs = {"enable_progress_bar": False, **built.trainer_kwargs}
+        start = time.perf_counter()
         fit_stream(
             built.module,
             info.benchmark.train_stream,
@@ -157,15 +198,17 @@ def _run(method: Method, info: BenchmarkInfo, schedule: Schedule, bar: Any, shad
             batch_size=built.batch_size or info.batch_size,
             after_experience=lambda *_: bar.update(),
         )
+        fit_s = time.perf_counter() - start
         before = copy.deepcopy(built.module)
         strategy = built.strategy()
+        storage = statistics_bytes(strategy.recorder)  # after learning, before any request erases a row
         steps: list[tuple[nn.Module, Any, SampleCatalog]] = []
         for i, request in enumerate(schedule):
             bar.set_description_str(f"{method.name}: request {i + 1}/{len(schedule)}")
             result = strategy.forget(request, info.train if strategy.reads_data else None)
             bar.update()
             steps.append((copy.deepcopy(built.module), result, copy.deepcopy(strategy.catalog)))
-        run = _Run(before, steps)
+        run = _Run(before, steps, fit_s=fit_s, storage_bytes=storage)
         for j in range(shadows):
             bar.set_description_str(f"{method.name}: LiRA shadow {j + 1}/{shadows}")
             run.shadows.append(_shadow(strategy, info, info.seed + j))

@@ -176,6 +176,12 @@ def _disparity(row: Mapping[str, Any], ref: Mapping[str, Any]) -> float:
     return sum(100.0 * abs(float(row[k]) - float(ref[k])) for k in keys) / len(keys)
 
 
+def _speedup(row: Mapping[str, Any], ref: Mapping[str, Any]) -> float:
+    """[HF] Tables 2 and 6 "Speedup": the reference's retraining time over the method's time per request (a row of
+    :func:`evaluate_last` holds the total over its ``n_requests``; the reference retrained once)."""
+    return float(ref["time_s"]) / (float(row["time_s"]) / int(row.get("n_requests", 1)))
+
+
 #: column name -> (value from a method's row and its reference's row at the same request, is it a gap)
 COLUMNS: dict[str, tuple[Callable[[Mapping[str, Any], Mapping[str, Any]], float], bool]] = {
     "dParams": (lambda row, ref: float(row["l2_to_retrain"]), True),
@@ -194,9 +200,15 @@ COLUMNS: dict[str, tuple[Callable[[Mapping[str, Any], Mapping[str, Any]], float]
     "Distance": (lambda row, ref: float(row["l2_to_retrain"]), True),
     "Time(s)": (lambda row, ref: float(row["time_s"]), False),
     "s/sample": (lambda row, ref: float(row["time_s"]) / max(1, int(row["n_removed"])), False),
+    "Speedup": (_speedup, True),
+    "Precompute(s)": (lambda row, ref: float(row["precompute_s"]), True),
+    "Storage(GB)": (lambda row, ref: float(row["storage_bytes"]) / 1e9, True),
+    "MIA-L": (lambda row, ref: float(row["lira_auc"]), False),
 }
 #: columns summed (not averaged) over the requests: a paper's total runtime
 SUMMED = frozenset({"Time(s)"})
+#: shadow models of the offline [LiRA] attack behind "MIA-L" (each a retrain on a random half of the retained data)
+LIRA_SHADOWS = 4
 
 
 @dataclass
@@ -615,14 +627,15 @@ def _run_setup(
         if e.name not in registered:
             log(f"[{config.name}] {setup.label}: {e.name} ({e.paper_row}) skipped: not registered")
     methods = [make_method(e, {**e.options, **scale.options.get(e.name, {})}, trainer_kwargs) for e in entries]
+    shadows = LIRA_SHADOWS if "MIA-L" in config.columns else 0
     reports: dict[str, Report] = {}
     for requests in scale.requests:
         t0 = time.perf_counter()
         schedule = make_requests(requests, info, seed)
         reports[requests.label] = (
-            evaluate(methods, info, schedule, shadows=0)
+            evaluate(methods, info, schedule, shadows=shadows)
             if requests.compare == "each"
-            else evaluate_last(methods, info, schedule)
+            else evaluate_last(methods, info, schedule, shadows=shadows)
         )
         seconds[requests.label] = time.perf_counter() - t0
         log(
@@ -639,43 +652,57 @@ def _removed(report: Report) -> int:
     return sum(int(r["n_removed"]) for r in report.table(first))
 
 
-def evaluate_last(methods: Sequence[Method], info: BenchmarkInfo, schedule: Schedule) -> Report:
+def evaluate_last(methods: Sequence[Method], info: BenchmarkInfo, schedule: Schedule, *, shadows: int = 0) -> Report:
     """Like :func:`~lightning_unlearn.harness.evaluate`, compared with the reference only after the last request.
 
-    Each method executes every request in order (its time is their total); the reference retrains
-    once, on what all of them leave (one request naming every removed id), which is the retrained
-    model of the end state. For long streams of small requests ([HF]'s 20% of the samples deleted one
-    at a time), where a retrain per request would cost more than the whole benchmark.
+    Each method executes every request in order (its time is their total, ``n_requests`` of them); the
+    reference retrains once, on what all of them leave (one request naming every removed id), which is the
+    retrained model of the end state. For long streams of small requests ([HF]'s 20% of the samples deleted
+    one at a time), where a retrain per request would cost more than the whole benchmark. Every row holds
+    the costs of :func:`~lightning_unlearn.harness.loop.cost_fields`; with ``shadows`` (at least 2) each
+    reference also makes that many offline-[LiRA] shadow models after its retrain and every row holds
+    ``lira_auc``, forgotten vs test samples.
+
+    Raises:
+        ValueError: ``shadows`` of 1 or below 0, or a bad schedule.
     """
     from lightning_unlearn.harness import loop
 
+    if shadows == 1 or shadows < 0:
+        raise ValueError(f"offline LiRA needs shadows >= 2 (or 0 to leave it out), got {shadows}")
     merged = Schedule((ForgetRequest.samples(torch.cat(validate_schedule(schedule.requests, info.catalog()))),))
     report = Report(schedule, [], [])
     bar = progress(desc="learn + forget", enabled=False)
     refs = {ref.name: ref for ref in (m.reference or m for m in methods)}
-    snapshots = {name: loop._run(ref, info, merged, bar).steps[-1] for name, ref in refs.items()}
-    for name, (module, result, catalog) in snapshots.items():
+    runs = {name: loop._run(ref, info, merged, bar, shadows) for name, ref in refs.items()}
+    for name, run in runs.items():
+        module, result, catalog = run.steps[-1]
         report.reference_rows.append(
             {
                 "method": f"{name} (reference)",
                 "family": refs[name].family,
                 **loop._request_fields(len(schedule) - 1, result),
-                **loop._metrics(module, None, info, catalog),
+                "n_requests": 1,
+                **loop.cost_fields(run, run),
+                **loop._metrics(module, None, info, catalog, shadows=run.shadows),
             }
         )
     for method in methods:
-        steps = loop._run(method, info, schedule, bar).steps
-        module, result, catalog = steps[-1]
+        ref_run = runs[(method.reference or method).name]
+        run = loop._run(method, info, schedule, bar)
+        module, result, catalog = run.steps[-1]
         fields = loop._request_fields(len(schedule) - 1, result)
-        fields["time_s"] = sum(float(s[1].wall_time_s) for s in steps)
-        fields["n_removed"] = sum(int(s[1].removed_ids.numel()) for s in steps)
+        fields["time_s"] = sum(float(s[1].wall_time_s) for s in run.steps)
+        fields["n_removed"] = sum(int(s[1].removed_ids.numel()) for s in run.steps)
+        fields["n_requests"] = len(run.steps)
         report.rows.append(
             {
                 "method": method.name,
                 "family": method.family,
                 "reference": f"{(method.reference or method).name} (reference)",
                 **fields,
-                **loop._metrics(module, snapshots[(method.reference or method).name][0], info, catalog),
+                **loop.cost_fields(run, ref_run),
+                **loop._metrics(module, ref_run.steps[-1][0], info, catalog, shadows=ref_run.shadows),
             }
         )
     return report
