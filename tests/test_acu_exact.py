@@ -94,7 +94,7 @@ class FailingLedger(Ledger):
         super().__init__()
         self.read = read
 
-    def append(self, result, module):
+    def append(self, result, module, recorder=None):
         if self.read is not None:
             self.read.T, self.read.R  # noqa: B018  (applies the held updates before the failure)
         raise OSError("disk full")

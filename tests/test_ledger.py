@@ -237,3 +237,53 @@ def test_a_failed_ledger_write_changes_nothing_and_the_request_can_be_retried(tm
     monkeypatch.undo()
     strategy.forget(ForgetRequest.samples([2]), data)  # the retry succeeds
     assert len(Ledger(path)) == 2
+
+
+# -- a ledger ahead of the state it is used with (a run resumed from a checkpoint older than its last requests) --
+def _stopped_run(tmp_path):
+    """A checkpoint (module and recorder state), then a request the ledger records but no later checkpoint holds."""
+    data = toy_dataset(80)
+    model, rec = fit_analytic([data])
+    saved_model, saved_rec = {k: v.clone() for k, v in model.state_dict().items()}, rec.state_dict()
+    path = tmp_path / "ledger.jsonl"
+    ACUStrategy(model, rec, Ledger(path)).forget(ForgetRequest.samples([4, 9]), data)
+    from helpers import analytic_model
+
+    resumed_model, resumed_rec = analytic_model(), AnalyticRecorder(ridge=rec.ridge)
+    resumed_model.load_state_dict(saved_model)
+    resumed_rec.load_state_dict(saved_rec)
+    return data, model, resumed_model, resumed_rec, path
+
+
+def test_new_requests_are_refused_while_the_ledger_records_requests_the_state_predates(tmp_path):
+    data, _, model, rec, path = _stopped_run(tmp_path)
+    strategy = ACUStrategy(model, rec, Ledger(path))
+    assert [e.seq for e in strategy.pending()] == [0]
+    before, R = weights_digest(model), rec.R.clone()
+    with pytest.raises(LedgerError, match=r"records requests \[0\].*ids \[4, 9\].*redo_pending"):
+        strategy.forget(ForgetRequest.samples([20]), data)
+    assert weights_digest(model) == before and torch.equal(rec.R, R) and len(Ledger(path)) == 1
+    assert rec.catalog.live([4, 9, 20]) == [4, 9, 20]
+
+
+def test_redo_pending_executes_the_entries_again_and_records_the_redo(tmp_path):
+    data, stopped, model, rec, path = _stopped_run(tmp_path)
+    strategy = ACUStrategy(model, rec, Ledger(path))
+    (redone,) = strategy.redo_pending(data)
+    assert redone.removed_ids.tolist() == [4, 9] and redone.extra["redo_of"] == 0
+    # ACU is exact and deterministic: the redone weights are the stopped run's, bit for bit
+    assert weights_digest(model) == weights_digest(stopped) == Ledger(path)[0].weights_digest
+    ledger = Ledger(path)
+    assert len(ledger) == 2 and ledger[1].extra["redo_of"] == 0 and ledger[1].removed_ids == [4, 9]
+    assert strategy.pending() == [] and rec.catalog.live([4, 9]) == []
+    strategy.forget(ForgetRequest.samples([20]), data)  # new requests go through again
+
+
+def test_redo_pending_refuses_an_entry_of_another_method(tmp_path):
+    data, _, model, rec, path = _stopped_run(tmp_path)
+    strategy = ACUStrategy(model, rec, Ledger(path))
+    strategy.method = "other"  # the entry was executed by "acu"
+    before = weights_digest(model)
+    with pytest.raises(LedgerError, match="executed by 'acu'"):
+        strategy.redo_pending(data)
+    assert weights_digest(model) == before and len(Ledger(path)) == 1

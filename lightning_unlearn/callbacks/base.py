@@ -23,6 +23,7 @@ An exception during fit drops the staged block, so statistics only ever reflect 
 from __future__ import annotations
 
 import ast
+import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, cast
@@ -64,6 +65,8 @@ class RecorderCallback(L.Callback):
         self.ledger_anchor: dict[str, Any] | None = None
         #: accountant state of each noise-adding strategy's releases, by method (survives checkpoints)
         self.privacy: dict[str, Any] | None = None
+        #: a random id of this recorder's run, kept in checkpoints; the ledger entries of its requests carry it
+        self.lineage = uuid.uuid4().hex
         self.experience: int | None = None
         #: the Trainer of the last Lightning fit: executed requests are logged to its loggers
         self.trainer: L.Trainer | None = None
@@ -381,7 +384,12 @@ class RecorderCallback(L.Callback):
             )
 
     def state_dict(self) -> dict[str, Any]:
-        state = {"catalog": self.catalog.state_dict(), "ledger_anchor": self.ledger_anchor, "privacy": self.privacy}
+        state = {
+            "catalog": self.catalog.state_dict(),
+            "ledger_anchor": self.ledger_anchor,
+            "privacy": self.privacy,
+            "lineage": self.lineage,
+        }
         if self._fitting:  # saved mid-fit (e.g. by ModelCheckpoint): the running fit, to resume it
             empty = torch.zeros(0, dtype=torch.long)
             state["fit"] = {
@@ -398,6 +406,7 @@ class RecorderCallback(L.Callback):
         self.catalog.load_state_dict(state_dict["catalog"])
         self.ledger_anchor = state_dict.get("ledger_anchor")
         self.privacy = state_dict.get("privacy")
+        self.lineage = state_dict.get("lineage", self.lineage)
         self._resume = state_dict.get("fit")
 
     def _check_settings(self, states: Mapping[str, Any], where: str) -> None:

@@ -145,6 +145,10 @@ class SampleCatalog:
     def active_ids(self) -> Tensor:
         return self.ids[~self.forgotten]
 
+    def live(self, ids: list[int]) -> list[int]:
+        """Those of ``ids`` that are learned and not forgotten."""
+        return [i for i in ids if i in self._row and not bool(self.forgotten[self._row[i]])]
+
     def labels_of(self, ids: Tensor) -> Tensor:
         return self.labels[self.rows(ids)]
 

@@ -190,15 +190,16 @@ class Ledger:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def append(self, result: UnlearningResult, module: nn.Module) -> LedgerEntry:
+    def append(self, result: UnlearningResult, module: nn.Module, recorder: str | None = None) -> LedgerEntry:
         """Record an executed request (called by :meth:`UnlearningStrategy.forget` at its commit point).
 
-        All or nothing: if the write fails, the file is truncated back and the entry is not kept.
+        ``recorder`` (the recorder's ``lineage``) is kept in the entry's ``extra``. All or nothing: if the
+        write fails, the file is truncated back and the entry is not kept.
         """
         path = self.path
         # Lightning sets the attribute at import time; its stubs type the decorator as a plain function.
         if path is None or rank_zero_only.rank != 0:  # type: ignore[attr-defined]
-            return self._append(result, module)
+            return self._append(result, module, recorder)
         with self._locked():
             on_disk = self._read()
             if [e.hash for e in on_disk[: len(self._entries)]] != [e.hash for e in self._entries]:
@@ -206,7 +207,7 @@ class Ledger:
                     f"ledger {self.path} was changed by another writer in a way that breaks this one's chain"
                 )
             self._entries = on_disk
-            entry = self._append(result, module)
+            entry = self._append(result, module, recorder)
             try:
                 with path.open("ab") as fh:
                     size = fh.tell()
@@ -222,7 +223,7 @@ class Ledger:
                 raise
         return entry
 
-    def _append(self, result: UnlearningResult, module: nn.Module) -> LedgerEntry:
+    def _append(self, result: UnlearningResult, module: nn.Module, recorder: str | None) -> LedgerEntry:
         key = _ledger_key()
         body = LedgerEntry(
             seq=len(self._entries),
@@ -233,7 +234,10 @@ class Ledger:
             wall_time_s=result.wall_time_s,
             certificate=result.certificate.to_dict(),
             weights_digest=weights_digest(module),
-            extra={k: v for k, v in result.extra.items() if isinstance(v, (int, float, str, bool))},
+            extra={
+                **{k: v for k, v in result.extra.items() if isinstance(v, (int, float, str, bool))},
+                **({} if recorder is None else {"recorder": recorder}),
+            },
             keyed=key is not None,
             prev_hash=self._entries[-1].hash if self._entries else _GENESIS,
         )

@@ -14,6 +14,11 @@ Every method follows one contract, with one commit point:
    samples (:meth:`RecorderCallback.erase_forgotten`), so rollback needs no copy of them;
 4. the result's metrics go to the loggers of the Trainer the recorder last recorded with
    (:func:`lightning_unlearn.reporting.log_to_trainer`).
+
+A ledger on disk can be ahead of the state it is used with: a process stopped between the ledger
+write and the next checkpoint, and the run resumed from that earlier checkpoint. The module and the
+statistics then still hold samples the ledger says are forgotten. ``forget`` refuses new requests
+until :meth:`UnlearningStrategy.redo_pending` has executed those entries again.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from torch.utils.data import DataLoader, Dataset
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.core.catalog import SampleCatalog
 from lightning_unlearn.core.certificate import Certificate
-from lightning_unlearn.core.ledger import Ledger
+from lightning_unlearn.core.ledger import Ledger, LedgerEntry, LedgerError
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.data import select_by_ids
 from lightning_unlearn.privacy.accountant import PrivacyAccountant
@@ -174,11 +179,64 @@ class UnlearningStrategy(ABC):
             ValueError: the request names nothing learned, or samples already forgotten; the
                 method needs ``data`` and none was given, or reads none and some was given; the
                 data's labels or inputs differ from what was learned. Nothing is changed.
+            LedgerError: the ledger records requests whose samples this state still holds (see
+                :meth:`pending`); nothing is changed.
         """
         if not isinstance(request, ForgetRequest):
             raise TypeError(f"forget expects a ForgetRequest, got {type(request).__name__}")
         self.recorder.require_fitted()
+        pending = self.pending()
+        if pending:
+            raise LedgerError(
+                f"ledger {self.ledger.path} records requests {[e.seq for e in pending]} whose samples this module and "
+                f"recorder still hold (ids {sorted(self.catalog.live(pending[0].removed_ids))[:10]} of entry "
+                f"{pending[0].seq}): it was restored from a checkpoint saved before them; call redo_pending(data) "
+                "to execute them again first"
+            )
         ids = self.catalog.resolve(request)
+        self._check_data(data)
+        return self._execute(request, ids, data, {})
+
+    def pending(self) -> list[LedgerEntry]:
+        """The ledger's entries of this recorder's run (its ``lineage``) whose samples this state still holds
+        (learned, not forgotten): executed after the checkpoint the module and recorder were restored from."""
+        if not len(self.ledger):
+            return []
+        lineage = self.recorder.lineage
+        return [e for e in self.ledger if e.extra.get("recorder") == lineage and self.catalog.live(e.removed_ids)]
+
+    def redo_pending(self, data: ForgetData = None) -> list[UnlearningResult]:
+        """Execute the :meth:`pending` entries again, in order, each appended to the ledger anew with
+        ``extra["redo_of"]`` naming the entry it repeats.
+
+        A method that draws noise draws it afresh: the redone model is a new release, and a model
+        the stopped process published is not in the accountant restored from the checkpoint
+        (:meth:`restore_accountant` counts it only when rebuilt from the ledger).
+
+        Args:
+            data: as for :meth:`forget`, holding the pending entries' samples.
+
+        Raises:
+            LedgerError: a pending entry was executed by another method, or forgot only part of what
+                this state holds of it; nothing is changed for it and the entries after it.
+        """
+        self.recorder.require_fitted()
+        self._check_data(data)
+        done = []
+        for entry in self.pending():
+            if entry.method != self.method:
+                raise LedgerError(
+                    f"ledger entry {entry.seq} was executed by {entry.method!r}: redo it with that method's strategy"
+                )
+            if len(self.catalog.live(entry.removed_ids)) != len(entry.removed_ids):
+                raise LedgerError(f"ledger entry {entry.seq}'s samples are only partly forgotten in this state")
+            ids = torch.tensor(entry.removed_ids, dtype=torch.long)
+            done.append(self._execute(entry.forget_request, ids, data, {"redo_of": entry.seq}))
+        return done
+
+    def _check_data(self, data: ForgetData) -> None:
+        """``ValueError`` if ``data`` is missing for a method that needs it, given to a method that reads
+        none, or not a dataset or loader."""
         if self.needs_forget_data and data is None:
             raise ValueError(f"{self.method} needs the samples to forget: pass data=<dataset yielding (x, y, id)>")
         if not self.reads_data and data is not None:
@@ -190,10 +248,14 @@ class UnlearningStrategy(ABC):
             raise ValueError(
                 f"data must be a torch Dataset or DataLoader yielding sample ids, got {type(data).__name__}"
             )
+
+    def _execute(
+        self, request: ForgetRequest, ids: Tensor, data: ForgetData, extra: dict[str, Any]
+    ) -> UnlearningResult:
         start = perf_counter()
         update = self._compute(ids, data)
         wall = perf_counter() - start
-        result = UnlearningResult(request, ids, update.certificate, wall, update.extra)
+        result = UnlearningResult(request, ids, update.certificate, wall, {**update.extra, **extra})
         self._commit(result, update)
         self.history.append(result)
         log_to_trainer(self.recorder.trainer, result)
@@ -206,7 +268,7 @@ class UnlearningStrategy(ABC):
             undo.append(self.recorder.apply_forget(result.removed_ids, update.statistics))
             undo.append(swap_weights(self.module, update.weights))
             undo.append(replace_attributes(self, update.state))
-            self.ledger.append(result, self.module)
+            self.ledger.append(result, self.module, recorder=self.recorder.lineage)
         except BaseException:
             for step in reversed(undo):
                 step()
