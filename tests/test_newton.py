@@ -2,21 +2,27 @@
 
 Exactness is checked in float64 on a small L2-regularised softmax regression solved to its minimiser
 by full-batch L-BFGS (gradient norm below 1e-12), against formulas computed independently with
-``torch.autograd.functional.hessian``; "1e-10" tolerances are float64 rounding over a 27 x 27 solve.
+``torch.autograd.functional.hessian``; "1e-10" tolerances are float64 rounding over a 21 x 21 solve.
 """
 
 import math
 
 import pytest
 import torch
+from helpers_certified import D_IN, N_CLASSES, blobs, recorded, same_state, sgd_model, trainer, without
 from torch import nn
 from torch.autograd.functional import hessian
+from torch.utils.data import ConcatDataset, DataLoader
 
+from lightning_unlearn import ForgetRequest
+from lightning_unlearn.callbacks import HessianSumRecorder
 from lightning_unlearn.functional import hf
 from lightning_unlearn.functional import newton as nt
 from lightning_unlearn.functional.bounds import linear_model_constants
+from lightning_unlearn.privacy import analytic_sigma
+from lightning_unlearn.strategies import InfinitesimalJackknifeStrategy, NewtonStepStrategy
 
-N, D_IN, K, L2 = 60, 8, 3, 0.1
+N, K, L2 = 60, N_CLASSES, 0.1
 
 
 def data(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,3 +170,145 @@ def test_dense_memory_refused_naming_d():
 def test_damped_hessian_not_positive_definite_is_refused():
     with pytest.raises(ValueError, match="smallest eigenvalue -0.99"):
         nt.damped_cholesky(-torch.eye(3, dtype=torch.float64), 0.01, "NS")
+
+
+# -- the recorder and the strategies on a Lightning fit ----------------------------------------------------
+LR_FIT, EPOCHS, STEPS, FORGET = 0.5, 20, 10, [3, 10, 17]
+
+
+def fit_lr(ds, *recorders):
+    """Full-batch gradient descent on the L2-regularised softmax regression, near its minimiser: 200 steps, each
+    epoch yielding the whole set STEPS times (the recorder skips ids it has seen in the fit)."""
+    model = sgd_model(lr=LR_FIT, l2=L2)
+    loader = DataLoader(ConcatDataset([ds] * STEPS), batch_size=len(ds))
+    trainer(list(recorders), max_epochs=EPOCHS).fit(model, loader)
+    return model
+
+
+@pytest.fixture(scope="module")
+def lightning_fit():
+    ds = blobs(N, seed=0)
+    recorders = {form: HessianSumRecorder(form=form) for form in ("hessian", "inverse")}
+    model = fit_lr(ds, *recorders.values())  # one fit, both recorders
+    retrained = hf.flat_params(fit_lr(without(ds, set(FORGET))))
+    return ds, model, recorders, retrained
+
+
+def fresh(lightning_fit, form):
+    ds, trained, recorders, _ = lightning_fit
+    model = sgd_model(lr=LR_FIT, l2=L2)
+    model.load_state_dict(trained.state_dict())
+    rec = HessianSumRecorder(form=form)
+    rec.load_state_dict(recorders[form].state_dict())  # the state_dict round trip
+    return ds, model, rec
+
+
+def eq15_16(ds, theta, forget, form, damping=0.01):
+    """[HF] Eqs. (15)/(16) written out with autograd Hessians of the per-sample losses at the recorded model."""
+    x, y = ds.dataset.tensors
+    module = nn.Linear(D_IN, N_CLASSES).double()
+    gone = torch.tensor([i in forget for i in ds.ids.tolist()])
+    t = theta.clone().requires_grad_(True)
+    G = torch.autograd.grad(objective(module, x[gone], y[gone], t), t)[0]
+    n = len(x) if form == "inverse" else int((~gone).sum())
+    H = independent_hessian(module, x if form == "inverse" else x[~gone], y if form == "inverse" else y[~gone], theta)
+    return theta + torch.linalg.solve(H / n + damping * torch.eye(len(theta), dtype=theta.dtype), G) / n
+
+
+@pytest.mark.parametrize("form", ["hessian", "inverse"])
+def test_strategy_is_its_equation_and_moves_towards_retraining(lightning_fit, form):
+    ds, model, rec = fresh(lightning_fit, form)
+    retrained = lightning_fit[3]
+    assert rec.stationarity < rec.tolerance and rec.n == N and rec.l2 == L2  # GD reached the minimiser [NS] assumes
+    original = hf.flat_params(model)
+    cls = NewtonStepStrategy if form == "hessian" else InfinitesimalJackknifeStrategy
+    strategy = cls(model, rec, noise=False)
+    result = strategy.forget(ForgetRequest.samples(FORGET), data=ds)
+    expected = eq15_16(ds, original, set(FORGET), form)
+    # float64 rounding of a 21 x 21 solve; the published model is the clean one without noise
+    assert torch.allclose(hf.flat_params(model), expected, atol=1e-10)
+    assert torch.equal(hf.flat_params(model), strategy.clean_parameters())
+    before, after = float((original - retrained).norm()), float((expected - retrained).norm())
+    # damping 0.01 next to lambda = 0.1 alone shifts the step by about c/(lambda + c) = 9%
+    assert after < 0.3 * before, (after, before)
+    assert not result.certificate.certified and result.certificate.epsilon is None  # noise off: not certified
+
+
+@pytest.mark.parametrize("form", ["hessian", "inverse"])
+def test_requests_one_by_one_equal_one_batch(lightning_fit, form):
+    cls = NewtonStepStrategy if form == "hessian" else InfinitesimalJackknifeStrategy
+    ds, m1, r1 = fresh(lightning_fit, form)
+    s1 = cls(m1, r1, noise=False)
+    for i in FORGET:
+        s1.forget(ForgetRequest.samples([i]), data=ds)
+    ds, m2, r2 = fresh(lightning_fit, form)
+    cls(m2, r2, noise=False).forget(ForgetRequest.samples(FORGET), data=ds)
+    # every request recomputes the step from w for all samples forgotten so far: float64 rounding only
+    assert torch.allclose(hf.flat_params(m1), hf.flat_params(m2), atol=1e-12)
+    assert torch.allclose(r1.matrix, r2.matrix, atol=1e-10)
+
+
+@pytest.mark.parametrize("form", ["hessian", "inverse"])
+def test_bad_input_changes_nothing(lightning_fit, form):
+    cls = NewtonStepStrategy if form == "hessian" else InfinitesimalJackknifeStrategy
+    ds, model, rec = fresh(lightning_fit, form)
+    strategy = cls(model, rec, noise=False)
+    strategy.forget(ForgetRequest.samples([FORGET[0]]), data=ds)
+    weights, state, grad_sum = hf.flat_params(model), recorded(rec), strategy._grad_sum.clone()
+    for request, match in (
+        (ForgetRequest.samples([10_000]), "10000"),
+        (ForgetRequest.samples([FORGET[0]]), "already"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            strategy.forget(request, data=ds)
+    with pytest.raises(ValueError, match="needs the samples"):
+        strategy.forget(ForgetRequest.samples([FORGET[1]]))
+    wrong = blobs(N, seed=5)  # same ids, other inputs
+    with pytest.raises(ValueError):
+        strategy.forget(ForgetRequest.samples([FORGET[1]]), data=wrong)
+    assert torch.equal(hf.flat_params(model), weights) and same_state(recorded(rec), state)
+    assert torch.equal(strategy._grad_sum, grad_sum) and len(strategy.ledger) == 1
+    with pytest.raises(ValueError, match="forgotten without this"):  # a new strategy cannot recover their gradients
+        cls(model, rec, noise=False).forget(ForgetRequest.samples([FORGET[1]]), data=ds)
+
+
+def test_noise_std_is_the_stated_formula(lightning_fit):
+    ds, model, rec = fresh(lightning_fit, "hessian")
+    x = ds.dataset.tensors[0]
+    feature_norm = float(x.norm(dim=1).max())
+    c = linear_model_constants(feature_norm, L2)
+    M = nt.hessian_lipschitz_bound(feature_norm)
+    eps, delta = 1.0, 1e-5
+    strategy = NewtonStepStrategy(model, rec, epsilon=eps, delta=delta, constants=c, hessian_lipschitz=M, seed=0)
+    cert = strategy.forget(ForgetRequest.samples(FORGET[:2]), data=ds).certificate
+    m = 2  # [NS] Alg. 2 written out, plus the damping term
+    gamma = 2 * M * m**2 * c.grad_bound**2 / (L2**3 * N**2) + 0.01 * m * c.grad_bound / ((N - m) * L2 * (L2 + 0.01))
+    assert cert.bounds["sensitivity"] == pytest.approx(gamma, rel=1e-12)
+    assert cert.sigma == pytest.approx(analytic_sigma(gamma, eps, delta), rel=1e-12)
+    assert cert.bounds["sigma_classical"] == pytest.approx(gamma * math.sqrt(2 * math.log(1.25 / delta)) / eps)
+    noise = hf.flat_params(model) - strategy.clean_parameters()
+    assert float(noise.norm()) > 0 and cert.constants == "bounded" and cert.recipe == "checked"
+    assert cert.seeded and not cert.certified  # seeded noise is never a certificate
+
+
+def test_certified_release_needs_the_hessian_lipschitz_constant(lightning_fit):
+    ds, model, rec = fresh(lightning_fit, "inverse")
+    weights = hf.flat_params(model)
+    strategy = InfinitesimalJackknifeStrategy(model, rec, epsilon=1.0, delta=1e-5)
+    with pytest.raises(ValueError, match="hessian_lipschitz is not given"):
+        strategy.forget(ForgetRequest.samples([3]), data=ds)
+    assert torch.equal(hf.flat_params(model), weights) and len(strategy.ledger) == 0
+
+
+def test_recorder_refusals(lightning_fit):
+    ds = lightning_fit[0]
+    with pytest.raises(ValueError, match=r"d = 21 parameters need 0\.00 GiB"):
+        fit_lr(ds, HessianSumRecorder(max_bytes=100))
+    rec = HessianSumRecorder()
+    with pytest.raises(ValueError, match="lacks recorded statistics"):
+        rec.load_state_dict({**lightning_fit[2]["hessian"].state_dict(), "matrix": None})
+    with pytest.raises(ValueError, match="needs a HessianSumRecorder"):
+        NewtonStepStrategy(sgd_model(), lightning_fit[2]["inverse"])
+    _, model, rec = fresh(lightning_fit, "hessian")
+    with pytest.raises(ValueError, match="records one training set"):
+        trainer([rec], max_epochs=1).fit(model, DataLoader(ds, batch_size=len(ds)))

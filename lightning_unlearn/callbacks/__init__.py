@@ -3,6 +3,7 @@
 from lightning_unlearn.callbacks.analytic import AnalyticRecorder
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.callbacks.hessian import HessianRecorder, TaskDeltaRecorder
+from lightning_unlearn.callbacks.newton import HessianSumRecorder
 from lightning_unlearn.callbacks.optimality import TaskOptimality
 from lightning_unlearn.callbacks.proximal import ProximalRegularizer
 from lightning_unlearn.callbacks.samples import SampleRecorder
@@ -11,6 +12,7 @@ from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
 
 __all__ = [
     "HessianRecorder",
+    "HessianSumRecorder",
     "TaskDeltaRecorder",
     "TrajectoryRecorder",
     "AnalyticRecorder",

@@ -11,6 +11,7 @@ from lightning_unlearn.strategies.baselines import (
 )
 from lightning_unlearn.strategies.certified import GradientCertifiedStrategy, HessianCertifiedStrategy
 from lightning_unlearn.strategies.hf import HFStrategy
+from lightning_unlearn.strategies.newton import InfinitesimalJackknifeStrategy, NewtonStepStrategy
 from lightning_unlearn.strategies.rbm import MaskProjection, RBMStrategy
 from lightning_unlearn.strategies.scrub import SCRUBStrategy
 from lightning_unlearn.strategies.sparse import L1SparseStrategy, WoodFisherStrategy
@@ -20,6 +21,8 @@ __all__ = [
     "GradientCertifiedStrategy",
     "HFStrategy",
     "HessianCertifiedStrategy",
+    "InfinitesimalJackknifeStrategy",
+    "NewtonStepStrategy",
     "ACUStrategy",
     "UnlearningResult",
     "UnlearningStrategy",
