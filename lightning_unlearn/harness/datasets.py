@@ -10,6 +10,15 @@ read the files torchvision's own dataset classes read (``download=False``) under
 * ``root/tiny-imagenet-200/``: ``wnids.txt``, ``train/<wnid>/images/*.JPEG``, ``val/images/*.JPEG``
   and ``val/val_annotations.txt`` (its validation set is the test set; the official test set has no labels).
 
+Two single-dataset benchmarks of [HF] App. D.3 (:data:`FACES`; one experience, as [HF] learns them at once):
+
+* ``lfw-people``: face recognition on LFW (torchvision's ``LFWPeople`` layout, original images):
+  ``root/lfw-py/lfw/<name>/<name>_<k>.jpg``, ``root/lfw-py/people.txt`` and ``root/lfw-py/lfw-names.txt``;
+  the people with 30 to 100 images (:data:`LFW_IMAGES_PER_PERSON`, 29 of them), see :class:`LFWFaces`;
+* ``celeba-gender``: CelebA's ``Male`` attribute (torchvision's ``CelebA`` layout): ``root/celeba/``
+  holding ``img_align_celeba/``, ``list_attr_celeba.txt``, ``identity_CelebA.txt``, ``list_bbox_celeba.txt``,
+  ``list_landmarks_align_celeba.txt`` and ``list_eval_partition.txt`` (its train and test partitions).
+
 :func:`load_splits` reads them into ``base`` / ``train`` / ``test`` datasets whose items are
 ``(x, y, sample_id)``, the sample id being the item's row in the dataset's own training (or test)
 set, so ids stay the same under any subsetting or split; :func:`load_benchmark` turns ``train`` and
@@ -44,7 +53,8 @@ class DatasetSpec:
     """A file benchmark: its dataset, the files it needs under ``root``, and its standard settings.
 
     ``n_experiences`` is the benchmark's usual class-incremental split (2 classes per experience
-    for the 10-class datasets, 10 experiences for CIFAR-100 and Tiny-ImageNet); ``mean``/``std``
+    for the 10-class datasets, 10 experiences for CIFAR-100 and Tiny-ImageNet, 1 for the single-dataset
+    :data:`FACES`); ``mean``/``std``
     normalise the inputs; ``flip`` says whether horizontal flips are a valid augmentation.
     """
 
@@ -146,19 +156,66 @@ BENCHMARKS: dict[str, DatasetSpec] = {
 }
 
 
+#: [HF]'s LFW selection (the data preparation of its public code): the people with 30 to 100 images, 29 of them
+LFW_IMAGES_PER_PERSON = (30, 100)
+_IMAGENET_MEAN, _IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+_CELEBA_LISTS = (
+    "list_attr_celeba.txt",
+    "identity_CelebA.txt",
+    "list_bbox_celeba.txt",
+    "list_landmarks_align_celeba.txt",
+    "list_eval_partition.txt",
+)
+
+#: [HF] App. D.3's single-dataset face benchmarks (one experience each; ImageNet normalisation as [HF]'s code)
+FACES: dict[str, DatasetSpec] = {
+    s.name: s
+    for s in (
+        DatasetSpec(
+            "lfw-people",
+            "LFW (people with 30-100 images)",
+            29,
+            (3, 224, 224),
+            1,
+            ("lfw-py/lfw/", "lfw-py/people.txt", "lfw-py/lfw-names.txt"),
+            _IMAGENET_MEAN,
+            _IMAGENET_STD,
+            True,
+            "lfw.tgz, people.txt and lfw-names.txt of http://vis-www.cs.umass.edu/lfw/ (a mirror: Kaggle's "
+            "jessicali9530/lfw-dataset) into root/lfw-py/ and extract lfw.tgz there",
+        ),
+        DatasetSpec(
+            "celeba-gender",
+            "CelebA (Male attribute)",
+            2,
+            (3, 128, 128),
+            1,
+            ("celeba/img_align_celeba/", *(f"celeba/{f}" for f in _CELEBA_LISTS)),
+            _IMAGENET_MEAN,
+            _IMAGENET_STD,
+            True,
+            "img_align_celeba.zip and the five list files of https://mmlab.ie.cuhk.edu.hk/projects/CelebA.html "
+            "into root/celeba/ and unzip the images there",
+        ),
+    )
+}
+#: every dataset on disk by name: the class-incremental :data:`BENCHMARKS` and the single-dataset :data:`FACES`
+DATASETS: dict[str, DatasetSpec] = {**BENCHMARKS, **FACES}
+
+
 class DatasetNotFoundError(FileNotFoundError):
     """A benchmark's files are not under ``root``; the message names the missing files and where to get them."""
 
 
 def dataset_spec(name: str) -> DatasetSpec:
-    """The :class:`DatasetSpec` of benchmark ``name``.
+    """The :class:`DatasetSpec` of benchmark ``name`` (one of :data:`DATASETS`).
 
     Raises:
         ValueError: an unknown name (listing the known ones).
     """
-    if name not in BENCHMARKS:
-        raise ValueError(f"unknown benchmark {name!r}; one of {sorted(BENCHMARKS)}")
-    return BENCHMARKS[name]
+    if name not in DATASETS:
+        raise ValueError(f"unknown benchmark {name!r}; one of {sorted(DATASETS)}")
+    return DATASETS[name]
 
 
 def check_files(name: str, root: str | Path) -> None:
@@ -241,6 +298,90 @@ class TinyImageNet(Dataset):
         return (self.transform(image) if self.transform is not None else image), target
 
 
+class LFWFaces(Dataset):
+    """[HF] App. D.3's LFW: the people with 30 to 100 images, one class each, read by torchvision's ``LFWPeople``.
+
+    [HF]'s code keeps the people whose LFW folder holds ``30 <= n <= 100`` images (29 people; its 80% training
+    share is the paper's 984 samples) and draws 20% of their images at random for testing; here every fifth image
+    of each person (the 5th, 10th, ... in ``people.txt``'s order) is a test image, so the split is stratified and
+    the same on every machine [interp]. Classes are the kept names sorted; items are ``(transform(image), class)``.
+    The images are LFW's originals (``lfw-py/lfw/``, [HF]'s ``lfw.tgz``); the archive itself is not needed.
+
+    Args:
+        root: the folder holding ``lfw-py/``.
+        train: the training images (else the held-out fifth).
+        transform: applied to each PIL image.
+        images_per_person: ``(min, max)`` images a person needs to be kept.
+
+    Raises:
+        ValueError: no person has between ``min`` and ``max`` images.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        train: bool = True,
+        transform: Callable[[Any], Any] | None = None,
+        images_per_person: tuple[int, int] = LFW_IMAGES_PER_PERSON,
+    ) -> None:
+        from torchvision.datasets import LFWPeople
+
+        # check_files has checked the extracted files; torchvision's own check wants the archive and its md5
+        people = type("LFWPeople", (LFWPeople,), {"_check_integrity": lambda self: True})
+        self.people = people(str(root), split="10fold", image_set="original", transform=transform, download=False)
+        targets = torch.as_tensor(self.people.targets, dtype=torch.long)
+        counts = torch.bincount(targets, minlength=len(self.people.class_to_idx))
+        low, high = images_per_person
+        names = sorted(n for n, i in self.people.class_to_idx.items() if low <= int(counts[i]) <= high)
+        if not names:
+            raise ValueError(f"no person of {root}/lfw-py/people.txt has {low} to {high} images")
+        self.classes = names
+        rows: list[tuple[int, int]] = []
+        for c, name in enumerate(names):
+            own = (targets == self.people.class_to_idx[name]).nonzero().flatten().tolist()
+            held_out = set(own[4::5])
+            rows += [(r, c) for r in own if (r in held_out) != train]
+        rows.sort()
+        self.rows = [r for r, _ in rows]
+        self.targets = [c for _, c in rows]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        return self.people[self.rows[i]][0], self.targets[i]
+
+
+class CelebAGender(Dataset):
+    """CelebA for gender prediction ([HF] App. D.3): torchvision's ``CelebA`` with its ``Male`` attribute as the label.
+
+    The training set is CelebA's train partition (162,770 images), the test set its test partition (19,962);
+    items are ``(transform(image), male)`` with ``male`` 1 for the attribute's +1, else 0. The md5 checksums of
+    the list files are not checked (their presence is), so that test files in the same format load.
+
+    Raises:
+        ValueError: ``list_attr_celeba.txt`` has no ``Male`` column.
+    """
+
+    def __init__(self, root: str | Path, train: bool = True, transform: Callable[[Any], Any] | None = None) -> None:
+        from torchvision.datasets import CelebA
+
+        celeba = type("CelebA", (CelebA,), {"file_list": [(f, None, name) for f, _, name in CelebA.file_list]})
+        self.celeba = celeba(
+            str(root), split="train" if train else "test", target_type="attr", transform=transform, download=False
+        )
+        if "Male" not in self.celeba.attr_names:
+            raise ValueError(f"{root}/celeba/list_attr_celeba.txt has no 'Male' column: {self.celeba.attr_names}")
+        self.male = self.celeba.attr_names.index("Male")
+        self.targets = self.celeba.attr[:, self.male].tolist()
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        return self.celeba[i][0], self.targets[i]
+
+
 def load_dataset(name: str, root: str | Path, train: bool = True) -> Dataset:
     """Benchmark ``name``'s training (or test) set from ``root`` with torchvision's readers (``download=False``).
 
@@ -257,6 +398,10 @@ def load_dataset(name: str, root: str | Path, train: bool = True) -> Dataset:
     spec = dataset_spec(name)
     check_files(name, root)
     transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize(spec.mean, spec.std)])
+    if name == "lfw-people":  # [HF]'s code: the 224x224 centre of LFW's 250x250 images
+        return LFWFaces(root, train=train, transform=transforms.Compose([transforms.CenterCrop(224), transform]))
+    if name == "celeba-gender":  # [HF]'s code: the aligned 178x218 images resized to 128x128
+        return CelebAGender(root, train=train, transform=transforms.Compose([transforms.Resize((128, 128)), transform]))
     if name == "split-tinyimagenet":
         return TinyImageNet(root, train=train, transform=transform)
     if name == "split-svhn":
@@ -320,6 +465,8 @@ def load_splits(
     per_class: int | None = None,
     test_per_class: int | None = None,
     base_fraction: float = 0.0,
+    train_size: int | None = None,
+    test_size: int | None = None,
 ) -> Splits:
     """Benchmark ``name``'s base, stream and test sets from ``root``, each item ``(x, y, sample_id)``.
 
@@ -330,20 +477,25 @@ def load_splits(
     10,000 of CIFAR's 50,000), the rest ``train``; the base split is stratified [interp].
 
     Args:
-        name: one of :data:`BENCHMARKS`.
+        name: one of :data:`DATASETS`.
         root: the folder holding the dataset's files (see the module docstring).
         seed: seeds the draw of rows.
         per_class: keep at most this many training samples per class (``None``: all), e.g. for smoke runs.
         test_per_class: keep at most this many test samples per class (``None``: ``per_class``).
         base_fraction: in ``[0, 1)``, the share of each class's kept training samples in ``base``.
+        train_size: keep at most this many ``train`` samples, a seeded draw after the per-class caps (``None``:
+            all), e.g. [HF]'s 10,000 of CelebA's 162,770; nothing is read beyond the rows kept.
+        test_size: likewise for ``test`` (``None``: all).
 
     Raises:
-        ValueError: an unknown name, ``per_class``/``test_per_class`` below 1, or ``base_fraction`` outside ``[0, 1)``.
+        ValueError: an unknown name, ``per_class``/``test_per_class``/``train_size``/``test_size`` below 1, or
+            ``base_fraction`` outside ``[0, 1)``.
         DatasetNotFoundError: the dataset's files are missing under ``root`` (naming them).
     """
     spec = dataset_spec(name)
     test_per_class = per_class if test_per_class is None else test_per_class
-    for label, cap in (("per_class", per_class), ("test_per_class", test_per_class)):
+    caps = {"per_class": per_class, "test_per_class": test_per_class, "train_size": train_size, "test_size": test_size}
+    for label, cap in caps.items():
         if cap is not None and cap < 1:
             raise ValueError(f"{label} must be positive, got {cap}")
     if not 0 <= base_fraction < 1:
@@ -354,6 +506,7 @@ def load_splits(
     yt = torch.as_tensor(test_set.targets, dtype=torch.long)  # type: ignore[attr-defined]
     base_rows, train_rows = _draw(y, per_class, base_fraction, generator)
     _, test_rows = _draw(yt, test_per_class, 0.0, generator)
+    train_rows, test_rows = _first(train_rows, train_size, generator), _first(test_rows, test_size, generator)
 
     def indexed(dataset: Dataset, targets: Tensor, rows: Tensor) -> IndexedDataset:
         return IndexedDataset(LabelledSubset(dataset, rows, targets), ids=rows)
@@ -381,6 +534,13 @@ def _draw(targets: Tensor, cap: int | None, fraction: float, generator: torch.Ge
     return torch.cat(first).sort().values, torch.cat(rest).sort().values
 
 
+def _first(rows: Tensor, size: int | None, generator: torch.Generator) -> Tensor:
+    """``size`` of ``rows`` drawn at random (sorted), or all of them when ``size`` is ``None`` or not smaller."""
+    if size is None or size >= len(rows):
+        return rows
+    return rows[torch.randperm(len(rows), generator=generator)[:size]].sort().values
+
+
 def load_benchmark(
     name: str,
     root: str | Path,
@@ -400,7 +560,7 @@ def load_benchmark(
 
     Args:
         name: one of :data:`BENCHMARKS` (``split-mnist``, ``split-fmnist``, ``split-svhn``, ``split-cifar10``,
-            ``split-cifar100``, ``split-tinyimagenet``).
+            ``split-cifar100``, ``split-tinyimagenet``) or :data:`FACES` (one experience).
         root: the folder holding the dataset's files (see the module docstring).
         n_experiences: experiences of whole classes (``None``: the benchmark's usual, ``spec.n_experiences``);
             must divide the number of classes.
@@ -440,7 +600,7 @@ def stream_benchmark(
     return nc_benchmark(
         splits.train,
         splits.test,
-        n_experiences=_experiences(BENCHMARKS[splits.name], n_experiences),
+        n_experiences=_experiences(DATASETS[splits.name], n_experiences),
         task_labels=False,
         seed=seed,
         fixed_class_order=class_order,

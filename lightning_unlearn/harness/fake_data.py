@@ -14,9 +14,19 @@ from pathlib import Path
 
 import numpy as np
 
-from lightning_unlearn.harness.datasets import BENCHMARKS, dataset_spec
+from lightning_unlearn.harness.datasets import BENCHMARKS, LFW_IMAGES_PER_PERSON, dataset_spec
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+#: CelebA's 40 attributes, in ``list_attr_celeba.txt``'s order
+CELEBA_ATTRIBUTES = (
+    "5_o_Clock_Shadow Arched_Eyebrows Attractive Bags_Under_Eyes Bald Bangs Big_Lips Big_Nose Black_Hair Blond_Hair "
+    "Blurry Brown_Hair Bushy_Eyebrows Chubby Double_Chin Eyeglasses Goatee Gray_Hair Heavy_Makeup High_Cheekbones Male "
+    "Mouth_Slightly_Open Mustache Narrow_Eyes No_Beard Oval_Face Pale_Skin Pointy_Nose Receding_Hairline Rosy_Cheeks "
+    "Sideburns Smiling Straight_Hair Wavy_Hair Wearing_Earrings Wearing_Hat Wearing_Lipstick Wearing_Necklace "
+    "Wearing_Necktie Young"
+).split()
+#: the faces' images are drawn at this (H, W, C) and resized to the real files' sizes (LFW 250x250, CelebA 218x178)
+_FACE_DRAW = {"lfw-people": (25, 25, 3), "celeba-gender": (27, 22, 3)}
 
 
 def fake_images(
@@ -39,11 +49,20 @@ def write_fake_dataset(
     CIFAR-100's ``cifar-100-python/train``, ``test``, ``meta`` (fine and coarse labels); SVHN's MATLAB
     files ``svhn/train_32x32.mat``, ``test_32x32.mat`` (``X`` of shape (32, 32, 3, N), ``y`` with 10 for
     the digit 0); (Fashion-)MNIST's raw idx files ``MNIST/raw/*-idx?-ubyte`` (``FashionMNIST/raw/``); Tiny-ImageNet's
-    ``tiny-imagenet-200`` folders of JPEGs with ``wnids.txt``, ``words.txt`` and ``val/val_annotations.txt``.
-    Every class of the real dataset is present (CIFAR-100: 100, Tiny-ImageNet: 200).
+    ``tiny-imagenet-200`` folders of JPEGs with ``wnids.txt``, ``words.txt`` and ``val/val_annotations.txt``;
+    LFW's ``lfw-py/lfw/<name>/<name>_<k>.jpg`` (250x250) with ``people.txt`` (10 folds) and ``lfw-names.txt``;
+    CelebA's ``celeba/img_align_celeba/*.jpg`` (178x218) with its five list files (train, two validation and
+    test images in ``list_eval_partition.txt``). Every class of the real dataset is present (CIFAR-100: 100,
+    Tiny-ImageNet: 200, LFW: the 29 kept people).
+
+    LFW has no test files: each of its 29 people gets ``per_class + test_per_class`` images, of which the reader
+    (:class:`~lightning_unlearn.harness.datasets.LFWFaces`) holds out every fifth, and it keeps only people
+    with 30 to 100 images (:data:`~lightning_unlearn.harness.datasets.LFW_IMAGES_PER_PERSON`), so fewer images
+    suit ``LFWFaces`` with a lower ``images_per_person``. Two more people are written that the selection must
+    drop: one with a single image and one with one image more than the maximum.
 
     Args:
-        name: one of :data:`~lightning_unlearn.harness.datasets.BENCHMARKS`.
+        name: one of :data:`~lightning_unlearn.harness.datasets.DATASETS`.
         root: the folder to write into (created if needed).
         per_class: training images per class (at least 1).
         test_per_class: test images per class (``None``: ``max(1, per_class // 2)``).
@@ -62,7 +81,7 @@ def write_fake_dataset(
     root = Path(root)
     rng = np.random.default_rng(seed)
     c, h, w = spec.in_shape
-    layout = {"split-cifar10": (c, h, w), "split-cifar100": (c, h, w), "split-svhn": (h, w, c)}
+    layout = {"split-cifar10": (c, h, w), "split-cifar100": (c, h, w), "split-svhn": (h, w, c), **_FACE_DRAW}
     shape = layout.get(name, (h, w, c) if c == 3 else (h, w))
     prototypes = rng.integers(0, 256, size=(spec.num_classes, *shape))
     train = fake_images(spec.num_classes, per_class, shape, rng, prototypes)
@@ -74,6 +93,8 @@ def write_fake_dataset(
         "split-mnist": _mnist,
         "split-fmnist": _mnist,
         "split-tinyimagenet": _tinyimagenet,
+        "lfw-people": _lfw,
+        "celeba-gender": _celeba,
     }[name]
     writer(root, name, train, test)
     return root
@@ -172,3 +193,52 @@ def _tinyimagenet(
         Image.fromarray(image).save(folder / "val" / "images" / f"val_{i}.JPEG", quality=95)
         lines.append(f"val_{i}.JPEG\t{wnids[label]}\t0\t0\t63\t63\n")
     (folder / "val" / "val_annotations.txt").write_text("".join(lines))
+
+
+def _jpeg(path: Path, image: np.ndarray, size: tuple[int, int]) -> None:
+    """``image`` (H, W, 3) resized to ``size`` (width, height) as a JPEG at ``path``."""
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(image.astype(np.uint8)).resize(size, Image.Resampling.BILINEAR).save(path, quality=90)
+
+
+def _lfw(root: Path, name: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray]) -> None:
+    folder = root / "lfw-py"
+    images, labels = np.concatenate([train[0], test[0]]), np.concatenate([train[1], test[1]])
+    people = {f"Fake_Person_{c:02d}": images[labels == c] for c in range(dataset_spec(name).num_classes)}
+    people["Fake_Once"] = images[:1]  # most LFW people have one image
+    people["Fake_Often"] = images[np.arange(LFW_IMAGES_PER_PERSON[1] + 1) % len(images)]
+    for person, own in people.items():
+        for k, image in enumerate(own, 1):
+            _jpeg(folder / "lfw" / person / f"{person}_{k:04d}.jpg", image, (250, 250))
+    names = sorted(people)
+    (folder / "lfw-names.txt").write_text("".join(f"{n}\t{len(people[n])}\n" for n in names))
+    folds = [names[i::10] for i in range(10)]  # people.txt: 10 folds of distinct people
+    lines = ["10\n"] + [f"{len(fold)}\n" + "".join(f"{n}\t{len(people[n])}\n" for n in fold) for fold in folds]
+    (folder / "people.txt").write_text("".join(lines))
+
+
+def _celeba(root: Path, name: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray]) -> None:
+    folder = root / "celeba"
+    rng = np.random.default_rng(len(train[1]))
+    images = np.concatenate([train[0], train[0][:2], test[0]])
+    male = np.concatenate([train[1], train[1][:2], test[1]])
+    partition = [0] * len(train[1]) + [1] * 2 + [2] * len(test[1])
+    files = [f"{i:06d}.jpg" for i in range(1, len(images) + 1)]
+    for file, image in zip(files, images, strict=True):
+        _jpeg(folder / "img_align_celeba" / file, image, (178, 218))
+    attrs = rng.choice([-1, 1], size=(len(files), len(CELEBA_ATTRIBUTES)))
+    attrs[:, CELEBA_ATTRIBUTES.index("Male")] = np.where(male == 1, 1, -1)
+
+    def listing(file: str, header: str | None, rows: list[str]) -> None:
+        head = f"{len(rows)}\n{header}\n" if header is not None else ""
+        (folder / file).write_text(head + "".join(f"{r}\n" for r in rows))
+
+    listing("list_eval_partition.txt", None, [f"{f} {p}" for f, p in zip(files, partition, strict=True)])
+    listing("identity_CelebA.txt", None, [f"{f} {rng.integers(1, 10178)}" for f in files])
+    attr_rows = [f + " " + " ".join(f"{v:>2d}" for v in row) for f, row in zip(files, attrs, strict=True)]
+    listing("list_attr_celeba.txt", " ".join(CELEBA_ATTRIBUTES), attr_rows)
+    listing("list_bbox_celeba.txt", "image_id x_1 y_1 width height", [f"{f}    95  71 226 313" for f in files])
+    marks = "lefteye_x lefteye_y righteye_x righteye_y nose_x nose_y leftmouth_x leftmouth_y rightmouth_x rightmouth_y"
+    listing("list_landmarks_align_celeba.txt", marks, [f"{f} 69 109 106 113 77 142 73 152 108 154" for f in files])

@@ -66,6 +66,7 @@ class Scale:
             split, then frozen ([ACU] App. E.1); ``0``: it starts untrained.
         per_class: training samples kept per class (``None``: all); the test set keeps as many.
         train_size: training samples kept (seeded draw, after ``per_class``; ``None``: all).
+        test_size: test samples kept (seeded draw, after ``per_class``; ``None``: all).
         n_experiences: experiences of a class-incremental stream, tasks of a ``tasks`` stream.
         labels_per_task: labels of each ``tasks``-stream task ([CCL] Section 6: at most three).
         requests: the forget requests at this scale (each a request set run separately).
@@ -83,6 +84,7 @@ class Scale:
     pretrain_epochs: int = 0
     per_class: int | None = None
     train_size: int | None = None
+    test_size: int | None = None
     n_experiences: int = 1
     labels_per_task: int = 3
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -240,14 +242,22 @@ Split = tuple[Tensor, Tensor, Tensor]
 
 
 def load_data(
-    dataset: str, root: str | Path | None, *, seed: int, per_class: int | None, base_fraction: float
+    dataset: str,
+    root: str | Path | None,
+    *,
+    seed: int,
+    per_class: int | None,
+    base_fraction: float,
+    train_size: int | None = None,
+    test_size: int | None = None,
 ) -> tuple[dict[str, Split], int]:
     """``base``/``train``/``test`` tensors (inputs, labels, sample ids) of a dataset and its number of classes.
 
     ``digits`` is scikit-learn's bundled set (1x8x8 images, its own base split); the others are the
     benchmarks of :mod:`lightning_unlearn.harness.datasets` read from torchvision-format files under
     ``root`` (:func:`~lightning_unlearn.harness.datasets.load_splits`, ``per_class`` kept per class,
-    ``base_fraction`` of them in ``base``), ids being the rows of the dataset's own files.
+    ``base_fraction`` of them in ``base``, at most ``train_size``/``test_size`` drawn from the stream and the
+    test set before any image is read), ids being the rows of the dataset's own files.
 
     Raises:
         ValueError: a dataset on disk without ``root``, or an unknown dataset.
@@ -268,7 +278,15 @@ def load_data(
         raise ValueError(f"dataset {dataset!r} is read from local files: give their directory with --root")
     from lightning_unlearn.harness.datasets import load_splits
 
-    splits = load_splits(dataset, root, seed=seed, per_class=per_class, base_fraction=base_fraction)
+    splits = load_splits(
+        dataset,
+        root,
+        seed=seed,
+        per_class=per_class,
+        base_fraction=base_fraction,
+        train_size=train_size,
+        test_size=test_size,
+    )
     return {k: _tensors(getattr(splits, k)) for k in ("base", "train", "test")}, splits.num_classes
 
 
@@ -389,7 +407,8 @@ def classifier(model: str, num_classes: int, in_shape: Sequence[int], width: int
     ``linear``: ``fc`` on the flattened inputs (logistic regression); ``mlp``: two hidden ReLU layers
     (``2 * width``, ``width``); ``cnn2``: two 3x3 conv blocks of ``width`` and ``2 * width`` channels and
     global average pooling (the "two-layer CNN" of [SAFE] and [HF]); any other name is
-    :func:`~lightning_unlearn.harness.models.build_model`'s (``resnet18`` with the CIFAR stem, ``lenet``, ...).
+    :func:`~lightning_unlearn.harness.models.build_model`'s (``lenet``, ...; ``resnet18`` with the CIFAR stem on
+    images up to 64 pixels a side, with torchvision's ImageNet stem on larger ones: LFW's 224, CelebA's 128 [interp]).
 
     Raises:
         ValueError: an unknown model name.
@@ -399,7 +418,7 @@ def classifier(model: str, num_classes: int, in_shape: Sequence[int], width: int
     if model not in MODELS:
         if model not in models.MODELS:
             raise ValueError(f"unknown model {model!r}; one of {sorted({*MODELS, *models.MODELS})}")
-        return models.build_model(model, num_classes, tuple(in_shape))
+        return models.build_model(model, num_classes, tuple(in_shape), cifar_stem=max(in_shape[1:], default=0) <= 64)
     d = math.prod(in_shape)
     if model == "linear":
         return Classifier(nn.Flatten(), nn.Linear(d, num_classes))
@@ -433,10 +452,18 @@ def build_info(
     from lightning_unlearn.harness.models import backbone_of, pretrain_backbone, standard_augmentation
 
     base = ACU_BASE_FRACTION if scale.pretrain_epochs > 0 else 0.0
-    splits, num_classes = load_data(scale.dataset, root, seed=seed, per_class=scale.per_class, base_fraction=base)
+    splits, num_classes = load_data(
+        scale.dataset,
+        root,
+        seed=seed,
+        per_class=scale.per_class,
+        base_fraction=base,
+        train_size=scale.train_size,
+        test_size=scale.test_size,
+    )
     g = torch.Generator().manual_seed(seed)
     x, y, ids = _cap(splits["train"], scale.train_size, g)
-    xt, yt, idt = splits["test"]
+    xt, yt, idt = _cap(splits["test"], scale.test_size, g)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = classifier(scale.model, num_classes, tuple(x.shape[1:]), scale.width)
