@@ -2,6 +2,8 @@
 written by the fake-data writer in their real layouts and read by torchvision's ``LFWPeople`` and ``CelebA``; stable
 sample ids, seeded size caps drawn before any image is read, missing files named, the full scales' data loadable."""
 
+import shutil
+
 import pytest
 import torch
 from torchvision import transforms
@@ -9,6 +11,8 @@ from torchvision import transforms
 from lightning_unlearn.harness import DatasetNotFoundError, load_splits
 from lightning_unlearn.harness.datasets import DATASETS, FACES, CelebAGender, LFWFaces, load_dataset
 from lightning_unlearn.harness.fake_data import CELEBA_ATTRIBUTES, write_fake_dataset
+from lightning_unlearn.harness.papers import get_config
+from lightning_unlearn.harness.repro import classifier
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +85,20 @@ def test_missing_face_files_are_named(tmp_path, name):
     (tmp_path / gone).unlink()
     with pytest.raises(DatasetNotFoundError, match="lacks " + gone):
         load_splits(name, tmp_path)
+
+
+@pytest.mark.parametrize(("label", "per_class", "test_per_class"), [("LFW", 24, 6), ("CelebA", 4, 2)])
+def test_the_full_scales_read_their_dataset_from_fake_files(tmp_path, label, per_class, test_per_class):
+    setup = next(s for s in get_config("hf-table6").setups if s.label.startswith(label))
+    scale, spec = setup.full, DATASETS[setup.full.dataset]
+    root = write_fake_dataset(scale.dataset, tmp_path, per_class=per_class, test_per_class=test_per_class)
+    splits = load_splits(scale.dataset, root, train_size=scale.train_size, test_size=scale.test_size)
+    n = spec.num_classes
+    assert (len(splits.train), len(splits.test)) == (n * per_class, n * test_per_class)  # fewer than the caps
+    x, y, _ = splits.train[0]
+    assert x.shape == spec.in_shape and 0 <= y < n
+    with torch.no_grad():  # the scale's model takes the images (ImageNet stem at these sizes); no training
+        net = classifier(scale.model, n, spec.in_shape, scale.width).eval()
+        assert net(x[None]).shape == (1, n)
+    assert net.conv1.kernel_size == (7, 7)
+    shutil.rmtree(root)
