@@ -43,13 +43,15 @@ for noise in (
     warnings.filterwarnings("ignore", noise)
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 
-#: training-set sizes of the real datasets (test sets: 10,000)
+#: training-set sizes of the real datasets (test sets: 10,000 unless a scale caps them)
 FULL_TRAIN = {
     "split-mnist": 60_000,
     "split-fmnist": 60_000,
     "split-cifar10": 50_000,
     "split-cifar100": 50_000,
     "split-tinyimagenet": 100_000,
+    "lfw-people": 1_000,  # the 29 people's images outside the held-out fifth
+    "celeba-gender": 162_770,
 }
 SHAPES = {
     "split-mnist": (1, 28, 28),
@@ -57,6 +59,8 @@ SHAPES = {
     "split-cifar10": (3, 32, 32),
     "split-cifar100": (3, 32, 32),
     "split-tinyimagenet": (3, 64, 64),
+    "lfw-people": (3, 224, 224),
+    "celeba-gender": (3, 128, 128),
 }
 #: [HF] Table 3: ResNet-18, CIFAR-10, 40 epochs x 49,950 samples retrained in 468.65 s (RTX 4090)
 GPU_RESNET18_CIFAR = 40 * 49_950 / 468.65
@@ -87,7 +91,7 @@ def passes(config: ReproConfig, setup: Setup) -> float:
     """Training sample-passes (SGD-step equivalents) of one setup at full scale."""
     scale = setup.full
     n = scale.train_size or FULL_TRAIN[scale.dataset] * (0.8 if scale.pretrain_epochs else 1.0)
-    n_test = 10_000
+    n_test = scale.test_size or 10_000
     total = scale.pretrain_epochs * 0.2 * FULL_TRAIN[scale.dataset]
     lbfgs = 2 * 200 if setup.protocol == "tasks" else 1  # [CCL]: 2 L-BFGS steps of up to 200 iterations per task
     analytic = config.name == "acu-table1"

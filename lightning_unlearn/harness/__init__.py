@@ -5,7 +5,7 @@
 * :mod:`~lightning_unlearn.harness.report`: :class:`Report` (rows, Table 1 summary, CSVs, text table);
 * :mod:`~lightning_unlearn.harness.plot`: the accuracies figure;
 * :mod:`~lightning_unlearn.harness.digits`: the bundled digits benchmark;
-* :mod:`~lightning_unlearn.harness.datasets`: the standard benchmarks from files on disk (:func:`load_benchmark`);
+* :mod:`~lightning_unlearn.harness.datasets`: the standard benchmarks and [HF]'s face datasets from files on disk;
 * :mod:`~lightning_unlearn.harness.models`: models by name (:func:`build_model`), [ACU]'s pre-trained backbone;
 * :mod:`~lightning_unlearn.harness.fake_data`: tiny datasets in each real on-disk format, for tests;
 * :mod:`~lightning_unlearn.harness.families`: model families and their gold standards;
