@@ -181,8 +181,8 @@ FACES: dict[str, DatasetSpec] = {
             _IMAGENET_MEAN,
             _IMAGENET_STD,
             True,
-            "lfw.tgz, people.txt and lfw-names.txt of http://vis-www.cs.umass.edu/lfw/ (a mirror: Kaggle's "
-            "jessicali9530/lfw-dataset) into root/lfw-py/ and extract lfw.tgz there",
+            "lfw.tgz (the original images), people.txt and lfw-names.txt of http://vis-www.cs.umass.edu/lfw/ "
+            "into root/lfw-py/ and extract lfw.tgz there",
         ),
         DatasetSpec(
             "celeba-gender",
