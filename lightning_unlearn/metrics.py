@@ -5,6 +5,8 @@ a loss-threshold membership-inference score on the forgotten set, and the L2 dis
 parameters to a model retrained from scratch on the retained data), plus two stronger attacks
 reported as AUC: MIA against unlearning (:func:`mia_u_auc`, [HF] Sec. 6) and an offline
 likelihood-ratio attack with shadow models (:func:`lira_auc`, [LiRA]).
+Every batch runs on the module's device (:func:`~lightning_unlearn.modes.module_device`); results come back
+to the CPU.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.functional.classification import binary_roc
 
-from lightning_unlearn.modes import eval_mode
+from lightning_unlearn.modes import eval_mode, module_device
 from lightning_unlearn.reporting import log_step, set_log_step
 
 Data = Dataset | DataLoader
@@ -33,11 +35,11 @@ def _batches(data: Data, batch_size: int = 512) -> Iterable[Any]:
 def accuracy(module: nn.Module, data: Data, num_classes: int) -> float:
     """Top-1 accuracy (micro-averaged over samples) with ``torchmetrics.MulticlassAccuracy``."""
     metric = MulticlassAccuracy(num_classes=num_classes, average="micro")
-    n = 0
+    n, device = 0, module_device(module)
     with eval_mode(module):
         for batch in _batches(data):
             x, y = batch[0], torch.as_tensor(batch[1])
-            metric.update(module(x).argmax(-1).cpu(), y.cpu())
+            metric.update(module(x.to(device)).argmax(-1).cpu(), y.cpu())
             n += len(y)
     return float(metric.compute()) if n else float("nan")
 
@@ -45,9 +47,12 @@ def accuracy(module: nn.Module, data: Data, num_classes: int) -> float:
 @torch.no_grad()
 def sample_losses(module: nn.Module, data: Data) -> Tensor:
     """Per-sample cross-entropy of the module's logits."""
+    device = module_device(module)
     with eval_mode(module):
         out = [
-            nn.functional.cross_entropy(module(b[0]).float(), torch.as_tensor(b[1]).long(), reduction="none").cpu()
+            nn.functional.cross_entropy(
+                module(b[0].to(device)).float(), torch.as_tensor(b[1]).long().to(device), reduction="none"
+            ).cpu()
             for b in _batches(data)
         ]
     return torch.cat(out) if out else torch.empty(0)
@@ -77,7 +82,9 @@ def parameter_distance(a: nn.Module, b: nn.Module) -> float:
     pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
     if pa.keys() != pb.keys():
         raise ValueError("modules have different parameters; cannot compare them")
-    return float(sum((pa[k].detach().double() - pb[k].detach().double()).pow(2).sum() for k in pa) ** 0.5)
+    return float(
+        sum((pa[k].detach().double() - pb[k].detach().double().to(pa[k].device)).pow(2).sum() for k in pa) ** 0.5
+    )
 
 
 def evaluate_unlearning(
@@ -150,8 +157,9 @@ def log_metrics(
 @torch.no_grad()
 def posteriors(module: nn.Module, data: Data) -> Tensor:
     """Softmax posteriors of the module on ``data`` (float64, eval mode)."""
+    device = module_device(module)
     with eval_mode(module):
-        out = [torch.softmax(module(b[0]).double(), -1).cpu() for b in _batches(data)]
+        out = [torch.softmax(module(b[0].to(device)).double(), -1).cpu() for b in _batches(data)]
     return torch.cat(out) if out else torch.empty(0)
 
 

@@ -249,6 +249,16 @@ class ProximalClassifier(SupervisedClassifier):
     def objective(self, x: Tensor, y: Tensor) -> Tensor:
         return super().objective(x, y) + self.regularizer.penalty(self)
 
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        """The objective on ``batch``; under DDP with L-BFGS its value is the mean over the ranks (its gradient
+        stays this rank's, which DDP averages): L-BFGS's line search reads the value, and ranks that saw different
+        values would make different numbers of closure calls, each a gradient all-reduce, and deadlock."""
+        loss = super().training_step(batch, batch_idx)
+        if self.optimizer_name == "lbfgs" and self._trainer is not None and self._trainer.world_size > 1:
+            value = loss.detach()
+            loss = loss + (self._trainer.strategy.reduce(value, reduce_op="mean") - value)
+        return loss
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.parameters() if p.requires_grad]
         if self.optimizer_name == "lbfgs":

@@ -1,10 +1,13 @@
-"""`eval_mode`: run a block with a module in eval mode (batch-norm statistics fixed, no dropout)."""
+"""`eval_mode`: run a block with a module in eval mode (batch-norm statistics fixed, no dropout);
+`module_device`: where a module computes."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import chain
 
+import torch
 from torch import nn
 
 
@@ -17,3 +20,11 @@ def eval_mode(module: nn.Module) -> Iterator[None]:
         yield
     finally:
         module.train(was_training)
+
+
+def module_device(module: nn.Module) -> torch.device:
+    """The device of ``module``'s first parameter (or buffer), the CPU without either: where inputs must go.
+
+    Lightning's teardown moves a fitted module to the CPU while recorders keep statistics where it was fitted;
+    code that feeds data to a module moves it here rather than assuming either."""
+    return next(chain(module.parameters(), module.buffers()), torch.empty(0)).device

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import torch
 from torch import nn
 from torch.utils.data import Subset
@@ -190,16 +191,25 @@ def _run(method: Method, info: BenchmarkInfo, schedule: Schedule, bar: Any, shad
         built = method.build(info)
         kwargs = {"enable_progress_bar": False, **built.trainer_kwargs}
         start = time.perf_counter()
+        fitted_on: list[torch.device] = []
+
+        def learned(experience: Any, trainer: L.Trainer, results: Any) -> None:
+            fitted_on.append(trainer.strategy.root_device)
+            bar.update()
+
         fit_stream(
             built.module,
             info.benchmark.train_stream,
             callbacks=built.callbacks,
             trainer_kwargs=kwargs,
             batch_size=built.batch_size or info.batch_size,
-            after_experience=lambda *_: bar.update(),
+            after_experience=learned,
         )
         fit_s = time.perf_counter() - start
-        before = copy.deepcopy(built.module)
+        # Lightning's teardown leaves a fitted module on the CPU, its recorder's statistics where it was fitted
+        # (e.g. this rank's GPU): the requests and the metrics run there, on the module brought back after every fit
+        device = fitted_on[-1] if fitted_on else torch.device("cpu")
+        before = copy.deepcopy(built.module.to(device))
         strategy = built.strategy()
         storage = statistics_bytes(strategy.recorder)  # after learning, before any request erases a row
         steps: list[tuple[nn.Module, Any, SampleCatalog]] = []
@@ -207,11 +217,11 @@ def _run(method: Method, info: BenchmarkInfo, schedule: Schedule, bar: Any, shad
             bar.set_description_str(f"{method.name}: request {i + 1}/{len(schedule)}")
             result = strategy.forget(request, info.train if strategy.reads_data else None)
             bar.update()
-            steps.append((copy.deepcopy(built.module), result, copy.deepcopy(strategy.catalog)))
+            steps.append((copy.deepcopy(built.module.to(device)), result, copy.deepcopy(strategy.catalog)))
         run = _Run(before, steps, fit_s=fit_s, storage_bytes=storage)
         for j in range(shadows):
             bar.set_description_str(f"{method.name}: LiRA shadow {j + 1}/{shadows}")
-            run.shadows.append(_shadow(strategy, info, info.seed + j))
+            run.shadows.append(_shadow(strategy, info, info.seed + j).to(device))
             bar.update()
     return run
 

@@ -39,6 +39,7 @@ from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger, LedgerEntry, LedgerError
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.data import select_by_ids
+from lightning_unlearn.modes import module_device
 from lightning_unlearn.privacy.accountant import PrivacyAccountant
 from lightning_unlearn.reporting import log_to_trainer
 
@@ -292,7 +293,8 @@ class UnlearningStrategy(ABC):
 
     # -- helpers for methods that read the samples to forget -------------------------------------
     def forget_samples(self, ids: Tensor, data: ForgetData) -> tuple[Tensor, Tensor]:
-        """Inputs and learned labels of exactly ``ids`` from ``data``, checked against what was learned.
+        """Inputs (on the module's device) and learned labels of exactly ``ids`` from ``data``, checked against
+        what was learned.
 
         Raises:
             ValueError: ``data`` lacks some ids, or its labels or inputs (their fingerprints) differ
@@ -303,7 +305,7 @@ class UnlearningStrategy(ABC):
         x, y = select_by_ids(data, ids, keys=self.recorder.batch_keys)
         labels = self._labels_checked(ids, y)
         self.catalog.check_fingerprints(ids, x)
-        return x, labels
+        return x.to(module_device(self.module)), labels
 
     def _labels_checked(self, ids: Tensor, y: Tensor) -> Tensor:
         """The catalog labels of ``ids``; ``ValueError`` if the given data's labels disagree."""

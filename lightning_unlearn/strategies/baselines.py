@@ -53,6 +53,7 @@ from typing import Any, cast
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.utilities import CombinedLoader
 from torch import Tensor, nn
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset, default_collate
@@ -69,7 +70,7 @@ from lightning_unlearn.contract import (
 )
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
-from lightning_unlearn.modes import eval_mode
+from lightning_unlearn.modes import eval_mode, module_device
 from lightning_unlearn.progress import QUIET_TRAINER, quiet_lightning, status
 from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, UnlearningUpdate
 
@@ -254,7 +255,7 @@ class _Trained(UnlearningStrategy):
         """The samples to forget, each with a uniformly drawn *wrong* label ``y' != y`` (seeded per request)."""
         x = unpack_batch(default_collate([forget[0]]), self.recorder.batch_keys)[0]
         with torch.no_grad(), eval_mode(self.module):
-            n_classes = int(self.module(x).shape[-1])
+            n_classes = int(self.module(x.to(module_device(self.module))).shape[-1])
         if n_classes < 2:
             raise ValueError(f"{self.method} needs at least 2 classes to draw a wrong label")
         g = torch.Generator().manual_seed(self.seed + len(self.history))
@@ -270,10 +271,12 @@ class _Trained(UnlearningStrategy):
 
     # -- training --------------------------------------------------------------------------------
     def batch_loss(self, model: nn.Module) -> BatchLoss:
-        """``L(batch)``: the model's own training loss or mean ``loss_fn``; batch norm in eval for one sample."""
+        """``L(batch)``: the model's own training loss or mean ``loss_fn``; batch norm in eval for one sample. A batch
+        from a loader outside a ``Trainer`` (saliency, influence) is moved to the model's device first."""
         keys = self.recorder.batch_keys
 
         def loss(batch: Batch, batch_idx: int) -> Tensor:
+            batch = move_data_to_device(batch, module_device(model))
             x, y, _ = unpack_batch(batch, keys)
             with norms_in_eval(model, len(y) == 1):
                 if self.trains_itself:

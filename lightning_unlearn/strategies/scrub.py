@@ -163,7 +163,7 @@ class SCRUBStrategy(_Trained):
             with norms_in_eval(student, len(x) == 1):
                 logits = student(x)
             with torch.no_grad():
-                target = teacher(x)
+                target = teacher.to(x.device)(x)  # the frozen copy follows the student onto the fit's device
             return distill_kl(logits, target, self.temperature)
 
         def objective(loss: Callable[[Batch], Tensor], batch: Batch) -> Tensor:
