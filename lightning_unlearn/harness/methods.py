@@ -4,14 +4,14 @@ Registered: ``acu``, ``hf``, ``hessian``, ``gradient``, ``safe``, ``rbm``, ``sal
 ``retrain``, ``finetune``, ``neggrad``, ``neggrad_plus``, ``randomlabel`` and the further baselines of [ACU]'s
 Table 1, ``scrub`` ([SCRUB]), ``l1_sparse`` and ``woodfisher`` ([Sparse]). The baselines, RBM and SalUn run on every
 family (default: analytic, [ACU]'s protocol; their defaults are [ACU] App. E.3's);
-[HF] on the linear family, [CCL]'s Hessian and gradient methods on the proximal family (with a
-:class:`HessianRecorder`, whose estimates are their Lipschitz and smoothness constants), [SAFE]
-on the supervised family by default.
+[HF] on the linear family (option ``track``: the sample ids its recorder keeps vectors for), [CCL]'s Hessian
+and gradient methods on the proximal family (with a :class:`HessianRecorder`, whose estimates are their Lipschitz
+and smoothness constants), [SAFE] on the supervised family by default.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -56,8 +56,8 @@ def certified_label(name: str) -> Any:
     return label
 
 
-def _trajectory(info: BenchmarkInfo) -> TrajectoryRecorder:
-    return TrajectoryRecorder()
+def _trajectory(info: BenchmarkInfo, track: Collection[int] | None) -> TrajectoryRecorder:
+    return TrajectoryRecorder(track=track)
 
 
 def _hessian(info: BenchmarkInfo, hessian: str) -> HessianRecorder:
@@ -112,6 +112,7 @@ register(
         HFStrategy,
         families=("linear",),
         recorder=_trajectory,
+        recorder_options={"track": None},
         label=certified_label("hf"),
         context=_closed_form,
         managed=frozenset({"constants"}),

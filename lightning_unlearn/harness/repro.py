@@ -209,6 +209,8 @@ COLUMNS: dict[str, tuple[Callable[[Mapping[str, Any], Mapping[str, Any]], float]
 }
 #: columns summed (not averaged) over the requests: a paper's total runtime
 SUMMED = frozenset({"Time(s)"})
+#: the ``track`` option's value that :func:`make_method` replaces with the ids a request set forgets
+SCHEDULED = "scheduled"
 #: shadow models of the offline [LiRA] attack behind "MIA-L" (each a retrain on a random half of the retained data)
 LIRA_SHADOWS = 4
 
@@ -521,13 +523,30 @@ def make_requests(requests: Requests, info: BenchmarkInfo, seed: int) -> Schedul
     return make_schedule(catalog, requests.k, kinds=("samples",), samples_per_request=n, seed=seed)
 
 
-def make_method(entry: Entry, options: Mapping[str, Any], trainer_kwargs: Mapping[str, Any]) -> Method:
+def make_method(
+    entry: Entry,
+    options: Mapping[str, Any],
+    trainer_kwargs: Mapping[str, Any],
+    scheduled: Sequence[int] | None = None,
+) -> Method:
     """The harness :class:`Method` of an entry; ``trainer_kwargs`` (e.g. ``accelerator``) reach every ``Trainer``
-    of its continual learning, of its reference's retraining and of its own unlearning."""
+    of its continual learning, of its reference's retraining and of its own unlearning.
+
+    The option ``track=SCHEDULED`` (a recorder's, e.g. ``hf``'s) becomes the ids the request set forgets,
+    ``scheduled``: the schedule is drawn before anything is learned, so a recorder of per-sample statistics
+    keeps only the rows the requests will read.
+
+    Raises:
+        ValueError: ``track=SCHEDULED`` without ``scheduled``, or an option the method does not take.
+    """
     spec = method_spec(entry.name)
     if entry.relax_families:
         spec = replace(spec, families=(*spec.families, "supervised"), context=None)
     opts = dict(options)
+    if opts.get("track") == SCHEDULED:
+        if scheduled is None:
+            raise ValueError(f"{entry.name} ({entry.paper_row}): track={SCHEDULED!r} needs the scheduled ids")
+        opts["track"] = list(scheduled)
     if trainer_kwargs and "trainer_kwargs" in spec.strategy_options():
         opts["trainer_kwargs"] = {**opts.get("trainer_kwargs", {}), **trainer_kwargs}
     return _on_trainer(spec.method(**opts), trainer_kwargs)
@@ -653,12 +672,15 @@ def _run_setup(
     for e in setup.methods:
         if e.name not in registered:
             log(f"[{config.name}] {setup.label}: {e.name} ({e.paper_row}) skipped: not registered")
-    methods = [make_method(e, {**e.options, **scale.options.get(e.name, {})}, trainer_kwargs) for e in entries]
     shadows = LIRA_SHADOWS if "MIA-L" in config.columns else 0
     reports: dict[str, Report] = {}
     for requests in scale.requests:
         t0 = time.perf_counter()
         schedule = make_requests(requests, info, seed)
+        scheduled = torch.cat(validate_schedule(schedule.requests, info.catalog())).tolist()
+        methods = [
+            make_method(e, {**e.options, **scale.options.get(e.name, {})}, trainer_kwargs, scheduled) for e in entries
+        ]
         reports[requests.label] = (
             evaluate(methods, info, schedule, shadows=shadows)
             if requests.compare == "each"
