@@ -246,7 +246,7 @@ def test_registry_options_are_the_strategy_constructors_keyword_only_parameters(
         own = keyword_options(spec.strategy) - HARNESS_ARGUMENTS - spec.managed - set(spec.fixed)
         assert own <= spec.options(), (name, own - spec.options())
         assert not (spec.options() & (HARNESS_ARGUMENTS | set(spec.fixed))), name
-    # HF: all eleven of its own options (was 4), and the linear family's l2
+    # HF: all eleven of its own options (was 4), the linear family's l2 and its recorder's track
     assert method_spec("hf").options() == {
         "accountant",
         "budget",
@@ -260,6 +260,7 @@ def test_registry_options_are_the_strategy_constructors_keyword_only_parameters(
         "capacity",
         "max_deletions",
         "l2",
+        "track",
     }
     assert keyword_options(HFStrategy) - HARNESS_ARGUMENTS - method_spec("hf").managed <= method_spec("hf").options()
     assert {
