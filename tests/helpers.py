@@ -71,8 +71,9 @@ def run_cli_script(script: Path, *args: str, cwd: Path) -> subprocess.CompletedP
 
 def ddp_repro_config():
     """[ACU] Table 1's first smoke setup with ACU and fine-tuning, its backbone left untrained (pre-training is an SGD
-    fit, which a second process changes: each step averages two half batches): the config tests/test_repro_ddp.py
-    runs on one and on two processes."""
+    fit, which a second process changes: each step averages two half batches), plus [HF]'s MIA-L column (offline
+    LiRA: the reference forgets on copies of itself): the config tests/test_repro_ddp.py runs on one and two
+    processes."""
     from dataclasses import replace
 
     from lightning_unlearn.harness.papers import ACU_TABLE1
@@ -82,4 +83,5 @@ def ddp_repro_config():
     requests = (Requests("K=2", k=2, fraction=0.2),)
     smoke = replace(setup.smoke, pretrain_epochs=0, n_experiences=2, requests=requests)
     setup = replace(setup, smoke=smoke, methods=setup.methods[:2])
-    return replace(ACU_TABLE1, name="acu-ddp", setups=(setup,), smoke_setups=1)
+    columns = (*ACU_TABLE1.columns, "MIA-L")
+    return replace(ACU_TABLE1, name="acu-ddp", columns=columns, setups=(setup,), smoke_setups=1)

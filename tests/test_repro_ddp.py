@@ -23,11 +23,12 @@ SCRIPT = Path(__file__).parent / "scripts" / "ddp_repro.py"
 # it is computed in by ~1 float32 ulp, so the two runs' heads differ by ~1e-7 relative and ACU's distance to its
 # own run's retrain stays at float64 rounding (~1e-13 measured) in both, far below this bound.
 EXACT = 1e-8
-# exact rows: accuracies and the loss-threshold MIA are counts of argmax/threshold decisions, equal unless a logit
-# margin lies within ~1e-6 of zero. (MIA-U's random forest is not compared: it is fitted on posterior changes of
+# exact rows: accuracies, the loss-threshold MIA and offline LiRA's AUC (shadows: the exact retrain on seeded halves)
+# are counts of argmax/threshold/ranking decisions, equal unless a logit margin or two samples' scores lie within
+# ~1e-6 relative of each other. (MIA-U's random forest is not compared: it is fitted on posterior changes of
 # samples the requests barely move, whose ordering float noise decides.)
-SAME = ("removed_ids", "n_removed", "certificate", "retain_acc", "forget_acc", "test_acc", "mia")
-TABLE = ("retain_acc", "forget_acc", "test_acc", "dRetain", "dForget", "dTest", "dMIA", "guarantee")
+SAME = ("removed_ids", "n_removed", "certificate", "retain_acc", "forget_acc", "test_acc", "mia", "lira_auc")
+TABLE = ("retain_acc", "forget_acc", "test_acc", "dRetain", "dForget", "dTest", "dMIA", "MIA-L", "guarantee")
 
 
 def _rows(path: Path) -> list[dict[str, str]]:

@@ -228,9 +228,11 @@ def _run(method: Method, info: BenchmarkInfo, schedule: Schedule, bar: Any, shad
 
 def _shadow(strategy: UnlearningStrategy, info: BenchmarkInfo, seed: int) -> nn.Module:
     """An offline-LiRA shadow model: a copy of the gold standard ``strategy`` (after the schedule) forgetting a
-    random half of the samples it retains, i.e. its recipe replayed on the other half [interp]."""
-    work = copy.deepcopy(strategy)
-    active = work.catalog.active_ids()
+    random half of the samples it retains, i.e. its recipe replayed on the other half [interp]. The recorder's last
+    Trainer and its DDP strategy (process group, launcher: not copyable) are shared with the copy, not copied."""
+    rec = strategy.recorder
+    work = copy.deepcopy(strategy, {id(o): o for o in (rec.trainer, rec._strategy) if o is not None})
+    active = work.catalog.active_ids().sort().values  # the catalog's order is the learning order (DDP interleaves)
     half = active[torch.randperm(len(active), generator=torch.Generator().manual_seed(seed))[: len(active) // 2]]
     work.forget(ForgetRequest.samples(half), info.train if work.reads_data else None)
     return work.module
