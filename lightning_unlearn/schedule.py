@@ -10,6 +10,7 @@ retained.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -25,15 +26,25 @@ _KINDS = ("samples", "class", "experience")
 
 @dataclass(frozen=True)
 class Schedule:
-    """K forget requests executed in order; ``seed`` and ``kinds`` say how they were drawn (``None``: given by hand)."""
+    """K forget requests executed in order; ``seed`` and ``kinds`` say how they were drawn (``None``: given by hand).
+
+    ``after[i]`` is the experience (its ``current_experience``) once learned which request ``i`` arrives,
+    learning continuing after it, as [CCL] Alg. 1-2 interleave requests with tasks; ``None`` (or an empty
+    ``after``): after the whole stream.
+    """
 
     requests: tuple[ForgetRequest, ...]
     seed: int | None = None
     kinds: tuple[RequestKind, ...] = ()
     samples_per_request: int | None = None
+    after: tuple[int | None, ...] = ()
 
     def __len__(self) -> int:
         return len(self.requests)
+
+    def arrival(self, i: int) -> int | None:
+        """The experience after which request ``i`` arrives (``None``: after the whole stream)."""
+        return self.after[i] if self.after else None
 
     def __iter__(self) -> Iterator[ForgetRequest]:
         return iter(self.requests)
@@ -54,9 +65,16 @@ def named_ids(request: ForgetRequest, catalog: SampleCatalog) -> Tensor:
     return ids
 
 
-def validate_schedule(requests: Sequence[ForgetRequest], catalog: SampleCatalog) -> list[Tensor]:
+def validate_schedule(
+    requests: Sequence[ForgetRequest], catalog: SampleCatalog, after: Sequence[int | None] = ()
+) -> list[Tensor]:
     """The ids of each request; ``ValueError`` naming the request at fault if one names data never
-    learned, two requests overlap, or the requests together would leave nothing retained."""
+    learned, two requests overlap, or the requests together would leave nothing retained.
+
+    With arrival times ``after`` (:attr:`Schedule.after`; experiences are learned in increasing order) also
+    if they are not one per request, decrease (requests execute in order), name an experience the catalog
+    does not have, or a request names samples of an experience learned after it arrives."""
+    _check_arrivals(requests, catalog, after)
     owner: dict[int, int] = {}
     out = []
     for k, request in enumerate(requests):
@@ -75,11 +93,37 @@ def validate_schedule(requests: Sequence[ForgetRequest], catalog: SampleCatalog)
             )
         owner.update((i, k) for i in ids.tolist())
         out.append(ids)
+        arrival = after[k] if after else None
+        if arrival is not None:
+            late = sorted(e for e in set(catalog.experiences_of(ids).tolist()) if e > arrival)
+            if late:
+                raise ValueError(
+                    f"forget request {k} ({request}) arrives after experience {arrival} but names samples of "
+                    f"experience(s) {late}, learned later"
+                )
     if len(owner) >= len(catalog):
         raise ValueError(
             f"the {len(requests)} forget requests cover all {len(catalog)} learned samples; nothing would be retained"
         )
     return out
+
+
+def _check_arrivals(requests: Sequence[ForgetRequest], catalog: SampleCatalog, after: Sequence[int | None]) -> None:
+    if not after:
+        return
+    if len(after) != len(requests):
+        raise ValueError(f"after gives {len(after)} arrival times for {len(requests)} forget requests")
+    known = set(catalog.experiences.unique().tolist())
+    unknown = [a for a in after if a is not None and a not in known]
+    if unknown:
+        raise ValueError(f"arrival experience(s) {unknown} are not in the stream (its experiences: {sorted(known)})")
+    times = [math.inf if a is None else a for a in after]
+    for k in range(1, len(times)):
+        if times[k] < times[k - 1]:
+            raise ValueError(
+                f"forget request {k} arrives after experience {after[k]}, before request {k - 1} (after "
+                f"{after[k - 1]}): requests execute in order"
+            )
 
 
 def make_schedule(

@@ -15,6 +15,7 @@ from lightning_unlearn.harness.repro import (
     Scale,
     Setup,
     build_info,
+    make_method,
     make_requests,
     run_config,
     task_stream,
@@ -151,6 +152,47 @@ def test_task_requests_forget_whole_tasks_and_name_a_missing_one():
     assert torch.equal(torch.tensor(schedule.requests[0].sample_ids), expected)
     with pytest.raises(ValueError, match=r"tasks \[9\] are not in the stream"):
         make_requests(Requests("t", kind="tasks", tasks=((9,),)), info, 0)
+
+
+def test_ccl_requests_run_inside_the_stream_and_later_tasks_learn_from_what_they_leave():
+    # [CCL] Alg. 2: request i runs once task t_i is learned; the next task starts from the post-forget model
+    from lightning_unlearn.functional import hf
+    from lightning_unlearn.harness.loop import _run
+    from lightning_unlearn.progress import progress
+
+    setup = get_config("ccl-table1").setups[0]
+    scale = setup.smoke  # 6 tasks; {1} after task 2, {3, 4} after task 4
+    info = build_info(setup, scale, None, 0, {})
+    schedule = make_requests(scale.requests[0], info, 0)
+    assert schedule.after == (1, 3)
+    bar = progress(desc="test", enabled=False)
+    hessian = make_method(setup.methods[1], {**setup.methods[1].options, **scale.options.get("hessian", {})}, {})
+    run = _run(hessian, info, schedule, bar)
+    learned = [set(catalog.experiences.tolist()) for _, _, catalog in run.steps]
+    assert learned == [{0, 1}, {0, 1, 2, 3}]  # each request saw only the tasks learned before it
+    assert run.end is not None and set(run.end[1].experiences.tolist()) == set(range(6))
+    # the reference retrains at each request on the retained tasks learned so far, then keeps learning
+    ref = _run(hessian.reference, info, schedule, bar)
+    retained = [catalog.active_ids().numel() for _, _, catalog in ref.steps]
+    sizes = torch.bincount(info.experiences, minlength=6).tolist()
+    assert retained == [sizes[1], sizes[1]]
+    assert ref.end is not None and ref.end[1].active_ids().numel() == sizes[1] + sum(sizes[4:])
+    # noise-free Alg. 2 ends close to the reference (tolerance: 10% of the weights' norm; measured ~0.1%)
+    distance = float((hf.flat_params(run.end[0]) - hf.flat_params(ref.end[0])).norm())
+    assert distance < 0.1 * float(hf.flat_params(ref.end[0]).norm())
+
+
+def test_arrival_times_must_follow_the_tasks_they_name():
+    config = _tiny((), (), protocol="tasks", n_experiences=4, pretrain_epochs=0)
+    info = build_info(config.setups[0], config.setups[0].smoke, None, 0, {})
+    with pytest.raises(ValueError, match=r"arrives after experience 1 but names samples of experience\(s\) \[2\]"):
+        make_requests(Requests("t", kind="tasks", tasks=((3,),), after=(2,)), info, 0)
+    with pytest.raises(ValueError, match="requests execute in order"):
+        make_requests(Requests("t", kind="tasks", tasks=((1,), (2,)), after=(3, 2)), info, 0)
+    with pytest.raises(ValueError, match="one per|arrival times for"):
+        make_requests(Requests("t", kind="tasks", tasks=((1,), (2,)), after=(3,)), info, 0)
+    with pytest.raises(ValueError, match=r"tasks \[9\] are not in the stream"):
+        make_requests(Requests("t", kind="tasks", tasks=((1,),), after=(9,)), info, 0)
 
 
 def test_unknown_names_are_errors_naming_the_choices():

@@ -111,6 +111,8 @@ def fit_stream(
         seen.append(experience.dataset)
         data: ForgetData = ConcatDataset(seen) if unlearning is not None and unlearning.reads_data else None
         todo = (requests or {}).get(k, ())  # none without a strategy (check_unlearning)
+        if todo:  # Lightning's teardown leaves the module on the CPU: the requests run where it was fitted
+            module.to(trainer.strategy.root_device)
         done = [unlearning.forget(r, data) for r in todo] if unlearning is not None else []
         step = log_step(trainer)
         results.extend(done)

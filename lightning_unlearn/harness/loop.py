@@ -2,7 +2,9 @@
 
 For each :class:`Method` the harness learns the benchmark's ``train_stream`` with
 :func:`~lightning_unlearn.avalanche.fit_stream` (one Lightning fit per experience), then executes
-the K requests of a :class:`~lightning_unlearn.schedule.Schedule` in order. After every request
+the K requests of a :class:`~lightning_unlearn.schedule.Schedule` in order; a request with an arrival
+time (:attr:`~lightning_unlearn.schedule.Schedule.after`) runs inside the stream right after its
+experience, and learning continues from what it leaves ([CCL] Alg. 1-2). After every request
 the module is compared with its gold standard: the method's ``reference`` (a retrain-from-scratch
 :class:`Method` of the same model family), run on its own through the same protocol. Per request
 it records :func:`~lightning_unlearn.metrics.evaluate_unlearning` on the retained set, the union of
@@ -39,15 +41,18 @@ from lightning_unlearn.strategies.base import UnlearningStrategy
 
 @dataclass
 class _Run:
-    """One method's run: its module before the requests, a copy of (module, result, catalog) after each
-    request, (for references) the LiRA shadow models of its family, the wall time of learning the stream
-    with its recorder and the bytes of the statistics that recorder holds after it."""
+    """One method's run: its module before the requests (``None`` when requests interleave with learning),
+    a copy of (module, result, catalog) after each request, the (module, catalog) at the end of the stream
+    when tasks were learned after the last request, (for references) the LiRA shadow models of its family,
+    the wall time of learning the stream with its recorder (requests inside it excluded) and the bytes of the
+    statistics that recorder holds after it."""
 
-    before: nn.Module
+    before: nn.Module | None
     steps: list[tuple[nn.Module, Any, SampleCatalog]]
     shadows: list[nn.Module] = field(default_factory=list)
     fit_s: float = 0.0
     storage_bytes: int = 0
+    end: tuple[nn.Module, SampleCatalog] | None = None
 
 
 def statistics_bytes(recorder: RecorderCallback) -> int:
@@ -101,6 +106,10 @@ def evaluate(
     label names the phase (``None``: when stderr is a terminal, :func:`~lightning_unlearn.progress.progress_enabled`);
     the fits inside print no Lightning banners.
 
+    When tasks are learned after the last request (requests arriving inside the stream), the report's
+    ``end_rows`` and ``end_reference_rows`` compare the models at the end of the stream too ([CCL] Table 1
+    reads them at ``T``).
+
     Besides the gaps to the reference, every row holds the attack AUCs of
     :data:`~lightning_unlearn.harness.report.ATTACKS`, each next to the same attack on the reference
     after the same request (``<name>_retrain``): MIA-U between
@@ -120,7 +129,7 @@ def evaluate(
         raise ValueError(f"method names must be unique, got {names}")
     if shadows == 1 or shadows < 0:
         raise ValueError(f"offline LiRA needs shadows >= 2 (or 0 to leave it out), got {shadows}")
-    validate_schedule(schedule.requests, info.catalog())
+    validate_schedule(schedule.requests, info.catalog(), schedule.after)
     references = list({ref.name: ref for ref in (m.reference or m for m in methods)}.values())
     steps_per_run = len(info.experiences.unique()) + len(schedule)
     total = (len(references) + len(methods)) * steps_per_run + len(references) * shadows
@@ -140,6 +149,16 @@ def evaluate(
             }
             for i, (mod, res, cat) in enumerate(run.steps)
         ]
+        if run.end is not None:
+            module, catalog = run.end
+            report.end_reference_rows.append(
+                {
+                    "method": f"{ref.name} (reference)",
+                    "family": ref.family,
+                    **_end_fields(run),
+                    **_metrics(module, None, info, catalog, None, run.shadows),
+                }
+            )
     for method in methods:
         ref_name = (method.reference or method).name
         ref_run = runs[ref_name]
@@ -163,6 +182,18 @@ def evaluate(
                     **_beside_reference(metrics, ref_rows[i]),
                 }
             )
+        if run.end is not None and ref_run.end is not None:
+            metrics = _metrics(run.end[0], ref_run.end[0], info, run.end[1], None, ref_run.shadows)
+            ref_end = next(r for r in report.end_reference_rows if r["method"] == f"{ref_name} (reference)")
+            report.end_rows.append(
+                {
+                    "method": method.name,
+                    "family": method.family,
+                    "reference": f"{ref_name} (reference)",
+                    **_end_fields(run),
+                    **_beside_reference(metrics, ref_end),
+                }
+            )
     bar.close()
     if out_dir is not None:
         report.write(out_dir, stem=f"k{len(schedule)}_")
@@ -180,22 +211,41 @@ def _beside_reference(metrics: dict[str, float], reference_row: dict[str, Any]) 
 
 
 def _run(method: Method, info: BenchmarkInfo, schedule: Schedule, bar: Any, shadows: int = 0) -> _Run:
-    """Learn the stream, then execute the requests (and make ``shadows`` LiRA shadow models after them)."""
+    """Learn the stream, executing the requests that arrive inside it after their experience; then the others
+    (and make ``shadows`` LiRA shadow models after them).
+
+    Requests arriving after the same experience are snapshot once all of them ran. With requests inside the
+    stream the strategy exists from the start, so :func:`~lightning_unlearn.avalanche.fit_stream` restores a
+    certified strategy's internal model before each later experience.
+    """
     from lightning_unlearn.avalanche import (
         fit_stream,  # imports Avalanche (slow); only when a run starts
     )
 
+    last = int(info.experiences[-1])
+    inside: dict[int, list[ForgetRequest]] = {}
+    for i, request in enumerate(schedule):
+        arrival = schedule.arrival(i)
+        if arrival is not None and arrival != last:
+            inside.setdefault(arrival, []).append(request)
     with torch.random.fork_rng(), quiet_lightning():
         torch.manual_seed(info.seed)
         bar.set_description_str(f"{method.name}: learning the stream")
         built = method.build(info)
+        early = built.strategy() if inside else None
+        steps: list[tuple[nn.Module, Any, SampleCatalog]] = []
         kwargs = {"enable_progress_bar": False, **built.trainer_kwargs}
         start = time.perf_counter()
         fitted_on: list[torch.device] = []
 
-        def learned(experience: Any, trainer: L.Trainer, results: Any) -> None:
+        def learned(experience: Any, trainer: L.Trainer, done: list[Any]) -> None:
             fitted_on.append(trainer.strategy.root_device)
             bar.update()
+            if early is None:  # no requests inside the stream
+                return
+            for result in done:
+                bar.update()
+                steps.append((copy.deepcopy(built.module.to(fitted_on[-1])), result, copy.deepcopy(early.catalog)))
 
         fit_stream(
             built.module,
@@ -203,22 +253,25 @@ def _run(method: Method, info: BenchmarkInfo, schedule: Schedule, bar: Any, shad
             callbacks=built.callbacks,
             trainer_kwargs=kwargs,
             batch_size=built.batch_size or info.batch_size,
+            unlearning=early,
+            requests=inside or None,
             after_experience=learned,
         )
-        fit_s = time.perf_counter() - start
+        fit_s = time.perf_counter() - start - sum(float(step[1].wall_time_s) for step in steps)
         # Lightning's teardown leaves a fitted module on the CPU, its recorder's statistics where it was fitted
         # (e.g. this rank's GPU): the requests and the metrics run there, on the module brought back after every fit
         device = fitted_on[-1] if fitted_on else torch.device("cpu")
-        before = copy.deepcopy(built.module.to(device))
-        strategy = built.strategy()
-        storage = statistics_bytes(strategy.recorder)  # after learning, before any request erases a row
-        steps: list[tuple[nn.Module, Any, SampleCatalog]] = []
-        for i, request in enumerate(schedule):
+        before = None if inside else copy.deepcopy(built.module.to(device))
+        strategy = early if early is not None else built.strategy()
+        storage = statistics_bytes(strategy.recorder)  # after learning, before any request after the stream
+        ended = bool(inside) and len(steps) == len(schedule)  # tasks were learned after the last request
+        end = (copy.deepcopy(built.module.to(device)), copy.deepcopy(strategy.catalog)) if ended else None
+        for i, request in enumerate(schedule.requests[len(steps) :], start=len(steps)):
             bar.set_description_str(f"{method.name}: request {i + 1}/{len(schedule)}")
             result = strategy.forget(request, info.train if strategy.reads_data else None)
             bar.update()
             steps.append((copy.deepcopy(built.module.to(device)), result, copy.deepcopy(strategy.catalog)))
-        run = _Run(before, steps, fit_s=fit_s, storage_bytes=storage)
+        run = _Run(before, steps, fit_s=fit_s, storage_bytes=storage, end=end)
         for j in range(shadows):
             bar.set_description_str(f"{method.name}: LiRA shadow {j + 1}/{shadows}")
             run.shadows.append(_shadow(strategy, info, info.seed + j).to(device))
@@ -247,6 +300,17 @@ def _request_fields(i: int, result: Any) -> dict[str, Any]:
         "removed_ids": " ".join(map(str, result.removed_ids.sort().values.tolist())),
         "time_s": result.wall_time_s,
         "certificate": _guarantee(result.certificate),
+    }
+
+
+def _end_fields(run: _Run) -> dict[str, Any]:
+    """What an end-of-stream row says about the requests before it: their count, total size and total time."""
+    results = [step[1] for step in run.steps]
+    return {
+        "after_request": len(results),
+        "n_removed": sum(int(r.removed_ids.numel()) for r in results),
+        "time_s": sum(float(r.wall_time_s) for r in results),
+        "certificate": _guarantee(results[-1].certificate),
     }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +45,15 @@ class Report:
 
     Each row holds the method, the request (counted from 1), its kind, size, wall time and
     guarantee, and the :func:`evaluate_unlearning` metrics after it (with the gaps to the reference).
+    When learning continued after the last request, ``end_rows`` and ``end_reference_rows`` hold the same
+    metrics at the end of the stream (with the requests' count ``after_request``, total size and time).
     """
 
     schedule: Schedule
     rows: list[dict[str, Any]]
     reference_rows: list[dict[str, Any]]
+    end_rows: list[dict[str, Any]] = field(default_factory=list)
+    end_reference_rows: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def k(self) -> int:
@@ -126,7 +130,8 @@ class Report:
         return certs.pop() if len(certs) == 1 else "/".join(sorted(certs))
 
     def write(self, out_dir: str | Path, stem: str = "") -> list[Path]:
-        """Write ``<stem>requests.csv`` (every row), ``<stem>summary.csv`` and ``<stem>accuracies.png``."""
+        """Write ``<stem>requests.csv`` (every row), ``<stem>summary.csv`` and ``<stem>accuracies.png``; and
+        ``<stem>end.csv`` with the end-of-stream rows if there are any."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = [
@@ -140,6 +145,9 @@ class Report:
             [{"method": m, "family": self.family(m), "k": self.k, **s} for m, s in self.summary().items()],
         )
         self.plot(paths[2])
+        if self.end_rows or self.end_reference_rows:
+            paths.append(out / f"{stem}end.csv")
+            _write_csv(paths[-1], self.end_rows + self.end_reference_rows)
         return paths
 
     def plot(self, path: str | Path) -> None:

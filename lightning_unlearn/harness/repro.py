@@ -97,7 +97,9 @@ class Requests:
 
     ``kind="samples"``: ``k`` requests of random samples, ``fraction`` of the learned samples
     split evenly over them (or ``per_request`` each); ``kind="class"``: ``k`` random whole classes;
-    ``kind="tasks"``: request ``i`` forgets every sample of the tasks ``tasks[i]`` (1-based, as in [CCL]).
+    ``kind="tasks"``: request ``i`` forgets every sample of the tasks ``tasks[i]`` (1-based, as in [CCL]),
+    and arrives once task ``after[i]`` (1-based) is learned, learning continuing after it ([CCL] Table 2's
+    ``t_i``; empty ``after``: every request after the whole stream).
     ``compare="each"`` compares with the reference after every request; ``"last"`` only after the last
     (the reference then retrains once, on everything the requests leave: for long single-sample streams).
     """
@@ -109,6 +111,7 @@ class Requests:
     per_request: int | None = None
     tasks: tuple[tuple[int, ...], ...] = ()
     compare: str = "each"
+    after: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -148,8 +151,9 @@ class ReproConfig:
     """A seed paper's headline table: its setups, the columns it reports and how they aggregate the requests.
 
     ``aggregate="mean"`` averages each column over the requests (as [ACU] Table 1 and [SAFE] Table 1
-    do), ``"last"`` reads it after the last request. ``notes`` say where our protocol departs from
-    the paper's (``[interp]``) and what is not reproduced.
+    do), ``"last"`` reads it after the last request, or at the end of the stream when tasks are learned
+    after it (requests arriving inside the stream, [CCL] Table 1 at ``T``). ``notes`` say where our
+    protocol departs from the paper's (``[interp]``) and what is not reproduced.
     """
 
     name: str
@@ -211,6 +215,8 @@ COLUMNS: dict[str, tuple[Callable[[Mapping[str, Any], Mapping[str, Any]], float]
 SUMMED = frozenset({"Time(s)"})
 #: the ``track`` option's value that :func:`make_method` replaces with the ids a request set forgets
 SCHEDULED = "scheduled"
+#: columns of the requests' cost: read from the request rows even when the others are read at the end of the stream
+COSTS = frozenset({"Time(s)", "Speedup", "Precompute(s)", "Storage(GB)", "s/sample"})
 #: shadow models of the offline [LiRA] attack behind "MIA-L" (each a retrain on a random half of the retained data)
 LIRA_SHADOWS = 4
 
@@ -502,19 +508,29 @@ def make_requests(requests: Requests, info: BenchmarkInfo, seed: int) -> Schedul
     """The :class:`Schedule` of a request set on ``info``'s stream.
 
     Raises:
-        ValueError: an unknown kind, a task the stream does not have, or requests that cannot be drawn.
+        ValueError: an unknown kind, a task the stream does not have, requests that cannot be drawn, or
+            arrival times (``after``) that are not one per task request, or arrive before a task they name.
     """
     catalog = info.catalog()
+    if requests.after and requests.kind != "tasks":
+        raise ValueError(f"request set {requests.label!r}: arrival times (after=) need kind='tasks'")
     if requests.kind == "tasks":
         reqs = []
-        for tasks in requests.tasks:
+        for tasks in (*requests.tasks, tuple(requests.after)):
             missing = [t for t in tasks if not bool((info.experiences == t - 1).any())]
             if missing:
                 raise ValueError(f"request set {requests.label!r}: tasks {missing} are not in the stream")
+        for tasks in requests.tasks:
             rows = torch.isin(info.experiences, torch.tensor([t - 1 for t in tasks]))
             reqs.append(ForgetRequest.samples(info.ids[rows].sort().values))
-        validate_schedule(reqs, catalog)
-        return Schedule(tuple(reqs), None, ("samples",))
+        after = tuple(t - 1 for t in requests.after)
+        try:
+            validate_schedule(reqs, catalog, after)
+        except ValueError as err:  # experiences are 0-based: name the tasks as the config does
+            raise ValueError(
+                f"request set {requests.label!r} (tasks and after= 1-based, experiences 0-based): {err}"
+            ) from None
+        return Schedule(tuple(reqs), None, ("samples",), after=after)
     if requests.kind == "class":
         return make_schedule(catalog, requests.k, kinds=("class",), seed=seed)
     if requests.kind != "samples":
@@ -719,6 +735,8 @@ def evaluate_last(methods: Sequence[Method], info: BenchmarkInfo, schedule: Sche
 
     if shadows == 1 or shadows < 0:
         raise ValueError(f"offline LiRA needs shadows >= 2 (or 0 to leave it out), got {shadows}")
+    if schedule.after:
+        raise ValueError("compare='last' retrains once after the stream: it takes no arrival times (after=)")
     merged = Schedule((ForgetRequest.samples(torch.cat(validate_schedule(schedule.requests, info.catalog()))),))
     report = Report(schedule, [], [])
     bar = progress(desc="learn + forget", enabled=False)
@@ -768,18 +786,32 @@ def comparison_rows(
     config: ReproConfig, setup: Setup, reports: Mapping[str, Report], entries: Sequence[Entry]
 ) -> list[dict[str, Any]]:
     """One row per (request set, method or reference): ours per column (aggregated over the requests), the
-    paper's number, and our absolute retain/forget/test accuracies."""
+    paper's number, and our absolute retain/forget/test accuracies.
+
+    With ``aggregate="last"`` and tasks learned after the last request, the columns are read at the end of
+    the stream (the report's ``end_rows``), except the requests' costs (:data:`COSTS`, e.g. their total time)."""
     out = []
     for label, report in reports.items():
         names = report.methods()
         for name, entry in zip(names, entries):
             rows = report.table(name)
             refs = [r for r in report.reference_rows if r["method"] == rows[0]["reference"]]
-            out.append(_row(config, setup, label, name, entry.paper_row, rows, refs, is_reference=False))
+            end = _end_pair(report.end_rows, report.end_reference_rows, name, rows[0]["reference"])
+            out.append(_row(config, setup, label, name, entry.paper_row, rows, refs, end, is_reference=False))
         for ref in dict.fromkeys(r["method"] for r in report.reference_rows):
             refs = [r for r in report.reference_rows if r["method"] == ref]
-            out.append(_row(config, setup, label, ref, "Retrain", refs, refs, is_reference=True))
+            end = _end_pair(report.end_reference_rows, report.end_reference_rows, ref, ref)
+            out.append(_row(config, setup, label, ref, "Retrain", refs, refs, end, is_reference=True))
     return out
+
+
+def _end_pair(
+    rows: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any]], name: str, ref: str
+) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
+    """A method's end-of-stream row and its reference's (``None`` without them)."""
+    mine = [r for r in rows if r["method"] == name]
+    theirs = [r for r in refs if r["method"] == ref]
+    return (mine[0], theirs[0]) if mine and theirs else None
 
 
 def _row(
@@ -790,6 +822,7 @@ def _row(
     paper_row: str,
     rows: Sequence[Mapping[str, Any]],
     refs: Sequence[Mapping[str, Any]],
+    end: tuple[Mapping[str, Any], Mapping[str, Any]] | None,
     *,
     is_reference: bool,
 ) -> dict[str, Any]:
@@ -802,12 +835,16 @@ def _row(
         "reference": is_reference,
         "guarantee": "/".join(sorted({str(r["certificate"]) for r in rows})),
     }
+    at_end = end if config.aggregate == "last" else None
     for key in ("retain_acc", "forget_acc", "test_acc"):
-        row[key] = 100.0 * _aggregate([float(r[key]) for r in rows], key, config.aggregate)
+        values = [float(r[key]) for r in rows]
+        row[key] = 100.0 * (float(at_end[0][key]) if at_end else _aggregate(values, key, config.aggregate))
     for column in config.columns:
         fn, is_gap = COLUMNS[column]
         if is_reference and is_gap:
             row[column] = math.nan
+        elif at_end and column not in COSTS:
+            row[column] = fn(*at_end)
         else:
             row[column] = _aggregate([fn(r, ref) for r, ref in zip(rows, refs)], column, config.aggregate)
         row[f"paper {column}"] = paper.get(column, math.nan)
@@ -838,9 +875,17 @@ def format_comparison(config: ReproConfig, result: SetupResult, label: str) -> s
     ]
     title = (
         f"{config.paper} {config.table}, {result.setup.label}, {label} ({result.scale.dataset}, {result.scale.model}): "
-        f"ours (paper); {config.aggregate} over the requests"
+        f"ours (paper); {_reading(config, result.reports[label])}"
     )
     return format_table(head, body, title=title)
+
+
+def _reading(config: ReproConfig, report: Report) -> str:
+    """How a table's columns read the requests (``mean over the requests``, ``at the end of the stream``, ...)."""
+    if config.aggregate == "last" and report.end_rows:
+        n = report.end_rows[0]["after_request"]
+        return f"at the end of the stream, tasks learned after the last of {n} requests (time: their total)"
+    return f"{config.aggregate} over the requests"
 
 
 def _markdown(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
@@ -856,7 +901,7 @@ def summary_markdown(config: ReproConfig, results: Sequence[SetupResult], smoke:
         config.protocol,
         "",
         "Cells are `ours (paper)`; accuracies in %, gaps in percentage points to retraining from scratch "
-        f"(the reference row shows its own accuracies); columns {config.aggregate} over the requests.",
+        "(the reference row shows its own accuracies).",
     ]
     for res in results:
         for label in res.reports:
@@ -878,8 +923,9 @@ def summary_markdown(config: ReproConfig, results: Sequence[SetupResult], smoke:
                 "",
                 f"## {res.setup.label}, {label}",
                 "",
-                f"{res.scale.dataset}, {res.scale.model}; paper numbers: {res.setup.source}; "
-                f"run time {res.seconds[label]:.1f} s (data {res.seconds['data']:.1f} s)",
+                f"{res.scale.dataset}, {res.scale.model}; paper numbers: {res.setup.source}; columns "
+                f"{_reading(config, res.reports[label])}; run time {res.seconds[label]:.1f} s "
+                f"(data {res.seconds['data']:.1f} s)",
                 "",
                 _markdown(head, body),
             ]
@@ -949,51 +995,34 @@ def plot_paper_vs_ours(config: ReproConfig, result: SetupResult, path: Path) -> 
 
 
 def plot_lambda_sweep(results: Sequence[SetupResult], path: Path) -> Path:
-    """[CCL] Fig. 2: (a) test accuracy after the requests vs lambda, (b) distance to retraining over the requests."""
+    """[CCL] Fig. 2 against lambda, each setup's table row (at the end of the stream): (a) test accuracy,
+    (b) distance to retraining (the approximation error ``||w_T - w_T^retrain||``)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(10.5, 3.8), layout="constrained")
     FigureCanvasAgg(fig)
     ax_a, ax_b = fig.subplots(1, 2)
     lambdas = [float(r.setup.label.split("=")[1]) for r in results]
-    series: dict[str, list[float]] = {}
+    accs: dict[str, list[float]] = {}
+    distances: dict[str, list[float]] = {}
     for res in results:
-        report = next(iter(res.reports.values()))
-        for name in [*report.methods(), *dict.fromkeys(r["method"] for r in report.reference_rows)]:
-            rows = report.table(name) or [r for r in report.reference_rows if r["method"] == name]
-            series.setdefault(name.split("[")[0].replace(" (reference)", " (retrain)"), []).append(
-                100 * float(rows[-1]["test_acc"])
-            )
+        for row in res.rows:
+            accs.setdefault(row["paper_row"], []).append(float(row["TA"]))
+            if not row["reference"]:
+                distances.setdefault(row["paper_row"], []).append(float(row["Distance"]))
     styles = ["o-", "s--", "^-.", "D:"]
-    for k, (name, accs) in enumerate(series.items()):
-        ax_a.plot(lambdas, accs, styles[k % len(styles)], label=name, mfc="white")
-    ax_a.set_xticks(lambdas, [f"{v:g}" for v in lambdas])
-    ax_a.set_xlabel(r"$\lambda$ (proximal regulariser)")
-    ax_a.set_ylabel("test accuracy after the requests (%)")
-    ax_a.set_title("(a) excess risk")
-    ax_a.legend(fontsize=8, frameon=False, loc="best")
-    colors = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9"]
-    for k, res in enumerate(results):
-        report = next(iter(res.reports.values()))
-        for name, ls, marker in zip(report.methods(), ("-", "--"), ("o", "s")):
-            rows = report.table(name)
-            ax_b.plot(
-                [r["request"] for r in rows],
-                [float(r["l2_to_retrain"]) for r in rows],
-                ls=ls,
-                marker=marker,
-                color=colors[k % len(colors)],
-                mfc="white",
-                label=f"{name.split('[')[0]}, {res.setup.label.replace('lambda', 'λ')}",
-            )
-    ax_b.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax, series in ((ax_a, accs), (ax_b, distances)):
+        for k, (name, values) in enumerate(series.items()):
+            ax.plot(lambdas, values, styles[k % len(styles)], label=name, mfc="white")
+        ax.set_xticks(lambdas, [f"{v:g}" for v in lambdas])
+        ax.set_xlabel(r"$\lambda$ (proximal regulariser)")
+        ax.legend(fontsize=8, frameon=False, loc="best")
+    ax_a.set_ylabel("test accuracy at the end (%)")
+    ax_a.set_title("(a) excess risk (Alg. 1 noise-free = CL without unlearning)", fontsize=10)
     ax_b.set_yscale("log")
-    ax_b.set_xlabel("forget request")
-    ax_b.set_ylabel(r"$\|w - w_{retrain}\|_2$")
-    ax_b.set_title("(b) unlearning loss (approximation error)")
-    ax_b.legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    ax_b.set_ylabel(r"$\|w_T - w_T^{retrain}\|_2$")
+    ax_b.set_title("(b) unlearning loss (approximation error)", fontsize=10)
     fig.suptitle("[CCL] Fig. 2 protocol: gradient (Alg. 1, natural forgetting) vs Hessian (Alg. 2) unlearning")
     fig.savefig(path, dpi=150)
     return path
