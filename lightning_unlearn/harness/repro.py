@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
@@ -40,7 +41,7 @@ from lightning_unlearn.harness.loop import evaluate
 from lightning_unlearn.harness.registry import available_methods, method_spec
 from lightning_unlearn.harness.report import Report, format_table
 from lightning_unlearn.harness.types import BenchmarkInfo, Built, Method, describe_benchmark
-from lightning_unlearn.progress import progress
+from lightning_unlearn.progress import QUIET_TRAINER, progress, quiet_lightning
 from lightning_unlearn.schedule import Schedule, make_schedule, validate_schedule
 
 #: stream protocols of a setup
@@ -582,6 +583,33 @@ def _on_trainer(method: Method, trainer_kwargs: Mapping[str, Any]) -> Method:
 
 
 # -- running ---------------------------------------------------------------------------------------------------------
+class _Nothing(L.LightningModule):
+    """One parameter that learns nothing (step size 0): the fit of :func:`start_ranks`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        return (self.w * batch[0]).sum()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def start_ranks(trainer_kwargs: Mapping[str, Any]) -> None:
+    """With several devices, launch the other ranks and join their process group now (unless a fit did), by a
+    one-step fit of nothing.
+
+    Lightning starts them at a run's first fit, which would then count their start-up (seconds: each imports
+    everything) into a method's fit time or its unlearning time. With one device nothing happens.
+    """
+    with quiet_lightning():
+        trainer = L.Trainer(**{**QUIET_TRAINER, **trainer_kwargs, "max_steps": 1})
+        if trainer.world_size > 1 and not torch.distributed.is_initialized():
+            trainer.fit(_Nothing(), DataLoader(TensorDataset(torch.ones(trainer.world_size, 1)), batch_size=1))
+
+
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -674,7 +702,8 @@ def _run_setup(
 ) -> SetupResult:
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
-    info = build_info(setup, scale, root, seed, trainer_kwargs)
+    info = build_info(setup, scale, root, seed, trainer_kwargs)  # imports Avalanche: before any process group
+    start_ranks(trainer_kwargs)
     seconds["data"] = time.perf_counter() - t0
     n_test = len(info.test)  # type: ignore[arg-type]
     log(
