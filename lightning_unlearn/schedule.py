@@ -28,8 +28,8 @@ _KINDS = ("samples", "class", "experience")
 class Schedule:
     """K forget requests executed in order; ``seed`` and ``kinds`` say how they were drawn (``None``: given by hand).
 
-    ``after[i]`` is the experience (its ``current_experience``) once learned which request ``i`` arrives,
-    learning continuing after it, as [CCL] Alg. 1-2 interleave requests with tasks; ``None`` (or an empty
+    ``after[i]``: request ``i`` arrives once the experience of that ``current_experience`` is learned, and
+    learning continues after it (as [CCL] Alg. 1-2 interleave requests with tasks); ``None`` (or an empty
     ``after``): after the whole stream.
     """
 
