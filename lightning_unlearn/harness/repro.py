@@ -214,6 +214,8 @@ COLUMNS: dict[str, tuple[Callable[[Mapping[str, Any], Mapping[str, Any]], float]
 }
 #: columns summed (not averaged) over the requests: a paper's total runtime
 SUMMED = frozenset({"Time(s)"})
+#: columns plotted on a log axis (when all their values are positive): costs and ratios of them
+LOG_COLUMNS = frozenset({"Time(s)", "s/sample", "Speedup", "Precompute(s)", "Storage(GB)"})
 #: the ``track`` option's value that :func:`make_method` replaces with the ids a request set forgets
 SCHEDULED = "scheduled"
 #: columns of the requests' cost: read from the request rows even when the others are read at the end of the stream
@@ -1009,6 +1011,9 @@ def plot_paper_vs_ours(config: ReproConfig, result: SetupResult, path: Path) -> 
                 bars = ax.barh([y + shift for y in ys], values, height=0.38, color=color, label=name)
                 texts = ["" if math.isnan(v) else f"{v:.3g}" for v in values]
                 ax.bar_label(bars, texts, fontsize=6, padding=2)
+            shown = [v for v in ours + paper if not math.isnan(v)]
+            if column in LOG_COLUMNS and any(shown) and min(shown) >= 0:  # costs spanning orders of magnitude
+                ax.set_xscale("log")
             ax.set_yticks(ys, [f"{m} [{p}]" for m, p in names], fontsize=8)
             ax.invert_yaxis()
             ax.grid(True, axis="x", color="0.9", lw=0.6)
