@@ -442,3 +442,30 @@ def test_requests_inside_the_stream_match_alg2_run_by_hand():
         plain = _paper_solve(tasks[t - 1], plain, l2, lam)[0]
     # second-order accurate: >= 5x closer to retraining than continual learning without unlearning
     assert float((w - retrain).norm()) <= 0.2 * float((plain - retrain).norm())
+
+
+def test_publish_without_a_request_releases_the_internal_model_at_the_bound_of_that_time():
+    """[CCL] Alg. 2 lines 13-15: after a request, a later time t publishes ``w_t + N(0, sigma_t^2 I)``, sigma_t
+    calibrated on gamma^H of the tasks as they stand at t (task 0 deleted, two kept tasks after it)."""
+    rec = HessianRecorder()
+    model = fit_tasks(TASKS[:2], rec)
+    strategy = HessianCertifiedStrategy(model, rec, epsilon=EPS, delta=DELTA, lipschitz=2.0, smoothness=3.0)
+    with pytest.raises(ValueError, match="nothing is forgotten yet"):
+        strategy.publish()
+    assert len(strategy.accountant) == 0 and torch.equal(hf.flat_params(model), rec.ends[-1])  # nothing changed
+    strategy.forget(ForgetRequest.of_experience(0))
+    strategy.restore_internal()
+    rec.experience = 2
+    trainer([rec], max_epochs=2).fit(model, DataLoader(TASKS[2], batch_size=60))
+    internal = hf.flat_params(model).clone()
+    cert = strategy.publish()
+    lam, mu, L, M = 1.0, 0.05, 2.0, 3.0
+    rho, ratio = lam / (mu + lam), (M - mu) / (mu + lam)
+    gap = float((rec.starts[2] - rec.ends[1]).norm())  # the request's correction, transported by task 2
+    gamma = 2 * rho**2 * ratio * L / lam + 1 * rho * ratio * gap
+    assert cert.bounds["sensitivity"] == pytest.approx(gamma, rel=1e-12)
+    assert cert.sigma == pytest.approx(analytic_sigma(gamma, EPS, DELTA), rel=1e-12)
+    assert len(strategy.accountant) == 2 and rec.privacy["hessian"] == strategy.accountant.state_dict()
+    assert float((hf.flat_params(model) - internal).norm()) > 0  # the module holds the published (noised) model
+    assert torch.equal(strategy.clean_parameters(), internal)  # the next task starts from w_t itself
+    assert len(strategy.ledger) == 1  # a publication forgets nothing: no ledger entry

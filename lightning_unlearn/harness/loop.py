@@ -216,7 +216,8 @@ def _run(method: Method, info: BenchmarkInfo, schedule: Schedule, bar: Any, shad
 
     Requests arriving after the same experience are snapshot once all of them ran. With requests inside the
     stream the strategy exists from the start, so :func:`~lightning_unlearn.avalanche.fit_stream` restores a
-    certified strategy's internal model before each later experience.
+    certified strategy's internal model before each later experience, and at the end of the stream a strategy
+    with a ``publish()`` (the [CCL] methods) releases the model it ends with, as the last request did.
     """
     from lightning_unlearn.avalanche import (
         fit_stream,  # imports Avalanche (slow); only when a run starts
@@ -265,6 +266,9 @@ def _run(method: Method, info: BenchmarkInfo, schedule: Schedule, bar: Any, shad
         strategy = early if early is not None else built.strategy()
         storage = statistics_bytes(strategy.recorder)  # after learning, before any request after the stream
         ended = bool(inside) and len(steps) == len(schedule)  # tasks were learned after the last request
+        publish = getattr(strategy, "publish", None)
+        if ended and callable(publish):
+            publish()  # [CCL] Alg. 1-2 publish w_T with fresh noise once something is forgotten
         end = (copy.deepcopy(built.module.to(device)), copy.deepcopy(strategy.catalog)) if ended else None
         for i, request in enumerate(schedule.requests[len(steps) :], start=len(steps)):
             bar.set_description_str(f"{method.name}: request {i + 1}/{len(schedule)}")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from abc import abstractmethod
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -16,7 +17,7 @@ from lightning_unlearn.functional import certified as cl
 from lightning_unlearn.functional import hf
 from lightning_unlearn.functional.bounds import ModelConstants
 from lightning_unlearn.modes import eval_mode
-from lightning_unlearn.strategies.base import ForgetData, UnlearningUpdate
+from lightning_unlearn.strategies.base import ForgetData, UnlearningUpdate, replace_attributes, swap_weights
 from lightning_unlearn.strategies.release import ReleasingStrategy
 from lightning_unlearn.warnings import warn
 
@@ -116,6 +117,42 @@ class _ContinualCertified(ReleasingStrategy):
     def restore_internal(self) -> None:
         """Write the noise-free internal model into the module (before learning the next task)."""
         hf.set_flat_params(self.module, self.clean_parameters())
+
+    def publish(self) -> Certificate:
+        """Publish the internal model at a time without a request: once something is forgotten, [CCL] Alg. 1
+        (lines 12-13) and Alg. 2 (lines 13-15) release ``w_t + N(0, sigma_t^2 I)`` at every time t, ``sigma_t``
+        calibrated on the bound at t (which the tasks learned since the last request have decayed).
+
+        The module receives the published model (:meth:`restore_internal` takes the internal one back). The
+        release is accounted like a request's (:attr:`accountant` and the recorder's privacy state) but forgets
+        nothing, so the ledger gets no entry. Returns the release's certificate.
+
+        Raises:
+            ValueError: nothing is forgotten yet (w_t is then published as it is), or as for a request's
+                release (budget, constants, unsolved tasks); nothing is changed.
+        """
+        if not bool(self.catalog.forgotten.any()):
+            raise ValueError(f"{self.method}: nothing is forgotten yet, so w_t is published as it is (no noise)")
+        self.check_shapes()
+        c, kind = self.constants()
+        bounds = self._bounds(self.task_status(torch.zeros(0, dtype=torch.long)), c)
+        update = self._publish(self.clean_parameters(), bounds, c, kind, self.statement + "; published at t")
+        undo = swap_weights(self.module, update.weights)
+        try:
+            replace_attributes(self, update.state)
+        except BaseException:
+            undo()
+            raise
+        if self.accountant is not None:
+            self.recorder.privacy = {**(self.recorder.privacy or {}), self.method: self.accountant.state_dict()}
+        return update.certificate
+
+    #: what the certificate states (the algorithm and its bound)
+    statement: ClassVar[str]
+
+    @abstractmethod
+    def _bounds(self, status: list[cl.TaskStatus], c: cl.CLConstants) -> dict[str, float]:
+        """The sensitivity bound of the method for ``status`` (``bounds["sensitivity"]`` calibrates the noise)."""
 
     def require_constants(self) -> tuple[float, float]:
         """``(L, M)``: bounded or given, or the recorder's estimates; ``ValueError`` if none (checkable before any
@@ -234,16 +271,18 @@ class GradientCertifiedStrategy(_ContinualCertified):
     """
 
     method = "gradient"
+    statement = "[CCL] Alg. 1 / Theorem 4.1: ||w_retrain - w_t|| <= gamma^NF; Gaussian mechanism"
+
+    def _bounds(self, status: list[cl.TaskStatus], c: cl.CLConstants) -> dict[str, float]:
+        return cl.sensitivity_natural_forgetting(status, c, self.chain_gaps())
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         rec = self.recorder
         self.check_shapes()
         c, kind = self.constants()
-        bounds = cl.sensitivity_natural_forgetting(self.task_status(ids), c, self.chain_gaps())
+        bounds = self._bounds(self.task_status(ids), c)
         internal = rec.ends[-1].clone()
-        update = self._publish(
-            internal, bounds, c, kind, "[CCL] Alg. 1 / Theorem 4.1: ||w_retrain - w_t|| <= gamma^NF; Gaussian mechanism"
-        )
+        update = self._publish(internal, bounds, c, kind, self.statement)
         update.extra["n_forgotten"] = int(ids.numel())
         return update
 
@@ -262,6 +301,7 @@ class HessianCertifiedStrategy(_ContinualCertified):
 
     method = "hessian"
     reads_data = True  # optional: the samples to forget, for sample-level requests without stored gradients
+    statement = "[CCL] Alg. 2 / Prop. 5.1 (Lemma D.2 bound gamma^H): Newton correction + Gaussian mechanism"
 
     def __init__(
         self, module: nn.Module, recorder: HessianRecorder, ledger: Ledger | None = None, **kwargs: Any
@@ -270,6 +310,9 @@ class HessianCertifiedStrategy(_ContinualCertified):
             raise ValueError(f"HessianCertifiedStrategy needs a HessianRecorder, got {type(recorder).__name__}")
         super().__init__(module, recorder, ledger, **kwargs)
         self.recorder: HessianRecorder = recorder
+
+    def _bounds(self, status: list[cl.TaskStatus], c: cl.CLConstants) -> dict[str, float]:
+        return cl.sensitivity_hessian(status, c, self.chain_gaps())
 
     def _gradient_sums(self, ids: Tensor, data: ForgetData, status: list[cl.TaskStatus]) -> list[Tensor | None]:
         """Running ``sum grad l(end_i; u)`` per partially deleted task, including ``ids``."""
@@ -317,14 +360,7 @@ class HessianCertifiedStrategy(_ContinualCertified):
         current = rec.ends[-1]
         e = cl.hessian_correction(status, rec.starts, rec.ends, current, solves, sums, c.reg_lambda)  # Eq. (13)
         internal = current + e
-        bounds = cl.sensitivity_hessian(status, c, self.chain_gaps())
-        update = self._publish(
-            internal,
-            bounds,
-            c,
-            kind,
-            "[CCL] Alg. 2 / Prop. 5.1 (Lemma D.2 bound gamma^H): Newton correction + Gaussian mechanism",
-        )
+        update = self._publish(internal, self._bounds(status, c), c, kind, self.statement)
         gone = set(ids.tolist())  # a forgotten sample's stored gradient is a per-sample statistic: erased
         kept = {u: g for u, g in rec.sample_grads.items() if u not in gone}
         update.statistics = {"forgotten_grad_sums": sums, "sample_grads": kept}
