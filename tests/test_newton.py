@@ -89,7 +89,8 @@ def test_newton_step_is_eq15_and_moves_towards_retraining(problem, damping):
     H_all = nt.hessian_sum(loss, theta, x, y)
     H_u = nt.hessian_sum(loss, theta, x[forget], y[forget])
     G = hf.per_sample_grads(loss, theta, x[forget], y[forget]).sum(0)
-    step = nt.newton_step(H_all - H_u, len(keep), G, damping)
+    step, definite = nt.newton_step(H_all - H_u, len(keep), G, damping)
+    assert definite
     # Eq. (15) written out: w + 1/(n-m) (1/(n-m) sum_{retained} H_i + c I)^{-1} sum_U grad l(w; u)
     n_m = len(keep)
     H_ret = independent_hessian(module, x[keep], y[keep], theta)
@@ -112,10 +113,10 @@ def test_newton_step_within_its_noise_bound(problem):
     c = linear_model_constants(feature_norm, L2)
     M = nt.hessian_lipschitz_bound(feature_norm)
     for damping in (0.0, 0.01):
-        gap = float((theta + nt.newton_step(H_ret, len(keep), G, damping) - retrained).norm())
+        gap = float((theta + nt.newton_step(H_ret, len(keep), G, damping)[0] - retrained).norm())
         bound = nt.newton_sensitivity(len(forget), N, c.grad_bound, L2, M, damping)
         assert gap <= bound["sensitivity"]
-        inverse = nt.jackknife_inverse(nt.hessian_sum(loss, theta, x, y), N, damping)
+        inverse, _ = nt.jackknife_inverse(nt.hessian_sum(loss, theta, x, y), N, damping)
         gap_ij = float((theta + nt.jackknife_step(inverse, N, G) - retrained).norm())
         assert (
             gap_ij
@@ -126,7 +127,7 @@ def test_newton_step_within_its_noise_bound(problem):
 def test_jackknife_is_eq16(problem):
     module, theta, x, y, forget, *_ = problem
     loss = hf.ModuleLoss(module, L2)
-    inverse = nt.jackknife_inverse(nt.hessian_sum(loss, theta, x, y), N, 0.01)
+    inverse, _ = nt.jackknife_inverse(nt.hessian_sum(loss, theta, x, y), N, 0.01)
     G = hf.per_sample_grads(loss, theta, x[forget], y[forget]).sum(0)
     H = independent_hessian(module, x, y, theta)
     expected = torch.linalg.solve(H / N + 0.01 * torch.eye(len(theta), dtype=theta.dtype), G) / N
@@ -167,9 +168,12 @@ def test_dense_memory_refused_naming_d():
     nt.check_dense(100, torch.float64, 2**20, "NS")  # 80,000 bytes: fine
 
 
-def test_damped_hessian_not_positive_definite_is_refused():
-    with pytest.raises(ValueError, match="smallest eigenvalue -0.99"):
-        nt.damped_cholesky(-torch.eye(3, dtype=torch.float64), 0.01, "NS")
+def test_indefinite_damped_hessian_is_solved_and_flagged():
+    H = torch.diag(torch.tensor([-1.0, 2.0], dtype=torch.float64))  # curvature -1 below -damping
+    x, definite = nt.solve_damped(H, 0.01, torch.tensor([1.0, 1.0], dtype=torch.float64))
+    assert not definite and torch.allclose(x, torch.tensor([1 / -0.99, 1 / 2.01], dtype=torch.float64))
+    with pytest.raises(ValueError, match="singular"):
+        nt.solve_damped(-0.01 * torch.eye(2, dtype=torch.float64), 0.01, torch.ones(2, dtype=torch.float64))
 
 
 # -- the recorder and the strategies on a Lightning fit ----------------------------------------------------

@@ -173,7 +173,12 @@ class HessianSumRecorder(RecorderCallback):
                 grad_max, grad_sum = max(grad_max, float(g.norm(dim=1).max())), grad_sum + g.sum(0)
         grad_sum, grad_max = self.sum_over_ranks(grad_sum), self.max_over_ranks(grad_max)
         top, _ = hf.top_eigenvalue(lambda v: H @ v / n, torch.ones_like(theta), 100)
-        matrix = nt.jackknife_inverse(H, n, self.damping) if self.form == "inverse" else H
+        matrix, definite = nt.jackknife_inverse(H, n, self.damping) if self.form == "inverse" else (H, True)
+        if not definite:
+            warn(
+                f"the damped mean Hessian (damping {self.damping:g}) is indefinite at the trained model (a non-convex "
+                "loss): the jackknife inverts it all the same, as [HF]'s runs do, with no guarantee"
+            )
         self.precompute_seconds = perf_counter() - start
         stationarity = float((grad_sum / n).norm())
         if stationarity > self.tolerance:

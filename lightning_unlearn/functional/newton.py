@@ -59,28 +59,30 @@ def hessian_sum(loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_
     return cl.dense_hessian(loss, theta, x, y, chunk_size) * len(x)
 
 
-def damped_cholesky(mean_hessian: Tensor, damping: float, who: str) -> Tensor:
-    """Cholesky factor of ``mean_hessian + damping I``.
+def solve_damped(mean_hessian: Tensor, damping: float, rhs: Tensor) -> tuple[Tensor, bool]:
+    """``(mean_hessian + damping I)^{-1} rhs`` (``rhs`` a vector or the columns of a matrix) and whether the damped
+    matrix is positive definite: Cholesky if it is, else an LU solve (a non-convex loss whose curvature is below
+    ``-damping``; the [HF] authors' code inverts it all the same, ``torch.inverse``).
 
     Raises:
-        ValueError: the damped matrix is not positive definite (a non-convex loss whose curvature is
-            more negative than ``-damping``), naming its smallest eigenvalue.
+        ValueError: the damped matrix is singular.
     """
     eye = torch.eye(mean_hessian.shape[0], dtype=mean_hessian.dtype, device=mean_hessian.device)
     damped = mean_hessian + damping * eye
+    B = rhs.reshape(len(damped), -1).to(damped)
     chol, info = torch.linalg.cholesky_ex(damped)
+    if not int(info):
+        return torch.cholesky_solve(B, chol).reshape(rhs.shape), True
+    solution, info = torch.linalg.solve_ex(damped, B)
     if int(info):
-        low = float(torch.linalg.eigvalsh(damped)[0])
-        raise ValueError(
-            f"{who}: the damped mean Hessian is not positive definite (smallest eigenvalue {low:.4g} with damping "
-            f"{damping:g}); the loss is not convex at the trained model: increase the damping"
-        )
-    return chol
+        raise ValueError(f"the damped mean Hessian (damping {damping:g}) is singular: increase the damping")
+    return solution.reshape(rhs.shape), False
 
 
 # -- the two updates ----------------------------------------------------------------------------------
-def newton_step(retained_hessian_sum: Tensor, n_retained: int, grad_sum: Tensor, damping: float) -> Tensor:
-    """[NS]'s update of [HF] Eq. (15), ``1/(n-m) (H_ret/(n-m) + c I)^{-1} G``, to add to the trained model.
+def newton_step(retained_hessian_sum: Tensor, n_retained: int, grad_sum: Tensor, damping: float) -> tuple[Tensor, bool]:
+    """[NS]'s update of [HF] Eq. (15), ``1/(n-m) (H_ret/(n-m) + c I)^{-1} G``, to add to the trained model, and
+    whether the damped Hessian was positive definite (:func:`solve_damped`).
 
     Args:
         retained_hessian_sum: ``sum_i H_i - sum_{u in U} H_u`` at the trained model (``d x d``).
@@ -89,20 +91,21 @@ def newton_step(retained_hessian_sum: Tensor, n_retained: int, grad_sum: Tensor,
         damping: ``c``.
 
     Raises:
-        ValueError: no sample retained, or the damped Hessian is not positive definite.
+        ValueError: no sample retained, or a singular damped Hessian.
     """
     if n_retained < 1:
         raise ValueError(f"the Newton step needs a retained sample, got n - m = {n_retained}")
-    chol = damped_cholesky(retained_hessian_sum / n_retained, damping, "NS")
-    step = torch.cholesky_solve(grad_sum.reshape(-1, 1).to(chol), chol).reshape(-1)
-    return (step / n_retained).to(grad_sum)
+    step, definite = solve_damped(retained_hessian_sum / n_retained, damping, grad_sum)
+    return (step / n_retained).to(grad_sum), definite
 
 
-def jackknife_inverse(full_hessian_sum: Tensor, n: int, damping: float) -> Tensor:
-    """``(1/n sum_i H_i + c I)^{-1}``, the inverse [IJ] computes once before any request ([HF] Eq. (16))."""
+def jackknife_inverse(full_hessian_sum: Tensor, n: int, damping: float) -> tuple[Tensor, bool]:
+    """``(1/n sum_i H_i + c I)^{-1}``, the inverse [IJ] computes once before any request ([HF] Eq. (16)), and
+    whether the damped Hessian was positive definite (:func:`solve_damped`)."""
     if n < 1:
         raise ValueError(f"the jackknife needs learned samples, got n = {n}")
-    return torch.cholesky_inverse(damped_cholesky(full_hessian_sum / n, damping, "IJ"))
+    eye = torch.eye(full_hessian_sum.shape[0], dtype=full_hessian_sum.dtype, device=full_hessian_sum.device)
+    return solve_damped(full_hessian_sum / n, damping, eye)
 
 
 def jackknife_step(inverse: Tensor, n: int, grad_sum: Tensor) -> Tensor:

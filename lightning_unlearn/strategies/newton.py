@@ -119,7 +119,7 @@ class _SecondOrderStrategy(ReleasingStrategy):
         if self._grad_sum is None or rec.theta is None:
             return hf.flat_params(self.module)
         theta = rec.theta.to(self._grad_sum)
-        return theta + self._step_for(self._grad_sum, self._forgotten, rec.matrix)
+        return theta + self._step_for(self._grad_sum, self._forgotten, rec.matrix)[0]
 
     def _gradient_sum(self, ids: Tensor, data: ForgetData) -> tuple[Tensor, Tensor, Tensor]:
         """``G`` including ``ids`` and the samples' inputs and labels (checked against what was learned)."""
@@ -143,8 +143,9 @@ class _SecondOrderStrategy(ReleasingStrategy):
         return G, x.to(theta.device), y.to(theta.device)
 
     @abstractmethod
-    def _step_for(self, G: Tensor, m: int, matrix: Tensor | None) -> Tensor:
-        """The step from ``w`` for ``m`` forgotten samples with gradient sum ``G`` and the recorder's ``matrix``."""
+    def _step_for(self, G: Tensor, m: int, matrix: Tensor | None) -> tuple[Tensor, bool]:
+        """The step from ``w`` for ``m`` forgotten samples with gradient sum ``G`` and the recorder's ``matrix``, and
+        whether the damped Hessian it solves with is positive definite."""
 
     @abstractmethod
     def _bound(self, m: int, c: ModelConstants, M: float) -> dict[str, float]:
@@ -218,7 +219,7 @@ class NewtonStepStrategy(_SecondOrderStrategy):
     method = "ns"
     form = "hessian"
 
-    def _step_for(self, G: Tensor, m: int, matrix: Tensor | None) -> Tensor:
+    def _step_for(self, G: Tensor, m: int, matrix: Tensor | None) -> tuple[Tensor, bool]:
         if matrix is None:
             raise ValueError("NS has no recorded Hessian")
         return nt.newton_step(matrix.to(G), self.recorder.n - m, G, self.recorder.damping)
@@ -236,7 +237,14 @@ class NewtonStepStrategy(_SecondOrderStrategy):
             removed = nt.hessian_sum(rec.module_loss(self.module), theta, x, y, rec.chunk_size)
         retained = rec.matrix - removed.to(rec.matrix)  # a new tensor: the recorder's stays for rollback
         m = self._forgotten + int(ids.numel())
-        internal = theta + self._step_for(G, m, retained)  # Eq. (15)
+        step, definite = self._step_for(G, m, retained)
+        if not definite:
+            warn(
+                f"NS: the damped mean Hessian (damping {rec.damping:g}) of the retained samples is indefinite (a "
+                "non-convex loss): solved all the same, as [HF]'s runs do, with no guarantee",
+                stacklevel=4,
+            )
+        internal = theta + step  # Eq. (15)
         update = self._publish(ids, G, internal, "[NS] Alg. 2 / [HF] Eq. (15): ||w_retrain - w_NS|| <= gamma")
         update.statistics = {"matrix": retained}
         return update
@@ -251,10 +259,10 @@ class InfinitesimalJackknifeStrategy(_SecondOrderStrategy):
     method = "ij"
     form = "inverse"
 
-    def _step_for(self, G: Tensor, m: int, matrix: Tensor | None) -> Tensor:
+    def _step_for(self, G: Tensor, m: int, matrix: Tensor | None) -> tuple[Tensor, bool]:
         if matrix is None:
             raise ValueError("IJ has no recorded inverse Hessian")
-        return nt.jackknife_step(matrix.to(G), self.recorder.n, G)
+        return nt.jackknife_step(matrix.to(G), self.recorder.n, G), True  # the recorder warned if it was indefinite
 
     def _bound(self, m: int, c: ModelConstants, M: float) -> dict[str, float]:
         rec = self.recorder
@@ -264,5 +272,5 @@ class InfinitesimalJackknifeStrategy(_SecondOrderStrategy):
         rec = self.recorder
         G, _, _ = self._gradient_sum(ids, data)
         theta = rec.theta.to(G) if rec.theta is not None else G
-        internal = theta + self._step_for(G, self._forgotten + int(ids.numel()), rec.matrix)  # Eq. (16)
+        internal = theta + self._step_for(G, self._forgotten + int(ids.numel()), rec.matrix)[0]  # Eq. (16)
         return self._publish(ids, G, internal, "[IJ] / [HF] Eq. (16): ||w_retrain - w_IJ|| <= gamma [derived]")
