@@ -27,7 +27,6 @@ import math
 import torch
 from torch import Tensor
 
-from lightning_unlearn.functional import certified as cl
 from lightning_unlearn.functional import hf
 
 
@@ -51,12 +50,22 @@ def check_dense(dim: int, dtype: torch.dtype, max_bytes: int, who: str) -> None:
         )
 
 
+#: (sample, vector) pairs per batched Hessian-vector call of :func:`hessian_sum` (bounds its peak memory)
+PAIRS_PER_CALL = 32768
+
+
 def hessian_sum(loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = 256) -> Tensor:
-    """``sum_i hess l(theta; z_i)`` over the rows of ``x``, dense ``(d, d)`` (zeros for no rows), ``chunk_size``
-    samples at a time (:func:`~lightning_unlearn.functional.certified.dense_hessian`)."""
-    if not len(x):
-        return torch.zeros(theta.numel(), theta.numel(), dtype=theta.dtype, device=theta.device)
-    return cl.dense_hessian(loss, theta, x, y, chunk_size) * len(x)
+    """``sum_i hess l(theta; z_i)`` over the rows of ``x``, dense ``(d, d)`` (zeros for no rows), built from
+    batched Hessian-vector products of ``chunk_size`` samples at a time against ``PAIRS_PER_CALL / chunk``
+    columns of the identity at a time (a few samples, as a request's, take many columns per call)."""
+    d = theta.numel()
+    H = torch.zeros(d, d, dtype=theta.dtype, device=theta.device)
+    eye = torch.eye(d, dtype=theta.dtype, device=theta.device)
+    step = chunk_size or max(len(x), 1)
+    for k in range(0, len(x), step):
+        xb, yb = x[k : k + step], y[k : k + step]
+        H += hf.hvps(loss, theta, xb, yb, eye, chunk_size=max(1, PAIRS_PER_CALL // len(xb))) * len(xb)
+    return 0.5 * (H + H.T)
 
 
 def solve_damped(mean_hessian: Tensor, damping: float, rhs: Tensor) -> tuple[Tensor, bool]:

@@ -1,12 +1,13 @@
 """The built-in methods of the registry, each an unlearning strategy class on its model families.
 
-Registered: ``acu``, ``hf``, ``hessian``, ``gradient``, ``safe``, ``rbm``, ``salun`` and the baselines
+Registered: ``acu``, ``hf``, ``ns``, ``ij``, ``hessian``, ``gradient``, ``safe``, ``rbm``, ``salun`` and the baselines
 ``retrain``, ``finetune``, ``neggrad``, ``neggrad_plus``, ``randomlabel`` and the further baselines of [ACU]'s
 Table 1, ``scrub`` ([SCRUB]), ``l1_sparse`` and ``woodfisher`` ([Sparse]). The baselines, RBM and SalUn run on every
 family (default: analytic, [ACU]'s protocol; their defaults are [ACU] App. E.3's);
-[HF] on the linear family (option ``track``: the sample ids its recorder keeps vectors for), [CCL]'s Hessian
-and gradient methods on the proximal family (with a :class:`HessianRecorder`, whose estimates are their Lipschitz
-and smoothness constants), [SAFE] on the supervised family by default.
+[HF] (option ``track``: the sample ids its recorder keeps vectors for) and its Hessian-based baselines [NS] and
+[IJ] on the linear family, [CCL]'s Hessian and gradient methods on the proximal family (with a
+:class:`HessianRecorder`, whose estimates are their Lipschitz and smoothness constants), [SAFE] on the supervised
+family by default.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from lightning_unlearn.callbacks.hessian import HessianRecorder
+from lightning_unlearn.callbacks.newton import MAX_BYTES, HessianSumRecorder
 from lightning_unlearn.callbacks.optimality import TaskOptimality
 from lightning_unlearn.callbacks.streaming import StreamingRecorder
 from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
 from lightning_unlearn.functional.bounds import linear_head, linear_model_constants, max_feature_norm, module_constants
+from lightning_unlearn.functional.newton import hessian_lipschitz_bound
 from lightning_unlearn.harness.registry import MethodSpec, register
 from lightning_unlearn.harness.types import BenchmarkInfo
 from lightning_unlearn.strategies.acu import ACUStrategy
@@ -36,6 +39,7 @@ from lightning_unlearn.strategies.certified import (
     HessianCertifiedStrategy,
 )
 from lightning_unlearn.strategies.hf import HFStrategy
+from lightning_unlearn.strategies.newton import InfinitesimalJackknifeStrategy, NewtonStepStrategy
 from lightning_unlearn.strategies.rbm import RBMStrategy
 from lightning_unlearn.strategies.scrub import SCRUBStrategy
 from lightning_unlearn.strategies.sparse import L1SparseStrategy, WoodFisherStrategy
@@ -88,6 +92,24 @@ def _closed_form_checked(
     return {"constants": constants, "optimality": check}, [check]
 
 
+def _hessian_sum(form: str) -> Any:
+    def make(info: BenchmarkInfo, damping: float, max_bytes: int) -> HessianSumRecorder:
+        return HessianSumRecorder(form=form, damping=damping, max_bytes=max_bytes)
+
+    return make
+
+
+def _second_order_constants(
+    info: BenchmarkInfo, module: Any, settings: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[Any]]:
+    """[NS]/[IJ]'s context: the closed-form L, beta and lambda of the linear head (as [HF]'s) and its Hessian-Lipschitz
+    constant M over the stream's training inputs."""
+    features, head = linear_head(module)
+    norm = max_feature_norm(features, (b[0] for b in DataLoader(info.train, batch_size=1024)))
+    constants = module_constants(module, (b[0] for b in DataLoader(info.train, batch_size=1024)))
+    return {"constants": constants, "hessian_lipschitz": hessian_lipschitz_bound(norm, bias=head.bias is not None)}, []
+
+
 def _streaming(info: BenchmarkInfo, num_classes: int | None) -> StreamingRecorder:
     return StreamingRecorder(num_classes or info.num_classes, seed=info.seed)
 
@@ -118,6 +140,19 @@ register(
         managed=frozenset({"constants"}),
     )
 )
+for _name, _cls, _form in (("ns", NewtonStepStrategy, "hessian"), ("ij", InfinitesimalJackknifeStrategy, "inverse")):
+    register(
+        MethodSpec(
+            _name,
+            _cls,
+            families=("linear",),
+            recorder=_hessian_sum(_form),
+            recorder_options={"damping": 0.01, "max_bytes": MAX_BYTES},
+            label=certified_label(_name),
+            context=_second_order_constants,
+            managed=frozenset({"constants", "hessian_lipschitz"}),
+        )
+    )
 register(
     MethodSpec(
         "hessian",
