@@ -6,7 +6,8 @@ experience. Printed: the plain fit's time; each recorder's fit time as a ratio o
 and its statistics' memory (bytes of its ``state_dict`` tensors); each method's time for one
 request of 4 samples. The machine may be shared: each recorder's ratio is to a plain fit run
 right before it. [HF] follows the user's BatchNorm in training mode (the batch loss's Hessian);
-ACU runs a frozen trunk with an analytic head, as [ACU] prescribes. The certified rows publish
+ACU runs a frozen trunk with an analytic head, as [ACU] prescribes; [NS] and [IJ] (a dense Hessian) train the
+last layer only. The certified rows publish
 without noise (``noise=False``): a ResNet violates the strong convexity their certificates need,
 and the point here is cost.
 
@@ -43,10 +44,16 @@ from lightning_unlearn import (
     TaskDeltaRecorder,
     TrajectoryRecorder,
 )
-from lightning_unlearn.callbacks import ProximalRegularizer, SampleRecorder
+from lightning_unlearn.callbacks import HessianSumRecorder, ProximalRegularizer, SampleRecorder
 from lightning_unlearn.models import AnalyticHead
 from lightning_unlearn.progress import QUIET_TRAINER
-from lightning_unlearn.strategies import L1SparseStrategy, SCRUBStrategy, WoodFisherStrategy
+from lightning_unlearn.strategies import (
+    InfinitesimalJackknifeStrategy,
+    L1SparseStrategy,
+    NewtonStepStrategy,
+    SCRUBStrategy,
+    WoodFisherStrategy,
+)
 from lightning_unlearn.strategies.baselines import (
     FinetuneStrategy,
     NegGradPlusStrategy,
@@ -73,6 +80,16 @@ class UserResNet(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01, weight_decay=5e-4)
+
+
+class UserResNetHead(UserResNet):
+    """The same module with only its last layer trained ([NS] and [IJ] hold a dense d x d Hessian: of all 11.2M
+    parameters it would need 450 TiB, which their recorder refuses, naming d)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net.requires_grad_(False)
+        self.net.fc.requires_grad_(True)
 
 
 class UserAnalytic(L.LightningModule):
@@ -192,6 +209,15 @@ def build_all(
     rows.append((f"TrajectoryRecorder ({args.track} tracked)", t, reference, state_bytes(rec)))
     hf = HFStrategy(model, rec, noise=False)
     methods.append(("hf", lambda: hf.forget(ForgetRequest.samples(tracked))))
+
+    # [NS], [IJ]: the dense Hessian of the last layer (d = 5,130) at the trained model, in eval mode
+    for name, form, cls in (("ns", "hessian", NewtonStepStrategy), ("ij", "inverse", InfinitesimalJackknifeStrategy)):
+        model, rec = UserResNetHead(), HessianSumRecorder(form=form)
+        reference = fit(UserResNetHead(), data, args.epochs, [])
+        t = fit(model, data, args.epochs, [rec])
+        rows.append((f"HessianSumRecorder ({form}, fc)", t, reference, state_bytes(rec)))
+        strategy = cls(model, rec, noise=False)
+        methods.append((name, lambda s=strategy: s.forget(FORGET, data)))
 
     # [ACU]: frozen trunk + analytic head
     model, rec = UserAnalytic(), AnalyticRecorder(ridge=1.0, backbone="trunk", head="head")

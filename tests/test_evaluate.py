@@ -201,6 +201,8 @@ def test_registry_names_and_errors():
         "rbm",
         "salun",
         "hf",
+        "ns",
+        "ij",
         "hessian",
         "gradient",
         "safe",
