@@ -1,5 +1,5 @@
-"""Under DDP (2 CPU processes, gloo) the HF, SAFE and [CCL] recorders hold the same statistics as in one process,
-sharded: SAFE's and [CCL]'s sums are taken over each rank's own samples and added once, HF's vectors are split
+"""Under DDP (2 CPU processes, gloo) the HF, SAFE, [NS] and [CCL] recorders hold the same statistics as in one process,
+sharded: SAFE's, [NS]'s and [CCL]'s sums are taken over each rank's own samples and added once, HF's vectors are split
 between the ranks (a memory-mapped store's checkpoint restores each rank's file), and an HF request executed by
 both ranks publishes the single-process model.
 
@@ -53,6 +53,9 @@ def test_ddp_statistics_equal_single_process(tmp_path):
             assert close(s[key], t[key]), (rank, key)
         for name in t["grad_sum"]:
             assert close(s["grad_sum"][name], t["grad_sum"][name]), (rank, name)
+        h, g = d["hessian_sum"], single["hessian_sum"]  # [NS]: the dense Hessian sum at the trained model
+        assert h["n"] == g["n"] == N and close(h["matrix"], g["matrix"]) and close(h["theta"], g["theta"]), rank
+        assert abs(h["grad_max"] - g["grad_max"]) <= 1e-9 * g["grad_max"], rank
         h, g = d["hessian"], single["hessian"]
         assert h["sizes"].tolist() == g["sizes"].tolist() == [48, 48]
         for key in ("starts", "ends", "hessians"):
@@ -71,6 +74,6 @@ def test_ddp_statistics_equal_single_process(tmp_path):
             fresh.load_state_dict(states[fresh.state_key])
         assert fresh.A is None and not len(fresh.catalog)
     # sharded recording: no rank computed statistics of the other's samples
-    assert single["streaming_rows"] == N and single["hessian_rows"] == 2 * 48
-    for key, total in (("streaming_rows", N), ("hessian_rows", 2 * 48)):
+    assert single["streaming_rows"] == single["hessian_sum_rows"] == N and single["hessian_rows"] == 2 * 48
+    for key, total in (("streaming_rows", N), ("hessian_sum_rows", N), ("hessian_rows", 2 * 48)):
         assert ddp[0][key] + ddp[1][key] == total and max(ddp[0][key], ddp[1][key]) < total, key

@@ -1,5 +1,5 @@
-"""Fit a TrajectoryRecorder (HF), a StreamingRecorder (SAFE) and a HessianRecorder ([CCL]) with DDP on 2 CPU
-processes (gloo), save their states.
+"""Fit a TrajectoryRecorder (HF), a StreamingRecorder (SAFE), a HessianSumRecorder ([NS]) and a HessianRecorder
+([CCL]) with DDP on 2 CPU processes (gloo), save their states.
 
 Usage: python ddp_trajectory.py OUT.pt [DEVICES]. Run by tests/test_certified_ddp.py in a subprocess
 (Lightning's "ddp" strategy relaunches this script for the other rank). With DEVICES=2 each rank
@@ -20,7 +20,12 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0] + "/..")
 from helpers_certified import blobs, cl_tasks, proximal_model, sgd_model  # noqa: E402
 
 from lightning_unlearn import ForgetRequest  # noqa: E402
-from lightning_unlearn.callbacks import HessianRecorder, StreamingRecorder, TrajectoryRecorder  # noqa: E402
+from lightning_unlearn.callbacks import (  # noqa: E402
+    HessianRecorder,
+    HessianSumRecorder,
+    StreamingRecorder,
+    TrajectoryRecorder,
+)
 from lightning_unlearn.functional import hf  # noqa: E402
 from lightning_unlearn.strategies import HFStrategy  # noqa: E402
 
@@ -75,8 +80,10 @@ def main(out: str, devices: int) -> None:
     mapped = TrajectoryRecorder(dtype=torch.float32, store="mmap", path=out.replace(".pt", ".rows"), capacity=96)
     stream = StreamingRecorder(num_classes=3, proj_dim=4)
     stream_rows = count_rows(stream)
+    hsum = HessianSumRecorder()
+    hsum_rows = count_rows(hsum)
     model = sgd_model()
-    tr = trainer(devices, [traj, mapped, stream], epochs=2)
+    tr = trainer(devices, [traj, mapped, stream, hsum], epochs=2)
     tr.fit(model, loader(blobs(96, seed=0), devices))
     restored = restored_shard(tr, mapped, out.replace(".pt", ".ckpt"))
     owned = traj._slot >= 0  # the vectors this rank holds, by id
@@ -112,6 +119,8 @@ def main(out: str, devices: int) -> None:
             "noise_norm": noised.extra["noise_norm"],
             "streaming": stream.state_dict(),
             "streaming_rows": sum(stream_rows),
+            "hessian_sum": hsum.state_dict(),
+            "hessian_sum_rows": sum(hsum_rows),
             "hessian": hess.state_dict(),
             "hessian_rows": sum(hess_rows),
         },
