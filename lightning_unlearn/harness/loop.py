@@ -59,10 +59,12 @@ def statistics_bytes(recorder: RecorderCallback) -> int:
     """Bytes of the statistics a recorder keeps for unlearning: its ``memory_bytes()`` where it has one
     (:class:`~lightning_unlearn.callbacks.trajectory.TrajectoryRecorder`: the tracked vectors), otherwise the
     tensors of its ``state_dict`` besides what every recorder keeps (the sample catalog, ledger anchor, privacy
-    budget); 0 for a recorder of the catalog only."""
+    budget); 0 for a recorder of the catalog only. Under DDP a ``memory_bytes`` is this rank's share, summed over the
+    ranks here (a collective: every rank calls this); the ``state_dict`` sums are already every rank's."""
     memory_bytes = getattr(recorder, "memory_bytes", None)
     if callable(memory_bytes):
-        return int(memory_bytes())
+        device = recorder._strategy.root_device if recorder._strategy is not None else None  # NCCL: on the GPU
+        return int(recorder.sum_over_ranks(torch.tensor(int(memory_bytes()), dtype=torch.float64, device=device)))
     common = set(RecorderCallback.state_dict(recorder))
     return _tensor_bytes({k: v for k, v in recorder.state_dict().items() if k not in common})
 
