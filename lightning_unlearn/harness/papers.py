@@ -265,7 +265,10 @@ _HF_NOTES = (
     "all deletions at once); the time includes the forgotten samples' gradients (and, NS, Hessians). On LR the "
     "noise is calibrated ([AGM]) on the bounds of functional/newton.py with closed-form constants ([NS]'s gamma "
     "[interp], IJ's [derived], the Hessian-Lipschitz constant [derived]); on the non-convex models the fixed "
-    "std 0.01 of HF's rows ([interp]: the paper's (100, 0.1) needs constants it does not state), not certified.",
+    "std 0.01 of HF's rows ([interp]: the paper's (100, 0.1) needs constants it does not state), not certified. "
+    "Both assume the trained model minimises the loss: the recorder measures ||mean grad l|| there and the "
+    "certificate's recipe is 'unchecked' above 1e-3 (the smoke scale's 5 epochs leave ~0.4, so NS and IJ step "
+    "against the whole gradient and lose accuracy: not the paper's regime).",
     "[interp] Non-convex models (CNN, ResNet-18) run HF on the trainable family with the recorder's estimated "
     "constants and noise of standard deviation 0.01 ([HF] App. D.3: 'we uniformly add noise with a standard "
     "deviation of 0.01'): not certified. The linear family caps lr at 0.9 x 2/(M + l2) ([HF] Lemma 3).",
