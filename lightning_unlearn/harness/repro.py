@@ -651,8 +651,9 @@ def run_config(
         out: where to write the outputs (nothing written without it).
         seed: data split, request draw and model initialisation.
         trainer_kwargs: extra ``Trainer`` arguments for every fit (e.g. ``{"accelerator": "gpu", "devices": 2}``;
-            with several devices Lightning's launcher runs the whole function on every rank, and only rank 0
-            logs and writes).
+            requests and metrics run on the device each module was fitted on; with several devices Lightning's
+            launcher runs the whole function on every rank (:func:`start_ranks`), requests run on all ranks
+            together, and only rank 0 logs and writes).
         setups: labels of the setups to run (default: all at full scale).
         log: receives the progress lines.
 
