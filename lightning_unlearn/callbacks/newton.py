@@ -37,8 +37,9 @@ class HessianSumRecorder(RecorderCallback):
     ``tolerance``), the largest per-sample gradient norm (an estimate of L) and the top eigenvalue of the mean
     Hessian (of the smoothness). :attr:`precompute_seconds` times the Hessian (and inverse).
 
-    Storage: ``d^2`` floats. A module whose dense ``d x d`` matrix would exceed ``max_bytes`` is refused when
-    the fit starts, naming ``d`` and the memory ([HF] reports both methods out of memory for ResNet-18).
+    Storage: ``d^2`` floats, on every rank under DDP (the harness's Storage(GB) counts the ``state_dict`` once).
+    A module whose dense ``d x d`` matrix would exceed ``max_bytes`` is refused when the fit starts, naming ``d``
+    and the memory ([HF] reports both methods out of memory for ResNet-18).
     One training set only ([NS] and [IJ] are not continual): a second fit is refused.
 
     DDP: each rank holds the inputs of its own batches; the Hessian and gradient sums are added over the
@@ -96,10 +97,6 @@ class HessianSumRecorder(RecorderCallback):
     @property
     def state_key(self) -> str:
         return self._generate_state_key(form=self.form, damping=self.damping)
-
-    def memory_bytes(self) -> int:
-        """Bytes of the stored statistics (the dense matrix and ``w``)."""
-        return sum(t.numel() * t.element_size() for t in (self.matrix, self.theta) if t is not None)
 
     def module_loss(self, module: nn.Module) -> hf.ModuleLoss:
         """The per-sample loss ``l`` of ``module`` (``loss_fn`` plus the recorded ridge ``l2``)."""
