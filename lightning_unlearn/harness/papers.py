@@ -281,8 +281,8 @@ _HF_NOTES = (
     "state stands for each request's retrain; the paper divides the total retrain time of all requests by the "
     "total unlearning time, the same ratio).",
     "Precompute(s): the measured wall time of learning the data with the method's recorder minus its reference's "
-    "fit of the same recipe with a catalog-only recorder, in the same run (the recorder's overhead; noise-level, "
-    "possibly negative, for methods that record nothing). Storage(GB): bytes (1e9 per GB) of the recorder's "
+    "fit of the same recipe with a catalog-only recorder, in the same run (the recorder's overhead; '-' for "
+    "methods that record no statistics, the paper's 'x'). Storage(GB): bytes (1e9 per GB) of the recorder's "
     "statistics after learning (HF: tracked vectors x d x 4 bytes).",
     "MIA-L ([HF] Section 6: LiRA) is offline [LiRA]'s AUC of forgotten vs test samples with 4 shadow models, each "
     "the reference's recipe retrained on a random half of the retained samples (0.5: chance); [interp] the paper "
