@@ -6,7 +6,9 @@ Part 1 runs ``lightning-unlearn reproduce <config> --smoke`` for every config of
 Part 2 estimates each full-scale run from its protocol: the training sample-passes it makes (every
 method learns the stream itself, its reference learns it and retrains after every request, or once
 with ``compare="last"``; trained baselines run their unlearning epochs per request; [ACU]'s backbone
-is pre-trained for 300 epochs; evaluation forward passes count a third of a step), times the
+is pre-trained for 300 epochs; HF's recorder adds 3.1 steps per tracked vector and step, and NS/IJ's
+dense Hessian d Hessian-vector products over the data (the d x d factorisations are not counted); a
+table with MIA-L trains 4 LiRA shadows per reference; evaluation forward passes count a third of a step), times the
 per-sample SGD step time of its model measured here on the CPU. The GPU figure scales that by the
 ratio of the measured CPU time to a GPU rate anchored on the papers' own measurement: [HF] Table 3
 retrains ResNet-18 on CIFAR-10 (40 epochs, 49,950 samples) in 468.65 s on an RTX 4090, i.e.
@@ -30,7 +32,7 @@ import torch
 from torch import nn
 
 from lightning_unlearn.harness.papers import CONFIGS
-from lightning_unlearn.harness.repro import ReproConfig, Scale, Setup, classifier, run_config
+from lightning_unlearn.harness.repro import LIRA_SHADOWS, ReproConfig, Scale, Setup, classifier, run_config
 
 for noise in (
     ".*does not have many workers.*",
@@ -68,9 +70,12 @@ GPU_RESNET18_CIFAR = 40 * 49_950 / 468.65
 STEP_OVERHEAD_S = 0.003
 #: trained baselines' unlearning epochs by registered name, when a config does not set them ([ACU] App. E.3)
 UNLEARN_EPOCHS = {"finetune": 10, "l1_sparse": 10, "neggrad": 5, "neggrad_plus": 10, "scrub": 5, "randomlabel": 10}
-#: cost of one learning pass relative to an SGD step: ACU's analytic fit is a forward pass; HF's recorder adds
-#: a batched Hessian-vector product per step ([HF] Alg. 1) [interp]
-LEARN_FACTOR = {"acu": 1 / 3, "hf": 3.0}
+#: cost of one learning pass relative to an SGD step: ACU's analytic fit is a forward pass
+LEARN_FACTOR = {"acu": 1 / 3}
+#: HF's recorder per tracked vector and step, in SGD steps: 0.77 Hessian-vector products (chunks of 4 vectors) of
+#: 4.06 steps each, measured on resnet18 by benchmarks/hf_recording.py and applied to every model [interp] (the
+#: smoke runs' Precompute(s) give ~0.5 for the linear model and ~14 for the small CNN, whose steps are overhead)
+HF_STEPS_PER_VECTOR = 0.77 * 4.06
 
 
 def step_seconds(model: nn.Module, shape: tuple[int, ...], batch: int = 32, steps: int = 3) -> float:
@@ -87,8 +92,8 @@ def step_seconds(model: nn.Module, shape: tuple[int, ...], batch: int = 32, step
     return sorted(times[1:])[len(times[1:]) // 2] / batch
 
 
-def passes(config: ReproConfig, setup: Setup) -> float:
-    """Training sample-passes (SGD-step equivalents) of one setup at full scale."""
+def passes(config: ReproConfig, setup: Setup, d: int) -> float:
+    """Training sample-passes (SGD-step equivalents) of one setup at full scale (``d``: the model's parameters)."""
     scale = setup.full
     n = scale.train_size or FULL_TRAIN[scale.dataset] * (0.8 if scale.pretrain_epochs else 1.0)
     n_test = scale.test_size or 10_000
@@ -103,9 +108,15 @@ def passes(config: ReproConfig, setup: Setup) -> float:
             forgotten = n / 10
         retrains = k if requests.compare == "each" else 1
         total += learn + retrains * learn  # the reference learns, then retrains
+        if "MIA-L" in config.columns:  # offline LiRA: every reference trains LIRA_SHADOWS shadow models
+            total += LIRA_SHADOWS * learn
         for entry in setup.methods:
             factor = LEARN_FACTOR.get(entry.name, 1 / 3 if analytic else 1.0)
+            if entry.name == "hf":  # every tracked vector follows the whole trajectory ([HF] Alg. 1)
+                factor += HF_STEPS_PER_VECTOR * (forgotten if entry.options.get("track") == "scheduled" else n)
             total += factor * learn
+            if entry.name in ("ns", "ij"):  # the dense Hessian: d Hessian-vector products over the n samples
+                total += d * HF_STEPS_PER_VECTOR / 0.77 * n
             epochs = entry.options.get("epochs", UNLEARN_EPOCHS.get(entry.name, 0))
             # unlearning epochs over the retained set, per request (on ACU's frozen backbone: forward passes only)
             total += epochs * (n - forgotten / 2) * k * (1 / 3 if analytic else 1.0)
@@ -144,7 +155,9 @@ def estimate(names: list[str]) -> str:
     for config, setup in setups:
         scale: Scale = setup.full
         cpu, gpu = rates[(scale.model, scale.dataset)]
-        p = passes(config, setup)
+        classes = 2 if scale.dataset == "celeba-gender" else 10
+        d = sum(p.numel() for p in classifier(scale.model, classes, SHAPES[scale.dataset], scale.width).parameters())
+        p = passes(config, setup, d)
         steps = p / min(scale.batch_size, scale.train_size or FULL_TRAIN[scale.dataset])
         cpu_s, gpu_s = p * cpu + steps * STEP_OVERHEAD_S, p * gpu + steps * STEP_OVERHEAD_S
         need = "yes" if cpu_s > 3600 else "no"
