@@ -121,26 +121,29 @@ class _SecondOrderStrategy(ReleasingStrategy):
         theta = rec.theta.to(self._grad_sum)
         return theta + self._step_for(self._grad_sum, self._forgotten, rec.matrix)[0]
 
-    def _gradient_sum(self, ids: Tensor, data: ForgetData) -> tuple[Tensor, Tensor, Tensor]:
-        """``G`` including ``ids`` and the samples' inputs and labels (checked against what was learned)."""
+    def _gradient_sum(self, ids: Tensor, data: ForgetData) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``G`` including ``ids``, the trained model ``w`` (flat, on the module's device and dtype) and the
+        samples' inputs and labels (checked against what was learned)."""
         rec = self.recorder
         if rec.theta is None:
             raise ValueError(f"{type(rec).__name__} holds no trained model")
-        d = hf.flat_params(self.module).numel()
-        if d != rec.theta.numel():
-            raise ValueError(f"module has {d} trainable parameters but the recorded Hessian is for {rec.theta.numel()}")
+        flat = hf.flat_params(self.module)
+        if flat.numel() != rec.theta.numel():
+            raise ValueError(
+                f"module has {flat.numel()} trainable parameters but the recorded Hessian is for {rec.theta.numel()}"
+            )
         before = int(self.catalog.forgotten.sum())
         if before != self._forgotten:
             raise ValueError(
                 f"{before} samples were forgotten without this {type(self).__name__} (e.g. before a checkpoint): "
                 f"its step needs the sum of their gradients at the trained model, which is not kept"
             )
-        x, y = self.forget_samples(ids, data)
-        theta = rec.theta.to(hf.flat_params(self.module))
+        theta = rec.theta.to(flat)
+        x, y = (t.to(theta.device) for t in self.forget_samples(ids, data))
         with eval_mode(self.module):
-            g = hf.per_sample_grads(rec.module_loss(self.module), theta, x.to(theta.device), y.to(theta.device))
+            g = hf.per_sample_grads(rec.module_loss(self.module), theta, x, y)
         G = g.sum(0) if self._grad_sum is None else self._grad_sum + g.sum(0)
-        return G, x.to(theta.device), y.to(theta.device)
+        return G, theta, x, y
 
     @abstractmethod
     def _step_for(self, G: Tensor, m: int, matrix: Tensor | None) -> tuple[Tensor, bool]:
@@ -229,8 +232,7 @@ class NewtonStepStrategy(_SecondOrderStrategy):
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         rec = self.recorder
-        G, x, y = self._gradient_sum(ids, data)
-        theta = rec.theta.to(G) if rec.theta is not None else G
+        G, theta, x, y = self._gradient_sum(ids, data)
         if rec.matrix is None:
             raise ValueError("NS has no recorded Hessian")
         with eval_mode(self.module):
@@ -269,8 +271,6 @@ class InfinitesimalJackknifeStrategy(_SecondOrderStrategy):
         return nt.jackknife_sensitivity(m, rec.n, c.grad_bound, c.smoothness, c.strong_convexity, M, rec.damping)
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
-        rec = self.recorder
-        G, _, _ = self._gradient_sum(ids, data)
-        theta = rec.theta.to(G) if rec.theta is not None else G
-        internal = theta + self._step_for(G, self._forgotten + int(ids.numel()), rec.matrix)[0]  # Eq. (16)
+        G, theta, _, _ = self._gradient_sum(ids, data)
+        internal = theta + self._step_for(G, self._forgotten + int(ids.numel()), self.recorder.matrix)[0]  # Eq. (16)
         return self._publish(ids, G, internal, "[IJ] / [HF] Eq. (16): ||w_retrain - w_IJ|| <= gamma [derived]")
