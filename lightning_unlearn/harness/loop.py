@@ -131,8 +131,7 @@ def evaluate(
     names = [m.name for m in methods]
     if len(set(names)) != len(names):
         raise ValueError(f"method names must be unique, got {names}")
-    if shadows == 1 or shadows < 0:
-        raise ValueError(f"offline LiRA needs shadows >= 2 (or 0 to leave it out), got {shadows}")
+    check_shadows(shadows)
     validate_schedule(schedule.requests, info.catalog(), schedule.after)
     references = list({ref.name: ref for ref in (m.reference or m for m in methods)}.values())
     steps_per_run = len(info.experiences.unique()) + len(schedule)
@@ -202,6 +201,12 @@ def evaluate(
     if out_dir is not None:
         report.write(out_dir, stem=f"k{len(schedule)}_")
     return report
+
+
+def check_shadows(shadows: int) -> None:
+    """``ValueError`` unless ``shadows`` is 0 (no LiRA) or at least 2 (offline [LiRA] fits a Gaussian to them)."""
+    if shadows == 1 or shadows < 0:
+        raise ValueError(f"offline LiRA needs shadows >= 2 (or 0 to leave it out), got {shadows}")
 
 
 def _beside_reference(metrics: dict[str, float], reference_row: dict[str, Any]) -> dict[str, Any]:

@@ -765,8 +765,7 @@ def evaluate_last(methods: Sequence[Method], info: BenchmarkInfo, schedule: Sche
     """
     from lightning_unlearn.harness import loop
 
-    if shadows == 1 or shadows < 0:
-        raise ValueError(f"offline LiRA needs shadows >= 2 (or 0 to leave it out), got {shadows}")
+    loop.check_shadows(shadows)
     if schedule.after:
         raise ValueError("compare='last' retrains once after the stream: it takes no arrival times (after=)")
     merged = Schedule((ForgetRequest.samples(torch.cat(validate_schedule(schedule.requests, info.catalog()))),))
