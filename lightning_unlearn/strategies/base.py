@@ -276,6 +276,10 @@ class UnlearningStrategy(ABC):
             raise
         self.recorder.erase_forgotten(result.removed_ids)
         self.recorder.ledger_anchor = self.ledger.anchor()
+        self.mirror_accountant()
+
+    def mirror_accountant(self) -> None:
+        """Copy this method's accountant state into the recorder's (so that checkpoints keep it)."""
         if self.accountant is not None:
             self.recorder.privacy = {**(self.recorder.privacy or {}), self.method: self.accountant.state_dict()}
 

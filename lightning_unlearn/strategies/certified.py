@@ -143,8 +143,7 @@ class _ContinualCertified(ReleasingStrategy):
         except BaseException:
             undo()
             raise
-        if self.accountant is not None:
-            self.recorder.privacy = {**(self.recorder.privacy or {}), self.method: self.accountant.state_dict()}
+        self.mirror_accountant()
         return update.certificate
 
     #: what the certificate states (the algorithm and its bound)
