@@ -174,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--out", type=Path, default=None, help="directory for tradeoff.csv and tradeoff.png")
     r = sub.add_parser("reproduce", help="a seed paper's headline table under its protocol, ours next to the paper's")
-    r.add_argument("config", nargs="?", default=None, help="a reproduction config (see --list)")
+    r.add_argument("config", nargs="?", default=None, help="a reproduction config: a name (see --list) or a YAML file")
+    r.add_argument("--config", dest="config_file", type=Path, default=None, help="a YAML reproduction config file")
     r.add_argument("--list", action="store_true", help="list the reproduction configs")
     r.add_argument("--root", type=Path, default=None, help="directory of the datasets' torchvision-format files")
     r.add_argument("--smoke", action="store_true", help="the CPU smoke scale (digits, a few samples, tiny model)")
@@ -188,13 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def reproduce(args: argparse.Namespace) -> str:
     """Run a reproduction config and return its tables (or the list of configs)."""
-    from lightning_unlearn.harness.papers import CONFIGS, get_config
+    from lightning_unlearn.harness.papers import get_config, list_configs
     from lightning_unlearn.harness.repro import is_global_zero, run_config
 
-    if args.list or args.config is None:
-        listing = "\n".join(
-            f"{c.name:12s} {c.paper} {c.table}: {', '.join(s.label for s in c.setups)}" for c in CONFIGS.values()
-        )
+    if args.config is not None and args.config_file is not None:
+        raise ValueError(f"give the config once: {args.config!r} or --config {args.config_file}")
+    name = args.config_file or args.config
+    if args.list or name is None:
+        listing = list_configs()
         print(listing)
         return listing
     if args.devices is not None and args.accelerator is None:
@@ -203,8 +205,9 @@ def reproduce(args: argparse.Namespace) -> str:
     warnings.filterwarnings("ignore", ".*HF deletion capacity exceeded.*")
     trainer_kwargs = {k: v for k, v in (("accelerator", args.accelerator), ("devices", args.devices)) if v is not None}
     setups = [s.strip() for s in args.setups.split(",")] if args.setups else None
+    config = get_config(name)
     result = run_config(
-        get_config(args.config),
+        config,
         root=args.root,
         smoke=args.smoke,
         out=args.out,
@@ -216,7 +219,7 @@ def reproduce(args: argparse.Namespace) -> str:
     text = "\n\n".join(result.tables)
     if is_global_zero():  # every rank of a multi-device launch runs this command; one prints
         print(text, flush=True)
-        print(f"\n{args.config}: {result.seconds:.1f} s" + (f"; wrote {args.out}" if args.out is not None else ""))
+        print(f"\n{config.name}: {result.seconds:.1f} s" + (f"; wrote {args.out}" if args.out is not None else ""))
     return text
 
 

@@ -76,12 +76,13 @@ def ddp_repro_config():
     processes."""
     from dataclasses import replace
 
-    from lightning_unlearn.harness.papers import ACU_TABLE1
+    from lightning_unlearn.harness.papers import get_config
     from lightning_unlearn.harness.repro import Requests
 
-    setup = ACU_TABLE1.setups[0]
+    acu = get_config("acu-table1")
+    setup = acu.setups[0]
     requests = (Requests("K=2", k=2, fraction=0.2),)
     smoke = replace(setup.smoke, pretrain_epochs=0, n_experiences=2, requests=requests)
     setup = replace(setup, smoke=smoke, methods=setup.methods[:2])
-    columns = (*ACU_TABLE1.columns, "MIA-L")
-    return replace(ACU_TABLE1, name="acu-ddp", columns=columns, setups=(setup,), smoke_setups=1)
+    columns = (*acu.columns, "MIA-L")
+    return replace(acu, name="acu-ddp", columns=columns, setups=(setup,), smoke_setups=1)

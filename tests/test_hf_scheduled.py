@@ -8,7 +8,7 @@ import torch
 from helpers_certified import blobs, fit_hf, sgd_model
 
 from lightning_unlearn.callbacks import TrajectoryRecorder
-from lightning_unlearn.harness.papers import HF_TABLE6
+from lightning_unlearn.harness.papers import get_config
 from lightning_unlearn.harness.repro import SCHEDULED, Entry, Requests, Scale, classifier, make_method, run_config
 
 
@@ -47,7 +47,7 @@ def test_table6_resnet18_row_runs_end_to_end_on_cifar10_files(tmp_path):
     # one SGD step of a real ResNet-18 (CIFAR stem) on 10 CIFAR-10 files' images (one per class): HF's step costs
     # ~3 HVPs of the batch and a BatchNorm-aware per-sample gradient per tracked occurrence
     root = write_fake_dataset("split-cifar10", tmp_path / "data", per_class=1, test_per_class=1)
-    setup = next(s for s in HF_TABLE6.setups if s.label == "CIFAR-10 ResNet-18")
+    setup = next(s for s in get_config("hf-table6").setups if s.label == "CIFAR-10 ResNet-18")
     scale = Scale(
         "split-cifar10",
         "resnet18",
@@ -57,7 +57,7 @@ def test_table6_resnet18_row_runs_end_to_end_on_cifar10_files(tmp_path):
         requests=(Requests("50 single", k=2, per_request=1, compare="last"),),
         only=("HF",),
     )
-    config = replace(HF_TABLE6, setups=(replace(setup, smoke=scale),), smoke_setups=1)
+    config = replace(get_config("hf-table6"), setups=(replace(setup, smoke=scale),), smoke_setups=1)
     result = run_config(config, root=root, smoke=True, log=lambda _: None)
     rows = {r["paper_row"]: r for r in result.setups[0].rows}
     hf, ref = rows["HF"], rows["Retrain"]

@@ -1,0 +1,60 @@
+"""The classifiers a scale names: ``linear``, ``mlp``, ``cnn2``, or one of :mod:`lightning_unlearn.harness.models`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from torch import Tensor, nn
+
+#: models a scale may name besides :data:`lightning_unlearn.harness.models.MODELS` (``linear``: the raw inputs
+#: are the features; ``mlp`` and ``cnn2`` take a width)
+MODELS = ("linear", "mlp", "cnn2")
+
+
+class Classifier(nn.Module):
+    """``fc(net(x))``: a backbone and its final linear layer ``fc`` (the layout
+    :func:`~lightning_unlearn.harness.models.backbone_of` strips)."""
+
+    def __init__(self, net: nn.Module, fc: nn.Linear) -> None:
+        super().__init__()
+        self.net, self.fc = net, fc
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.net(x))
+
+
+def classifier(model: str, num_classes: int, in_shape: Sequence[int], width: int) -> nn.Module:
+    """A fresh classifier by name, ending in a linear layer ``fc``.
+
+    ``linear``: ``fc`` on the flattened inputs (logistic regression); ``mlp``: two hidden ReLU layers
+    (``2 * width``, ``width``); ``cnn2``: two 3x3 conv blocks of ``width`` and ``2 * width`` channels and
+    global average pooling (the "two-layer CNN" of [SAFE] and [HF]); any other name is
+    :func:`~lightning_unlearn.harness.models.build_model`'s (``lenet``, ...; ``resnet18`` with the CIFAR stem on
+    images up to 64 pixels a side, with torchvision's ImageNet stem on larger ones: LFW's 224, CelebA's 128 [interp]).
+
+    Raises:
+        ValueError: an unknown model name.
+    """
+    from lightning_unlearn.harness import models
+
+    if model not in MODELS:
+        if model not in models.MODELS:
+            raise ValueError(f"unknown model {model!r}; one of {sorted({*MODELS, *models.MODELS})}")
+        return models.build_model(model, num_classes, tuple(in_shape), cifar_stem=max(in_shape[1:], default=0) <= 64)
+    d = math.prod(in_shape)
+    if model == "linear":
+        return Classifier(nn.Flatten(), nn.Linear(d, num_classes))
+    if model == "mlp":
+        net = nn.Sequential(nn.Flatten(), nn.Linear(d, 2 * width), nn.ReLU(), nn.Linear(2 * width, width), nn.ReLU())
+        return Classifier(net, nn.Linear(width, num_classes))
+    net = nn.Sequential(  # cnn2
+        nn.Conv2d(in_shape[0], width, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(width, 2 * width, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+    )
+    return Classifier(net, nn.Linear(2 * width, num_classes))
