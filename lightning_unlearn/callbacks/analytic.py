@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any
 
-import lightning as L
 import torch
-import xxhash
 from torch import Tensor, nn
 
-from lightning_unlearn.callbacks.base import RecorderCallback
+from lightning_unlearn.callbacks.frozen import FrozenFeatureRecorder
 from lightning_unlearn.functional import acu
-from lightning_unlearn.models import AnalyticHead, float64_forward
-from lightning_unlearn.warnings import warn
 
 _STATISTICS = ("R", "Q", "T", "W")
 
@@ -25,7 +21,7 @@ def require_statistic(value: Tensor | None, name: str) -> Tensor:
     return value
 
 
-class AnalyticRecorder(RecorderCallback):
+class AnalyticRecorder(FrozenFeatureRecorder):
     """Accumulates ``R = sum f^T f`` and ``Q = sum f^T y`` (float64) and keeps the ridge head ([ACU] eq. 1-4).
 
     Two ways to name the model parts:
@@ -66,6 +62,7 @@ class AnalyticRecorder(RecorderCallback):
     """
 
     gathers_inputs = False
+    solver_name = "ACU"
 
     def __init__(
         self,
@@ -77,14 +74,10 @@ class AnalyticRecorder(RecorderCallback):
         device: str | torch.device | None = None,
         fingerprint: bool = True,
     ) -> None:
-        super().__init__(fingerprint=fingerprint)
+        super().__init__(dtype=dtype, backbone=backbone, head=head, device=device, fingerprint=fingerprint)
         if ridge <= 0:
             raise ValueError(f"AnalyticRecorder ridge must be positive, got {ridge}")
         self.ridge = float(ridge)
-        self.dtype = dtype
-        self.backbone = backbone
-        self.head = head
-        self.device = torch.device(device) if device is not None else None
         self._R: Tensor | None = None  # sum f^T f, less the rows in _pending_rows
         self.Q: Tensor | None = None  # sum f^T y
         self._T: Tensor | None = None  # knowledge tracking matrix, eq. (4) then eq. (5), less _pending_T
@@ -93,7 +86,6 @@ class AnalyticRecorder(RecorderCallback):
         self._pending_T: tuple[Tensor, Tensor] | None = None  # (FT, S) of eq. (5) not yet added to _T
         self._dR: Tensor | None = None  # this rank's staged sums
         self._dQ: Tensor | None = None
-        self._frozen_digest: str | None = None
 
     @property
     def state_key(self) -> str:
@@ -131,109 +123,10 @@ class AnalyticRecorder(RecorderCallback):
             acu.apply_tracking_update(require_statistic(self._T, "T"), *self._pending_T)
             self._pending_T = None
 
-    # -- the model parts ----------------------------------------------------------------------------
-    def head_of(self, module: nn.Module) -> nn.Linear:
-        """The ``nn.Linear`` whose weights are ``W`` (that of an :class:`AnalyticHead`).
-
-        Raises:
-            ValueError: the module has no such head, or (without ``backbone``) no ``features`` method.
-        """
-        try:
-            head = module.get_submodule(self.head)
-        except AttributeError:
-            head = None
-        linear = head.linear if isinstance(head, AnalyticHead) else head
-        if not isinstance(linear, nn.Linear):
-            raise ValueError(  # noqa: TRY004  (a configuration error, like the other ACU refusals)
-                f"ACU needs an nn.Linear or AnalyticHead submodule {self.head!r}, "
-                f"got {type(head).__name__ if head is not None else 'none'}"
-            )
-        if self.backbone is None and not callable(getattr(module, "features", None)):
-            raise ValueError(
-                "ACU needs the frozen backbone: name it (AnalyticRecorder(backbone='...')) or give the module "
-                "a features(x) method (e.g. lightning_unlearn.AnalyticClassifier)"
-            )
-        return linear
-
-    def backbone_of(self, module: nn.Module) -> nn.Module:
-        """The named frozen backbone. Raises ``ValueError`` if the module has none of that name."""
-        if self.backbone is None:
-            raise ValueError("AnalyticRecorder names no backbone submodule (backbone=...)")
-        try:
-            return module.get_submodule(self.backbone)
-        except AttributeError as err:
-            raise ValueError(f"the module has no backbone submodule {self.backbone!r}") from err
-
-    def head_names(self, module: nn.Module) -> list[str]:
-        """``state_dict`` names of the head's weight and (if any) bias."""
-        linear = self.head_of(module)
-        names = {id(p): n for n, p in module.named_parameters()}
-        return [names[id(p)] for p in (linear.weight, linear.bias) if p is not None]
-
-    def head_weights(self, module: nn.Module, W: Tensor) -> dict[str, Tensor]:
-        """``{state_dict name: value}`` of the head's weight (``W^T``) and bias (last row of ``W``) for ``W``."""
-        d_F = self.head_of(module).in_features
-        return dict(zip(self.head_names(module), (W[:d_F].T, *W[d_F:])))
-
-    def features(self, module: nn.Module, x: Tensor) -> Tensor:
-        """Float64 features ``f`` of eq. (1) for inputs ``x`` (with a constant 1 appended for a biased head)."""
-        linear = self.head_of(module)
-        if self.backbone is not None:
-            b = float64_forward(self.backbone_of(module), x)
-            head = module.get_submodule(self.head)
-            F = head.features(b) if isinstance(head, AnalyticHead) else b.flatten(1)
-        else:
-            with torch.no_grad():
-                F = cast(Callable[[Tensor], Tensor], module.features)(x)  # head_of checked it is callable
-        return self._augment(F, linear)
-
-    def _augment(self, F: Tensor, linear: nn.Linear) -> Tensor:
-        if F.dtype != torch.float64:
-            warn(
-                f"ACU features are {F.dtype}: their last bits depend on the batch size, so forgetting is exact "
-                "only up to that precision (compute them in float64, see lightning_unlearn.models.float64_forward)"
-            )
-        F = F.detach().to(device=self._stats_device(linear), dtype=self.dtype)
-        if linear.bias is not None:
-            F = torch.cat([F, F.new_ones(len(F), 1)], dim=1)
-        return F
-
-    def _stats_device(self, linear: nn.Linear) -> torch.device:
-        return self.device if self.device is not None else linear.weight.device
-
-    def _frozen_state_digest(self, module: nn.Module) -> str:
-        """XXH3 of the backbone's (without ``backbone``: every non-head) parameters and buffers."""
-        part = self.backbone_of(module) if self.backbone is not None else module
-        head_names = set(self.head_names(module)) if self.backbone is None else set()
-        h = xxhash.xxh3_64()
-        for name, t in sorted(part.state_dict().items()):
-            if name in head_names:
-                continue
-            t = t.detach().cpu().contiguous()
-            h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-            if t.numel():
-                h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()
-
     # -- recording ----------------------------------------------------------------------------------
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.backbone is not None:
-            self.backbone_of(pl_module).eval()  # frozen: batch-norm statistics and dropout must not move
-        super().on_train_start(trainer, pl_module)
-
     def begin_experience(self, module: nn.Module) -> None:
         linear = self.head_of(module)
-        if self.backbone is not None:
-            trainable = [n for n, p in self.backbone_of(module).named_parameters() if p.requires_grad]
-            where = f"backbone {self.backbone!r}"
-        else:
-            head = set(self.head_names(module))
-            trainable = [n for n, p in module.named_parameters() if p.requires_grad and n not in head]
-            where = "module outside the head"
-        if trainable:
-            raise ValueError(
-                f"ACU needs a frozen backbone, but these parameters of the {where} are trainable: {trainable[:5]}"
-            )
+        self.check_frozen(module)
         d_F = linear.in_features + (linear.bias is not None)
         d_C = linear.out_features
         device = self._stats_device(linear)
@@ -248,7 +141,6 @@ class AnalyticRecorder(RecorderCallback):
                     f"{tuple(Q.shape)}"
                 )
             self._to(device)
-        self._frozen_digest = self._frozen_state_digest(module)
         super().begin_experience(module)
 
     def _to(self, device: torch.device) -> None:
@@ -291,12 +183,7 @@ class AnalyticRecorder(RecorderCallback):
         self._dR, self._dQ = acu.accumulate(dR, dQ, F, Y)
 
     def _commit(self, module: nn.Module) -> None:
-        if self._frozen_digest is not None and self._frozen_state_digest(module) != self._frozen_digest:
-            where = f"backbone {self.backbone!r}" if self.backbone is not None else "module outside the head"
-            raise ValueError(
-                f"the {where} changed during the experience (parameters or buffers, e.g. batch-norm running "
-                "statistics of a train-mode forward): ACU needs a frozen backbone; its statistics were not updated"
-            )
+        self.check_unchanged(module)
         dR, dQ = self._staged_sums()
         R, Q = require_statistic(self.R, "R") + dR, require_statistic(self.Q, "Q") + dQ
         T, W = acu.ridge_solution(R, Q, self.ridge)
@@ -304,11 +191,8 @@ class AnalyticRecorder(RecorderCallback):
         self.write_head(module)
 
     def write_head(self, module: nn.Module) -> None:
-        """Copy ``W`` into the head (an ``nn.Linear`` stores ``W^T``; a bias is the last row of ``W``)."""
-        params = dict(module.named_parameters())
-        with torch.no_grad():
-            for name, value in self.head_weights(module, require_statistic(self.W, "W")).items():
-                params[name].copy_(value)
+        """Copy ``W`` into the head (:meth:`write_weights`)."""
+        self.write_weights(module, require_statistic(self.W, "W"))
 
     # -- forgetting ---------------------------------------------------------------------------------
     def apply_forget(self, ids: Tensor, change: Mapping[str, Any]) -> Callable[[], None]:
