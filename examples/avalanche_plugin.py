@@ -29,7 +29,7 @@ from lightning_unlearn import (
     AnalyticRecorder,
     ForgetRequest,
 )
-from lightning_unlearn.avalanche import UnlearningPlugin, class_incremental_benchmark
+from lightning_unlearn.avalanche import UnlearningPlugin, benchmark_with_sample_ids
 from lightning_unlearn.harness.digits import digits_splits
 from lightning_unlearn.models import SupervisedClassifier, mlp_backbone
 
@@ -50,8 +50,9 @@ def pretrained_backbone(x: torch.Tensor, y: torch.Tensor) -> torch.nn.Module:
 def main() -> None:
     splits = digits_splits()
     (x, y), (xt, yt) = splits["train"], splits["test"]
-    bm = class_incremental_benchmark(x, y, xt, yt, n_experiences=5, seed=0)  # items (x, y, sample_id, task)
-    order = [int(c) for c in bm.classes_order]
+    # Avalanche's items stay (x, y, task); each sample's id is the dataset attribute "sample_id" (its row)
+    bm = benchmark_with_sample_ids(TensorDataset(x, y), TensorDataset(xt, yt), 5, seed=0)
+    order = [c for experience in bm.train_stream for c in sorted(experience.classes_in_this_experience)]
 
     model = AnalyticClassifier(pretrained_backbone(*splits["base"]), 64, 10, expansion_dim=512)
     recorder = AnalyticRecorder(ridge=1.0)

@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils.data import Subset, TensorDataset
 
 from lightning_unlearn import ForgetRequest, IndexedDataset
-from lightning_unlearn.avalanche import class_incremental_benchmark, fit_stream
+from lightning_unlearn.avalanche import benchmark_with_sample_ids, fit_stream
 from lightning_unlearn.callbacks import HessianRecorder, TrajectoryRecorder
 from lightning_unlearn.functional import hf
 from lightning_unlearn.harness.digits import digits_splits
@@ -114,9 +114,9 @@ def report(
 def main() -> None:
     splits = digits_splits()
     (x, y), (xt, yt) = splits["train"], splits["test"]
-    bm = class_incremental_benchmark(x, y, xt, yt, n_experiences=N_EXPERIENCES, seed=0)
+    bm = benchmark_with_sample_ids(TensorDataset(x, y), TensorDataset(xt, yt), N_EXPERIENCES, seed=0)
     stream = list(bm.train_stream)[:N_TRAINED]
-    seen = torch.tensor([int(c) for c in bm.classes_order][: 2 * N_TRAINED])
+    seen = torch.tensor(sorted(stream[-1].classes_seen_so_far))
     train_ids = torch.nonzero(torch.isin(y, seen)).flatten()
     train, test = IndexedDataset(TensorDataset(x, y)), IndexedDataset(TensorDataset(xt, yt))
     test_seen = Subset(test, torch.nonzero(torch.isin(yt, seen)).flatten().tolist())

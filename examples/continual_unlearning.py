@@ -23,7 +23,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from lightning_unlearn import ACUStrategy, AnalyticClassifier, AnalyticRecorder, ForgetRequest, IndexedDataset, Ledger
-from lightning_unlearn.avalanche import class_incremental_benchmark, fit_stream
+from lightning_unlearn.avalanche import benchmark_with_sample_ids, fit_stream
 from lightning_unlearn.harness.digits import digits_splits
 from lightning_unlearn.metrics import evaluate_unlearning, log_metrics
 from lightning_unlearn.models import SupervisedClassifier, mlp_backbone
@@ -76,9 +76,9 @@ def main() -> None:
     backbone = pretrain_backbone(*splits["base"])
 
     (x, y), (xt, yt) = splits["train"], splits["test"]
-    bm = class_incremental_benchmark(x, y, xt, yt, n_experiences=N_EXPERIENCES, seed=0)
+    bm = benchmark_with_sample_ids(TensorDataset(x, y), TensorDataset(xt, yt), N_EXPERIENCES, seed=0)
     train, test = IndexedDataset(TensorDataset(x, y)), IndexedDataset(TensorDataset(xt, yt))
-    order = [int(c) for c in bm.classes_order]
+    order = [c for experience in bm.train_stream for c in sorted(experience.classes_in_this_experience)]
     print(f"2/3 learning {N_EXPERIENCES} experiences of 2 classes each, class order {order}")
 
     model = AnalyticClassifier(backbone, 64, 10, expansion_dim=EXPANSION)
@@ -94,7 +94,7 @@ def main() -> None:
     rows: list[dict[str, float | str]] = []
 
     def report(experience, trainer, results) -> None:
-        seen = torch.tensor(order[: 2 * (experience.current_experience + 1)])
+        seen = torch.tensor(sorted(experience.classes_seen_so_far))
         test_seen = Subset(test, torch.nonzero(torch.isin(yt, seen)).flatten().tolist())
         for result in results or [None]:
             cat = recorder.catalog

@@ -42,16 +42,17 @@ from lightning_unlearn.strategies.baselines import NegGradStrategy
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=".*QP solver.*")
-    from avalanche.benchmarks import nc_benchmark
+    from avalanche.benchmarks import class_incremental_benchmark
     from avalanche.core import SupervisedPlugin
     from avalanche.logging import BaseLogger
-    from avalanche.training import EWC, Naive, Replay
+    from avalanche.training import DER, EWC, Naive, Replay
     from avalanche.training.plugins import EvaluationPlugin
 
 from lightning_unlearn.avalanche import (
     UnlearningPlugin,
-    class_incremental_benchmark,
+    benchmark_with_sample_ids,
     fit_stream,
+    sample_ids,
 )
 
 pytestmark = pytest.mark.filterwarnings(
@@ -73,11 +74,11 @@ def blobs(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.fixture(scope="module")
 def bm():
     (x, y), (xt, yt) = blobs(N, 0), blobs(16, 1)
-    return class_incremental_benchmark(x, y, xt, yt, n_experiences=2, fixed_class_order=[0, 1, 2, 3])
+    return benchmark_with_sample_ids(TensorDataset(x, y), TensorDataset(xt, yt), 2, class_order=[0, 1, 2, 3])
 
 
 def exp_ids(bm, k: int) -> list[int]:
-    return sorted(int(item[2]) for item in bm.train_stream[k].dataset)
+    return sorted(sample_ids(bm.train_stream[k].dataset).tolist())
 
 
 def supervised(l2: float = 0.1) -> SupervisedClassifier:
@@ -151,8 +152,8 @@ class RecordingLogger(BaseLogger):
 def test_analytic_recorder_plugin_gives_the_lightning_head_and_requests(bm):
     x, y = toy_tensors(400)
     xt, yt = toy_tensors(100, seed=9)
-    toy = class_incremental_benchmark(x, y, xt, yt, n_experiences=4, seed=0)
-    first_class = int(toy.classes_order[0])
+    toy = benchmark_with_sample_ids(TensorDataset(x, y), TensorDataset(xt, yt), 4, seed=0)
+    first_class = int(next(iter(toy.train_stream[0].classes_in_this_experience)))
     others = torch.nonzero(y != first_class).flatten()[:2]
     schedule = {1: [ForgetRequest.of_class(first_class)], 3: [ForgetRequest.samples(others)]}
 
@@ -311,17 +312,39 @@ def test_streaming_recorder_takes_its_anchor_pass_through_the_plugin(bm):
 
 
 # -- Avalanche's own strategies with a baseline; reports reach Avalanche's loggers -----------------
-@pytest.mark.parametrize("template", [Naive, EWC, Replay])
-def test_sample_recorder_in_naive_ewc_and_replay(bm, template):
-    forget = exp_ids(bm, 0)[:3]
+class BufferBeforeRequests(SupervisedPlugin):
+    """Each sample's stored DER logits as the buffer holds them after each experience, before the requests run
+    (listed before the UnlearningPlugin: DER fills its buffer before the plugins' after_training_exp)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logits: dict[int, torch.Tensor] = {}
+
+    def after_training_exp(self, strategy, **kwargs) -> None:
+        buffer = strategy.storage_policy.buffer
+        self.logits |= {int(i): item[3] for i, item in zip(sample_ids(buffer), buffer)}
+
+
+@pytest.mark.parametrize("template", [Naive, EWC, Replay, DER])
+def test_sample_recorder_in_naive_ewc_replay_and_der(bm, template):
+    """Avalanche's own strategies read (x, y, t) mini-batches (DER unpacks its items by position) while the plugin
+    records every sample of the experience once and drops forgotten samples from the replay buffers, with their
+    DER logits, also after the last experience."""
+    forget = {0: exp_ids(bm, 0)[:3], 1: exp_ids(bm, 1)[:2]}
     model, rec = supervised(), SampleRecorder()
     logger = RecordingLogger()
-    plugin = UnlearningPlugin(rec, NegGradStrategy(model, rec, epochs=1), {0: [ForgetRequest.samples(forget)]})
-    extra = {"ewc_lambda": 1.0} if template is EWC else {"mem_size": 100} if template is Replay else {}
+    requests = {k: [ForgetRequest.samples(ids)] for k, ids in forget.items()}
+    before = BufferBeforeRequests()
+    plugins = [before] if template is DER else []
+    extra = {
+        EWC: {"ewc_lambda": 1.0},
+        Replay: {"mem_size": 100},
+        DER: {"mem_size": 100, "batch_size_mem": 8},
+    }.get(template, {})
     strategy = avalanche_run(
         bm,
         model,
-        plugin,
+        [*plugins, UnlearningPlugin(rec, NegGradStrategy(model, rec, epochs=1), requests)],
         epochs=2,
         template=template,
         criterion=nn.CrossEntropyLoss(),
@@ -332,24 +355,27 @@ def test_sample_recorder_in_naive_ewc_and_replay(bm, template):
 
     assert len(rec.catalog) == N  # replayed samples are not learned twice
     assert rec.catalog.experiences_of(torch.tensor(exp_ids(bm, 1))).unique().tolist() == [1]
-    assert sorted(rec.catalog.ids[rec.catalog.forgotten].tolist()) == forget
+    assert sorted(rec.catalog.ids[rec.catalog.forgotten].tolist()) == sorted(forget[0] + forget[1])
     removed = [(v, x) for name, v, x in logger.received if name == "unlearn/removed"]
-    assert removed == [(3.0, 2 * 24 // 8)]  # reported once, at the iteration count after experience 0
-    if template is Replay:  # the forgotten samples left the replay buffer (a batch holding one is refused)
-        buffer = next(p for p in strategy.plugins if hasattr(p, "storage_policy")).storage_policy.buffer
-        kept = {int(item[2]) for item in buffer}
-        assert kept and not kept & set(forget)
+    assert removed == [(3.0, 2 * 24 // 8), (2.0, 4 * 24 // 8)]  # once each, at the iteration count after its experience
+    if template in (Replay, DER):  # the forgotten samples left the buffer (a batch holding one is refused)
+        owner = strategy if template is DER else next(p for p in strategy.plugins if hasattr(p, "storage_policy"))
+        buffer = owner.storage_policy.buffer
+        kept = sample_ids(buffer).tolist()
+        assert len(kept) == len(buffer) == N - 5 and not set(kept) & set(forget[0] + forget[1])
+    if template is DER:  # each retained sample kept its own stored logits
+        assert len(before.logits) == N and all(torch.equal(item[3], before.logits[i]) for i, item in zip(kept, buffer))
 
 
 def test_a_benchmark_without_sample_ids_is_a_clear_error(bm):
     (x, y), (xt, yt) = blobs(N, 0), blobs(16, 1)
     train, test = TensorDataset(x, y), TensorDataset(xt, yt)
     train.targets, test.targets = y, yt
-    plain = nc_benchmark(train, test, n_experiences=2, task_labels=False, seed=0)
+    plain = class_incremental_benchmark({"train": train, "test": test}, num_experiences=2, class_order=[0, 1, 2, 3])
     model, rec = supervised(), SampleRecorder()
-    with pytest.raises(ValueError, match="carry no sample ids"):
+    with pytest.raises(ValueError, match="carries no sample ids"):
         avalanche_run(plain, model, UnlearningPlugin(rec), epochs=1)
-    with pytest.raises(ValueError, match="carry no sample ids"):
+    with pytest.raises(ValueError, match="carries no sample ids"):
         fit_stream(model, plain.train_stream, callbacks=[rec])
     assert len(rec.catalog) == 0
 

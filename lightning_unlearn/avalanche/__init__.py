@@ -1,6 +1,7 @@
-"""Avalanche integration: benchmarks with sample ids, a Lightning loop over a stream, and a plugin.
+"""Avalanche integration: sample ids as an Avalanche data attribute, a Lightning loop over a stream, and a plugin.
 
-* :func:`class_incremental_benchmark`: an Avalanche benchmark whose items carry sample ids;
+* :func:`with_sample_ids`, :func:`benchmark_with_sample_ids`: Avalanche datasets and benchmarks whose
+  samples carry stable ids (Avalanche's items stay ``(x, y, task_label)``);
 * :func:`fit_stream`: learn an Avalanche ``train_stream`` with Lightning, one fit per experience;
 * :class:`UnlearningPlugin`: recording and forget requests inside Avalanche's own training strategies.
 
@@ -8,16 +9,24 @@ Importing this package imports Avalanche (slow: ~5-15 s); the rest of the librar
 """
 
 from lightning_unlearn.avalanche.benchmarks import (
-    class_incremental_benchmark,
+    SAMPLE_ID,
+    benchmark_with_sample_ids,
+    items_with_ids,
     require_sample_ids,
+    sample_ids,
+    with_sample_ids,
 )
 from lightning_unlearn.avalanche.plugin import UnlearningPlugin
 from lightning_unlearn.avalanche.stream import RequestsByExperience, fit_stream
 
 __all__ = [
+    "SAMPLE_ID",
     "RequestsByExperience",
     "UnlearningPlugin",
-    "class_incremental_benchmark",
+    "benchmark_with_sample_ids",
     "fit_stream",
+    "items_with_ids",
     "require_sample_ids",
+    "sample_ids",
+    "with_sample_ids",
 ]

@@ -11,7 +11,9 @@ from avalanche.evaluation.metric_results import MetricValue
 from torch import Tensor
 from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
-from lightning_unlearn.avalanche.benchmarks import require_sample_ids
+from lightning_unlearn.avalanche.benchmarks import items_with_ids
+from lightning_unlearn.avalanche.minibatch import REPLAYED, IdsOffTheBatch, ids_in_items
+from lightning_unlearn.avalanche.replay import drop_forgotten
 from lightning_unlearn.avalanche.stream import (
     RequestsByExperience,
     check_unlearning,
@@ -29,33 +31,49 @@ from lightning_unlearn.strategies.base import (
 
 class UnlearningPlugin(SupervisedPlugin):
     """Adds recording (and forget requests between experiences) to an Avalanche training strategy
-    (``Naive``, ``EWC``, ``Replay``, ...)::
+    (``Naive``, ``EWC``, ``Replay``, ``DER``, ...)::
 
         strategy = Naive(model, optimizer, criterion, plugins=[UnlearningPlugin(recorder, unlearning, requests)])
 
     (``strategy`` here is Avalanche's training strategy, what learns the stream; ``unlearning``
     is the :class:`UnlearningStrategy` that executes the forget requests.)
 
-    Avalanche hooks used, per experience:
+    The experiences' datasets carry sample ids as Avalanche's data attribute ``sample_id``
+    (:func:`~lightning_unlearn.avalanche.with_sample_ids`,
+    :func:`~lightning_unlearn.avalanche.benchmark_with_sample_ids`);
+    their items stay ``(x, y, t)``, and so does every mini-batch the strategy and its plugins read
+    (:mod:`lightning_unlearn.avalanche.minibatch` carries the ids beside it). Avalanche hooks used:
 
-    * ``before_training`` and ``before_training_exp``: a certified unlearning strategy's noise-free
-      internal model is restored (``restore_internal``; in ``before_training`` too, so that plugins
-      listed earlier, e.g. one anchoring a regulariser, already see it).
-    * ``before_training_exp``: the experience's items must carry sample ids
-      (``(x, y, sample_id, task_label)``, e.g. from :func:`class_incremental_benchmark`);
-      a module with ``start_task()`` (:class:`ProximalClassifier`) anchors its regulariser;
-      the recorder begins the experience (a per-step recorder also checks the optimizer).
+    * ``before_training``: a certified unlearning strategy's noise-free internal model is restored
+      (``restore_internal``, also before each experience), forgotten samples leave the replay buffers.
+    * ``after_train_dataset_adaptation``: the experience's training data reads its ids in
+      ``__getitem__``; replay buffers are purged (before any plugin's ``before_training_exp`` builds a
+      loader over them, whatever the plugin order).
+    * ``before_training_exp``: a module with ``start_task()`` (:class:`ProximalClassifier`) anchors its
+      regulariser; the recorder begins the experience (a per-step recorder also checks the optimizer).
+    * ``before_training_epoch``: the strategy's loader (its own, ``Replay``'s, ...) is wrapped to take the
+      ids off each batch.
+    * ``before_training_iteration``: the batch's inputs, labels and ids are kept (DER then prepends
+      replayed rows to ``mbatch``: they are not the experience's samples).
     * ``before_update`` (``w_t``, before the optimizer step): a per-step recorder
       (:class:`TrajectoryRecorder`, anything with ``before_step``) runs its recursion.
-    * ``after_training_iteration``: other recorders record the batch (first epoch only unless
-      they record every epoch). Samples replayed from earlier experiences (``Replay``) are not
-      recorded again; a batch holding a forgotten sample is refused.
+    * ``after_training_iteration``: other recorders record the experience's samples of the batch (first
+      epoch only unless they record every epoch); replayed rows are not recorded again, and a batch
+      holding a forgotten sample of the experience is refused.
     * ``after_training_exp``: the recorder commits the experience; ``end_task()`` of the module;
       a recorder with ``anchor_on`` (:class:`StreamingRecorder`) takes its anchor pass over the
       experience; the requests ``requests[k]`` run (forget data: the experiences seen so far),
       each result's :func:`lightning_unlearn.reporting.result_metrics` is published to the
       Avalanche strategy's ``EvaluationPlugin`` (at ``x = clock.train_iterations``; its loggers receive them
-      in the same hook), and forgotten samples are removed from replay buffers.
+      in the same hook), and forgotten samples leave the replay buffers (a ``DER`` buffer with their
+      stored logits; :mod:`lightning_unlearn.avalanche.replay`).
+    * ``after_training``: the replay buffers again (a ``ReplayPlugin`` listed after this one fills its
+      buffer in its own ``after_training_exp``).
+
+    List it before other plugins that read mini-batches in ``before_training_iteration`` (it keeps the
+    batch there before the strategy changes it). DER's stored logits of retained samples were computed by
+    the model of their experience, which had learned samples forgotten since: they are kept as DER stored
+    them. Memories other than ``ExemplarsBuffer`` storage policies (GEM's, A-GEM's) are not purged.
 
     The Avalanche strategy's criterion and optimizer must be the loss the recorder assumes (see
     :mod:`lightning_unlearn.contract`: e.g. for :class:`ProximalClassifier` and the [CCL] recorders,
@@ -96,35 +114,67 @@ class UnlearningPlugin(SupervisedPlugin):
         self.results: list[UnlearningResult] = []
         self._seen: list[Dataset] = []
         self._per_step = callable(getattr(recorder, "before_step", None))
+        self._width = 0  # columns of a training batch with its ids
+        self._loader: IdsOffTheBatch | None = None
+        self._batch: tuple[Tensor, Tensor, Tensor] | None = None
 
     # -- Avalanche hooks -------------------------------------------------------------------------
     def before_training(self, strategy: Any, **kwargs: Any) -> None:
         restore_internal(self.unlearning)  # before any plugin's before_training_exp (e.g. one anchoring a regulariser)
+        self._purge_replay(strategy)
 
-    def before_training_exp(self, strategy: Any, **kwargs: Any) -> None:
-        model, k = strategy.model, strategy.experience.current_experience
+    def after_train_dataset_adaptation(self, strategy: Any, **kwargs: Any) -> None:
+        model = strategy.model
         if self.unlearning is not None and self.unlearning.module is not model:
             raise ValueError(
                 "the Avalanche strategy trains another model than the one the unlearning strategy forgets from"
             )
-        require_sample_ids(strategy.experience.dataset, k)
+        experience = strategy.experience.dataset
+        if not len(experience):
+            raise ValueError(f"experience {strategy.experience.current_experience} has no training samples")
+        strategy.adapted_dataset = ids_in_items(strategy.adapted_dataset)
+        self._width = len(experience[0]) + 1
         self._purge_replay(strategy)
+
+    def before_training_exp(self, strategy: Any, **kwargs: Any) -> None:
+        model = strategy.model
         restore_internal(self.unlearning)
         if callable(getattr(model, "start_task", None)):
             model.start_task()
         if self._per_step:
             self.recorder.check_optimizer(strategy.optimizer)  # type: ignore[attr-defined]
-        self.recorder.experience = k
+        self.recorder.experience = strategy.experience.current_experience
         self.recorder.begin_experience(model)
+
+    def before_training_epoch(self, strategy: Any, **kwargs: Any) -> None:
+        if strategy.dataloader is not self._loader:  # a loader built for this experience (ours, Replay's, ...)
+            self._loader = IdsOffTheBatch(strategy.dataloader, self._width)
+            strategy.dataloader = self._loader
+
+    def before_training_iteration(self, strategy: Any, **kwargs: Any) -> None:
+        if self._loader is None or self._loader.ids is None:
+            raise ValueError(
+                f"UnlearningPlugin: {type(strategy).__name__} did not draw its training batch from strategy.dataloader "
+                "(which the plugin wraps in before_training_epoch to read the batch's sample ids); not supported"
+            )
+        ids = self._loader.ids.to(strategy.mb_y.device)
+        new = ids != REPLAYED
+        forgotten = self._forgotten(ids[new])
+        if forgotten.any():
+            raise ValueError(
+                f"a training batch holds forgotten sample ids {ids[new][forgotten][:10].tolist()}: "
+                "remove them from the data"
+            )
+        self._batch = strategy.mb_x, strategy.mb_y, ids
 
     def before_update(self, strategy: Any, **kwargs: Any) -> None:
         if not self._per_step:
             return
-        x, y, ids = self._batch(strategy)
-        if self._learned_before(ids).any():
+        x, y, ids = self._current()
+        if (ids == REPLAYED).any() or len(strategy.mb_x) != len(ids):
             raise ValueError(
                 f"{type(self.recorder).__name__} follows each sample's own SGD steps: batches replaying samples of "
-                "earlier experiences (Replay) are not supported"
+                "earlier experiences (Replay, DER) are not supported"
             )
         lr = float(strategy.optimizer.param_groups[0]["lr"])
         self.recorder.before_step(strategy.model, x, y, ids, lr)  # type: ignore[attr-defined]
@@ -132,22 +182,27 @@ class UnlearningPlugin(SupervisedPlugin):
     def after_training_iteration(self, strategy: Any, **kwargs: Any) -> None:
         if self._per_step or (strategy.clock.train_exp_epochs > 0 and not self.recorder.records_every_epoch):
             return
-        x, y, ids = self._batch(strategy)
-        new = (~self._learned_before(ids)).nonzero().flatten()
+        x, y, ids = self._current()
+        new = (ids != REPLAYED).nonzero().flatten()
         if new.numel():
             self.recorder.record(strategy.model, x[new], y[new], ids[new])
 
     def after_training_exp(self, strategy: Any, **kwargs: Any) -> None:
         model, experience = strategy.model, strategy.experience
+        self._loader = self._batch = None
         self.recorder.end_experience(model)
         if callable(getattr(model, "end_task", None)):
             model.end_task()
+        data = items_with_ids(experience.dataset)
         anchor = getattr(self.recorder, "anchor_on", None)
         if callable(anchor):
-            anchor(model, self._batches(experience.dataset, _device(model)), strategy.clock.train_iterations)
-        self._seen.append(experience.dataset)
+            anchor(model, self._batches(data, _device(model)), strategy.clock.train_iterations)
+        self._seen.append(data)
         if self.unlearning is not None:
             self._execute(strategy, self.unlearning, experience.current_experience)
+        self._purge_replay(strategy)
+
+    def after_training(self, strategy: Any, **kwargs: Any) -> None:
         self._purge_replay(strategy)
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -159,34 +214,23 @@ class UnlearningPlugin(SupervisedPlugin):
             self.results.append(result)
             self._publish(strategy, result)
 
-    def _batch(self, strategy: Any) -> tuple[Tensor, Tensor, Tensor]:
-        """``(x, y, ids)`` of the current mini-batch (Avalanche appends the task label); forgotten ids refused."""
-        x, y, ids = unpack_batch(list(strategy.mbatch[:-1]))
-        forgotten = self._forgotten(ids)
-        if forgotten.any():
-            raise ValueError(
-                f"a training batch holds forgotten sample ids {ids[forgotten][:10].tolist()}: remove them from the data"
-            )
-        return x, y, ids
-
-    def _learned_before(self, ids: Tensor) -> Tensor:
-        """Mask of ids the catalog already holds from an earlier experience (replayed samples)."""
-        catalog = self.recorder.catalog
-        known = torch.tensor([int(i) in catalog for i in ids.tolist()], dtype=torch.bool)
-        if known.any():
-            known[known.clone()] = catalog.experiences_of(ids.cpu()[known]) != self.recorder.experience
-        return known.to(ids.device)
+    def _current(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``(x, y, ids)`` of the current mini-batch as the loader gave it (before a strategy changed ``mbatch``)."""
+        if self._batch is None:
+            raise ValueError("UnlearningPlugin: a training iteration ran without before_training_iteration")
+        return self._batch
 
     def _forgotten(self, ids: Tensor) -> Tensor:
+        """Mask of the ids the catalog marks forgotten."""
         catalog = self.recorder.catalog
         known = torch.tensor([int(i) in catalog for i in ids.tolist()], dtype=torch.bool)
         if known.any():
             known[known.clone()] = catalog.forgotten[catalog.rows(ids.cpu()[known])]
-        return known
+        return known.to(ids.device)
 
     def _batches(self, dataset: Dataset, device: torch.device) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
         for batch in DataLoader(dataset, batch_size=self.anchor_batch_size):
-            yield tuple(t.to(device) for t in unpack_batch(list(batch[:-1])))  # type: ignore[misc]
+            yield tuple(t.to(device) for t in unpack_batch(batch))  # type: ignore[misc]
 
     def _publish(self, strategy: Any, result: UnlearningResult) -> None:
         """Hand the request's metrics to the Avalanche strategy's EvaluationPlugin, which passes them to its loggers."""
@@ -197,26 +241,9 @@ class UnlearningPlugin(SupervisedPlugin):
             evaluator.publish_metric_value(MetricValue(self, name, value, strategy.clock.train_iterations))
 
     def _purge_replay(self, strategy: Any) -> None:
-        """Remove forgotten samples from the exemplar buffers of the Avalanche strategy's replay plugins."""
-        if not int(self.recorder.catalog.forgotten.sum()):
-            return
-        for plugin in strategy.plugins:
-            policy = getattr(plugin, "storage_policy", None)
-            if policy is None:
-                continue
-            groups = list(policy.buffer_groups.values()) if hasattr(policy, "buffer_groups") else [policy]
-            for group in groups:
-                drop = self._forgotten(self._ids_of(group.buffer))
-                if drop.any():
-                    group.buffer = group.buffer.subset((~drop).nonzero().flatten().tolist())
-
-    def _ids_of(self, dataset: Any) -> Tensor:
-        """Sample ids of an Avalanche dataset (items ``(x, y, sample_id, task)``)."""
-        if not len(dataset):
-            return torch.zeros(0, dtype=torch.long)
-        return torch.cat(
-            [unpack_batch(list(b[:-1]))[2] for b in DataLoader(dataset, batch_size=self.anchor_batch_size)]
-        )
+        """Remove forgotten samples from the exemplar buffers of the Avalanche strategy and its plugins."""
+        if int(self.recorder.catalog.forgotten.sum()):
+            drop_forgotten([strategy, *strategy.plugins], lambda ids: self._forgotten(ids).cpu())
 
 
 def _device(model: torch.nn.Module) -> torch.device:

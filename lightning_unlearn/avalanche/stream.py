@@ -8,7 +8,7 @@ from typing import Any
 import lightning as L
 from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
-from lightning_unlearn.avalanche.benchmarks import require_sample_ids
+from lightning_unlearn.avalanche.benchmarks import items_with_ids
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.reporting import log_step, set_log_step
@@ -101,14 +101,14 @@ def fit_stream(
     step = 0
     for experience in stream:
         k = experience.current_experience
-        require_sample_ids(experience.dataset, k)
+        dataset = items_with_ids(experience.dataset)
         for recorder in (c for c in callbacks if isinstance(c, RecorderCallback)):
             recorder.experience = k
         restore_internal(unlearning)
         trainer = L.Trainer(callbacks=list(callbacks), **kwargs)
         set_log_step(trainer, step)
-        trainer.fit(module, DataLoader(experience.dataset, batch_size=batch_size, shuffle=True))
-        seen.append(experience.dataset)
+        trainer.fit(module, DataLoader(dataset, batch_size=batch_size, shuffle=True))
+        seen.append(dataset)
         data: ForgetData = ConcatDataset(seen) if unlearning is not None and unlearning.reads_data else None
         todo = (requests or {}).get(k, ())  # none without a strategy (check_unlearning)
         if todo:  # Lightning's teardown leaves the module on the CPU: the requests run where it was fitted

@@ -22,8 +22,9 @@ Two single-dataset benchmarks of [HF] App. D.3 (:data:`FACES`; one experience, a
 :func:`load_splits` reads them into ``base`` / ``train`` / ``test`` datasets whose items are
 ``(x, y, sample_id)``, the sample id being the item's row in the dataset's own training (or test)
 set, so ids stay the same under any subsetting or split; :func:`load_benchmark` turns ``train`` and
-``test`` into an Avalanche class-incremental benchmark (``nc_benchmark``), whose items are
-``(x, y, sample_id, task_label)``; :func:`benchmark_info` adds [ACU]'s frozen backbone
+``test`` into an Avalanche class-incremental benchmark whose items are Avalanche's ``(x, y, task_label)``
+and whose samples carry their id as the data attribute ``sample_id``
+(:func:`lightning_unlearn.avalanche.benchmark_with_sample_ids`); :func:`benchmark_info` adds [ACU]'s frozen backbone
 pre-trained on the disjoint ``base`` samples and describes it for the harness.
 """
 
@@ -618,11 +619,11 @@ def load_benchmark(
     base_fraction: float = 0.0,
     class_order: Sequence[int] | None = None,
 ) -> Any:
-    """An Avalanche class-incremental benchmark (``nc_benchmark``) of benchmark ``name`` read from ``root``.
+    """An Avalanche class-incremental benchmark of benchmark ``name`` read from ``root``.
 
     The stream is :func:`load_splits`'s ``train`` set (without the ``base`` samples when
-    ``base_fraction > 0``); items are ``(x, y, sample_id, task_label)``, the sample id being the
-    row in the dataset's training set (test items: the row in its test set). No download.
+    ``base_fraction > 0``); items are ``(x, y, task_label)`` and each sample's ``sample_id`` attribute is
+    its row in the dataset's training set (test items: the row in its test set). No download.
 
     Args:
         name: one of :data:`BENCHMARKS` (``split-mnist``, ``split-fmnist``, ``split-svhn``, ``split-cifar10``,
@@ -631,7 +632,7 @@ def load_benchmark(
         root: the folder holding the dataset's files (see the module docstring; ``None`` for :data:`BUNDLED`).
         n_experiences: experiences of whole classes (``None``: the benchmark's usual, ``spec.n_experiences``);
             must divide the number of classes.
-        seed: seeds the class order (Avalanche's) and the draw of rows (:func:`load_splits`).
+        seed: seeds the class order and the draw of rows (:func:`load_splits`).
         per_class, test_per_class, base_fraction: see :func:`load_splits`.
         class_order: a fixed order of the classes instead of the seeded one.
 
@@ -657,21 +658,16 @@ def _experiences(spec: DatasetSpec, n_experiences: int | None) -> int:
 def stream_benchmark(
     splits: Splits, n_experiences: int | None = None, *, seed: int = 0, class_order: Sequence[int] | None = None
 ) -> Any:
-    """Avalanche's ``nc_benchmark`` of ``splits.train`` and ``splits.test`` (see :func:`load_benchmark`).
+    """Avalanche's class-incremental benchmark of ``splits.train`` and ``splits.test`` with their sample ids
+    (:func:`lightning_unlearn.avalanche.benchmark_with_sample_ids`; see :func:`load_benchmark`).
 
     Raises:
         ValueError: an ``n_experiences`` that does not divide the classes.
     """
-    from avalanche.benchmarks import nc_benchmark
+    from lightning_unlearn.avalanche import benchmark_with_sample_ids
 
-    return nc_benchmark(
-        splits.train,
-        splits.test,
-        n_experiences=_experiences(DATASETS[splits.name], n_experiences),
-        task_labels=False,
-        seed=seed,
-        fixed_class_order=class_order,
-    )
+    n = _experiences(DATASETS[splits.name], n_experiences)
+    return benchmark_with_sample_ids(splits.train, splits.test, n, seed=seed, class_order=class_order)
 
 
 def benchmark_info(

@@ -52,7 +52,7 @@ def digits_benchmark(
     An MLP pre-trained for ``pretrain_epochs`` on the disjoint ``base`` split is the frozen
     backbone; the ``train`` split is learned in ``n_experiences`` experiences of whole classes.
     """
-    from lightning_unlearn.avalanche import class_incremental_benchmark
+    from lightning_unlearn.avalanche import benchmark_with_sample_ids
     from lightning_unlearn.models import SupervisedClassifier, mlp_backbone
 
     splits = digits_splits(seed=seed)
@@ -66,7 +66,7 @@ def digits_benchmark(
             SupervisedClassifier(net, lr=0.1),
             DataLoader(TensorDataset(xb, yb), batch_size=32, shuffle=True),
         )
-    bm = class_incremental_benchmark(x, y, xt, yt, n_experiences=n_experiences, seed=seed)
+    bm = benchmark_with_sample_ids(TensorDataset(x, y), TensorDataset(xt, yt), n_experiences, seed=seed)
     return describe_benchmark(
         bm,
         backbone=backbone.requires_grad_(False),

@@ -60,14 +60,17 @@ def describe_benchmark(
     lr: float = 0.1,
     batch_size: int = 64,
 ) -> BenchmarkInfo:
-    """Read an Avalanche benchmark whose training items carry sample ids (e.g. built with
-    :func:`~lightning_unlearn.avalanche.class_incremental_benchmark`) into a :class:`BenchmarkInfo`.
+    """Read an Avalanche benchmark whose training samples carry sample ids (e.g. built with
+    :func:`~lightning_unlearn.avalanche.benchmark_with_sample_ids`) into a :class:`BenchmarkInfo`.
 
-    Without a ``backbone`` the inputs themselves (flattened) are the features.
+    Without a ``backbone`` the inputs themselves (flattened) are the features. The number of classes is
+    the benchmark's ``n_classes`` if it has one, else 1 + the largest training or test label.
     """
+    from lightning_unlearn.avalanche import items_with_ids  # imports Avalanche (slow), as running the stream does
+
     xs, ys, ids, exps = [], [], [], []
     for experience in benchmark.train_stream:
-        for batch in DataLoader(experience.dataset, batch_size=1024):
+        for batch in DataLoader(items_with_ids(experience.dataset), batch_size=1024):
             x, y, i = unpack_batch(batch)
             xs.append(x)
             ys.append(y.long())
@@ -75,6 +78,8 @@ def describe_benchmark(
             exps.append(torch.full_like(i, experience.current_experience))
     test = [b for exp in benchmark.test_stream for b in DataLoader(exp.dataset, batch_size=1024)]
     x, y, i = torch.cat(xs), torch.cat(ys), torch.cat(ids)
+    test_y = torch.cat([torch.as_tensor(b[1]) for b in test]).long()
+    classes = getattr(benchmark, "n_classes", None)  # a TaskStream names its classes; Avalanche's scenarios do not
     if backbone is None:
         backbone, backbone_dim = nn.Flatten(), int(x[0].numel())
     elif backbone_dim is None:
@@ -82,14 +87,11 @@ def describe_benchmark(
     return BenchmarkInfo(
         benchmark=benchmark,
         train=IndexedDataset(TensorDataset(x, y), ids=i),
-        test=TensorDataset(
-            torch.cat([b[0] for b in test]),
-            torch.cat([torch.as_tensor(b[1]) for b in test]).long(),
-        ),
+        test=TensorDataset(torch.cat([b[0] for b in test]), test_y),
         ids=i,
         labels=y,
         experiences=torch.cat(exps),
-        num_classes=int(benchmark.n_classes),
+        num_classes=int(classes) if classes is not None else 1 + int(torch.cat([y, test_y]).max()),
         backbone=backbone,
         backbone_dim=int(backbone_dim),
         seed=seed,

@@ -181,8 +181,7 @@ def build_info(
     momentum 0.9, weight decay 5e-4, cosine decay from ``scale.lr``; random crops and flips on files
     from disk) and its frozen feature extractor is the backbone; otherwise the backbone starts untrained.
     """
-    from avalanche.benchmarks import nc_benchmark
-
+    from lightning_unlearn.avalanche import benchmark_with_sample_ids
     from lightning_unlearn.harness.models import backbone_of, pretrain_backbone, standard_augmentation
 
     base = ACU_BASE_FRACTION if scale.pretrain_epochs > 0 else 0.0
@@ -223,7 +222,7 @@ def build_info(
         n = scale.n_experiences if setup.protocol == "class-incremental" else 1
         train = IndexedDataset(TensorDataset(x, y), ids=ids)
         test = IndexedDataset(TensorDataset(xt, yt), ids=idt)
-        bm = nc_benchmark(train, test, n_experiences=n, task_labels=False, seed=seed)
+        bm = benchmark_with_sample_ids(train, test, n, seed=seed)
     return describe_benchmark(
         bm, backbone=net, backbone_dim=dim, seed=seed, epochs=scale.epochs, lr=scale.lr, batch_size=scale.batch_size
     )
