@@ -34,7 +34,8 @@ class FrozenFeatureRecorder(RecorderCallback):
       start and refuses an experience during which the backbone's parameters or buffers changed
       (e.g. batch-norm statistics updated by a train-mode forward).
     * ``backbone=None``: the module has ``features(x) -> (n, d_F)`` and an ``nn.Linear`` ``head``, e.g.
-      :class:`~lightning_unlearn.models.AnalyticClassifier`.
+      :class:`~lightning_unlearn.models.AnalyticClassifier`; for recorders with :attr:`inputs_as_features`, a
+      module without ``features`` is a linear model on the flattened inputs.
 
     Args:
         dtype: dtype of the statistics and features.
@@ -46,6 +47,8 @@ class FrozenFeatureRecorder(RecorderCallback):
 
     #: the method's name in messages
     solver_name = "the head's solver"
+    #: without ``backbone`` and without a module ``features`` method, the head reads the flattened inputs
+    inputs_as_features = False
 
     def __init__(
         self,
@@ -79,7 +82,7 @@ class FrozenFeatureRecorder(RecorderCallback):
                 f"{self.solver_name} needs an nn.Linear or AnalyticHead submodule {self.head!r}, "
                 f"got {type(head).__name__ if head is not None else 'none'}"
             )
-        if self.backbone is None and not callable(getattr(module, "features", None)):
+        if self.backbone is None and not self.inputs_as_features and not callable(getattr(module, "features", None)):
             raise ValueError(
                 f"{self.solver_name} needs the frozen backbone: name it ({type(self).__name__}(backbone='...')) "
                 "or give the module a features(x) method (e.g. lightning_unlearn.AnalyticClassifier)"
@@ -113,9 +116,11 @@ class FrozenFeatureRecorder(RecorderCallback):
             b = float64_forward(self.backbone_of(module), x)
             head = module.get_submodule(self.head)
             F = head.features(b) if isinstance(head, AnalyticHead) else b.flatten(1)
-        else:
+        elif callable(getattr(module, "features", None)):
             with torch.no_grad():
-                F = cast(Callable[[Tensor], Tensor], module.features)(x)  # head_of checked it is callable
+                F = cast(Callable[[Tensor], Tensor], module.features)(x)
+        else:  # head_of allowed it: the head reads the flattened input itself
+            F = x.detach().flatten(1).to(torch.float64)
         return self._augment(F, linear)
 
     def _augment(self, F: Tensor, linear: nn.Linear) -> Tensor:

@@ -1,0 +1,320 @@
+"""Certified softmax head: the math of functional/convex.py, the recorder and the two strategies.
+
+Tolerances: float64 throughout; the solver's certified distance ``radius`` is the quantity under test, and
+exactness checks compare with a reference solved to a gradient norm of ~1e-13 (its own distance to the optimum
+is below 1e-13 / l2).
+"""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import pytest
+import torch
+from helpers import quiet_trainer
+from sklearn.datasets import load_digits
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from lightning_unlearn import ForgetRequest, IndexedDataset, Ledger
+from lightning_unlearn.callbacks.convex import SoftmaxHeadRecorder
+from lightning_unlearn.contract import BatchKeys
+from lightning_unlearn.functional import convex
+from lightning_unlearn.privacy.analysis import gaussian_delta
+from lightning_unlearn.privacy.release import calibrated_sigma
+from lightning_unlearn.strategies.convex import CertifiedRemovalStrategy, ResolveStrategy, residual_budget
+
+L2, RADIUS = 1e-2, 1e-4
+
+
+def digits() -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = load_digits(return_X_y=True)
+    return torch.tensor(x[:600] / 16.0, dtype=torch.float32), torch.tensor(y[:600], dtype=torch.long)
+
+
+class LinearModel(L.LightningModule):
+    """A user's logistic regression on flattened pixels; the recorder solves its head."""
+
+    def __init__(self, d: int = 64, k: int = 10) -> None:
+        super().__init__()
+        self.head = nn.Linear(d, k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x.flatten(1))
+
+    def training_step(self, batch, batch_idx):  # the recorder is the head's only writer
+        return None
+
+    def configure_optimizers(self):
+        return None
+
+
+def fit(model: L.LightningModule, recorder: SoftmaxHeadRecorder, data: Dataset, **kwargs) -> None:
+    quiet_trainer([recorder], **kwargs).fit(model, DataLoader(data, batch_size=64, shuffle=True))
+
+
+def exact_head(recorder: SoftmaxHeadRecorder) -> torch.Tensor:
+    """The optimum over the recorder's rows, to a gradient norm of 1e-13 (a retrain from scratch)."""
+    problem = recorder.problem()
+    return convex.solve(problem, torch.zeros_like(recorder.solved_head), 1e-13).W
+
+
+def random_problem(n: int = 300, p: int = 20, k: int = 4, seed: int = 0) -> convex.SoftmaxProblem:
+    g = torch.Generator().manual_seed(seed)
+    A = torch.cat([torch.randn(n, p - 1, generator=g, dtype=torch.float64) * 2, torch.ones(n, 1).double()], 1)
+    y = torch.randint(0, k, (n,), generator=g)
+    return convex.SoftmaxProblem(A, y, k, 0.05)
+
+
+def test_gradient_and_hessian_products_equal_autograd():
+    problem = random_problem()
+    W = torch.randn(problem.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    V = torch.randn(problem.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+
+    def f(w: torch.Tensor) -> torch.Tensor:
+        Z = problem.features @ w
+        return torch.nn.functional.cross_entropy(Z, problem.labels) + 0.5 * problem.l2 * (w * w).sum()
+
+    G = torch.func.grad(f)(W)
+    HV = torch.func.jvp(torch.func.grad(f), (W,), (V,))[1]
+    assert torch.allclose(convex.gradient(W, problem), G, rtol=1e-12, atol=1e-14)
+    assert torch.allclose(convex.hessian_vector_product(W, problem, V), HV, rtol=1e-12, atol=1e-14)
+    assert math.isclose(convex.objective(W, problem), float(f(W)), rel_tol=1e-13)
+
+
+def test_gradient_error_bound_covers_float32_rounding():
+    # the bound is a function of the dtype's unit roundoff: in float32 it must cover the float32 gradient's
+    # distance to the float64 one (whose own error is ~1e-9 times smaller)
+    for seed in range(3):
+        p64 = random_problem(n=2000, p=50, k=10, seed=seed)
+        p32 = convex.SoftmaxProblem(p64.features.float(), p64.labels, p64.num_classes, p64.l2)
+        W = torch.randn(p64.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) * 0.3
+        err = float((convex.gradient(W.float(), p32).double() - convex.gradient(W, p64)).norm())
+        bound = convex.gradient_error_bound(W.float(), p32)
+        assert err <= bound, (seed, err, bound)
+        assert bound < 1e-2 * float(convex.gradient(W, p64).norm())  # and it is not vacuous here
+
+
+def test_distance_to_optimum_is_below_gradient_norm_over_l2():
+    problem = random_problem()
+    optimum = convex.solve(problem, torch.zeros(problem.shape, dtype=torch.float64), 1e-13).W
+    g = torch.Generator().manual_seed(3)
+    for scale in (1e-4, 1e-2, 1.0):
+        W = optimum + scale * torch.randn(problem.shape, dtype=torch.float64, generator=g)
+        norm, _ = convex.certified_gradient_norm(W, problem)
+        assert float((W - optimum).norm()) <= convex.distance_bound(norm, problem.l2)
+
+
+def test_solve_meets_its_tolerance_from_any_start():
+    problem = random_problem(seed=4)
+    for start in (torch.zeros(problem.shape), torch.randn(problem.shape) * 5):
+        solution = convex.solve(problem, start.double(), 1e-9)
+        assert solution.converged and solution.gradient_norm <= 1e-9
+        assert float(convex.gradient(solution.W, problem).norm()) <= 1e-9
+
+
+def fitted(**recorder_kwargs) -> tuple[LinearModel, SoftmaxHeadRecorder, IndexedDataset]:
+    x, y = digits()
+    data = IndexedDataset(TensorDataset(x, y))
+    model, recorder = LinearModel(), SoftmaxHeadRecorder(L2, radius=RADIUS, **recorder_kwargs)
+    fit(model, recorder, torch.utils.data.Subset(data, range(300)))
+    fit(model, recorder, torch.utils.data.Subset(data, range(300, 600)))  # a second experience
+    return model, recorder, data
+
+
+def test_recorder_solves_the_head_within_radius_of_the_optimum():
+    model, recorder, _ = fitted()
+    assert recorder.feature_rows is not None and len(recorder.feature_rows) == 600
+    assert float((recorder.solved_head - exact_head(recorder)).norm()) <= RADIUS
+    W = recorder.solved_head
+    assert torch.equal(model.head.weight.data, W[:64].T.float()) and torch.equal(model.head.bias.data, W[64].float())
+
+
+def test_resolve_without_noise_is_within_radius_of_retraining():
+    model, recorder, _ = fitted()
+    strategy = ResolveStrategy(model, recorder, noise=False)
+    for request in (ForgetRequest.samples([3, 17, 450]), ForgetRequest.of_class(7)):
+        result = strategy.forget(request)
+        assert not result.certificate.certified  # noise disabled: the certificate says so
+        distance = float((recorder.solved_head - exact_head(recorder)).norm())
+        assert distance <= result.certificate.bounds["distance_bound"] <= RADIUS
+        assert result.extra["newton_steps"] >= 1
+    assert not recorder.rows_of(torch.tensor([3, 17, 450])).any()
+
+
+def test_resolve_release_is_calibrated_on_the_radius():
+    model, recorder, _ = fitted()
+    strategy = ResolveStrategy(model, recorder, epsilon=1.0, delta=1e-5)
+    result = strategy.forget(ForgetRequest.samples([5]))
+    cert = result.certificate
+    assert cert.certified and cert.epsilon == 1.0 and cert.bounds["sensitivity"] == RADIUS
+    # the analytic Gaussian mechanism's condition ([AGM] Thm 8) holds at sigma and fails 1% below it
+    assert gaussian_delta(cert.sigma, RADIUS, 1.0) <= 1e-5 < gaussian_delta(0.99 * cert.sigma, RADIUS, 1.0)
+    assert cert.sigma == calibrated_sigma(RADIUS, 1.0, 1e-5)
+    published = torch.cat([model.head.weight.data.T, model.head.bias.data[None]]).double()
+    noise = published - recorder.solved_head
+    # the published head is the noise-free one plus the drawn noise (float32 storage of the head)
+    assert (
+        0.5 * cert.sigma * math.sqrt(noise.numel()) < float(noise.norm()) < 1.5 * cert.sigma * math.sqrt(noise.numel())
+    )
+    strategy.forget(ForgetRequest.samples([6]))
+    assert strategy.history[-1].certificate.accounting["releases"] == 2
+    assert strategy.history[-1].certificate.accounting["epsilon_total"] > 1.0  # composed
+
+
+def test_distinguishing_unlearned_from_retrained_stays_within_epsilon_delta():
+    # The release's privacy rests on: ||unlearned - retrained|| <= radius and Gaussian noise calibrated on radius.
+    # Put two heads exactly radius apart (the worst case the certificate allows) and run the most powerful test
+    # (Neyman-Pearson: the projection on their difference) on many releases of each: at every threshold the
+    # rate of the test on one must stay below e^eps times that on the other plus delta (plus sampling error).
+    epsilon, delta = 1.0, 1e-5
+    sigma = calibrated_sigma(RADIUS, epsilon, delta)
+    direction = torch.randn(650, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    direction /= direction.norm()
+    g = torch.Generator().manual_seed(1)
+    n = 200_000
+    retrained = torch.randn(n, dtype=torch.float64, generator=g) * sigma  # projections of retrain + noise
+    unlearned = RADIUS + torch.randn(n, dtype=torch.float64, generator=g) * sigma
+    for threshold in torch.linspace(0, 6 * sigma, 13):
+        p_u, p_r = float((unlearned > threshold).double().mean()), float((retrained > threshold).double().mean())
+        slack = 4 * math.sqrt(p_u * (1 - p_u) / n) + 4 * math.sqrt(p_r * (1 - p_r) / n) * math.exp(epsilon)
+        assert p_u <= math.exp(epsilon) * p_r + delta + slack, float(threshold)
+    # with 5 times less noise the same test separates them beyond (eps, delta): the test has power
+    weak_u = RADIUS + torch.randn(n, dtype=torch.float64, generator=g) * sigma / 5
+    weak_r = torch.randn(n, dtype=torch.float64, generator=g) * sigma / 5
+    t = 2 * sigma / 5
+    assert float((weak_u > t).double().mean()) > math.exp(epsilon) * float((weak_r > t).double().mean()) + 0.05
+
+
+def test_bad_request_changes_nothing(tmp_path):
+    model, recorder, _ = fitted()
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    strategy = ResolveStrategy(model, recorder, ledger)
+    before = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in recorder.state_dict().items()}
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    for request in (ForgetRequest.samples([10_000]), ForgetRequest.of_class(11)):
+        with pytest.raises(ValueError):
+            strategy.forget(request)
+    with pytest.raises(ValueError, match="does not read"):
+        strategy.forget(ForgetRequest.samples([1]), data=TensorDataset(torch.zeros(1)))
+    after = recorder.state_dict()
+    for k, v in before.items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(v, after[k]), k
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())
+    assert len(ledger) == 0
+
+
+def test_forgotten_rows_survive_nowhere_in_state_or_memory():
+    model, recorder, data = fitted()
+    row = recorder.feature_rows[recorder.rows_of(torch.tensor([42]))].clone()
+    old = recorder.feature_rows
+    ResolveStrategy(model, recorder).forget(ForgetRequest.samples([42]))
+    state = recorder.state_dict()
+    for key in ("feature_rows",):
+        assert not (state[key] == row).all(dim=1).any()
+    assert not bool(old.abs().sum())  # the replaced matrix was overwritten
+    assert 42 not in state["row_ids"].tolist()
+
+
+def test_checkpoint_round_trip_and_tampering_refused():
+    model, recorder, _ = fitted()
+    ResolveStrategy(model, recorder).forget(ForgetRequest.samples([1, 2]))
+    state = recorder.state_dict()
+    restored = SoftmaxHeadRecorder(L2, radius=RADIUS)
+    restored.load_state_dict(state)
+    assert torch.equal(restored.solved_head, recorder.solved_head)
+    # the restored recorder keeps forgetting (its curvature is rebuilt from the rows)
+    ResolveStrategy(model, restored, noise=False).forget(ForgetRequest.samples([9]))
+    assert float((restored.solved_head - exact_head(restored)).norm()) <= RADIUS
+    fresh = SoftmaxHeadRecorder(L2, radius=RADIUS)
+    tampered = dict(state, W=state["W"] + 1e-3)
+    with pytest.raises(ValueError, match="gradient norm"):
+        fresh.load_state_dict(tampered)
+    swapped = dict(state, labels=state["labels"].roll(1))
+    with pytest.raises(ValueError, match="live samples"):
+        fresh.load_state_dict(swapped)
+    with pytest.raises(ValueError, match="radius"):
+        SoftmaxHeadRecorder(L2, radius=2 * RADIUS).load_state_dict(state)
+    assert fresh.W is None and len(fresh.catalog) == 0  # nothing changed
+
+
+def test_certified_removal_residual_within_budget():
+    epsilon, delta = 1.0, 1e-5
+    # a budget well above what the solver leaves (n l2 radius = 600 * 1e-2 * 1e-4 = 6e-4)
+    beta = CertifiedRemovalStrategy.perturbation_std(0.05, epsilon, delta)
+    assert math.isclose(beta, math.sqrt(2 * math.log(1.5 / delta)) * 0.05 / epsilon)  # [CR] Theorem 3
+    assert math.isclose(residual_budget(beta, epsilon, delta), 0.05)
+    # both [CR]'s condition and the exact Gaussian mechanism's ([AGM]) must hold: the larger noise is used
+    for eps in (0.5, 8.0, 50.0):
+        guo = math.sqrt(2 * math.log(1.5 / delta)) * 0.05 / eps
+        assert CertifiedRemovalStrategy.perturbation_std(0.05, eps, delta) == pytest.approx(
+            max(guo, calibrated_sigma(0.05, eps, delta)), rel=1e-9
+        )
+    model, recorder, _ = fitted(loss_perturbation=beta, seed=0)
+    strategy = CertifiedRemovalStrategy(model, recorder, epsilon=epsilon, delta=delta)
+    results = [strategy.forget(ForgetRequest.samples([i])) for i in (0, 1, 2)]
+    for r in results:
+        assert r.certificate.bounds["residual"] <= r.certificate.bounds["residual_budget"]
+        assert r.certificate.accounting["composition"].startswith("none")
+    assert not results[0].certificate.certified  # seeded perturbation: not private
+    # the residual is the exact gradient of the perturbed objective, times n (sum form)
+    problem = recorder.problem()
+    assert results[-1].certificate.bounds["residual"] >= float(
+        convex.gradient(recorder.solved_head, problem).norm()
+    ) * (problem.count)
+    # a whole class exceeds the Newton step's budget: the head is re-solved on the retained rows
+    big = strategy.forget(ForgetRequest.of_class(3))
+    assert big.extra["resolved"] and big.certificate.bounds["residual"] <= 600 * L2 * RADIUS
+
+
+def test_certified_removal_refuses_a_head_without_perturbation():
+    model, recorder, _ = fitted()
+    with pytest.raises(ValueError, match="loss perturbation"):
+        CertifiedRemovalStrategy(model, recorder)
+
+
+class FrozenCNN(L.LightningModule):
+    """A user's module: a frozen CNN trunk with BatchNorm, a linear head, dict batches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.trunk = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten())
+        self.trunk.requires_grad_(False)
+        self.head = nn.Linear(4 * 6 * 6, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.trunk(x))
+
+    def training_step(self, batch, batch_idx):
+        return None
+
+    def configure_optimizers(self):
+        return None
+
+
+class DictDigits(Dataset):
+    def __init__(self) -> None:
+        self.x, self.y = digits()
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"image": self.x[i].view(1, 8, 8), "digit": self.y[i], "uid": 1000 + i}
+
+
+def test_frozen_backbone_head_on_a_user_module_with_dict_batches():
+    keys = BatchKeys(input="image", target="digit", sample_id="uid")
+    model, recorder = FrozenCNN(), SoftmaxHeadRecorder(L2, radius=RADIUS, backbone="trunk")
+    recorder.batch_keys = keys
+    fit(model, recorder, DictDigits())
+    result = ResolveStrategy(model, recorder, noise=False).forget(ForgetRequest.samples([1000, 1001]))
+    assert float((recorder.solved_head - exact_head(recorder)).norm()) <= RADIUS
+    assert "never trained on samples that can be forgotten" in result.certificate.statement
+    # a trunk made trainable is refused before the next experience records anything
+    model.trunk.requires_grad_(True)
+    with pytest.raises(ValueError, match="trainable"):
+        fit(model, recorder, DictDigits())
