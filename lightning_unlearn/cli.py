@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import ast
 import logging
-import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -184,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--devices", type=int, default=None, help="devices per fit (with --accelerator)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--out", type=Path, default=None, help="directory for CSVs, PNGs and summary.md")
+    r.add_argument("--resume", action="store_true", help="skip the rows --out holds from a run of the same recipe")
     return parser
 
 
@@ -214,7 +214,7 @@ def reproduce(args: argparse.Namespace) -> str:
         seed=args.seed,
         trainer_kwargs=trainer_kwargs,
         setups=setups,
-        log=lambda line: print(line, file=sys.stderr, flush=True),
+        resume=args.resume,
     )
     text = "\n\n".join(result.tables)
     if is_global_zero():  # every rank of a multi-device launch runs this command; one prints

@@ -137,70 +137,155 @@ def evaluate(
     steps_per_run = len(info.experiences.unique()) + len(schedule)
     total = (len(references) + len(methods)) * steps_per_run + len(references) * shadows
     bar = progress_bar(desc="learn + forget", total=total, unit="step", enabled=progress)
-    runs = {ref.name: _run(ref, info, schedule, bar, shadows) for ref in references}
+    refs = {ref.name: run_reference(ref, info, schedule, bar, shadows) for ref in references}
     report = Report(schedule, [], [])
-    for ref in references:
-        run = runs[ref.name]
-        bar.set_description_str(f"{ref.name}: metrics and attacks")
-        report.reference_rows += [
-            {
-                "method": f"{ref.name} (reference)",
-                "family": ref.family,
-                **_request_fields(i, res),
-                **cost_fields(run, run),
-                **_metrics(mod, None, info, cat, run.before, run.shadows),
-            }
-            for i, (mod, res, cat) in enumerate(run.steps)
-        ]
-        if run.end is not None:
-            module, catalog = run.end
-            report.end_reference_rows.append(
-                {
-                    "method": f"{ref.name} (reference)",
-                    "family": ref.family,
-                    **_end_fields(run),
-                    **_metrics(module, None, info, catalog, None, run.shadows),
-                }
-            )
+    for ref in refs.values():
+        report.reference_rows += ref.rows
+        report.end_reference_rows += ref.end_rows
     for method in methods:
-        ref_name = (method.reference or method).name
-        ref_run = runs[ref_name]
-        ref_rows = [r for r in report.reference_rows if r["method"] == f"{ref_name} (reference)"]
-        run = _run(method, info, schedule, bar, 0)
-        bar.set_description_str(f"{method.name}: metrics and attacks")
-        for i, (module, result, catalog) in enumerate(run.steps):
-            ref_module, ref_result, _ = ref_run.steps[i]
-            if not torch.equal(result.removed_ids.sort().values, ref_result.removed_ids.sort().values):
-                raise ValueError(
-                    f"{method.name} removed other samples than its reference {ref_result.request} did (request {i + 1})"
-                )
-            metrics = _metrics(module, ref_module, info, catalog, run.before, ref_run.shadows)
-            report.rows.append(
-                {
-                    "method": method.name,
-                    "family": method.family,
-                    "reference": f"{ref_name} (reference)",
-                    **_request_fields(i, result),
-                    **cost_fields(run, ref_run),
-                    **_beside_reference(metrics, ref_rows[i]),
-                }
-            )
-        if run.end is not None and ref_run.end is not None:
-            metrics = _metrics(run.end[0], ref_run.end[0], info, run.end[1], None, ref_run.shadows)
-            ref_end = next(r for r in report.end_reference_rows if r["method"] == f"{ref_name} (reference)")
-            report.end_rows.append(
-                {
-                    "method": method.name,
-                    "family": method.family,
-                    "reference": f"{ref_name} (reference)",
-                    **_end_fields(run),
-                    **_beside_reference(metrics, ref_end),
-                }
-            )
+        rows, end_rows = run_method(method, refs[(method.reference or method).name], info, schedule, bar)
+        report.rows += rows
+        report.end_rows += end_rows
     bar.close()
     if out_dir is not None:
         report.write(out_dir, stem=f"k{len(schedule)}_")
     return report
+
+
+@dataclass
+class ReferenceRun:
+    """A gold standard's run through a schedule and its report rows: one per request (``rows``) and, when tasks
+    were learned after the last request, one at the end of the stream (``end_rows``)."""
+
+    name: str
+    run: _Run
+    rows: list[dict[str, Any]]
+    end_rows: list[dict[str, Any]]
+
+
+def run_reference(ref: Method, info: BenchmarkInfo, schedule: Schedule, bar: Any, shadows: int = 0) -> ReferenceRun:
+    """Run the gold standard ``ref`` through ``schedule`` (with ``shadows`` LiRA shadow models) and measure it."""
+    run = _run(ref, info, schedule, bar, shadows)
+    bar.set_description_str(f"{ref.name}: metrics and attacks")
+    head = {"method": f"{ref.name} (reference)", "family": ref.family}
+    rows = [
+        {
+            **head,
+            **_request_fields(i, res),
+            **cost_fields(run, run),
+            **_metrics(mod, None, info, cat, run.before, run.shadows),
+        }
+        for i, (mod, res, cat) in enumerate(run.steps)
+    ]
+    end_rows = []
+    if run.end is not None:
+        module, catalog = run.end
+        end_rows.append({**head, **_end_fields(run), **_metrics(module, None, info, catalog, None, run.shadows)})
+    return ReferenceRun(head["method"], run, rows, end_rows)
+
+
+def run_method(
+    method: Method, ref: ReferenceRun, info: BenchmarkInfo, schedule: Schedule, bar: Any
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run ``method`` through ``schedule`` and compare it with its reference's run after every request (and at the
+    end of the stream): its per-request rows and end rows.
+
+    Raises:
+        ValueError: the method removed other samples than its reference.
+    """
+    ref_run = ref.run
+    run = _run(method, info, schedule, bar, 0)
+    bar.set_description_str(f"{method.name}: metrics and attacks")
+    head = {"method": method.name, "family": method.family, "reference": ref.name}
+    rows = []
+    for i, (module, result, catalog) in enumerate(run.steps):
+        ref_module, ref_result, _ = ref_run.steps[i]
+        if not torch.equal(result.removed_ids.sort().values, ref_result.removed_ids.sort().values):
+            raise ValueError(
+                f"{method.name} removed other samples than its reference {ref_result.request} did (request {i + 1})"
+            )
+        metrics = _metrics(module, ref_module, info, catalog, run.before, ref_run.shadows)
+        rows.append(
+            {
+                **head,
+                **_request_fields(i, result),
+                **cost_fields(run, ref_run),
+                **_beside_reference(metrics, ref.rows[i]),
+            }
+        )
+    end_rows = []
+    if run.end is not None and ref_run.end is not None:
+        metrics = _metrics(run.end[0], ref_run.end[0], info, run.end[1], None, ref_run.shadows)
+        end_rows.append({**head, **_end_fields(run), **_beside_reference(metrics, ref.end_rows[0])})
+    return rows, end_rows
+
+
+def evaluate_last(methods: Sequence[Method], info: BenchmarkInfo, schedule: Schedule, *, shadows: int = 0) -> Report:
+    """Like :func:`evaluate`, compared with the reference only after the last request.
+
+    Each method executes every request in order (its time is their total, ``n_requests`` of them); the
+    reference retrains once, on what all of them leave (one request naming every removed id), which is the
+    retrained model of the end state. For long streams of small requests ([HF]'s 20% of the samples deleted
+    one at a time), where a retrain per request would cost more than the whole benchmark. Every row holds
+    the costs of :func:`cost_fields`; with ``shadows`` (at least 2) each reference also makes that many
+    offline-[LiRA] shadow models after its retrain and every row holds ``lira_auc``, forgotten vs test samples.
+
+    Raises:
+        ValueError: ``shadows`` of 1 or below 0, or a bad schedule.
+    """
+    check_shadows(shadows)
+    bar = progress_bar(desc="learn + forget", enabled=False)
+    refs = {ref.name: ref for ref in (m.reference or m for m in methods)}
+    runs = {name: run_reference_last(ref, info, schedule, bar, shadows) for name, ref in refs.items()}
+    report = Report(schedule, [r for run in runs.values() for r in run.rows], [])
+    for method in methods:
+        report.rows += run_method_last(method, runs[(method.reference or method).name], info, schedule, bar)
+    return report
+
+
+def run_reference_last(
+    ref: Method, info: BenchmarkInfo, schedule: Schedule, bar: Any, shadows: int = 0
+) -> ReferenceRun:
+    """:func:`evaluate_last`'s reference: ``ref`` retrained once on what all of ``schedule``'s requests leave.
+
+    Raises:
+        ValueError: a bad schedule, or one with arrival times (the reference retrains after the stream).
+    """
+    if schedule.after:
+        raise ValueError("compare='last' retrains once after the stream: it takes no arrival times (after=)")
+    merged = Schedule((ForgetRequest.samples(torch.cat(validate_schedule(schedule.requests, info.catalog()))),))
+    run = _run(ref, info, merged, bar, shadows)
+    module, result, catalog = run.steps[-1]
+    row = {
+        "method": f"{ref.name} (reference)",
+        "family": ref.family,
+        **_request_fields(len(schedule) - 1, result),
+        "n_requests": 1,
+        **cost_fields(run, run),
+        **_metrics(module, None, info, catalog, shadows=run.shadows),
+    }
+    return ReferenceRun(row["method"], run, [row], [])
+
+
+def run_method_last(
+    method: Method, ref: ReferenceRun, info: BenchmarkInfo, schedule: Schedule, bar: Any
+) -> list[dict[str, Any]]:
+    """:func:`evaluate_last`'s row of ``method``: every request executed in order, compared with ``ref`` at the end."""
+    run = _run(method, info, schedule, bar)
+    module, result, catalog = run.steps[-1]
+    fields = _request_fields(len(schedule) - 1, result)
+    fields["time_s"] = sum(float(s[1].wall_time_s) for s in run.steps)
+    fields["n_removed"] = sum(int(s[1].removed_ids.numel()) for s in run.steps)
+    fields["n_requests"] = len(run.steps)
+    row = {
+        "method": method.name,
+        "family": method.family,
+        "reference": ref.name,
+        **fields,
+        **cost_fields(run, ref.run),
+        **_metrics(module, ref.run.steps[-1][0], info, catalog, shadows=ref.run.shadows),
+    }
+    return [row]
 
 
 def check_shadows(shadows: int) -> None:

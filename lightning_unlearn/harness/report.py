@@ -129,22 +129,20 @@ class Report:
         certs = {r["certificate"] for r in self.table(method)}
         return certs.pop() if len(certs) == 1 else "/".join(sorted(certs))
 
-    def write(self, out_dir: str | Path, stem: str = "") -> list[Path]:
-        """Write ``<stem>requests.csv`` (every row), ``<stem>summary.csv`` and ``<stem>accuracies.png``; and
-        ``<stem>end.csv`` with the end-of-stream rows if there are any."""
+    def write(self, out_dir: str | Path, stem: str = "", *, figures: bool = True) -> list[Path]:
+        """Write ``<stem>requests.csv`` (every row), ``<stem>summary.csv`` and (``figures``) ``<stem>accuracies.png``;
+        and ``<stem>end.csv`` with the end-of-stream rows if there are any."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        paths = [
-            out / f"{stem}requests.csv",
-            out / f"{stem}summary.csv",
-            out / f"{stem}accuracies.png",
-        ]
+        paths = [out / f"{stem}requests.csv", out / f"{stem}summary.csv"]
         _write_csv(paths[0], self.rows + self.reference_rows)
         _write_csv(
             paths[1],
             [{"method": m, "family": self.family(m), "k": self.k, **s} for m, s in self.summary().items()],
         )
-        self.plot(paths[2])
+        if figures:
+            paths.append(out / f"{stem}accuracies.png")
+            self.plot(paths[-1])
         if self.end_rows or self.end_reference_rows:
             paths.append(out / f"{stem}end.csv")
             _write_csv(paths[-1], self.end_rows + self.end_reference_rows)

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from lightning_unlearn.harness.repro.schema import Entry, ReproConfig, Setup
+from lightning_unlearn.harness.repro.schema import ReproConfig, Setup
 
 if TYPE_CHECKING:
     from lightning_unlearn.harness.report import Report
@@ -71,21 +71,21 @@ def _aggregate(values: Sequence[float], column: str, how: str) -> float:
 
 
 def comparison_rows(
-    config: ReproConfig, setup: Setup, reports: Mapping[str, Report], entries: Sequence[Entry]
+    config: ReproConfig, setup: Setup, reports: Mapping[str, Report], paper_rows: Mapping[str, str]
 ) -> list[dict[str, Any]]:
     """One row per (request set, method or reference): ours per column (aggregated over the requests), the
-    paper's number, and our absolute retain/forget/test accuracies.
+    paper's number, and our absolute retain/forget/test accuracies; ``paper_rows`` names each method's row in the
+    paper's table. A method's row carries the seed and recipe digest its harness rows carry.
 
     With ``aggregate="last"`` and tasks learned after the last request, the columns are read at the end of
     the stream (the report's ``end_rows``), except the requests' costs (:data:`COSTS`, e.g. their total time)."""
     out = []
     for label, report in reports.items():
-        names = report.methods()
-        for name, entry in zip(names, entries):
+        for name in report.methods():
             rows = report.table(name)
             refs = [r for r in report.reference_rows if r["method"] == rows[0]["reference"]]
             end = _end_pair(report.end_rows, report.end_reference_rows, name, rows[0]["reference"])
-            out.append(_row(config, setup, label, name, entry.paper_row, rows, refs, end, is_reference=False))
+            out.append(_row(config, setup, label, name, paper_rows[name], rows, refs, end, is_reference=False))
         for ref in dict.fromkeys(r["method"] for r in report.reference_rows):
             refs = [r for r in report.reference_rows if r["method"] == ref]
             end = _end_pair(report.end_reference_rows, report.end_reference_rows, ref, ref)
@@ -136,4 +136,7 @@ def _row(
         else:
             row[column] = _aggregate([fn(r, ref) for r, ref in zip(rows, refs)], column, config.aggregate)
         row[f"paper {column}"] = paper.get(column, math.nan)
+    for key in ("seed", "recipe"):
+        if key in rows[0]:
+            row[key] = rows[0][key]
     return row

@@ -6,16 +6,18 @@ import csv
 from pathlib import Path
 
 from lightning_unlearn.harness.repro.figures import plot_paper_vs_ours
+from lightning_unlearn.harness.repro.journal import slug
 from lightning_unlearn.harness.repro.schema import ReproConfig
 from lightning_unlearn.harness.repro.tables import SetupResult
 
 
-def write_setup(config: ReproConfig, result: SetupResult, out: Path) -> list[Path]:
-    """A setup's files: the harness's per request set, ``paper_vs_ours.csv`` and ``paper_vs_ours.png``."""
+def write_setup(config: ReproConfig, result: SetupResult, out: Path, *, figures: bool = True) -> list[Path]:
+    """A setup's files: the harness's per request set, ``paper_vs_ours.csv`` and (``figures``) ``paper_vs_ours.png``
+    and the harness's accuracy plots."""
     out.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
     for label, report in result.reports.items():
-        paths += report.write(out, stem=f"{_slug(label)}_")
+        paths += report.write(out, stem=f"{slug(label)}_", figures=figures)
     table = out / "paper_vs_ours.csv"
     keys = list(dict.fromkeys(k for r in result.rows for k in r))
     with table.open("w", newline="") as fh:
@@ -23,9 +25,6 @@ def write_setup(config: ReproConfig, result: SetupResult, out: Path) -> list[Pat
         writer.writeheader()
         writer.writerows(result.rows)
     paths.append(table)
-    paths.append(plot_paper_vs_ours(config, result, out / "paper_vs_ours.png"))
+    if figures:
+        paths.append(plot_paper_vs_ours(config, result, out / "paper_vs_ours.png"))
     return paths
-
-
-def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text).strip("_")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,19 +17,30 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn.core.request import ForgetRequest
-from lightning_unlearn.harness.loop import evaluate
+from lightning_unlearn.harness.loop import (
+    ReferenceRun,
+    evaluate_last,
+    run_method,
+    run_method_last,
+    run_reference,
+    run_reference_last,
+)
 from lightning_unlearn.harness.registry import available_methods
 from lightning_unlearn.harness.report import Report
+from lightning_unlearn.harness.repro import journal
 from lightning_unlearn.harness.repro.columns import comparison_rows
 from lightning_unlearn.harness.repro.data import build_info
 from lightning_unlearn.harness.repro.figures import plot_lambda_sweep
+from lightning_unlearn.harness.repro.journal import slug
 from lightning_unlearn.harness.repro.methods import make_method, make_requests
-from lightning_unlearn.harness.repro.outputs import _slug, write_setup
-from lightning_unlearn.harness.repro.schema import ReproConfig, Scale, Setup
+from lightning_unlearn.harness.repro.outputs import write_setup
+from lightning_unlearn.harness.repro.schema import Entry, ReproConfig, Requests, Scale, Setup
 from lightning_unlearn.harness.repro.tables import ReproResult, SetupResult, format_comparison, summary_markdown
-from lightning_unlearn.harness.types import BenchmarkInfo, Method
+from lightning_unlearn.harness.types import BenchmarkInfo
 from lightning_unlearn.progress import QUIET_TRAINER, progress, quiet_lightning
 from lightning_unlearn.schedule import Schedule, validate_schedule
+
+__all__ = ["LIRA_SHADOWS", "check_runnable", "evaluate_last", "is_global_zero", "run_config", "start_ranks"]
 
 #: shadow models of the offline [LiRA] attack behind "MIA-L" (each a retrain on a random half of the retained data)
 LIRA_SHADOWS = 4
@@ -61,7 +74,10 @@ def start_ranks(trainer_kwargs: Mapping[str, Any]) -> None:
 
 
 def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    """A progress line on stderr, above any open progress bar."""
+    from tqdm.auto import tqdm
+
+    tqdm.write(message, file=sys.stderr)
 
 
 def is_global_zero() -> bool:
@@ -84,12 +100,21 @@ def run_config(
     trainer_kwargs: Mapping[str, Any] | None = None,
     setups: Sequence[str] | None = None,
     log: Callable[[str], None] = _log,
+    resume: bool = False,
+    progress: bool | None = None,
 ) -> ReproResult:
     """Run a reproduction config and compare with the paper (``smoke``: the first ``config.smoke_setups`` setups).
 
-    One progress line per phase goes to ``log``. With ``out`` each setup writes into
-    ``out/<setup>``: the harness's ``<K>_requests.csv``, ``<K>_summary.csv`` and ``<K>_accuracies.png``,
-    plus ``paper_vs_ours.csv`` and ``paper_vs_ours.png``; ``out/summary.md`` holds every table.
+    A run is a list of rows, each one method of one setup's request set (its reference run with the first row
+    that needs it). Each finished row goes to ``log`` as one line, with the rows left and an estimate of the
+    time they take (this run's mean time per row), and with ``out`` it is written at once: its file
+    (:mod:`~lightning_unlearn.harness.repro.journal`), then the setup's ``paper_vs_ours.csv`` and the harness's
+    ``<K>_requests.csv`` / ``<K>_summary.csv`` so far, and ``out/summary.md``; the figures
+    (``paper_vs_ours.png``, ``<K>_accuracies.png``) follow at the end of each setup. ``out/recipe.yaml`` is the
+    config that ran (loadable as it is) headed by the run's seed, scale and Trainer arguments; every row carries
+    its seed and its recipe's digest. On a terminal (``progress``; see
+    :func:`~lightning_unlearn.progress.progress_enabled`) a bar per setup counts its rows and a bar per method
+    its learning steps and requests.
 
     Args:
         config: what to run.
@@ -105,16 +130,20 @@ def run_config(
             together, and only rank 0 logs and writes).
         setups: labels of the setups to run (default: all at full scale).
         log: receives the progress lines.
+        resume: skip the rows ``out`` already holds whose recipe (and seed) are this run's; a row whose recipe
+            changed runs again. A setup whose rows are all there loads no data.
+        progress: show the bars (``None``: when stderr is a terminal).
 
     Raises:
-        ValueError: an unknown setup label, dataset, model or method option, or (full scale, no ``root``) a
-            chosen setup that has no ``bundled`` scale.
+        ValueError: an unknown setup label, dataset, model or method option, ``resume`` without ``out``, or
+            (full scale, no ``root``) a chosen setup that has no ``bundled`` scale.
     """
     start = time.perf_counter()
     kwargs = dict(trainer_kwargs or {})
+    if resume and out is None:
+        raise ValueError("resume reads the finished rows of a run: give its output directory (out, --out)")
     # under a multi-device launch every rank runs this function; only global rank 0 writes and reports progress
     writer = is_global_zero()
-    out = out if writer else None
     log = log if writer else (lambda _: None)
     chosen = list(config.setups[: config.smoke_setups] if smoke else config.setups)
     if setups is not None:
@@ -128,25 +157,55 @@ def run_config(
             free = {s.label: s.bundled.dataset for s in config.setups if s.bundled is not None}
             alone = f"; without it, --setups of {free} run on bundled data" if free else ""
             raise ValueError(f"{config.name}: setup(s) {need} read the paper's dataset from files: give --root{alone}")
-    check_runnable(config, [(s, s.scale(smoke, root is not None)) for s in chosen])
-    results, tables, paths = [], [], []
-    for setup in chosen:
-        scale = setup.scale(smoke, root is not None)
-        result = _run_setup(config, setup, scale, root, seed, kwargs, log)
+    plan = [(setup, setup.scale(smoke, root is not None)) for setup in chosen]
+    check_runnable(config, plan)
+    run = _Run(
+        config=config,
+        out=Path(out) if out is not None else None,
+        writer=writer,
+        seed=seed,
+        trainer_kwargs=kwargs,
+        root=root,
+        resume=resume,
+        log=log,
+        progress=progress,
+        smoke=smoke,
+        total=sum(len(journal.setup_keys(setup, scale)) for setup, scale in plan),
+        start=start,
+    )
+    if run.out is not None and writer:
+        run.out.mkdir(parents=True, exist_ok=True)
+        (run.out / "recipe.yaml").write_text(_recipe_text(run, [s for s, _ in plan]))
+    results: list[SetupResult] = []
+    tables: list[str] = []
+    paths: list[Path] = []
+    for setup, scale in plan:
+        result = run.setup(setup, scale, results)
         results.append(result)
         tables += [format_comparison(config, result, label) for label in result.reports]
-        if out is not None:
+        if run.out is not None and writer:
             t0 = time.perf_counter()
-            paths += write_setup(config, result, Path(out) / _slug(setup.label))
+            paths += write_setup(config, result, run.out / slug(setup.label))
             log(f"[{config.name}] {setup.label}: wrote outputs ({time.perf_counter() - t0:.1f} s)")
     elapsed = time.perf_counter() - start
-    if out is not None:
-        summary = Path(out) / "summary.md"
-        summary.write_text(summary_markdown(config, results, smoke, elapsed))
-        paths.append(summary)
+    if run.out is not None and writer:
+        paths.append(run.write_summary(results, elapsed))
+        paths.append(run.out / "recipe.yaml")
         if config.name == "ccl-fig2":
-            paths.append(plot_lambda_sweep(results, Path(out) / "fig2.png"))
+            paths.append(plot_lambda_sweep(results, run.out / "fig2.png"))
     return ReproResult(config, smoke, results, tables, paths, elapsed)
+
+
+def _recipe_text(run: _Run, chosen: Sequence[Setup]) -> str:
+    """``recipe.yaml``: the config that runs (its chosen setups), headed by the run's own settings as comments."""
+    from lightning_unlearn.harness.papers import dump_config
+
+    head = [
+        f"# lightning-unlearn reproduce: {run.config.name}, {'smoke' if run.smoke else 'full'} scale",
+        f"# seed: {run.seed}; root: {run.root}; trainer: {run.trainer_kwargs}; setups: {[s.label for s in chosen]}",
+        "# rows: the scale each setup ran is its smoke scale, else full with --root, else bundled",
+    ]
+    return "\n".join(head) + "\n" + dump_config(replace(run.config, setups=tuple(chosen)))
 
 
 def check_runnable(config: ReproConfig, runs: Sequence[tuple[Setup, Scale]]) -> None:
@@ -177,108 +236,190 @@ def check_runnable(config: ReproConfig, runs: Sequence[tuple[Setup, Scale]]) -> 
                 raise ValueError(f"{at}, {entry.paper_row}: {err}") from None
 
 
-def _run_setup(
+@dataclass
+class _Run:
+    """One call of :func:`run_config`: its settings, the rows finished so far and where they go."""
+
+    config: ReproConfig
+    out: Path | None
+    writer: bool
+    seed: int
+    trainer_kwargs: dict[str, Any]
+    root: str | Path | None
+    resume: bool
+    log: Callable[[str], None]
+    progress: bool | None
+    smoke: bool
+    total: int
+    start: float
+    ran: list[float] = field(default_factory=list)  # seconds of each row run (not skipped) here
+    finished: int = 0
+
+    def setup(self, setup: Setup, scale: Scale, before: Sequence[SetupResult]) -> SetupResult:
+        """Run (or, resuming, read) every row of ``setup`` at ``scale``; write each as it finishes."""
+        config, name = self.config, self.config.name
+        shadows = LIRA_SHADOWS if "MIA-L" in config.columns else 0
+        keys = journal.setup_keys(setup, scale)
+        recipes = {
+            (r.label, e.paper_row): journal.recipe(scale, r, e, self.seed, self.trainer_kwargs, shadows)
+            for r, e in keys
+        }
+        units: dict[tuple[str, str], journal.Unit] = {}
+        if self.resume and self.out is not None:
+            for (label, row), recipe in recipes.items():
+                unit = journal.load(self.out, (setup.label, label, row))
+                if unit is not None and unit.digest == journal.digest(recipe):
+                    units[(label, row)] = unit
+        seconds: dict[str, float] = {"data": 0.0}
+        info = None
+        if len(units) < len(keys):  # something to run: the data (all rows finished: none needed)
+            t0 = time.perf_counter()
+            info = build_info(setup, scale, self.root, self.seed, self.trainer_kwargs)  # imports Avalanche first
+            start_ranks(self.trainer_kwargs)
+            seconds["data"] = time.perf_counter() - t0
+            self.log(
+                f"[{name}] {setup.label}: {scale.dataset}, {len(info.ids)} training samples in "
+                f"{len(info.experiences.unique())} experience(s), {len(info.test)} test samples, "  # type: ignore[arg-type]
+                f"{scale.model} backbone{' (pre-trained, frozen)' if scale.pretrain_epochs else ''} "
+                f"({seconds['data']:.1f} s)"
+            )
+        bar = progress(desc=setup.label, total=len(keys), unit="row", enabled=self.progress)
+        for requests in scale.requests:
+            schedule = make_requests(requests, info, self.seed) if info is not None else None
+            refs: dict[str, ReferenceRun] = {}
+            for req, entry in keys:
+                if req is not requests:
+                    continue
+                unit = units.get((requests.label, entry.paper_row))
+                if unit is not None:
+                    self.log(f"[{name}] {setup.label} {requests.label} {entry.paper_row}: finished before (resumed)")
+                else:
+                    assert info is not None and schedule is not None  # noqa: S101 (built above when a row runs)
+                    recipe = recipes[(requests.label, entry.paper_row)]
+                    unit = self._row(setup, scale, requests, entry, info, schedule, refs, shadows, recipe)
+                    units[(requests.label, entry.paper_row)] = unit
+                self.finished += 1
+                bar.update()
+                seconds[requests.label] = seconds.get(requests.label, 0.0) + unit.seconds
+                result = _result(config, setup, scale, keys, units, seconds)
+                if self.out is not None and self.writer:
+                    write_setup(config, result, self.out / slug(setup.label), figures=False)
+                    self.write_summary([*before, result], time.perf_counter() - self.start)
+        bar.close()
+        return _result(config, setup, scale, keys, units, seconds)
+
+    def _row(
+        self,
+        setup: Setup,
+        scale: Scale,
+        requests: Requests,
+        entry: Entry,
+        info: BenchmarkInfo,
+        schedule: Schedule,
+        refs: dict[str, ReferenceRun],
+        shadows: int,
+        recipe: dict[str, Any],
+    ) -> journal.Unit:
+        """Run one method on one request set (and its reference, the first time one needs it); save the row."""
+        t0 = time.perf_counter()
+        scheduled = torch.cat(validate_schedule(schedule.requests, info.catalog())).tolist()
+        options = {**entry.options, **scale.options.get(entry.name, {})}
+        method = make_method(entry, options, self.trainer_kwargs, scheduled)
+        reference = method.reference or method
+        last = requests.compare == "last"
+        learn = len(info.experiences.unique())
+        steps = learn + len(schedule)
+        if reference.name not in refs:
+            steps += learn + (1 if last else len(schedule)) + shadows
+        bar = progress(desc=entry.paper_row, total=steps, unit="step", enabled=self.progress)
+        if reference.name not in refs:
+            runner = run_reference_last if last else run_reference
+            refs[reference.name] = runner(reference, info, schedule, bar, shadows)
+        ref = refs[reference.name]
+        end_rows: list[dict[str, Any]] = []
+        if last:
+            rows = run_method_last(method, ref, info, schedule, bar)
+        else:
+            rows, end_rows = run_method(method, ref, info, schedule, bar)
+        bar.close()
+        digest = journal.digest(recipe)
+        tag = {"paper_row": entry.paper_row, "seed": self.seed, "recipe": digest}
+        unit = journal.Unit(
+            setup=setup.label,
+            requests=requests.label,
+            paper_row=entry.paper_row,
+            method=method.name,
+            digest=digest,
+            recipe=recipe,
+            schedule=dataclasses.asdict(schedule),
+            rows=[{**r, **tag} for r in rows],
+            end_rows=[{**r, **tag} for r in end_rows],
+            reference_rows=ref.rows,
+            end_reference_rows=ref.end_rows,
+            seconds=time.perf_counter() - t0,
+        )
+        if self.out is not None and self.writer:
+            journal.save(self.out, unit)
+        self.ran.append(unit.seconds)
+        left = self.total - self.finished - 1
+        eta = f"; {left} row(s) left, ~{_duration(left * sum(self.ran) / len(self.ran))}" if left else ""
+        removed = sum(int(r["n_removed"]) for r in rows)
+        self.log(
+            f"[{self.config.name}] {setup.label} {requests.label} {entry.paper_row}: {len(schedule)} request(s) of "
+            f"{removed} samples in all ({unit.seconds:.1f} s){eta}"
+        )
+        return unit
+
+    def write_summary(self, results: Sequence[SetupResult], seconds: float) -> Path:
+        assert self.out is not None  # noqa: S101 (called with an output directory only)
+        path = self.out / "summary.md"
+        text = summary_markdown(self.config, results, self.smoke, seconds, seed=self.seed)
+        if self.finished < self.total:
+            text += f"\nPartial: {self.finished} of {self.total} rows finished so far.\n"
+        tmp = path.with_suffix(".md.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+        return path
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def _result(
     config: ReproConfig,
     setup: Setup,
     scale: Scale,
-    root: str | Path | None,
-    seed: int,
-    trainer_kwargs: Mapping[str, Any],
-    log: Callable[[str], None],
+    keys: Sequence[tuple[Requests, Entry]],
+    units: Mapping[tuple[str, str], journal.Unit],
+    seconds: dict[str, float],
 ) -> SetupResult:
-    seconds: dict[str, float] = {}
-    t0 = time.perf_counter()
-    info = build_info(setup, scale, root, seed, trainer_kwargs)  # imports Avalanche: before any process group
-    start_ranks(trainer_kwargs)
-    seconds["data"] = time.perf_counter() - t0
-    n_test = len(info.test)  # type: ignore[arg-type]
-    log(
-        f"[{config.name}] {setup.label}: {scale.dataset}, {len(info.ids)} training samples in "
-        f"{len(info.experiences.unique())} experience(s), {n_test} test samples, {scale.model} backbone"
-        f"{' (pre-trained, frozen)' if scale.pretrain_epochs else ''} ({seconds['data']:.1f} s)"
-    )
-    entries = [e for e in setup.methods if scale.only is None or e.paper_row in scale.only]
-    shadows = LIRA_SHADOWS if "MIA-L" in config.columns else 0
+    """A setup's result from its finished rows (in the order they run; a request set with none is left out)."""
     reports: dict[str, Report] = {}
     for requests in scale.requests:
-        t0 = time.perf_counter()
-        schedule = make_requests(requests, info, seed)
-        scheduled = torch.cat(validate_schedule(schedule.requests, info.catalog())).tolist()
-        methods = [
-            make_method(e, {**e.options, **scale.options.get(e.name, {})}, trainer_kwargs, scheduled) for e in entries
-        ]
-        reports[requests.label] = (
-            evaluate(methods, info, schedule, shadows=shadows)
-            if requests.compare == "each"
-            else evaluate_last(methods, info, schedule, shadows=shadows)
-        )
-        seconds[requests.label] = time.perf_counter() - t0
-        log(
-            f"[{config.name}] {setup.label} {requests.label}: {len(methods)} method(s), {len(schedule)} request(s) "
-            f"of {_removed(reports[requests.label])} samples in all "
-            f"({seconds[requests.label]:.1f} s)"
-        )
-    rows = comparison_rows(config, setup, reports, entries)
-    return SetupResult(setup, scale, reports, rows, seconds)
+        done = [units[(r.label, e.paper_row)] for r, e in keys if r is requests and (r.label, e.paper_row) in units]
+        if done:
+            reports[requests.label] = _report(done)
+    paper_rows = {u.method: u.paper_row for u in units.values()}
+    rows = comparison_rows(config, setup, reports, paper_rows)
+    return SetupResult(setup, scale, reports, rows, dict(seconds))
 
 
-def _removed(report: Report) -> int:
-    first = report.methods()[0]
-    return sum(int(r["n_removed"]) for r in report.table(first))
-
-
-def evaluate_last(methods: Sequence[Method], info: BenchmarkInfo, schedule: Schedule, *, shadows: int = 0) -> Report:
-    """Like :func:`~lightning_unlearn.harness.evaluate`, compared with the reference only after the last request.
-
-    Each method executes every request in order (its time is their total, ``n_requests`` of them); the
-    reference retrains once, on what all of them leave (one request naming every removed id), which is the
-    retrained model of the end state. For long streams of small requests ([HF]'s 20% of the samples deleted
-    one at a time), where a retrain per request would cost more than the whole benchmark. Every row holds
-    the costs of :func:`~lightning_unlearn.harness.loop.cost_fields`; with ``shadows`` (at least 2) each
-    reference also makes that many offline-[LiRA] shadow models after its retrain and every row holds
-    ``lira_auc``, forgotten vs test samples.
-
-    Raises:
-        ValueError: ``shadows`` of 1 or below 0, or a bad schedule.
-    """
-    from lightning_unlearn.harness import loop
-
-    loop.check_shadows(shadows)
-    if schedule.after:
-        raise ValueError("compare='last' retrains once after the stream: it takes no arrival times (after=)")
-    merged = Schedule((ForgetRequest.samples(torch.cat(validate_schedule(schedule.requests, info.catalog()))),))
+def _report(units: Sequence[journal.Unit]) -> Report:
+    """The harness report of one request set from its finished rows (each reference's rows once)."""
+    s = units[0].schedule
+    requests = tuple(ForgetRequest(r["kind"], tuple(r["sample_ids"]), r["target"]) for r in s["requests"])
+    schedule = Schedule(requests, s["seed"], tuple(s["kinds"]), s["samples_per_request"], tuple(s["after"]))
     report = Report(schedule, [], [])
-    bar = progress(desc="learn + forget", enabled=False)
-    refs = {ref.name: ref for ref in (m.reference or m for m in methods)}
-    runs = {name: loop._run(ref, info, merged, bar, shadows) for name, ref in refs.items()}
-    for name, run in runs.items():
-        module, result, catalog = run.steps[-1]
-        report.reference_rows.append(
-            {
-                "method": f"{name} (reference)",
-                "family": refs[name].family,
-                **loop._request_fields(len(schedule) - 1, result),
-                "n_requests": 1,
-                **loop.cost_fields(run, run),
-                **loop._metrics(module, None, info, catalog, shadows=run.shadows),
-            }
-        )
-    for method in methods:
-        ref_run = runs[(method.reference or method).name]
-        run = loop._run(method, info, schedule, bar)
-        module, result, catalog = run.steps[-1]
-        fields = loop._request_fields(len(schedule) - 1, result)
-        fields["time_s"] = sum(float(s[1].wall_time_s) for s in run.steps)
-        fields["n_removed"] = sum(int(s[1].removed_ids.numel()) for s in run.steps)
-        fields["n_requests"] = len(run.steps)
-        report.rows.append(
-            {
-                "method": method.name,
-                "family": method.family,
-                "reference": f"{(method.reference or method).name} (reference)",
-                **fields,
-                **loop.cost_fields(run, ref_run),
-                **loop._metrics(module, ref_run.steps[-1][0], info, catalog, shadows=ref_run.shadows),
-            }
-        )
+    seen: set[str] = set()
+    for unit in units:
+        report.rows += unit.rows
+        report.end_rows += unit.end_rows
+        ref = unit.reference_rows[0]["method"]
+        if ref not in seen:
+            seen.add(ref)
+            report.reference_rows += unit.reference_rows
+            report.end_reference_rows += unit.end_reference_rows
     return report

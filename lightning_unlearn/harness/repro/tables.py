@@ -80,7 +80,9 @@ def _markdown(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body])
 
 
-def summary_markdown(config: ReproConfig, results: Sequence[SetupResult], smoke: bool, seconds: float) -> str:
+def summary_markdown(
+    config: ReproConfig, results: Sequence[SetupResult], smoke: bool, seconds: float, *, seed: int | None = None
+) -> str:
     """The run's Markdown summary: one table per setup and request set, the protocol, notes and wall times."""
     parts = [
         f"# {config.name}: {config.paper} {config.table}{' (CPU smoke scale)' if smoke else ''}",
@@ -90,6 +92,8 @@ def summary_markdown(config: ReproConfig, results: Sequence[SetupResult], smoke:
         "Cells are `ours (paper)`; accuracies in %, gaps in percentage points to retraining from scratch "
         "(the reference row shows its own accuracies).",
     ]
+    if seed is not None:
+        parts += ["", f"Seed {seed}; the exact recipe is `recipe.yaml` (each row's digest: `paper_vs_ours.csv`)."]
     for res in results:
         for label in res.reports:
             head = ["method", "paper row", "retain%", "forget%", "test%", *config.columns, "guarantee"]
