@@ -206,6 +206,8 @@ def test_registry_names_and_errors():
         "hessian",
         "gradient",
         "safe",
+        "resolve",
+        "certified_removal",
     }
     with pytest.raises(ValueError, match="unknown method 'sisa'; registered methods: acu"):
         get_method("sisa")

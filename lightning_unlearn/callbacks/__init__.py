@@ -2,6 +2,8 @@
 
 from lightning_unlearn.callbacks.analytic import AnalyticRecorder
 from lightning_unlearn.callbacks.base import RecorderCallback
+from lightning_unlearn.callbacks.convex import SoftmaxHeadRecorder
+from lightning_unlearn.callbacks.frozen import FrozenFeatureRecorder
 from lightning_unlearn.callbacks.hessian import HessianRecorder, TaskDeltaRecorder
 from lightning_unlearn.callbacks.newton import HessianSumRecorder
 from lightning_unlearn.callbacks.optimality import TaskOptimality
@@ -19,6 +21,8 @@ __all__ = [
     "ProximalRegularizer",
     "RecorderCallback",
     "SampleRecorder",
+    "SoftmaxHeadRecorder",
+    "FrozenFeatureRecorder",
     "StreamingRecorder",
     "TaskOptimality",
 ]

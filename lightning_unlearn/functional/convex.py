@@ -1,5 +1,5 @@
 """L2-regularised softmax regression solved to a computed gradient tolerance: the math of [CR] and of our
-computed certificate ([derived], ``docs/certificates.md``, section "Computed certificate").
+computed certificate ([derived], ``docs/certified_head.md``).
 
 The problem is a softmax-regression head ``z = W^T a`` on fixed features ``a`` (a frozen backbone's output,
 or the raw inputs; a bias is the weight of a constant feature 1 appended to ``a``, regularised like every
@@ -332,20 +332,19 @@ def newton_step(
     problem: SoftmaxProblem,
     W: Tensor,
     *,
+    tolerance: float,
     curvature: FeatureCurvature | None = None,
-    relative_tolerance: float = 1e-10,
     max_cg_iterations: int = 2000,
 ) -> tuple[Tensor, int]:
     """One Newton step ``W - H(W)^{-1} grad F(W)`` on ``problem`` ([CR] Sec. 3.1, the removal update
     ``w^- = w + H^{-1} Delta`` with ``Delta = -grad L(w; D')``: at the optimum of the data before removal,
     ``Delta = l2 w + grad l(w; x)`` as in [CR] eq. (1), and the gradient left by earlier removals is corrected too).
 
-    The linear system is solved by preconditioned CG to ``relative_tolerance`` times ``||grad F(W)||``; whatever
-    it misses ends in the gradient residual, which the caller computes exactly. Returns ``(W', CG iterations)``.
+    The linear system is solved by preconditioned CG to a residual of ``tolerance`` (mean form); what it misses
+    ends in the gradient residual, which the caller computes exactly. Returns ``(W', CG iterations)``.
     """
     G = gradient(W, problem)
-    tolerance = relative_tolerance * float(G.norm())
-    if tolerance == 0:
+    if float(G.norm()) <= tolerance:
         return W.clone(), 0
     P = probabilities(W, problem)
     direction, k = _conjugate_gradient(

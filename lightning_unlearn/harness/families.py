@@ -15,6 +15,10 @@ from scratch on the retained data (:func:`reference`).
 * ``"linear"``: the frozen backbone + a linear layer trained by SGD on ``mean CE + (l2/2)||theta||^2``:
   L2-regularised logistic regression on fixed features, the strongly convex setting in which
   [HF]'s certificate holds (Assumption 1); its retrain replays the recipe. Setting: ``l2``.
+* ``"convex"``: the frozen backbone + an L2-regularised softmax head (:class:`AnalyticClassifier` without
+  expansion) that a :class:`SoftmaxHeadRecorder` solves to a certified distance ``radius`` of its optimum
+  (``docs/certified_head.md``); its retrain is a fresh solve on the retained set. Settings: ``l2``, ``radius``
+  and ``loss_perturbation`` ([CR]'s ``beta``; ``None``: none).
 * ``"proximal"``: the same model with [CCL]'s regulariser ``(lambda/2)||theta - theta_{t-1}||^2``
   (:class:`ProximalClassifier`), for the certified continual-learning methods; each task is solved
   by full-batch L-BFGS, as [CCL] assumes (exact solutions); its retrain replays the recipe.
@@ -34,6 +38,7 @@ from torch.utils.data import DataLoader
 
 from lightning_unlearn.callbacks.analytic import AnalyticRecorder
 from lightning_unlearn.callbacks.base import RecorderCallback
+from lightning_unlearn.callbacks.convex import SoftmaxHeadRecorder
 from lightning_unlearn.callbacks.samples import SampleRecorder
 from lightning_unlearn.functional.bounds import module_constants
 from lightning_unlearn.harness.types import BenchmarkInfo, Built, Method
@@ -44,7 +49,7 @@ from lightning_unlearn.models import (
 )
 from lightning_unlearn.strategies.baselines import RetrainStrategy
 
-FAMILIES = ("analytic", "supervised", "linear", "proximal")
+FAMILIES = ("analytic", "supervised", "linear", "proximal", "convex")
 #: the linear family's step size as a fraction of [HF]'s limit 2/(M + l2), when ``info.lr`` exceeds it
 LR_MARGIN = 0.9
 #: each family's settings and their defaults
@@ -53,6 +58,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "supervised": {},
     "linear": {"l2": 1e-2},
     "proximal": {"l2": 1e-2, "reg_lambda": 1.0},
+    "convex": {"l2": 1e-3, "radius": 1e-3, "loss_perturbation": None},
 }
 #: the proximal family's batch (larger than any experience: one batch per experience) and L-BFGS steps per task
 FULL_BATCH, LBFGS_STEPS = 1 << 30, 2
@@ -110,7 +116,7 @@ def build_model(info: BenchmarkInfo, family: str, settings: Mapping[str, Any]) -
 
 def recipe(info: BenchmarkInfo, family: str) -> tuple[dict[str, Any], int | None]:
     """Continual-learning Trainer options and batch size (``None``: the benchmark's) of a family."""
-    if family == "analytic":
+    if family in ("analytic", "convex"):
         return {"max_epochs": 1}, None
     if family == "proximal":
         # every rank of a multi-device fit solves the whole task (no DistributedSampler): [CCL] needs the exact
@@ -120,12 +126,12 @@ def recipe(info: BenchmarkInfo, family: str) -> tuple[dict[str, Any], int | None
 
 
 def _module(info: BenchmarkInfo, family: str, s: Mapping[str, Any]) -> L.LightningModule:
-    if family == "analytic":
+    if family in ("analytic", "convex"):
         return AnalyticClassifier(
             copy.deepcopy(info.backbone),
             info.backbone_dim,
             info.num_classes,
-            expansion_dim=s["expansion_dim"],
+            expansion_dim=s.get("expansion_dim"),
             seed=info.seed,
         )
     trainable = family == "supervised"
@@ -143,11 +149,16 @@ def _module(info: BenchmarkInfo, family: str, s: Mapping[str, Any]) -> L.Lightni
 
 
 def _recorder(family: str, s: Mapping[str, Any]) -> Callable[[], RecorderCallback]:
-    return (lambda: AnalyticRecorder(s["ridge"])) if family == "analytic" else SampleRecorder
+    if family == "analytic":
+        return lambda: AnalyticRecorder(s["ridge"])
+    if family == "convex":
+        return lambda: SoftmaxHeadRecorder(s["l2"], radius=s["radius"], loss_perturbation=s["loss_perturbation"])
+    return SampleRecorder
 
 
 def _refit(family: str, s: Mapping[str, Any]) -> Callable[[], list[L.Callback]]:
-    return (lambda: [AnalyticRecorder(s["ridge"])]) if family == "analytic" else list
+    solved = family in ("analytic", "convex")  # the head is learned by its recorder
+    return (lambda: [_recorder(family, s)()]) if solved else list
 
 
 def retrain_method(
@@ -202,7 +213,11 @@ def reference(family: str = "analytic", **settings: Any) -> Method:
     if s == SETTINGS[family]:
         name = "retrain" if family == "analytic" else f"retrain[{family}]"
     else:
-        name = "retrain[" + ",".join([family, *(f"{k}={v:g}" for k, v in s.items())]) + "]"
+        name = (
+            "retrain["
+            + ",".join([family, *(f"{k}={v:g}" if v is not None else f"{k}=none" for k, v in s.items())])
+            + "]"
+        )
 
     return retrain_method(
         name,

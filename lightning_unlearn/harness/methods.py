@@ -1,6 +1,7 @@
 """The built-in methods of the registry, each an unlearning strategy class on its model families.
 
-Registered: ``acu``, ``hf``, ``ns``, ``ij``, ``hessian``, ``gradient``, ``safe``, ``rbm``, ``salun`` and the baselines
+Registered: ``acu``, ``resolve`` and ``certified_removal`` ([CR]; the certified softmax head, on the convex
+family), ``hf``, ``ns``, ``ij``, ``hessian``, ``gradient``, ``safe``, ``rbm``, ``salun`` and the baselines
 ``retrain``, ``finetune``, ``neggrad``, ``neggrad_plus``, ``randomlabel`` and the further baselines of [ACU]'s
 Table 1, ``scrub`` ([SCRUB]), ``l1_sparse`` and ``woodfisher`` ([Sparse]). The baselines, RBM and SalUn run on every
 family (default: analytic, [ACU]'s protocol; their defaults are [ACU] App. E.3's);
@@ -38,6 +39,7 @@ from lightning_unlearn.strategies.certified import (
     GradientCertifiedStrategy,
     HessianCertifiedStrategy,
 )
+from lightning_unlearn.strategies.convex import CertifiedRemovalStrategy, ResolveStrategy
 from lightning_unlearn.strategies.hf import HFStrategy
 from lightning_unlearn.strategies.newton import InfinitesimalJackknifeStrategy, NewtonStepStrategy
 from lightning_unlearn.strategies.rbm import RBMStrategy
@@ -184,6 +186,16 @@ register(
         families=("supervised", "analytic", "linear", "proximal"),
         recorder=_streaming,
         recorder_options={"num_classes": None},
+    )
+)
+register(MethodSpec("resolve", ResolveStrategy, families=("convex",), label=certified_label("resolve")))
+register(
+    MethodSpec(
+        "certified_removal",
+        CertifiedRemovalStrategy,
+        families=("convex",),
+        # [CR]'s loss perturbation for a residual budget of 0.1 (sum form) at (1, 1e-5)
+        settings={"loss_perturbation": CertifiedRemovalStrategy.perturbation_std(0.1, 1.0, 1e-5)},
     )
 )
 register(MethodSpec("scrub", SCRUBStrategy))

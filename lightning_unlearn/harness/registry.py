@@ -54,6 +54,7 @@ class MethodSpec:
         managed: keyword-only parameters set from the family's recipe rather than by the user.
         label: the method's name for a set of strategy options (default: ``name``); a family
             other than the default is appended as ``name[family]``.
+        settings: the method's own defaults of its family's settings (e.g. [CR]'s loss perturbation).
         context: ``context(info, module, settings) -> (arguments, callbacks)``: constructor
             arguments the harness computes for the strategy (their names must be in ``managed``,
             e.g. closed-form constants of the family's model) and further callbacks that learn
@@ -68,6 +69,7 @@ class MethodSpec:
     fixed: Mapping[str, Any] = field(default_factory=dict)
     managed: frozenset[str] = frozenset()
     label: Callable[[Mapping[str, Any]], str] | None = None
+    settings: Mapping[str, Any] = field(default_factory=dict)
     context: Callable[[BenchmarkInfo, Any, Mapping[str, Any]], tuple[dict[str, Any], list[Any]]] | None = None
 
     def strategy_options(self) -> set[str]:
@@ -97,7 +99,7 @@ class MethodSpec:
             raise ValueError(
                 f"unknown model family {family!r} for method {self.name!r}; it runs on {list(self.families)}"
             )
-        settings = {k: options.pop(k) for k in list(options) if k in _all_settings()}
+        settings = {**self.settings, **{k: options.pop(k) for k in list(options) if k in _all_settings()}}
         family_settings(family, settings)  # a setting of another family is an error
         gold = reference(family, **settings)
         if self.strategy is RetrainStrategy:

@@ -10,6 +10,7 @@ from lightning_unlearn.strategies.baselines import (
     RetrainStrategy,
 )
 from lightning_unlearn.strategies.certified import GradientCertifiedStrategy, HessianCertifiedStrategy
+from lightning_unlearn.strategies.convex import CertifiedRemovalStrategy, ResolveStrategy
 from lightning_unlearn.strategies.hf import HFStrategy
 from lightning_unlearn.strategies.newton import InfinitesimalJackknifeStrategy, NewtonStepStrategy
 from lightning_unlearn.strategies.rbm import MaskProjection, RBMStrategy
@@ -37,4 +38,6 @@ __all__ = [
     "L1SparseStrategy",
     "WoodFisherStrategy",
     "MaskProjection",
+    "CertifiedRemovalStrategy",
+    "ResolveStrategy",
 ]

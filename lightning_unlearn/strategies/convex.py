@@ -1,7 +1,7 @@
 """Certified forgetting of a softmax-regression head: a computed certificate ([derived]) and Newton removal [CR].
 
 Both read only the retained features the :class:`~lightning_unlearn.callbacks.convex.SoftmaxHeadRecorder`
-stores (never the data) and the noise-free head it keeps; the derivations are in ``docs/certificates.md``.
+stores (never the data) and the noise-free head it keeps; the derivations are in ``docs/certified_head.md``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def feature_assumption(recorder: SoftmaxHeadRecorder) -> str:
 
 class ResolveStrategy(ReleasingStrategy):
     """Forget by re-solving the head on the retained features, warm started, to a certified distance; release it
-    with Gaussian noise calibrated on that distance ([derived], ``docs/certificates.md``, "Computed certificate").
+    with Gaussian noise calibrated on that distance ([derived], ``docs/certified_head.md``).
 
     The recorder's Newton solver (:func:`~lightning_unlearn.functional.convex.solve`) runs from the current
     noise-free head over the retained rows until the computed gradient norm (rounding bound included) is at most
@@ -180,7 +180,9 @@ class CertifiedRemovalStrategy(UnlearningStrategy):
         keep = ~rec.rows_of(ids)
         curvature = rec.curvature.restricted(rec.problem(), keep)
         problem = rec.problem(keep)
-        W, products = convex.newton_step(problem, rec.solved_head, curvature=curvature)
+        # the linear solve's own residual is kept to a tenth of the budget (mean form: divided by n)
+        tolerance = 0.1 * self.residual_budget / problem.count
+        W, products = convex.newton_step(problem, rec.solved_head, tolerance=tolerance, curvature=curvature)
         norm, _ = convex.certified_gradient_norm(W, problem)
         resolved = norm * problem.count > self.residual_budget
         if resolved:
