@@ -14,7 +14,7 @@ K seeded forget requests with every method, and prints the [ACU] Table 1 columns
 retraining from scratch) and the attack AUCs (MIA-U, offline [LiRA]) next to retraining's, per K;
 with ``--out`` it also writes CSVs and a PNG plot. ``tradeoff``
 prints the privacy-utility table of the certified methods (test accuracy vs the per-release
-epsilon, with the accountant's total epsilon; :mod:`lightning_unlearn.tradeoff`) and with ``--out``
+epsilon, with the accountant's total epsilon; :mod:`lightning_unlearn.harness.tradeoff`) and with ``--out``
 writes ``tradeoff.csv`` and ``tradeoff.png``. ``reproduce`` runs a seed paper's headline table under its
 own protocol and prints our numbers next to the paper's (:mod:`lightning_unlearn.harness.papers`);
 ``--smoke`` runs its CPU smoke scale on the bundled digits, ``--list`` lists the configs.
@@ -235,7 +235,7 @@ def _floats(text: str) -> list[float]:
 
 def tradeoff(args: argparse.Namespace) -> str:
     """Run the privacy-utility benchmark and return the printed table."""
-    from lightning_unlearn.tradeoff import format_tradeoff, run_tradeoff, write_tradeoff
+    from lightning_unlearn.harness.tradeoff import format_tradeoff, run_tradeoff, write_tradeoff
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = sorted(set(methods) - {"hf", "hessian", "gradient", "safe"})

@@ -10,64 +10,117 @@
 * :mod:`~lightning_unlearn.harness.fake_data`: tiny datasets in each real on-disk format, for tests;
 * :mod:`~lightning_unlearn.harness.families`: model families and their gold standards;
 * :mod:`~lightning_unlearn.harness.registry`: names to strategy classes (:class:`MethodSpec`, :func:`get_method`);
-* :mod:`~lightning_unlearn.harness.methods`: the built-in registrations.
+* :mod:`~lightning_unlearn.harness.methods`: the built-in registrations (loaded by the registry on first use);
+* :mod:`~lightning_unlearn.harness.papers` and ``configs/*.yaml``: the papers' tables as reproduction configs;
+* :mod:`~lightning_unlearn.harness.repro`: reproduction runs (:func:`~lightning_unlearn.harness.repro.run_config`);
+* :mod:`~lightning_unlearn.harness.tradeoff`: the privacy-utility benchmark (``lightning-unlearn tradeoff``).
+
+Names are imported from here lazily (each module on first use): reading a config imports no harness module
+that needs torch.
 """
 
-from lightning_unlearn.harness import methods as _methods  # noqa: F401  (registers the built-in methods)
-from lightning_unlearn.harness.datasets import (
-    BENCHMARKS,
-    DatasetNotFoundError,
-    Splits,
-    benchmark_info,
-    load_benchmark,
-    load_splits,
-)
-from lightning_unlearn.harness.digits import digits_benchmark, digits_splits
-from lightning_unlearn.harness.families import FAMILIES, reference, retrain_method
-from lightning_unlearn.harness.loop import evaluate
-from lightning_unlearn.harness.models import MODELS, backbone_of, build_model, pretrain_backbone
-from lightning_unlearn.harness.registry import (
-    MethodSpec,
-    available_methods,
-    get_method,
-    method_spec,
-    register,
-)
-from lightning_unlearn.harness.report import TABLE1, Report, format_table
-from lightning_unlearn.harness.types import (
-    BenchmarkInfo,
-    Built,
-    Method,
-    describe_benchmark,
-)
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: every public name of the package, by the module defining it
+_EXPORTS = {
+    "datasets": (
+        "BENCHMARKS",
+        "DatasetNotFoundError",
+        "Splits",
+        "benchmark_info",
+        "load_benchmark",
+        "load_splits",
+    ),
+    "digits": (
+        "digits_benchmark",
+        "digits_splits",
+    ),
+    "families": (
+        "FAMILIES",
+        "reference",
+        "retrain_method",
+    ),
+    "loop": ("evaluate",),
+    "models": (
+        "MODELS",
+        "backbone_of",
+        "build_model",
+        "pretrain_backbone",
+    ),
+    "registry": (
+        "MethodSpec",
+        "available_methods",
+        "get_method",
+        "method_spec",
+        "register",
+    ),
+    "report": (
+        "TABLE1",
+        "Report",
+        "format_table",
+    ),
+    "types": (
+        "BenchmarkInfo",
+        "Built",
+        "Method",
+        "describe_benchmark",
+    ),
+}
+_MODULE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = [
     "BENCHMARKS",
-    "MODELS",
-    "DatasetNotFoundError",
-    "Splits",
-    "backbone_of",
-    "benchmark_info",
-    "build_model",
-    "load_benchmark",
-    "load_splits",
-    "pretrain_backbone",
-    "FAMILIES",
-    "TABLE1",
     "BenchmarkInfo",
     "Built",
+    "DatasetNotFoundError",
+    "FAMILIES",
+    "MODELS",
     "Method",
     "MethodSpec",
     "Report",
+    "Splits",
+    "TABLE1",
     "available_methods",
+    "backbone_of",
+    "benchmark_info",
+    "build_model",
     "describe_benchmark",
     "digits_benchmark",
     "digits_splits",
     "evaluate",
     "format_table",
     "get_method",
+    "load_benchmark",
+    "load_splits",
     "method_spec",
+    "pretrain_backbone",
     "reference",
     "register",
     "retrain_method",
 ]
+
+if TYPE_CHECKING:
+    from lightning_unlearn.harness.datasets import (
+        BENCHMARKS,
+        DatasetNotFoundError,
+        Splits,
+        benchmark_info,
+        load_benchmark,
+        load_splits,
+    )
+    from lightning_unlearn.harness.digits import digits_benchmark, digits_splits
+    from lightning_unlearn.harness.families import FAMILIES, reference, retrain_method
+    from lightning_unlearn.harness.loop import evaluate
+    from lightning_unlearn.harness.models import MODELS, backbone_of, build_model, pretrain_backbone
+    from lightning_unlearn.harness.registry import MethodSpec, available_methods, get_method, method_spec, register
+    from lightning_unlearn.harness.report import TABLE1, Report, format_table
+    from lightning_unlearn.harness.types import BenchmarkInfo, Built, Method, describe_benchmark
+
+
+def __getattr__(name: str) -> Any:
+    """``from lightning_unlearn.harness import evaluate`` imports :mod:`.loop` (and torch) only then."""
+    if name not in _MODULE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_MODULE[name]}"), name)

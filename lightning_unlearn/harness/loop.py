@@ -31,6 +31,7 @@ from torch.utils.data import Subset
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.core.catalog import SampleCatalog
 from lightning_unlearn.core.request import ForgetRequest
+from lightning_unlearn.harness.plot import write_report
 from lightning_unlearn.harness.report import ATTACKS, Report
 from lightning_unlearn.harness.types import BenchmarkInfo, Method
 from lightning_unlearn.metrics import evaluate_unlearning
@@ -106,9 +107,9 @@ def evaluate(
     The schedule is validated against what the stream teaches before anything is trained
     (``ValueError`` naming the faulty request). Every run starts from ``info.seed`` (module
     initialisation and data order), with the global RNG state restored afterwards. With
-    ``out_dir`` the report is written there (:meth:`Report.write`). ``progress`` shows one bar whose
-    label names the phase (``None``: when stderr is a terminal, :func:`~lightning_unlearn.progress.progress_enabled`);
-    the fits inside print no Lightning banners.
+    ``out_dir`` the report is written there (:func:`~lightning_unlearn.harness.plot.write_report`).
+    ``progress`` shows one bar whose label names the phase (``None``: when stderr is a terminal,
+    :func:`~lightning_unlearn.progress.progress_enabled`); the fits inside print no Lightning banners.
 
     When tasks are learned after the last request (requests arriving inside the stream), the report's
     ``end_rows`` and ``end_reference_rows`` compare the models at the end of the stream too ([CCL] Table 1
@@ -148,7 +149,7 @@ def evaluate(
         report.end_rows += end_rows
     bar.close()
     if out_dir is not None:
-        report.write(out_dir, stem=f"k{len(schedule)}_")
+        write_report(report, out_dir, stem=f"k{len(schedule)}_")
     return report
 
 

@@ -7,12 +7,8 @@ so importing or calling this never changes the backend of the caller's own plots
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from lightning_unlearn.harness.report import describe
-
-if TYPE_CHECKING:
-    from lightning_unlearn.harness.report import Report
+from lightning_unlearn.harness.report import Report, describe
 
 #: a colour-blind-safe palette (Okabe-Ito), markers and line styles cycled per method of a family
 _COLORS = (
@@ -27,6 +23,15 @@ _COLORS = (
 )
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 _LINESTYLES = ("-", "--", "-.", ":")
+
+
+def write_report(report: Report, out_dir: str | Path, stem: str = "", *, figures: bool = True) -> list[Path]:
+    """:meth:`Report.write`'s CSVs, then (``figures``) ``<stem>accuracies.png`` (:func:`plot_accuracies`)."""
+    paths = report.write(out_dir, stem)
+    if figures:
+        paths.append(Path(out_dir) / f"{stem}accuracies.png")
+        plot_accuracies(report, paths[-1])
+    return paths
 
 
 def plot_accuracies(report: Report, path: str | Path) -> None:

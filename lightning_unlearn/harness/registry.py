@@ -15,6 +15,7 @@ benchmark's seed), and a ``train=`` dataset (the stream's training set) when the
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -195,8 +196,16 @@ def register(spec: MethodSpec, *, replace: bool = False) -> None:
     _SPECS[spec.name] = spec
 
 
+def _builtins() -> None:
+    """Register the built-in methods (:mod:`lightning_unlearn.harness.methods`) on first use: they import every
+    strategy, which reading a config or listing commands does not need. A plugin hook, not an import arrow: the
+    registrations live above this module."""
+    importlib.import_module("lightning_unlearn.harness.methods")
+
+
 def available_methods() -> list[str]:
     """The registered names, sorted."""
+    _builtins()
     return sorted(_SPECS)
 
 
@@ -206,6 +215,7 @@ def method_spec(name: str) -> MethodSpec:
     Raises:
         ValueError: an unknown name (listing the registered ones).
     """
+    _builtins()
     if name not in _SPECS:
         raise ValueError(f"unknown method {name!r}; registered methods: {', '.join(available_methods())}")
     return _SPECS[name]

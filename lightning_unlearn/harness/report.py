@@ -129,9 +129,9 @@ class Report:
         certs = {r["certificate"] for r in self.table(method)}
         return certs.pop() if len(certs) == 1 else "/".join(sorted(certs))
 
-    def write(self, out_dir: str | Path, stem: str = "", *, figures: bool = True) -> list[Path]:
-        """Write ``<stem>requests.csv`` (every row), ``<stem>summary.csv`` and (``figures``) ``<stem>accuracies.png``;
-        and ``<stem>end.csv`` with the end-of-stream rows if there are any."""
+    def write(self, out_dir: str | Path, stem: str = "") -> list[Path]:
+        """Write ``<stem>requests.csv`` (every row) and ``<stem>summary.csv``, and ``<stem>end.csv`` with the
+        end-of-stream rows if there are any (the figure: :func:`~lightning_unlearn.harness.plot.write_report`)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = [out / f"{stem}requests.csv", out / f"{stem}summary.csv"]
@@ -140,19 +140,10 @@ class Report:
             paths[1],
             [{"method": m, "family": self.family(m), "k": self.k, **s} for m, s in self.summary().items()],
         )
-        if figures:
-            paths.append(out / f"{stem}accuracies.png")
-            self.plot(paths[-1])
         if self.end_rows or self.end_reference_rows:
             paths.append(out / f"{stem}end.csv")
             _write_csv(paths[-1], self.end_rows + self.end_reference_rows)
         return paths
-
-    def plot(self, path: str | Path) -> None:
-        """The accuracies over the requests as a PNG (:func:`~lightning_unlearn.harness.plot.plot_accuracies`)."""
-        from lightning_unlearn.harness.plot import plot_accuracies
-
-        plot_accuracies(self, path)
 
 
 def describe(schedule: Schedule) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from lightning_unlearn.harness.plot import write_report
 from lightning_unlearn.harness.repro.figures import plot_paper_vs_ours
 from lightning_unlearn.harness.repro.journal import slug
 from lightning_unlearn.harness.repro.schema import ReproConfig
@@ -17,7 +18,7 @@ def write_setup(config: ReproConfig, result: SetupResult, out: Path, *, figures:
     out.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
     for label, report in result.reports.items():
-        paths += report.write(out, stem=f"{slug(label)}_", figures=figures)
+        paths += write_report(report, out, stem=f"{slug(label)}_", figures=figures)
     table = out / "paper_vs_ours.csv"
     keys = list(dict.fromkeys(k for r in result.rows for k in r))
     with table.open("w", newline="") as fh:
