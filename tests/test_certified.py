@@ -79,7 +79,7 @@ def test_gradient_strategy_keeps_weights_within_natural_forgetting_bound(trained
     model, rec = copy_of(trained)
     w = hf.flat_params(model)
     w_retrain = hf.flat_params(fit_tasks([TASKS[1], TASKS[2]]))
-    strategy = GradientCertifiedStrategy(model, rec, epsilon=EPS, delta=DELTA, seed=0)
+    strategy = GradientCertifiedStrategy(model, rec, epsilon=EPS, delta=DELTA, seed=0, bound="paper")
     cert = strategy.forget(ForgetRequest.of_experience(0)).certificate
     assert torch.equal(strategy.clean_parameters(), w)  # Alg. 1: the internal model is not modified
     assert float((w - w_retrain).norm()) <= cert.bounds["sensitivity"]  # Theorem 4.1
@@ -98,7 +98,7 @@ def test_gradient_strategy_keeps_weights_within_natural_forgetting_bound(trained
 def test_hessian_sigma_matches_formula(trained):
     model, rec = copy_of(trained)
     cert = (
-        HessianCertifiedStrategy(model, rec, epsilon=EPS, delta=DELTA, lipschitz=2.0, smoothness=3.0)
+        HessianCertifiedStrategy(model, rec, epsilon=EPS, delta=DELTA, lipschitz=2.0, smoothness=3.0, bound="paper")
         .forget(ForgetRequest.of_experience(0))
         .certificate
     )
@@ -194,7 +194,7 @@ def test_task_delta_recorder_needs_the_proximal_regulariser_and_diagonal_mode_ru
         GradientCertifiedStrategy(delta_model, deltas).forget(ForgetRequest.of_experience(0))
     assert torch.equal(hf.flat_params(delta_model), w_delta) and not bool(deltas.catalog.forgotten.any())
     cert = (
-        GradientCertifiedStrategy(delta_model, deltas, lipschitz=2.0, smoothness=3.0)
+        GradientCertifiedStrategy(delta_model, deltas, lipschitz=2.0, smoothness=3.0, bound="paper")
         .forget(ForgetRequest.of_experience(0))
         .certificate
     )
@@ -449,7 +449,9 @@ def test_publish_without_a_request_releases_the_internal_model_at_the_bound_of_t
     calibrated on gamma^H of the tasks as they stand at t (task 0 deleted, two kept tasks after it)."""
     rec = HessianRecorder()
     model = fit_tasks(TASKS[:2], rec)
-    strategy = HessianCertifiedStrategy(model, rec, epsilon=EPS, delta=DELTA, lipschitz=2.0, smoothness=3.0)
+    strategy = HessianCertifiedStrategy(
+        model, rec, epsilon=EPS, delta=DELTA, lipschitz=2.0, smoothness=3.0, bound="paper"
+    )
     with pytest.raises(ValueError, match="nothing is forgotten yet"):
         strategy.publish()
     assert len(strategy.accountant) == 0 and torch.equal(hf.flat_params(model), rec.ends[-1])  # nothing changed

@@ -94,7 +94,7 @@ def independent_gamma(rec: TrajectoryRecorder, ids: list[int]) -> float:
 
 def test_sigma_matches_formula(fitted):
     ds, model, rec, w0 = fresh_copy(fitted)
-    strategy = HFStrategy(model, rec, epsilon=EPS, delta=DELTA, seed=3)
+    strategy = HFStrategy(model, rec, epsilon=EPS, delta=DELTA, seed=3, bound="paper")
     cert = strategy.forget(ForgetRequest.samples([1, 2])).certificate
     gamma = independent_gamma(rec, [1, 2])
     assert cert.bounds["sensitivity"] == pytest.approx(gamma, rel=1e-9)
@@ -354,7 +354,7 @@ def test_cnn_forget_without_noise_reports_an_infinite_bound_instead_of_overflowi
     w0 = fit_hf(model, ds, rec, epochs=2, batch_size=8)
     assert torch.allclose(replay(model, rec, w0, ds, set()), hf.flat_params(model), atol=1e-12)
     w, w_retrain = hf.flat_params(model), replay(model, rec, w0, ds, {5})
-    strategy = HFStrategy(model, rec, noise=False, smoothness=1e60)  # rho = lr M - 1 ~ 5e58, rho^7 ~ 1e410
+    strategy = HFStrategy(model, rec, noise=False, smoothness=1e60, bound="paper")  # rho = lr M - 1 ~ 5e58: 1e410
     cert = strategy.forget(ForgetRequest.samples([5])).certificate
     assert cert.bounds["sensitivity"] == math.inf and cert.epsilon is None and "infinite" in cert.statement
     assert float((strategy.clean_parameters() - w_retrain).norm()) <= 0.1 * float((w - w_retrain).norm())

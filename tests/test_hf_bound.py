@@ -44,7 +44,7 @@ def test_running_bound_equals_resummed_bound(monkeypatch):
     ds = blobs(96, seed=0)
     model, rec = sgd_model(), TrajectoryRecorder(dtype=torch.float64)
     fit_hf(model, ds, rec, epochs=3)
-    strategy = HFStrategy(model, rec, noise=False, max_deletions=100)
+    strategy = HFStrategy(model, rec, noise=False, max_deletions=100, bound="paper")
     for ids in ([3], [17, 40], [5, 6, 7, 8]):
         check(strategy, ids)
 
@@ -69,7 +69,7 @@ def test_running_bound_equals_resummed_bound(monkeypatch):
     resumed, model2 = TrajectoryRecorder(dtype=torch.float64), sgd_model()
     resumed.load_state_dict(rec.state_dict())
     hf.set_flat_params(model2, hf.flat_params(model))
-    strategy2 = HFStrategy(model2, resumed, noise=False, max_deletions=100)
+    strategy2 = HFStrategy(model2, resumed, noise=False, max_deletions=100, bound="paper")
     for ids in ([60], [61, 62, 63]):
         check(strategy2, ids)
 

@@ -31,7 +31,10 @@ class Certificate:
     * ``seeded``: the noise came from a user seed (reproducible, so removable: not private);
     * ``accounting``: the composition of all releases so far (``releases``, ``epsilon_total`` at
       ``delta_total``, the ``accountant`` used, and this ``release``), whatever the per-release
-      epsilon says.
+      epsilon says;
+    * ``assumptions``: what the bound's proof rests on, one line each, saying whether it was checked
+      (and against what), asserted by the caller, or estimated from the data (empty in entries written
+      before the field existed).
     """
 
     method: str
@@ -45,6 +48,7 @@ class Certificate:
     recipe: str | None = None
     seeded: bool = False
     accounting: dict[str, Any] = field(default_factory=dict)
+    assumptions: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.exact and (self.epsilon is not None or self.sigma):

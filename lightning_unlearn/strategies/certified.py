@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -15,11 +16,14 @@ from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.functional import certified as cl
 from lightning_unlearn.functional import hf
-from lightning_unlearn.functional.bounds import ModelConstants
+from lightning_unlearn.functional.bounds import ModelConstants, forgetting_chain, newton_chain
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.strategies.base import ForgetData, UnlearningUpdate, replace_attributes, swap_weights
 from lightning_unlearn.strategies.release import ReleasingStrategy
 from lightning_unlearn.warnings import warn
+
+#: the sensitivities the [CCL] strategies calibrate their noise on
+BOUNDS = ("contraction", "paper")
 
 
 def _is_linear(module: nn.Module) -> bool:
@@ -50,6 +54,15 @@ class _ContinualCertified(ReleasingStrategy):
     :class:`~lightning_unlearn.strategies.release.ReleasingStrategy` (analytic Gaussian mechanism, [AGM];
     OS-entropy noise, composed total in every certificate).
 
+    Sensitivity: ``bound="contraction"`` (default) [derived], the strong-convexity argument on the chain of
+    exactly solved proximal tasks (each task's solution is ``lambda/(mu + lambda)``-Lipschitz in its anchor,
+    a forgotten share moves it by at most ``2 m L_CE / (n (mu + lambda))``, a residual ``tau`` by
+    ``tau / (mu + lambda)``: :func:`~lightning_unlearn.functional.bounds.forgetting_chain` and
+    :func:`~lightning_unlearn.functional.bounds.newton_chain`, ``docs/certificates.md``), with the
+    :class:`TaskOptimality` tolerance as ``tau``; ``bound="paper"``: the paper's Theorem 4.1 / Prop. 5.1
+    forms (:func:`cl.sensitivity_natural_forgetting`, :func:`cl.sensitivity_hessian`), to reproduce its
+    table. The certificate's ``assumptions`` list what the bound rests on and how each was checked.
+
     Args:
         module: the trained module (its weights are replaced by the published model).
         recorder: the :class:`TaskDeltaRecorder` (or :class:`HessianRecorder`) that watched every task.
@@ -57,9 +70,11 @@ class _ContinualCertified(ReleasingStrategy):
         epsilon, delta, noise, sigma_override, seed, budget, accountant: the release (see above).
         constants, lipschitz, smoothness: Assumption 2.1's constants (see above).
         optimality: the :class:`TaskOptimality` callback that checked every task's solution.
+        bound: ``"contraction"`` or ``"paper"`` (see above).
 
     Raises:
-        ValueError: bad privacy parameters, or both ``constants`` and ``lipschitz``/``smoothness``.
+        ValueError: bad privacy parameters, an unknown ``bound``, or both ``constants`` and
+            ``lipschitz``/``smoothness``.
     """
 
     epsilon: float
@@ -82,6 +97,7 @@ class _ContinualCertified(ReleasingStrategy):
         seed: int | None = None,
         budget: float | tuple[float, float] | None = None,
         accountant: str = "pld",
+        bound: str = "contraction",
     ) -> None:
         super().__init__(
             module,
@@ -97,6 +113,9 @@ class _ContinualCertified(ReleasingStrategy):
         )
         if constants is not None and (lipschitz, smoothness) != (None, None):
             raise ValueError("give either constants= or lipschitz=/smoothness=, not both")
+        if bound not in BOUNDS:
+            raise ValueError(f"{self.method} bound must be one of {BOUNDS}, got {bound!r}")
+        self.bound = bound
         self.recorder: TaskDeltaRecorder = recorder
         self.model_constants, self.lipschitz, self.smoothness, self.optimality = (
             constants,
@@ -135,8 +154,8 @@ class _ContinualCertified(ReleasingStrategy):
             raise ValueError(f"{self.method}: nothing is forgotten yet, so w_t is published as it is (no noise)")
         self.check_shapes()
         c, kind = self.constants()
-        bounds = self._bounds(self.task_status(torch.zeros(0, dtype=torch.long)), c)
-        update = self._publish(self.clean_parameters(), bounds, c, kind, self.statement + "; published at t")
+        status = self.task_status(torch.zeros(0, dtype=torch.long))
+        update = self._publish(self.clean_parameters(), status, c, kind, self.statement + "; published at t")
         undo = swap_weights(self.module, update.weights)
         try:
             replace_attributes(self, update.state)
@@ -150,8 +169,98 @@ class _ContinualCertified(ReleasingStrategy):
     statement: ClassVar[str]
 
     @abstractmethod
+    def _paper_bounds(self, status: list[cl.TaskStatus], c: cl.CLConstants) -> dict[str, float]:
+        """The paper's sensitivity bound of the method for ``status`` and its terms."""
+
+    @abstractmethod
+    def _contraction_bound(self, status: list[cl.TaskStatus], c: ModelConstants) -> float:
+        """[derived] The contraction-based sensitivity of the method for ``status``."""
+
     def _bounds(self, status: list[cl.TaskStatus], c: cl.CLConstants) -> dict[str, float]:
-        """The sensitivity bound of the method for ``status`` (``bounds["sensitivity"]`` calibrates the noise)."""
+        """Both sensitivities; ``bounds["sensitivity"]``, the one of :attr:`bound`, calibrates the noise."""
+        paper = self._paper_bounds(status, c)
+        contraction = self._contraction_bound(status, self.bound_constants(c))
+        chosen = contraction if self.bound == "contraction" else paper["sensitivity"]
+        return {
+            **paper,
+            "sensitivity": chosen,
+            "paper_sensitivity": paper["sensitivity"],
+            "contraction_sensitivity": contraction,
+            "tolerance": self.tolerance(),
+        }
+
+    def _chain(self, status: list[cl.TaskStatus]) -> tuple[list[int], list[int], list[float]]:
+        """Task sizes, forgotten counts and between-task gaps, the inputs of the chain bounds."""
+        return [s.n for s in status], [s.m for s in status], self.chain_gaps()
+
+    def bound_constants(self, c: cl.CLConstants) -> ModelConstants:
+        """The constants of the contraction bounds: ``constants`` as given (with ``L_CE``, the ball and ``K`` of a
+        closed form), else ``(M, L, mu)`` alone (``L`` then also bounds the data term's gradients)."""
+        if self.model_constants is not None:
+            return self.model_constants
+        kind = "given" if self.lipschitz is not None and self.smoothness is not None else "estimated"
+        return ModelConstants(
+            smoothness=max(c.smoothness, c.strong_convexity),
+            grad_bound=c.lipschitz,
+            strong_convexity=c.strong_convexity,
+            kind=kind,
+        )
+
+    def tolerance(self) -> float:
+        """``tau``, the gradient residual every task is within: the :class:`TaskOptimality` tolerance (checked at
+        release), else the largest residual the recorder measured (0 if it measured none): unchecked."""
+        if self.optimality is not None:
+            return self.optimality.tolerance
+        measured: list[float] = getattr(self.recorder, "stationarity", None) or [0.0]
+        return max(measured)
+
+    def bound_problems(self, status: list[cl.TaskStatus], c: ModelConstants) -> list[str | None]:
+        """Why the contraction bound's assumptions may fail (``None`` entries: checked). Here: the gradient bound
+        ``G`` at the anchor of a fully forgotten task, whose norm must lie in the ball ``||w|| <= Theta`` of the
+        constants."""
+        if c.param_bound is None:
+            return []
+        rec = self.recorder
+        norms = [(i, float(rec.starts[i].norm())) for i, s in enumerate(status) if s.kind == "deleted"]
+        out = [(i, v) for i, v in norms if v > c.param_bound * (1 + 1e-9)]
+        if not out:
+            return []
+        i, v = out[0]
+        return [
+            (
+                f"the anchor of forgotten task {i} has norm {v:.4g} > Theta = {c.param_bound:.4g}, outside the ball "
+                "where G bounds the gradients (training continued from a noised model?)"
+            )
+        ]
+
+    def assumptions(self, c: ModelConstants, problems: list[str]) -> list[str]:
+        """What the certificate's bound rests on, one line each (see :class:`Certificate`)."""
+        gaps = self.chain_gaps()
+        lines = [c.describe()]
+        if self.optimality is None:
+            lines.append(
+                f"UNCHECKED: every task solved to a gradient residual <= {self.tolerance():.3g} (no TaskOptimality)"
+            )
+        elif self.recipe_problem() is None:
+            lines.append(
+                f"checked: every task solved to a gradient residual <= {self.optimality.tolerance:g} (TaskOptimality)"
+            )
+        lines += [f"FAILS: {p}" for p in problems]
+        if self.bound == "contraction":
+            K = c.hessian_lipschitz
+            form = "first order" if K is None else f"with Hessian-Lipschitz K = {K:.4g}"
+            lines.append(f"bound: contraction on the chain of proximal tasks [derived] (docs/certificates.md), {form}")
+        else:
+            lines.append("bound: the paper's (" + self.statement.split(":")[0] + ")")
+        lines += [
+            "between-task changes measured from the recorded chain: largest ||start_i - end_(i-1)|| = "
+            f"{max(gaps, default=0.0):.3g} (0 when learning continued from the internal model; earlier "
+            "corrections or published noise otherwise: data-dependent)",
+            "retrain compared with: the proximal recipe from w_0 = 0 on the tasks and samples left, each task "
+            "solved exactly",
+            "exact arithmetic: rounding is not in the bound",
+        ]
+        return lines
 
     def require_constants(self) -> tuple[float, float]:
         """``(L, M)``: bounded or given, or the recorder's estimates; ``ValueError`` if none (checkable before any
@@ -224,14 +333,17 @@ class _ContinualCertified(ReleasingStrategy):
             )
 
     def _publish(
-        self, internal: Tensor, bounds: dict[str, float], c: cl.CLConstants, kind: str, statement: str
+        self, internal: Tensor, status: list[cl.TaskStatus], c: cl.CLConstants, kind: str, statement: str
     ) -> UnlearningUpdate:
-        """The update publishing ``internal`` with Gaussian noise calibrated on ``bounds["sensitivity"]`` ([AGM]),
-        accounted."""
+        """The update publishing ``internal`` with Gaussian noise calibrated on the sensitivity of ``status``
+        (:meth:`_bounds`, [AGM]), accounted."""
         self._warn_assumptions(c)
-        problem = self.recipe_problem()
-        if problem is not None and self.certified_release:
-            raise ValueError(f"{self.method} refuses a certified release: {problem}")
+        bc = self.bound_constants(c)
+        checks = [self.recipe_problem()] + (self.bound_problems(status, bc) if self.bound == "contraction" else [])
+        problems = [p for p in checks if p is not None]
+        if problems and self.certified_release:
+            raise ValueError(f"{self.method} refuses a certified release: {'; '.join(problems)}")
+        bounds = self._bounds(status, c)
         published = self._release(bounds["sensitivity"], internal)
         bounds = {
             **bounds,
@@ -248,7 +360,8 @@ class _ContinualCertified(ReleasingStrategy):
             bounds=bounds,
             statement=statement + f" ({kind} constants)" + cl.uncertified_note(self.noise, self.sigma_override),
             constants=kind,
-            recipe="unchecked" if self.optimality is None or problem is not None else "checked",
+            recipe="unchecked" if self.optimality is None or problems else "checked",
+            assumptions=self.assumptions(bc, problems),
         )
         return UnlearningUpdate(
             certificate,
@@ -272,16 +385,20 @@ class GradientCertifiedStrategy(_ContinualCertified):
     method = "gradient"
     statement = "[CCL] Alg. 1 / Theorem 4.1: ||w_retrain - w_t|| <= gamma^NF; Gaussian mechanism"
 
-    def _bounds(self, status: list[cl.TaskStatus], c: cl.CLConstants) -> dict[str, float]:
+    def _paper_bounds(self, status: list[cl.TaskStatus], c: cl.CLConstants) -> dict[str, float]:
         return cl.sensitivity_natural_forgetting(status, c, self.chain_gaps())
+
+    def _contraction_bound(self, status: list[cl.TaskStatus], c: ModelConstants) -> float:
+        """[derived] :func:`~lightning_unlearn.functional.bounds.forgetting_chain` at the last task."""
+        rec = self.recorder
+        return forgetting_chain(*self._chain(status), c, float(rec.reg_lambda or 0.0), self.tolerance())[-1]
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         rec = self.recorder
         self.check_shapes()
         c, kind = self.constants()
-        bounds = self._bounds(self.task_status(ids), c)
         internal = rec.ends[-1].clone()
-        update = self._publish(internal, bounds, c, kind, self.statement)
+        update = self._publish(internal, self.task_status(ids), c, kind, self.statement)
         update.extra["n_forgotten"] = int(ids.numel())
         return update
 
@@ -310,8 +427,29 @@ class HessianCertifiedStrategy(_ContinualCertified):
         super().__init__(module, recorder, ledger, **kwargs)
         self.recorder: HessianRecorder = recorder
 
-    def _bounds(self, status: list[cl.TaskStatus], c: cl.CLConstants) -> dict[str, float]:
+    def _paper_bounds(self, status: list[cl.TaskStatus], c: cl.CLConstants) -> dict[str, float]:
         return cl.sensitivity_hessian(status, c, self.chain_gaps())
+
+    def bound_problems(self, status: list[cl.TaskStatus], c: ModelConstants) -> list[str | None]:
+        """The base checks, and the recorded Hessians' spectra within ``[mu, M]`` (the transports' first-order
+        error; checked for diagonal and low-rank approximations, exact by the constants' proof otherwise)."""
+        rec, M = self.recorder, c.smoothness
+        tops = [
+            float(H["values"].max()) if isinstance(H, dict) else float(H.max())
+            for H in rec.hessians
+            if isinstance(H, dict) or H.ndim == 1
+        ]
+        bad = [v for v in tops if v > M * (1 + 1e-9)]
+        spectrum = f"a recorded Hessian approximation has curvature {bad[0]:.4g} > M = {M:.4g}" if bad else None
+        return [*super().bound_problems(status, c), spectrum]
+
+    def _contraction_bound(self, status: list[cl.TaskStatus], c: ModelConstants) -> float:
+        """[derived] :func:`~lightning_unlearn.functional.bounds.newton_chain`; its second-order form needs the exact
+        task Hessians (an approximate one keeps the first order, valid while its spectrum lies in ``[mu, M]``)."""
+        rec = self.recorder
+        if any(not isinstance(H, Tensor) or H.ndim != 2 for H in rec.hessians):
+            c = replace(c, hessian_lipschitz=None)
+        return newton_chain(*self._chain(status), c, float(rec.reg_lambda or 0.0), self.tolerance())
 
     def _gradient_sums(self, ids: Tensor, data: ForgetData, status: list[cl.TaskStatus]) -> list[Tensor | None]:
         """Running ``sum grad l(end_i; u)`` per partially deleted task, including ``ids``."""
@@ -359,7 +497,7 @@ class HessianCertifiedStrategy(_ContinualCertified):
         current = rec.ends[-1]
         e = cl.hessian_correction(status, rec.starts, rec.ends, current, solves, sums, c.reg_lambda)  # Eq. (13)
         internal = current + e
-        update = self._publish(internal, self._bounds(status, c), c, kind, self.statement)
+        update = self._publish(internal, status, c, kind, self.statement)
         gone = set(ids.tolist())  # a forgotten sample's stored gradient is a per-sample statistic: erased
         kept = {u: g for u, g in rec.sample_grads.items() if u not in gone}
         update.statistics = {"forgotten_grad_sums": sums, "sample_grads": kept}

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
+from lightning_unlearn.functional import bounds as cb
 from lightning_unlearn.functional import hf
 from lightning_unlearn.functional.bounds import ModelConstants
 from lightning_unlearn.functional.certified import uncertified_note
@@ -18,22 +19,8 @@ from lightning_unlearn.strategies.base import ForgetData, UnlearningUpdate
 from lightning_unlearn.strategies.release import ReleasingStrategy
 from lightning_unlearn.warnings import warn
 
-
-def check_step_sizes(lrs: Tensor, constants: ModelConstants) -> str | None:
-    """``None`` if every recorded step size satisfies ``eta <= 2/(M + lambda)`` with ``lambda > 0`` ([HF]
-    Lemma 3 / Theorem 6: contraction ``rho < 1``), else the reason, naming lr, M and lambda."""
-    lam, M = constants.strong_convexity, constants.smoothness
-    if lam <= 0:
-        return f"strong convexity lambda = {lam:g} (the ridge l2) must be positive ([HF] Assumption 1)"
-    lr = float(lrs.max())
-    if lr > constants.max_lr:
-        return (
-            f"step size lr = {lr:.4g} exceeds 2/(M + lambda) = {constants.max_lr:.4g} (M = {M:.4g}, lambda = "
-            f"{lam:.4g}; "
-            "[HF] Lemma 3 needs it for rho < 1): train with a smaller lr (see "
-            "lightning_unlearn.privacy.recipe.propose_recipe)"
-        )
-    return None
+#: the sensitivities :class:`HFStrategy` calibrates its noise on
+BOUNDS = ("contraction", "paper")
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,7 +36,8 @@ class TrajectoryTerms:
         lr_max: the largest step size.
         rho, q: Lemma 3's contraction factor and the step-size ratio of :func:`hf.per_sample_bound`.
         taylor: the per-sample Taylor term ``C_1`` (the same for every sample, Eq. (53)).
-        problem: why the step sizes break the theorem (:func:`check_step_sizes`), or ``None``.
+        problem: why the step sizes break the theorem (:func:`cb.contraction_condition`),
+            or ``None``.
         occ_steps, occ_start: occurrence steps grouped by row: row ``r``'s are
             ``occ_steps[occ_start[r]:occ_start[r + 1]]``.
     """
@@ -88,7 +76,7 @@ class TrajectoryTerms:
             rho=rho,
             q=q,
             taylor=hf.taylor_term(lrs, c.grad_bound, rho, q),
-            problem=check_step_sizes(lrs, c),
+            problem=cb.contraction_condition(lrs, c),
             occ_steps=occ_steps[order],
             occ_start=start,
         )
@@ -133,9 +121,19 @@ class HFStrategy(ReleasingStrategy):
     internal model) and in batches (one request with many ids); by Theorem 1 both give the same
     internal model. Reads no data. Each release publishes ``internal + N(0, sigma^2 I)`` with
     fresh noise from the OS entropy source (``seed`` for experiments only: the certificate is then
-    marked seeded, not private), calibrated by the analytic Gaussian mechanism ([AGM]) on
-    ``gamma = sum over ALL samples deleted so far of the per-sample bound`` (sum form of Eq. (56),
-    :func:`hf.per_sample_bound`). Every release is recorded in :attr:`accountant`; the certificate
+    marked seeded, not private), calibrated by the analytic Gaussian mechanism ([AGM]) on ``gamma``, a
+    bound on ``||w_retrain - (w + a^{-U})||`` for ALL samples ``U`` deleted so far:
+
+    * ``bound="contraction"`` (default) [derived]: ``gamma = min(D_T + A_T, E_T)`` of
+      :func:`~lightning_unlearn.functional.bounds.sgd_bound`: the per-step contraction ``1 - eta_t lambda``
+      of the gradient step with the removed samples' gradient mismatch, and the second-order error
+      recursion (``docs/certificates.md``); it does not grow with the number of steps. The retrain it
+      compares with is [HF]'s (Eqs. (4)-(5)): the same initialisation and batches with the forgotten
+      samples left out, each step's sum still divided by the original ``|B_t|``.
+    * ``bound="paper"``: ``gamma = sum over the deleted samples of the per-sample bound`` (sum form of
+      Eq. (56), :func:`hf.per_sample_bound`), to reproduce the paper's table.
+
+    Every release is recorded in :attr:`accountant`; the certificate
     reports the total (epsilon, delta) of all releases so far, and ``budget`` refuses a release
     that would exceed it (nothing changes).
 
@@ -146,8 +144,12 @@ class HFStrategy(ReleasingStrategy):
 
     Recipe guard: a certified release requires every recorded step size (what the Trainer's
     optimizer and scheduler actually used) to satisfy ``eta <= 2/(M + lambda)`` with ``lambda > 0``
-    (:func:`check_step_sizes`); otherwise ``forget`` raises ``ValueError`` naming lr, M and lambda.
-    Uncertified releases (``noise=False``, ``sigma_override``) only warn.
+    (:func:`~lightning_unlearn.functional.bounds.contraction_condition`); otherwise ``forget`` raises
+    ``ValueError`` naming lr, M, lambda and the step size that would satisfy it: the recipe is never
+    changed here. Uncertified releases (``noise=False``, ``sigma_override``) warn and their certificate
+    says which condition failed. The certificate's ``assumptions`` list everything the bound rests on
+    (constants and their origin, the step-size check, the observed gradients against ``G``, the retrain
+    compared with).
 
     The noise-free internal model is :meth:`clean_parameters`; if the recorder has taken SGD
     steps since the last request (a new experience was learned), the module's current weights
@@ -165,10 +167,11 @@ class HFStrategy(ReleasingStrategy):
             (:class:`~lightning_unlearn.strategies.release.ReleasingStrategy`).
         constants, strong_convexity, smoothness, grad_bound: Assumption 1's constants (see above).
         capacity, max_deletions: the deletion capacity check (see above).
+        bound: ``"contraction"`` or ``"paper"`` (see above).
 
     Raises:
-        ValueError: bad privacy parameters, ``capacity`` not ``"warn"``/``"error"``, or both
-            ``constants`` and individual constants given.
+        ValueError: bad privacy parameters, ``capacity`` not ``"warn"``/``"error"``, an unknown ``bound``,
+            or both ``constants`` and individual constants given.
     """
 
     method = "hf"
@@ -194,6 +197,7 @@ class HFStrategy(ReleasingStrategy):
         seed: int | None = None,
         budget: float | tuple[float, float] | None = None,
         accountant: str = "pld",
+        bound: str = "contraction",
     ) -> None:
         super().__init__(
             module,
@@ -209,6 +213,9 @@ class HFStrategy(ReleasingStrategy):
         )
         if capacity not in ("warn", "error"):
             raise ValueError(f"capacity must be 'warn' or 'error', got {capacity!r}")
+        if bound not in BOUNDS:
+            raise ValueError(f"HF bound must be one of {BOUNDS}, got {bound!r}")
+        self.bound = bound
         if constants is not None and (smoothness, grad_bound, strong_convexity) != (None, None, None):
             raise ValueError("give either constants= or smoothness=/grad_bound=/strong_convexity=, not both")
         self.recorder: TrajectoryRecorder = recorder
@@ -219,6 +226,7 @@ class HFStrategy(ReleasingStrategy):
         self._internal_step = -1
         self._bound: DeletionBound | None = None
         self._terms: TrajectoryTerms | None = None  # a cache of what the recorder's trajectory determines
+        self._trained_after_release = False  # the trajectory continued from a published model (sticky)
 
     def clean_parameters(self) -> Tensor:
         """The noise-free internal model ``w + sum a^{-u}`` (flat), before any published noise."""
@@ -278,6 +286,59 @@ class HFStrategy(ReleasingStrategy):
             warn(msg + "; the (epsilon, delta) statement is outside the paper's deletion capacity", stacklevel=5)
         return float(cap)
 
+    def released_before(self) -> bool:
+        """Whether the learned trajectory may have continued from a published model after earlier deletions (the
+        contraction bound then covers the jumps, :func:`~lightning_unlearn.functional.bounds.sgd_bound`): known
+        False only while this strategy executed every earlier deletion with no SGD step since."""
+        rec = self.recorder
+        if not bool((~rec.active[: rec.n_rows]).any()):
+            return False
+        return self._trained_after_release or self._internal is None or self._internal_step != rec.n_steps
+
+    def contraction_bound(self, rows: Tensor, c: ModelConstants, released_before: bool) -> cb.SGDBound:
+        """[derived] :func:`~lightning_unlearn.functional.bounds.sgd_bound` of the recorded trajectory for every row
+        deleted so far and ``rows``: each step's count of them is read from the recorded occurrences."""
+        rec = self.recorder
+        deleted = ~rec.active[: rec.n_rows]
+        deleted[rows] = True
+        occ_rows, occ_steps = rec.occurrences()
+        removed = torch.bincount(occ_steps[deleted[occ_rows]], minlength=rec.n_steps)
+        lrs = torch.tensor(rec.lrs, dtype=torch.float64)
+        return cb.sgd_bound(lrs, torch.tensor(rec.batch_sizes), removed, c, released_before=released_before)
+
+    def _assumptions(self, c: ModelConstants, problems: list[str], released_before: bool) -> list[str]:
+        rec = self.recorder
+        lines = [c.describe()]
+        lr_max = max(rec.lrs)
+        if cb.contraction_condition(torch.tensor(rec.lrs), c) is None:
+            lines.append(f"checked: every recorded step size <= 2/(M + lambda) = {c.max_lr:.4g} (largest {lr_max:.4g})")
+        lines += [f"FAILS: {p}" for p in problems]
+        if not any(p.startswith("observed") for p in problems):
+            lines.append(
+                f"checked: the largest per-sample gradient norm observed along the trajectory, {rec.grad_max:.4g}, "
+                f"is <= G = {c.grad_bound:.4g}"
+            )
+        if self.bound == "contraction":
+            form = (
+                "first order only (no Hessian-Lipschitz constant)"
+                if c.hessian_lipschitz is None
+                else f"second order with Hessian-Lipschitz K = {c.hessian_lipschitz:.4g}"
+            )
+            lines.append(f"bound: contraction [derived] (docs/certificates.md), min(D_T + A_T, E_T), E_T {form}")
+            if released_before:
+                lines.append(
+                    "training continued after an earlier release (or this strategy did not see the earlier "
+                    "deletions): the bound covers the published model's jumps [derived]"
+                )
+        else:
+            lines.append("bound: [HF] sum form of Eq. (56), resting on the paper's Taylor-remainder step (Eq. (53))")
+        lines += [
+            "retrain compared with: [HF] Eqs. (4)-(5), the same initialisation and batch order with the forgotten "
+            "samples left out, each step's sum still divided by the original batch size",
+            f"exact arithmetic: the recorder's rounding ({rec.dtype}) is not in the bound",
+        ]
+        return lines
+
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         rec, spec = self.recorder, hf.param_spec(self.module)
         d = sum(math.prod(shape) for _, shape in spec)
@@ -289,16 +350,29 @@ class HFStrategy(ReleasingStrategy):
         rows = rec.rows_for(ids)
         c = self.constants()
         terms = self.trajectory_terms(c)
-        problem = terms.problem
-        if problem is not None and self.certified_release:
-            raise ValueError(f"HF refuses a certified release: {problem}")
-        if problem is not None:
-            warn(f"HF recipe outside the theorem ({problem}); the release is not certified anyway", stacklevel=5)
+        problems = [] if terms.problem is None else [terms.problem]
+        if rec.grad_max > c.grad_bound * (1 + 1e-6):
+            problems.append(
+                f"observed per-sample gradient norm {rec.grad_max:.4g} > G = {c.grad_bound:.4g}: the trajectory left "
+                "the ball where the constants hold (e.g. training continued from a noised model)"
+            )
+        if problems and self.certified_release:
+            raise ValueError(f"HF refuses a certified release: {'; '.join(problems)}")
+        if problems:
+            warn(f"HF recipe outside the theorem ({'; '.join(problems)}); the release is not certified", stacklevel=5)
+        released_before = self.released_before()
         bound = self.deletion_bound(rows, c)
+        contraction = self.contraction_bound(rows, c, released_before)
+        paper = bound.taylor + bound.mismatch
         bounds = {
+            "sensitivity": contraction.sensitivity if self.bound == "contraction" else paper,
+            "paper_sensitivity": paper,
             "taylor_term": bound.taylor,
             "gradient_mismatch_term": bound.mismatch,
-            "sensitivity": bound.taylor + bound.mismatch,
+            "contraction_sensitivity": contraction.sensitivity,
+            "divergence": contraction.divergence,
+            "approximation": contraction.approximation,
+            "second_order": contraction.second_order,
             "rho": terms.rho,
             "strong_convexity": c.strong_convexity,
             "smoothness": c.smoothness,
@@ -319,25 +393,36 @@ class HFStrategy(ReleasingStrategy):
         update = rec.row_sum(rows, clean)  # a^{-U} = sum_u a^{-u} (Theorem 1; a collective under DDP)
         internal = clean + update  # Alg. 1 line 13 (a new tensor: the old internal model stays for rollback)
         published = self._release(bounds["sensitivity"], internal)
+        how = (
+            "contraction bound [derived]: gamma = min(D_T + A_T, E_T)"
+            if self.bound == "contraction"
+            else "Theorem 4, gamma the sum form of Eq. (56)"
+        )
         certificate = Certificate(
             method=self.method,
             exact=False,
             **published.certificate_fields(),
             bounds={**bounds, **published.sigma_bounds},
             statement=(
-                f"HF Alg. 1 + Theorem 4: ||w_retrain - (w + a^{{-U}})|| <= gamma (sum form of Eq. (56), {c.kind} "
-                "constants), "
+                f"HF Alg. 1 + {how}: ||w_retrain - (w + a^{{-U}})|| <= gamma ({c.kind} constants), "
                 "analytic Gaussian mechanism"
                 + uncertified_note(self.noise, self.sigma_override)
                 + ("" if finite else f"; the bound is infinite (rho = {bounds['rho']:.4g} over {rec.n_steps} steps)")
             ),
             constants=c.kind,
-            recipe="checked" if problem is None else "unchecked",
+            recipe="checked" if not problems else "unchecked",
+            assumptions=self._assumptions(c, problems, released_before),
         )
         return UnlearningUpdate(
             certificate,
             weights=hf.unflatten(published.weights, hf.param_spec(self.module)),
-            state={"_internal": internal, "_internal_step": rec.n_steps, "_bound": bound, **published.state},
+            state={
+                "_internal": internal,
+                "_internal_step": rec.n_steps,
+                "_bound": bound,
+                "_trained_after_release": released_before,
+                **published.state,
+            },
             extra={
                 "n_forgotten": int(ids.numel()),
                 "noise_norm": float(published.noise.norm()),
