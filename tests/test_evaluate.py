@@ -263,7 +263,9 @@ def test_registry_options_are_the_strategy_constructors_keyword_only_parameters(
         "sigma_override",
         "capacity",
         "max_deletions",
+        "bound",
         "l2",
+        "lr_margin",
         "track",
     }
     assert keyword_options(HFStrategy) - HARNESS_ARGUMENTS - method_spec("hf").managed <= method_spec("hf").options()
@@ -279,6 +281,9 @@ def test_registry_options_are_the_strategy_constructors_keyword_only_parameters(
         "delta",
         "weight_bound",
         "budget",
+        "constants",
+        "trajectory",
+        "bound",
     } == keyword_options(StreamingStrategy) - HARNESS_ARGUMENTS
     assert keyword_options(StreamingStrategy) - HARNESS_ARGUMENTS <= method_spec("safe").options()
 

@@ -49,15 +49,20 @@ from lightning_unlearn.strategies.streaming import StreamingStrategy
 
 
 def certified_label(name: str) -> Any:
-    """``name``, tagged with the options that change its certificate (so variants can be compared side by side)."""
+    """``name``, tagged with the options that change its certificate (so variants can be compared side by side):
+    the noise, the privacy target and a bound other than the default contraction one."""
 
     def label(options: Mapping[str, Any]) -> str:
+        bound = "" if options.get("bound", "contraction") == "contraction" else f"bound={options['bound']}"
         if not options.get("noise", True):
-            return f"{name}[noise=off]"
-        if options.get("sigma_override") is not None:
-            return f"{name}[sigma={options['sigma_override']:g}]"
-        epsilon, delta = options.get("epsilon", 1.0), options.get("delta", 1e-5)
-        return name if (epsilon, delta) == (1.0, 1e-5) else f"{name}[eps={epsilon:g},delta={delta:g}]"
+            tags = ["noise=off"]
+        elif options.get("sigma_override") is not None:
+            tags = [f"sigma={options['sigma_override']:g}"]
+        else:
+            epsilon, delta = options.get("epsilon", 1.0), options.get("delta", 1e-5)
+            tags = [] if (epsilon, delta) == (1.0, 1e-5) else [f"eps={epsilon:g},delta={delta:g}"]
+        tags += [bound] if bound else []
+        return f"{name}[{','.join(tags)}]" if tags else name
 
     return label
 
@@ -186,6 +191,7 @@ register(
         families=("supervised", "analytic", "linear", "proximal"),
         recorder=_streaming,
         recorder_options={"num_classes": None},
+        managed=frozenset({"constants", "trajectory"}),  # its contraction bound needs both: the harness sets neither
     )
 )
 register(MethodSpec("resolve", ResolveStrategy, families=("convex",), label=certified_label("resolve")))

@@ -155,9 +155,10 @@ class HFStrategy(ReleasingStrategy):
     steps since the last request (a new experience was learned), the module's current weights
     become the internal model (the published, noised state then continues).
 
-    Deletion capacity: Eq. (21) with its O-constant set to 1 (:func:`hf.deletion_capacity`), or
-    ``max_deletions``. Exceeding it warns (``capacity="warn"``) or raises ``ValueError`` and changes
-    nothing (``capacity="error"``). The paper's Taylor-remainder step (Eq. (53)) is its own argument.
+    Deletion capacity: Eq. (21) with its O-constant set to 1 (:func:`hf.deletion_capacity`, checked with
+    ``bound="paper"``: it is that bound's), or ``max_deletions`` (checked with either bound). Exceeding it
+    warns (``capacity="warn"``) or raises ``ValueError`` and changes nothing (``capacity="error"``). The
+    paper's Taylor-remainder step (Eq. (53)) is its own argument.
 
     Args:
         module: the trained module (its weights are replaced by the published model).
@@ -276,7 +277,7 @@ class HFStrategy(ReleasingStrategy):
             if self.max_deletions is not None
             else hf.deletion_capacity(self.epsilon, self.delta, bounds["lr0"], dim, bounds["rho"], int(bounds["steps"]))
         )
-        if m > cap:
+        if m > cap and (self.bound == "paper" or self.max_deletions is not None):
             msg = (
                 f"HF deletion capacity exceeded: {m} deletions > capacity {cap:.3g} "
                 "(Eq. (21), constant 1, or max_deletions)"

@@ -6,16 +6,21 @@ import torch
 from torch import Tensor, nn
 
 from lightning_unlearn.callbacks.streaming import StreamingRecorder
+from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.data import select_by_ids
+from lightning_unlearn.functional import bounds as cb
 from lightning_unlearn.functional import streaming as safe
+from lightning_unlearn.functional.bounds import ModelConstants
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.privacy import gaussian_noise
 from lightning_unlearn.strategies.base import ForgetData, UnlearningUpdate
 from lightning_unlearn.strategies.release import Publication, ReleasingStrategy
 
 _SCOPES = ("all", "current")
+#: the sensitivities of a calibrated release: the contraction one when its inputs are given ("auto"), or either
+BOUNDS = ("auto", "contraction", "paper")
 _DIRECTIONS = ("model_to_target", "target_to_model")
 
 
@@ -73,6 +78,16 @@ class StreamingStrategy(ReleasingStrategy):
         weight_bound: ``W`` of Theorem 2, an assumed bound on ``||w||_2`` of every model (constants
             ``"given"``); default ``||w_0||_2`` ([interp]), which no model after a step is bound to
             respect: constants ``"estimated"``, so the certificate is not certified.
+        constants, trajectory: for the contraction sensitivity [derived] (``docs/certificates.md``): the
+            model's Assumption 1 constants (e.g. :func:`~lightning_unlearn.functional.bounds.module_constants`
+            of a linear model) and the :class:`TrajectoryRecorder` that watched the same SGD fits (its step
+            sizes, batch sizes and the forgotten samples' batches). The served model ``w_0 - gamma g/||g||`` is
+            then within ``D_T + gamma`` of the SGD recipe retrained without every sample forgotten so far
+            (same batches, [HF] Eq. (5)), ``D_T`` the trajectory's divergence bound
+            (:func:`~lightning_unlearn.functional.bounds.sgd_bound`); a certified release is refused when the
+            step sizes break ``lr <= 2/(M + lambda)`` or the observed gradients exceed ``G``.
+        bound: ``"auto"`` (default: the contraction sensitivity when ``constants`` and ``trajectory`` are
+            given, else Theorem 2(iii)'s ``2W``), ``"contraction"`` or ``"paper"`` (``2W``).
         seed: reproducible noise (``seed`` and the round), for experiments only: the certificate is
             then marked seeded (not private). Default: OS-entropy noise nobody can recompute.
         budget: ``epsilon`` or ``(epsilon, delta)`` of the composition of all releases; a release
@@ -104,6 +119,9 @@ class StreamingStrategy(ReleasingStrategy):
         seed: int | None = None,
         budget: float | tuple[float, float] | None = None,
         ledger: Ledger | None = None,
+        constants: ModelConstants | None = None,
+        trajectory: TrajectoryRecorder | None = None,
+        bound: str = "auto",
     ) -> None:
         if not isinstance(recorder, StreamingRecorder):
             raise TypeError(f"StreamingStrategy needs a StreamingRecorder, got {type(recorder).__name__}")
@@ -134,6 +152,13 @@ class StreamingStrategy(ReleasingStrategy):
             )
         if weight_bound is not None and not weight_bound > 0:
             raise ValueError(f"StreamingStrategy weight_bound W must be positive, got {weight_bound}")
+        if bound not in BOUNDS:
+            raise ValueError(f"StreamingStrategy bound must be one of {BOUNDS}, got {bound!r}")
+        if bound == "contraction" and (constants is None or trajectory is None):
+            raise ValueError(
+                "StreamingStrategy bound='contraction' needs constants= (Assumption 1) and trajectory= (the "
+                "TrajectoryRecorder of the same SGD fits)"
+            )
         if forget_scope not in _SCOPES or kl_direction not in _DIRECTIONS:
             raise ValueError(
                 f"forget_scope must be one of {_SCOPES} and kl_direction one of {_DIRECTIONS}; got {forget_scope!r}, "
@@ -149,6 +174,10 @@ class StreamingStrategy(ReleasingStrategy):
         self.fixed_step = None if step_size is None else float(step_size)
         self.forget_scope, self.kl_direction, self.noise_std = forget_scope, kl_direction, float(noise_std)
         self.weight_bound = weight_bound
+        self.model_constants, self.trajectory = constants, trajectory
+        self.bound = (
+            bound if bound != "auto" else "contraction" if constants is not None and trajectory is not None else "paper"
+        )
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         rec = self.recorder
@@ -210,9 +239,11 @@ class StreamingStrategy(ReleasingStrategy):
         )
         flat0 = safe.flatten(w0, names)
         W = self.weight_bound if self.weight_bound is not None else float(flat0.norm())
-        published = None
-        if self.epsilon is not None:  # Theorem 2(iii): -b_t ~ N(0, sigma^2 I) calibrated on sensitivity 2W
-            published = self._release(2 * W, safe.normalised_step(flat0, g, step, torch.zeros_like(flat0)))
+        published, sensitivity = None, {"sensitivity": 2 * W}
+        if self.epsilon is not None:  # Theorem 2(iii), or the contraction bound: -b_t ~ N(0, sigma^2 I)
+            sensitivity = self._sensitivity(ids, W, step)
+            internal = safe.normalised_step(flat0, g, step, torch.zeros_like(flat0))
+            published = self._release(sensitivity["sensitivity"], internal)
             flat_t = published.weights
         else:
             noise = (
@@ -254,10 +285,78 @@ class StreamingStrategy(ReleasingStrategy):
         change = rec.round_change(x, labels, ids, grad_sum, loss_sum, surrogate)
         state = {} if published is None else published.state
         return UnlearningUpdate(
-            self._certificate(published, W), weights=weights, statistics=change, state=state, extra=extra
+            self._certificate(published, W, sensitivity), weights=weights, statistics=change, state=state, extra=extra
         )
 
-    def _certificate(self, published: Publication | None, weight_bound: float) -> Certificate:
+    def _sensitivity(self, ids: Tensor, weight_bound: float, step: float) -> dict[str, float]:
+        """The release's L2 sensitivity and its terms: Theorem 2(iii)'s ``2W``, or [derived] ``D_T + gamma``
+        (:meth:`contraction_problems` refuses a certified release whose assumptions fail)."""
+        if self.bound == "paper":
+            return {"sensitivity": 2 * weight_bound}
+        traj, c = self._contraction_inputs()
+        problems = self.contraction_problems(traj, c)
+        if problems and self.certified_release:
+            raise ValueError(f"{self.method} refuses a certified release: {'; '.join(problems)}")
+        forgotten = torch.cat([self.recorder.forget_ids, ids.cpu()]).tolist()
+        untracked = [i for i in forgotten if i not in traj.row_of]
+        if untracked:
+            raise ValueError(
+                f"{self.method}'s contraction bound needs the batches of every forgotten sample: ids {untracked[:10]} "
+                "were not tracked by the trajectory recorder"
+            )
+        mask = torch.zeros(traj.n_rows, dtype=torch.bool)
+        mask[torch.tensor([traj.row_of[i] for i in forgotten], dtype=torch.long)] = True
+        occ_rows, occ_steps = traj.occurrences()
+        removed = torch.bincount(occ_steps[mask[occ_rows]], minlength=traj.n_steps)
+        lrs = torch.tensor(traj.lrs, dtype=torch.float64)
+        divergence = cb.sgd_bound(lrs, torch.tensor(traj.batch_sizes), removed, c).divergence
+        return {"sensitivity": divergence + step, "divergence": divergence, "step_size": step}
+
+    def _contraction_inputs(self) -> tuple[TrajectoryRecorder, ModelConstants]:
+        if self.trajectory is None or self.model_constants is None:
+            raise ValueError(f"{self.method}: the contraction bound needs constants= and trajectory=")
+        return self.trajectory, self.model_constants
+
+    def contraction_problems(self, traj: TrajectoryRecorder, c: ModelConstants) -> list[str]:
+        """Why the contraction bound's assumptions fail (empty: they hold): the trajectory is the fit SAFE anchors
+        on (the same learned samples), every step size meets ``2/(M + lambda)`` and the observed gradients ``G``."""
+        problems = []
+        if set(traj.catalog.ids.tolist()) != set(self.recorder.catalog.ids.tolist()):
+            problems.append("the trajectory recorder did not watch the same fits as the StreamingRecorder")
+        condition = cb.contraction_condition(torch.tensor(traj.lrs, dtype=torch.float64), c)
+        if condition is not None:
+            problems.append(condition)
+        if traj.grad_max > c.grad_bound * (1 + 1e-6):
+            problems.append(f"observed per-sample gradient norm {traj.grad_max:.4g} > G = {c.grad_bound:.4g}")
+        return problems
+
+    def _assumptions(self, weight_bound: float) -> list[str]:
+        step = "given (step_size)" if self.fixed_step is not None else "sqrt(||w_0||)/(K sqrt(T)): data-dependent"
+        if self.bound == "paper":
+            kind = "given" if self.weight_bound is not None else "ESTIMATED as ||w_0|| (not a proof)"
+            return [
+                f"every model within ||w|| <= W = {weight_bound:.4g} ({kind}): Theorem 2(iii), sensitivity 2W",
+                "retrain compared with: any model in that ball",
+            ]
+        traj, c = self._contraction_inputs()
+        problems = self.contraction_problems(traj, c)
+        lines = [c.describe()] + [f"FAILS: {p}" for p in problems]
+        if not problems:
+            lines.append(
+                f"checked: the trajectory recorder watched the same fits; every step size <= 2/(M + lambda) = "
+                f"{c.max_lr:.4g}; observed gradients {traj.grad_max:.4g} <= G"
+            )
+        return lines + [
+            "bound: contraction [derived] (docs/certificates.md), D_T + gamma (the step moves w_0 by gamma)",
+            f"step size gamma {step}",
+            "retrain compared with: the SGD recipe with the same batches, the forgotten samples left out, each step "
+            "still divided by the original batch size ([HF] Eq. (5))",
+            "exact arithmetic: rounding is not in the bound",
+        ]
+
+    def _certificate(
+        self, published: Publication | None, weight_bound: float, sensitivity: dict[str, float]
+    ) -> Certificate:
         if published is None:
             note = f"; fixed noise std {self.noise_std:g}" if self.noise_std else ""
             return Certificate(
@@ -268,20 +367,38 @@ class StreamingStrategy(ReleasingStrategy):
                     "not distance to retraining"
                 ),
             )
-        kind = "estimated" if self.weight_bound is None else "given"
+        assumptions = self._assumptions(weight_bound)
+        if self.bound == "paper":
+            kind = "estimated" if self.weight_bound is None else "given"
+            return Certificate(
+                method=self.method,
+                exact=False,
+                **published.certificate_fields(),
+                bounds={
+                    "W": weight_bound,
+                    "sensitivity": 2 * weight_bound,
+                    "sigma_classical_theorem2": published.plan.sigma_classical / 2,
+                },
+                statement=(
+                    "SAFE ([SAFE] Thm 2(iii)): analytic Gaussian noise on sensitivity 2W, assuming ||w||_2 <= W "
+                    f"({kind} W)"
+                ),
+                constants=kind,
+                assumptions=assumptions,
+            )
+        _, c = self._contraction_inputs()
         return Certificate(
             method=self.method,
             exact=False,
             **published.certificate_fields(),
-            bounds={
-                "W": weight_bound,
-                "sensitivity": 2 * weight_bound,
-                "sigma_classical_theorem2": published.plan.sigma_classical / 2,
-            },
+            bounds={**sensitivity, "W": weight_bound, **published.sigma_bounds},
             statement=(
-                f"SAFE ([SAFE] Thm 2(iii)): analytic Gaussian noise on sensitivity 2W, assuming ||w||_2 <= W ({kind} W)"
+                "SAFE ([SAFE] Alg. 1) + contraction bound [derived]: ||w_retrain - (w_0 - gamma g/||g||)|| <= D_T + "
+                f"gamma ({c.kind} constants), analytic Gaussian mechanism"
             ),
-            constants=kind,
+            constants=c.kind,
+            recipe="unchecked" if any(a.startswith("FAILS") for a in assumptions) else "checked",
+            assumptions=assumptions,
         )
 
     def _scope(self, x: Tensor, y: Tensor, data: ForgetData) -> tuple[Tensor, Tensor]:
