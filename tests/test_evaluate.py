@@ -216,7 +216,7 @@ def test_registry_names_and_errors():
     with pytest.raises(
         ValueError,
         match=r"'hf' \(HFStrategy\) takes no option\(s\) \['lr'\]; "
-        r"its options: \['accountant', 'budget', 'capacity', 'delta'",
+        r"its options: \['accountant', 'bound', 'budget', 'capacity', 'delta'",
     ):
         get_method("hf", lr=0.1)
     assert (
@@ -285,7 +285,9 @@ def test_registry_options_are_the_strategy_constructors_keyword_only_parameters(
         "trajectory",
         "bound",
     } == keyword_options(StreamingStrategy) - HARNESS_ARGUMENTS
-    assert keyword_options(StreamingStrategy) - HARNESS_ARGUMENTS <= method_spec("safe").options()
+    safe = method_spec("safe")
+    assert safe.managed == {"constants", "trajectory"}  # the contraction bound's inputs: the harness sets neither
+    assert keyword_options(StreamingStrategy) - HARNESS_ARGUMENTS - safe.managed <= safe.options()
 
 
 def test_registry_options_reach_the_strategy_and_names_are_the_certificates_method(info):
