@@ -62,6 +62,7 @@ def our_request(rec: AnalyticRecorder, ids: torch.Tensor, F: torch.Tensor, Y: to
     else:
         R, Q, T, W = acu.resolve(rec.R, rec.Q, F, Y, rec.ridge)
         change = {"R": R, "Q": Q, "T": T, "W": W}
+    rec.catalog.mark_forgotten(ids)
     rec.apply_forget(ids, change)
     rec.T  # noqa: B018  (the held rank-k update is applied here, inside the timing)
 

@@ -8,11 +8,11 @@ from typing import Any, cast
 
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 
 from lightning_unlearn.contract import BatchKeys, unpack_batch
 
-__all__ = ["BatchKeys", "IndexedDataset", "select_by_ids", "unpack_batch"]
+__all__ = ["BatchKeys", "IndexedDataset", "sample_ids_of", "select_by_ids", "unpack_batch"]
 
 
 class IndexedDataset(Dataset):
@@ -59,11 +59,30 @@ class IndexedDataset(Dataset):
         return item[0], item[1], self.ids[i]
 
 
+def sample_ids_of(data: Dataset) -> Tensor | None:
+    """The sample id at each position of ``data``, known without reading an item: an :class:`IndexedDataset`'s
+    ids, also through ``Subset`` and ``ConcatDataset`` of them; ``None`` for any other dataset."""
+    if isinstance(data, IndexedDataset):
+        return data.ids
+    if isinstance(data, Subset):
+        inner = sample_ids_of(data.dataset)
+        return None if inner is None else inner[torch.as_tensor(list(data.indices), dtype=torch.long)]
+    if isinstance(data, ConcatDataset):
+        parts = [sample_ids_of(d) for d in data.datasets]
+        known = [p for p in parts if p is not None]
+        return torch.cat(known) if len(known) == len(parts) else None
+    return None
+
+
 def select_by_ids(
     data: Dataset | DataLoader, ids: Tensor, batch_size: int = 512, keys: BatchKeys | None = None
 ) -> tuple[Tensor, Tensor]:
     """Inputs and labels of exactly ``ids`` (in that order) from a dataset yielding sample ids (tuples or dicts,
     read with ``keys``, see :mod:`lightning_unlearn.contract`).
+
+    A dataset whose ids are known by position (:func:`sample_ids_of`: an :class:`IndexedDataset`, or subsets and
+    concatenations of them) is read at those rows only, so the other samples (the retained data, possibly a
+    lazily loaded store) are never read; any other dataset, or a ``DataLoader``, is scanned until every id is found.
 
     Raises:
         ValueError: naming the ids that ``data`` lacks.
@@ -71,14 +90,22 @@ def select_by_ids(
     wanted = {int(i): k for k, i in enumerate(ids.tolist())}
     xs: list[Tensor | None] = [None] * len(wanted)
     ys: list[Tensor | None] = [None] * len(wanted)
+    if isinstance(data, Dataset) and (positions := sample_ids_of(data)) is not None:
+        row: dict[int, int] = {}
+        for p, i in enumerate(positions.tolist()):
+            row.setdefault(i, p)
+        missing = [i for i in wanted if i not in row]
+        if missing:
+            raise ValueError(f"forget data lacks {len(missing)} requested sample ids, e.g. {missing[:10]}")
+        data = Subset(data, [row[i] for i in wanted])
     loader = data if isinstance(data, DataLoader) else DataLoader(data, batch_size=batch_size)
     found = 0
     for batch in loader:
         x, y, bid = unpack_batch(batch, keys)
-        for row, i in enumerate(bid.tolist()):
+        for r, i in enumerate(bid.tolist()):
             k = wanted.get(i)
             if k is not None and xs[k] is None:
-                xs[k], ys[k] = x[row], y[row]
+                xs[k], ys[k] = x[r], y[r]
                 found += 1
         if found == len(wanted):
             break

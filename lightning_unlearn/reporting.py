@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning as L
 from torch import Tensor
 
+from lightning_unlearn.callbacks.logstep import continue_log_step, log_step, set_log_step
+from lightning_unlearn.core.result import UnlearningResult
 from lightning_unlearn.warnings import warn
 
-if TYPE_CHECKING:
-    from lightning_unlearn.strategies.base import UnlearningResult
+__all__ = ["PREFIX", "continue_log_step", "log_step", "log_to_trainer", "result_metrics", "set_log_step"]
 
 PREFIX = "unlearn"
 
@@ -54,26 +55,6 @@ def result_metrics(result: UnlearningResult, prefix: str = PREFIX) -> dict[str, 
             if number is not None:
                 out[f"{group}/{name}"] = number
     return {f"{prefix}/{k}": v for k, v in out.items()}
-
-
-def log_step(trainer: L.Trainer) -> int:
-    """The step the trainer's next logged value gets (the count of optimizer steps its fits made)."""
-    # Lightning keeps this count, and logs training metrics at it, in the fit loop's epoch loop
-    return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
-
-
-def set_log_step(trainer: L.Trainer, step: int) -> None:
-    """Make ``trainer`` log from ``step`` on (a fresh Trainer starts at 0): a stream of fits continues one axis."""
-    trainer.fit_loop.epoch_loop._batches_that_stepped = int(step)
-
-
-def continue_log_step(previous: L.Trainer | None, trainer: L.Trainer) -> None:
-    """A new Trainer logging to the same logger objects as ``previous`` (the next experience of a
-    continual run) continues its step axis instead of restarting at 0."""
-    if previous is None or previous is trainer or not trainer.loggers:
-        return
-    if {id(lg) for lg in trainer.loggers} & {id(lg) for lg in previous.loggers}:
-        set_log_step(trainer, max(log_step(trainer), log_step(previous)))
 
 
 def log_to_trainer(trainer: L.Trainer | None, result: UnlearningResult) -> None:

@@ -4,9 +4,9 @@ A memory-mapped store is a file this library creates and owns:
 
 * it is created exclusively (``O_CREAT | O_EXCL``, mode ``0600``): an existing file or a symlink
   at the path is refused, never overwritten or followed;
-* it is locked (``fcntl.flock``, exclusive, non-blocking) for as long as the store is open, so a
-  second store on the same file, in this process or another, is refused instead of writing into
-  the first one's rows;
+* it is locked (``filelock``, exclusive, non-blocking, on the lock file ``<path>.lock`` beside it) for as
+  long as the store is open, so a second store on the same file, in this process or another, is
+  refused instead of writing into the first one's rows;
 * an erased row is overwritten with zeros and flushed to the file (``msync``), so a deleted
   statistic does not survive in the store;
 * a checkpoint holds a reference to the file (its path and shape) and an XXH3-128 digest of the
@@ -16,7 +16,6 @@ A memory-mapped store is a file this library creates and owns:
 
 from __future__ import annotations
 
-import fcntl
 import mmap
 import os
 import weakref
@@ -26,9 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 import xxhash
+from filelock import FileLock, Timeout
 from torch import Tensor
 
 _DTYPES = {str(d): d for d in (torch.float16, torch.float32, torch.float64)}
+# POSIX flags (Windows has neither: there the symlink check before opening is the guard)
+_NOFOLLOW, _CLOEXEC = getattr(os, "O_NOFOLLOW", 0), getattr(os, "O_CLOEXEC", 0)
 
 
 class StoreError(ValueError):
@@ -41,11 +43,11 @@ def _dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
-def _unlock(fd: int) -> None:
+def _unlock(fd: int, lock: FileLock) -> None:
     try:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
         os.close(fd)
+    finally:
+        lock.release()
 
 
 class RowStore:
@@ -57,13 +59,18 @@ class RowStore:
     """
 
     def __init__(
-        self, data: Tensor, path: Path | None = None, fd: int | None = None, buffer: mmap.mmap | None = None
+        self,
+        data: Tensor,
+        path: Path | None = None,
+        fd: int | None = None,
+        buffer: mmap.mmap | None = None,
+        lock: FileLock | None = None,
     ) -> None:
         self.data = data
         self.path = path
         self._fd = fd
         self._mmap = buffer
-        self._release = weakref.finalize(self, _unlock, fd) if fd is not None else None
+        self._release = weakref.finalize(self, _unlock, fd, lock) if fd is not None and lock is not None else None
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
@@ -81,7 +88,7 @@ class RowStore:
         path = Path(path).absolute()
         if path.is_symlink():
             raise StoreError(f"store path {path} is a symlink; a memory-mapped store refuses to follow symlinks")
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
         try:
             fd = os.open(path, flags, 0o600)
         except FileExistsError:
@@ -90,13 +97,18 @@ class RowStore:
                 "remove the file or choose another path, or restore the recorder from the checkpoint that references it"
             ) from None
         try:
-            cls._lock(fd, path)
-            os.ftruncate(fd, capacity * dim * _itemsize(dtype))
+            lock = cls._lock(path)
         except BaseException:
             os.close(fd)
             path.unlink(missing_ok=True)
             raise
-        return cls._mapped(fd, path, capacity, dim, dtype)
+        try:
+            os.ftruncate(fd, capacity * dim * _itemsize(dtype))
+        except BaseException:
+            _unlock(fd, lock)
+            path.unlink(missing_ok=True)
+            raise
+        return cls._mapped(fd, path, capacity, dim, dtype, lock)
 
     @classmethod
     def attach(cls, reference: dict[str, Any]) -> RowStore:
@@ -109,7 +121,7 @@ class RowStore:
         path, dtype = Path(reference["path"]).absolute(), _dtype(reference["dtype"])
         capacity, dim, rows = int(reference["capacity"]), int(reference["dim"]), int(reference["rows"])
         try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDWR | _NOFOLLOW | _CLOEXEC)
         except FileNotFoundError:
             raise StoreError(f"the store file {path} this checkpoint references is missing") from None
         except OSError as err:
@@ -117,7 +129,11 @@ class RowStore:
                 raise StoreError(f"store path {path} is a symlink; a memory-mapped store refuses symlinks") from None
             raise StoreError(f"cannot open the store file {path}: {err}") from err
         try:
-            cls._lock(fd, path)
+            lock = cls._lock(path)
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
             size, expected = os.fstat(fd).st_size, capacity * dim * _itemsize(dtype)
             if size != expected:
                 raise StoreError(
@@ -125,9 +141,9 @@ class RowStore:
                     f"({expected} bytes)"
                 )
         except BaseException:
-            os.close(fd)
+            _unlock(fd, lock)
             raise
-        store = cls._mapped(fd, path, capacity, dim, dtype)
+        store = cls._mapped(fd, path, capacity, dim, dtype, lock)
         if store.digest(rows) != reference["digest"]:
             store.close()
             raise StoreError(
@@ -138,20 +154,29 @@ class RowStore:
         return store
 
     @staticmethod
-    def _lock(fd: int, path: Path) -> None:
+    def _lock(path: Path) -> FileLock:
+        """The store's exclusive lock (``<path>.lock``), taken without waiting."""
+        lock = FileLock(str(path) + ".lock", timeout=0)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            lock.acquire()
+        except Timeout:
             raise StoreError(
                 f"store file {path} is in use by another store (locked); two recorders cannot share one store file"
             ) from None
+        return lock
 
     @classmethod
-    def _mapped(cls, fd: int, path: Path, capacity: int, dim: int, dtype: torch.dtype) -> RowStore:
-        buffer = mmap.mmap(fd, capacity * dim * _itemsize(dtype), access=mmap.ACCESS_WRITE)
+    def _mapped(
+        cls, fd: int, path: Path, capacity: int, dim: int, dtype: torch.dtype, lock: FileLock
+    ) -> RowStore:
+        try:
+            buffer = mmap.mmap(fd, capacity * dim * _itemsize(dtype), access=mmap.ACCESS_WRITE)
+        except BaseException:
+            _unlock(fd, lock)
+            raise
         # numpy holds a buffer export on the map and torch holds the array: the mapping outlives every view
         array = np.frombuffer(buffer, dtype=torch.empty(0, dtype=dtype).numpy().dtype)
-        return cls(torch.from_numpy(array).view(capacity, dim), path, fd, buffer)
+        return cls(torch.from_numpy(array).view(capacity, dim), path, fd, buffer, lock)
 
     # -- use -----------------------------------------------------------------------------------
     @property

@@ -196,7 +196,7 @@ class AnalyticRecorder(FrozenFeatureRecorder):
 
     # -- forgetting ---------------------------------------------------------------------------------
     def apply_forget(self, ids: Tensor, change: Mapping[str, Any]) -> Callable[[], None]:
-        """Commit an ACU request; return its exact undo.
+        """Commit an ACU request's statistics (the strategy marks the catalog); return its exact undo.
 
         ``change`` is either new ``R, Q, T, W`` (the re-solve path: replaced by reference, see
         :meth:`RecorderCallback.apply_forget`) or the Woodbury path's ``{"tracking_update": (FT, S),
@@ -207,7 +207,7 @@ class AnalyticRecorder(FrozenFeatureRecorder):
         rank-``k`` update instead, exact up to a few ulps of rounding per entry.
 
         Raises:
-            ValueError: ``change`` has other keys, or ``ids`` cannot be marked forgotten.
+            ValueError: ``change`` has other keys.
         """
         if "tracking_update" not in change:
             return super().apply_forget(ids, change)
@@ -219,24 +219,29 @@ class AnalyticRecorder(FrozenFeatureRecorder):
         self._apply_pending_tracking_update()  # an earlier committed update, if any, goes first
         if sum(len(P) for P in self._pending_rows) + len(F) > require_statistic(self._R, "R").shape[0]:
             self._subtract_pending_rows()  # hold at most d_F rows: no more memory than R itself
-        prints = self.catalog.mark_forgotten(ids)
-        old_Q, old_W, old_rows = self.Q, self.W, self._pending_rows
+        old_Q, old_W, old_rows = self.Q, self.W, self._pending_rows  # no update is held here (applied above)
         rows = [*old_rows, F]
         update = (FT, S)
-        self.Q, self.W, self._pending_rows, self._pending_T = change["Q"], change["W"], rows, update
+        held = False  # set once both factors are held: from then on a read of T or R may have applied them
 
         def undo() -> None:
-            if self._pending_T is update:
-                self._pending_T = None
-            else:
+            if held and self._pending_T is not update:  # applied in place by a read of T: take it back
                 acu.apply_tracking_update(require_statistic(self._T, "T"), FT, S, alpha=-1)
-            if self._pending_rows is rows:
-                self._pending_rows = old_rows
-            else:
+            self._pending_T = None
+            if held and self._pending_rows is not rows:  # subtracted from R with the earlier rows: add F back
                 require_statistic(self._R, "R").addmm_(F.T, F)
+            else:
+                self._pending_rows = old_rows
             self.Q, self.W = old_Q, old_W
-            self.catalog.unmark_forgotten(ids, prints)
 
+        try:
+            self.Q, self.W = change["Q"], change["W"]
+            self._pending_rows = rows
+            self._pending_T = update
+            held = True
+        except BaseException:
+            undo()
+            raise
         return undo
 
     # -- state --------------------------------------------------------------------------------------

@@ -32,9 +32,9 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from lightning_unlearn.callbacks.logstep import continue_log_step
 from lightning_unlearn.contract import BatchKeys, unpack_batch
 from lightning_unlearn.core.catalog import SampleCatalog, fingerprints
-from lightning_unlearn.reporting import continue_log_step
 
 
 class RecorderCallback(L.Callback):
@@ -61,8 +61,14 @@ class RecorderCallback(L.Callback):
         self.catalog = SampleCatalog()
         self.fingerprint = fingerprint
         self.batch_keys = batch_keys
-        #: ``{"count", "head"}`` of the ledger after the last request (verify a ledger against a checkpoint)
+        #: ``{"count", "head", "keyed"}`` of the ledger file after the last request: a strategy verifies the ledger
+        #: it is given against it before executing anything (a checkpoint carries it)
         self.ledger_anchor: dict[str, Any] | None = None
+        #: every ledger an operator accepted although it did not match the anchor (``UnlearningStrategy.accept_ledger``)
+        self.ledger_overrides: list[dict[str, Any]] = []
+        #: ids of committed requests whose rows :meth:`erase_forgotten` has not erased yet (it failed): erased by
+        #: :meth:`erase_pending` before the next request, ``redo_pending`` or ``state_dict``
+        self.unerased: list[Tensor] = []
         #: accountant state of each noise-adding strategy's releases, by method (survives checkpoints)
         self.privacy: dict[str, Any] | None = None
         #: a random id of this recorder's run, kept in checkpoints; the ledger entries of its requests carry it
@@ -181,31 +187,46 @@ class RecorderCallback(L.Callback):
         self._drop_staged()
 
     def apply_forget(self, ids: Tensor, change: Mapping[str, Any]) -> Callable[[], None]:
-        """Apply a strategy's computed change for forgetting ``ids``, mark them forgotten; return the undo.
+        """Apply a strategy's computed change for forgetting ``ids``; return the undo.
 
         The default replaces statistics attributes by the new values in ``change`` (computed out
         of place by the strategy). Recorders whose statistics are updated in place (rows of a
-        store) override it. Called by :meth:`UnlearningStrategy.forget` only, at its commit point.
+        store) override it. Called by :meth:`UnlearningStrategy.forget` only, at its commit point, which
+        marks the ids forgotten in the catalog itself (an undoable step of its own). An exception
+        part-way (an interrupt included) undoes what was applied before it propagates.
         """
         unknown = [k for k in change if not hasattr(self, k)]
         if unknown:
             raise ValueError(f"{type(self).__name__} has no statistics named {unknown}")
         old = {k: getattr(self, k) for k in change}
-        prints = self.catalog.mark_forgotten(ids)
-        for k, v in change.items():
-            setattr(self, k, v)
 
         def undo() -> None:
             for k, v in old.items():
                 setattr(self, k, v)
-            self.catalog.unmark_forgotten(ids, prints)
 
+        try:
+            for k, v in change.items():
+                setattr(self, k, v)
+        except BaseException:
+            undo()
+            raise
         return undo
 
     def erase_forgotten(self, ids: Tensor) -> None:
         """Overwrite what the recorder still holds of ``ids`` once their request is committed (its ledger
         entry written); recorders whose per-sample statistics are rows of a store override it, so that
-        :meth:`apply_forget` need not copy those rows for its undo. The default holds nothing more."""
+        :meth:`apply_forget` need not copy those rows for its undo. The default holds nothing more.
+        Erasing twice is harmless (:meth:`erase_pending` retries after a failure)."""
+
+    def erase_pending(self) -> None:
+        """Erase the rows of committed requests still in :attr:`unerased` (an earlier erasure failed), oldest first.
+
+        Raises:
+            OSError: the erasure failed again (e.g. the memory-mapped store cannot be written); the ids stay pending.
+        """
+        while self.unerased:
+            self.erase_forgotten(self.unerased[0])
+            self.unerased.pop(0)
 
     # -- Lightning hooks -------------------------------------------------------------------------
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
@@ -384,9 +405,11 @@ class RecorderCallback(L.Callback):
             )
 
     def state_dict(self) -> dict[str, Any]:
+        self.erase_pending()  # a checkpoint never holds rows of forgotten samples
         state = {
             "catalog": self.catalog.state_dict(),
             "ledger_anchor": self.ledger_anchor,
+            "ledger_overrides": list(self.ledger_overrides),
             "privacy": self.privacy,
             "lineage": self.lineage,
         }
@@ -405,6 +428,7 @@ class RecorderCallback(L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.catalog.load_state_dict(state_dict["catalog"])
         self.ledger_anchor = state_dict.get("ledger_anchor")
+        self.ledger_overrides = list(state_dict.get("ledger_overrides", []))
         self.privacy = state_dict.get("privacy")
         self.lineage = state_dict.get("lineage", self.lineage)
         self._resume = state_dict.get("fit")

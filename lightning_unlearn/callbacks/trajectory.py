@@ -578,20 +578,22 @@ class TrajectoryRecorder(RecorderCallback):
         return torch.cat(self._occ_rows), torch.cat(self._occ_steps)
 
     def apply_forget(self, ids: Tensor, change: Mapping[str, Any]) -> Callable[[], None]:
-        """Mark the vectors of ``ids`` deleted and the ids forgotten; the undo marks them live again.
+        """Mark the vectors of ``ids`` deleted (the strategy marks the ids forgotten); the undo marks them live again.
         The rows themselves are overwritten with zeros by :meth:`erase_forgotten` once the request is
         committed (Alg. 1 line 13: "Delete unlearning statistics"), so no copy of them is kept for the
         undo. ``change`` holds no statistics (HF's update lives in the module's weights)."""
         if change:
             raise ValueError(f"TrajectoryRecorder.apply_forget takes no statistics change, got {sorted(change)}")
         rows = self.rows_for(ids)
-        undo_catalog = super().apply_forget(ids, {})
-        self.active[rows] = False
 
         def undo() -> None:
             self.active[rows] = True
-            undo_catalog()
 
+        try:
+            self.active[rows] = False
+        except BaseException:
+            undo()
+            raise
         return undo
 
     def erase_forgotten(self, ids: Tensor) -> None:
@@ -602,6 +604,7 @@ class TrajectoryRecorder(RecorderCallback):
 
     # -- state ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        self.erase_pending()  # before the rows (or their digest) are taken: no row of a forgotten sample is saved
         rows, steps = self.occurrences()
         # the vectors (in-memory store), or the store file's reference and digest (memory-mapped)
         A = None if self._rows is None else self._rows.state_dict(self.n_local)

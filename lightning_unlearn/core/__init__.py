@@ -2,7 +2,17 @@
 
 from lightning_unlearn.core.catalog import SampleCatalog
 from lightning_unlearn.core.certificate import Certificate
-from lightning_unlearn.core.ledger import Ledger, LedgerEntry
+from lightning_unlearn.core.ledger import Ledger, LedgerEntry, LedgerError, LedgerReport
 from lightning_unlearn.core.request import ForgetRequest
+from lightning_unlearn.core.result import UnlearningResult
 
-__all__ = ["Certificate", "ForgetRequest", "Ledger", "LedgerEntry", "SampleCatalog"]
+__all__ = [
+    "Certificate",
+    "ForgetRequest",
+    "Ledger",
+    "LedgerEntry",
+    "LedgerError",
+    "LedgerReport",
+    "SampleCatalog",
+    "UnlearningResult",
+]

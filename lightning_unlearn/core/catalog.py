@@ -9,6 +9,7 @@ fingerprints, before touching anything. A forgotten sample's fingerprint is eras
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -127,20 +128,27 @@ class SampleCatalog:
                 "pass the same samples (same preprocessing, no random augmentation) that were learned"
             )
 
-    def mark_forgotten(self, ids: Tensor) -> Tensor:
-        """Mark ``ids`` forgotten and erase their fingerprints; returns the erased fingerprints
-        (for :meth:`unmark_forgotten`, the undo)."""
+    def mark_forgotten(self, ids: Tensor) -> None:
+        """Mark ``ids`` forgotten and erase their fingerprints (take :meth:`restorer` first for the undo)."""
         rows = self.rows(ids)
-        prints = self.fingerprints[rows].clone()
         self.forgotten[rows] = True
         self.fingerprints[rows] = 0
-        return prints
 
-    def unmark_forgotten(self, ids: Tensor, prints: Tensor) -> None:
-        """Undo :meth:`mark_forgotten` of ``ids`` (``prints``: their fingerprints before it)."""
+    def restorer(self, ids: Tensor) -> Callable[[], None]:
+        """The undo of changing the rows of ``ids``: it puts back their forgotten flags and fingerprints as they are
+        now. Taken *before* :meth:`mark_forgotten`, so an interrupt between the two leaves nothing to undo wrongly.
+
+        Raises:
+            KeyError: an id is not in the catalog (nothing is changed).
+        """
         rows = self.rows(ids)
-        self.forgotten[rows] = False
-        self.fingerprints[rows] = prints
+        forgotten, prints = self.forgotten[rows].clone(), self.fingerprints[rows].clone()
+
+        def restore() -> None:
+            self.forgotten[rows] = forgotten
+            self.fingerprints[rows] = prints
+
+        return restore
 
     def active_ids(self) -> Tensor:
         return self.ids[~self.forgotten]
@@ -165,13 +173,45 @@ class SampleCatalog:
         }
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
-        self.ids = state["ids"].clone().long()
-        self.labels = state["labels"].clone().long()
-        self.experiences = state["experiences"].clone().long()
-        self.forgotten = state["forgotten"].clone().bool()
+        """Restore a catalog after checking what :meth:`add` and :meth:`mark_forgotten` guarantee; a refused state
+        leaves this catalog as it was.
+
+        Raises:
+            ValueError: a column is missing, not one-dimensional or not of an integer (``forgotten``: boolean)
+                type; the columns differ in length; an id appears twice (a request could then remove the wrong
+                sample under an exact certificate); a forgotten sample still has a fingerprint.
+        """
+        columns = ("ids", "labels", "experiences", "forgotten")
+        missing = [k for k in columns if not isinstance(state.get(k), Tensor)]
+        if missing:
+            raise ValueError(f"catalog state lacks the columns {missing}")
         prints = state.get("fingerprints")
-        self.fingerprints = torch.zeros_like(self.ids) if prints is None else prints.clone().long()
-        lengths = {t.numel() for t in (self.ids, self.labels, self.experiences, self.forgotten, self.fingerprints)}
+        loaded = {k: state[k] for k in columns} | {
+            "fingerprints": torch.zeros_like(state["ids"]) if prints is None else prints
+        }
+        for k, t in loaded.items():
+            integral = t.dtype == torch.bool if k == "forgotten" else not (t.is_floating_point() or t.is_complex())
+            if t.ndim != 1 or not integral or (k != "forgotten" and t.dtype == torch.bool):
+                kind = "bool" if k == "forgotten" else "integer"
+                raise ValueError(
+                    f"catalog column {k!r} must be a 1-d {kind} tensor, got {t.dtype} of shape {tuple(t.shape)}"
+                )
+        lengths = {t.numel() for t in loaded.values()}
         if len(lengths) != 1:
             raise ValueError(f"catalog state is inconsistent: its columns have different lengths {sorted(lengths)}")
+        ids = loaded["ids"].long()
+        unique, counts = ids.unique(return_counts=True)
+        if unique.numel() != ids.numel():
+            raise ValueError(
+                f"catalog state names sample ids more than once: {_preview(unique[counts > 1])} (each learned sample "
+                "has one row; a repeated id makes a request remove the wrong sample)"
+            )
+        kept = loaded["forgotten"] & (loaded["fingerprints"] != 0)
+        if bool(kept.any()):
+            raise ValueError(f"catalog state keeps the fingerprints of forgotten sample ids {_preview(ids[kept])}")
+        self.ids = ids.clone()
+        self.labels = loaded["labels"].clone().long()
+        self.experiences = loaded["experiences"].clone().long()
+        self.forgotten = loaded["forgotten"].clone()
+        self.fingerprints = loaded["fingerprints"].clone().long()
         self._row = {int(i): k for k, i in enumerate(self.ids.tolist())}

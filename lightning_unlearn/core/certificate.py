@@ -18,7 +18,9 @@ class Certificate:
     point), and ``statement`` names the theorem. Otherwise the step may be (epsilon, delta)-certified:
     Gaussian noise of standard deviation ``sigma`` was added, calibrated on the bound terms in
     ``bounds`` (e.g. the gradient-residual or parameter-distance bound ``gamma``).
-    An uncertified heuristic (fine-tuning, NegGrad, ...) has ``exact=False`` and ``epsilon=None``.
+    An uncertified heuristic (fine-tuning, NegGrad, ...) has ``exact=False`` and ``epsilon=None``; if it
+    added noise all the same (a fixed noise std, SAFE's ``noise_std``), ``sigma`` says how much, and
+    :attr:`guarantee` calls it uncertified noise.
 
     A noised release states what its (epsilon, delta) rests on, and is :attr:`certified` only if
     all of it holds:
@@ -60,6 +62,8 @@ class Certificate:
                 raise ValueError(f"Certificate delta must lie in (0, 1), got {self.delta}")
             if self.sigma is None or self.sigma < 0:
                 raise ValueError(f"a certified Certificate needs a noise sigma >= 0, got {self.sigma}")
+        if self.sigma is not None and not self.sigma >= 0:
+            raise ValueError(f"Certificate sigma (the noise std) must be >= 0, got {self.sigma}")
         if self.constants not in (None, *CONSTANTS):
             raise ValueError(f"Certificate constants must be one of {CONSTANTS}, got {self.constants!r}")
         if self.recipe not in (None, *RECIPES):
@@ -82,6 +86,24 @@ class Certificate:
         """True for exact removal, or an (epsilon, delta) guarantee without :attr:`caveats`; False otherwise."""
         return self.exact or (self.epsilon is not None and not self.caveats)
 
+    @property
+    def noised(self) -> bool:
+        """Whether the release added noise (a positive ``sigma``)."""
+        return bool(self.sigma)
+
+    @property
+    def guarantee(self) -> str:
+        """What the request promises, in one space-free token for tables: ``exact``, ``(eps,delta)`` when
+        :attr:`certified`, ``uncertified-noise(sigma=...)`` for noise without a valid certificate (never
+        ``none``: the noise was released), ``none`` when nothing is promised and no noise was added."""
+        if self.exact:
+            return "exact"
+        if self.certified:
+            return f"({self.epsilon:g},{self.delta:g})"
+        if self.noised:
+            return f"uncertified-noise(sigma={self.sigma:.3g})"
+        return "none"
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -101,4 +123,6 @@ class Certificate:
             )
             status = "certified" if self.certified else f"NOT certified ({'; '.join(self.caveats)})"
             return f"{self.method}: ({self.epsilon:g}, {self.delta:g}) {status}, sigma={self.sigma:.3g}{spent}"
+        if self.noised:
+            return f"{self.method}: uncertified noise, sigma={self.sigma:.3g} (no (epsilon, delta) certificate)"
         return f"{self.method}: uncertified"

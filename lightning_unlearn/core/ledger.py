@@ -1,20 +1,32 @@
 """Append-only ledger of executed forget requests: JSON lines in a hash chain an auditor can check.
 
-Each entry carries the hash of its predecessor and its own hash (SHA-256 of its body, or
-HMAC-SHA256 when a key is set in the environment variable ``LIGHTNING_UNLEARN_LEDGER_KEY``; the
-key is never written anywhere). The chain detects an edited, reordered or deleted entry; what it
-cannot detect alone (the last entries cut off, the file replaced by a shorter valid one, or, without
-a key, a rewritten chain) is detected by :meth:`Ledger.verify` against an *anchor*, the entry count
-and head hash that every recorder's ``state_dict`` (so every checkpoint) carries after a request.
+Each entry carries the hash of its predecessor and its own hash: SHA-256 of its body, or
+HMAC-SHA256 when a key is set in the environment variable ``LIGHTNING_UNLEARN_LEDGER_KEY`` (the key
+is never written anywhere). Whether the key is set, not anything read from the file, decides
+which hash is checked: with the key every entry must be an HMAC (an entry relabelled as unkeyed
+and rehashed with plain SHA-256 is a downgrade, refused); without it a keyed entry cannot be
+checked and says so. The chain detects an edited, reordered or deleted entry; what it cannot
+detect alone (the last entries cut off, the file emptied, deleted or replaced by another valid
+chain, or, without a key, a rewritten chain) is detected by :meth:`Ledger.verify` against an
+*anchor*, the entry count and head hash that every recorder's ``state_dict`` (so every
+checkpoint) carries after a request.
 
-``weights_digest`` is XXH3-128 over the names, dtypes, shapes and bytes of the module's
-``state_dict`` after the request: it pins which weights were published (fast enough for every
-request; it is not collision-resistant against a forger, which the chain and the anchor address).
+Durability follows the write-ahead logs of databases: an entry is one ``os.write`` loop of its
+line and ``os.fsync`` of the file (and of its directory when the file is created) under an
+exclusive lock (``filelock``), before the request counts as done. A failed write (a full disk,
+``ENOSPC``/``EFBIG``, an interrupt) is rolled back through the same file descriptor with
+``os.ftruncate`` and ``os.fsync``, and the rollback is checked (the file's size is what it was);
+were the rollback itself to fail, the next open names the torn last line. A last line without
+its newline is an append cut short (never acknowledged): it is refused by number, and
+``Ledger(path, recover=True)`` truncates it.
+
+``weights_digest`` (:mod:`lightning_unlearn.core.digest`) is BLAKE3 over the module's
+``state_dict`` after the request.
 """
 
 from __future__ import annotations
 
-import fcntl
+import errno
 import hashlib
 import hmac
 import json
@@ -24,36 +36,33 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-import torch
-import xxhash
+from filelock import FileLock
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch import nn
 
 from lightning_unlearn.core.certificate import Certificate
+from lightning_unlearn.core.digest import LEGACY, digest_algorithm, digest_matches, weights_digest
 from lightning_unlearn.core.request import ForgetRequest
+from lightning_unlearn.core.result import UnlearningResult
+from lightning_unlearn.warnings import warn
 
-if TYPE_CHECKING:
-    from lightning_unlearn.strategies.base import UnlearningResult, UnlearningStrategy
+__all__ = [
+    "KEY_ENV",
+    "Ledger",
+    "LedgerEntry",
+    "LedgerError",
+    "LedgerReport",
+    "weights_digest",
+]
 
 _GENESIS = "0" * 64
 KEY_ENV = "LIGHTNING_UNLEARN_LEDGER_KEY"
 
 
 class LedgerError(ValueError):
-    """A ledger that fails its checks: corrupt, torn, truncated, replaced, or of another method."""
-
-
-def weights_digest(module: nn.Module) -> str:
-    """XXH3-128 of a module's ``state_dict`` (names, dtypes, shapes and bytes of every tensor)."""
-    h = xxhash.xxh3_128()
-    for name, t in sorted(module.state_dict().items()):
-        t = t.detach().cpu().contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+    """A ledger that fails its checks: corrupt, torn, truncated, replaced, downgraded, or of another method."""
 
 
 def _ledger_key() -> bytes | None:
@@ -84,9 +93,8 @@ class LedgerEntry:
         return json.dumps(d, sort_keys=True).encode()
 
     def computed_hash(self, key: bytes | None) -> str:
-        if self.keyed:
-            if key is None:
-                raise LedgerError(f"ledger entry {self.seq} is keyed (HMAC): set {KEY_ENV} to verify it")
+        """HMAC-SHA256 of the body with ``key``, or SHA-256 without one (whatever :attr:`keyed` says)."""
+        if key is not None:
             return hmac.new(key, self._body(), hashlib.sha256).hexdigest()
         return hashlib.sha256(self._body()).hexdigest()
 
@@ -98,6 +106,10 @@ class LedgerEntry:
     def cert(self) -> Certificate:
         return Certificate.from_dict(self.certificate)
 
+    def to_line(self) -> bytes:
+        """The entry as it is written: one JSON line, newline included."""
+        return (json.dumps(asdict(self), sort_keys=True) + "\n").encode()
+
     @classmethod
     def from_json(cls, line: str) -> LedgerEntry:
         d = json.loads(line)
@@ -107,19 +119,133 @@ class LedgerEntry:
         return cls(**d)
 
 
+@dataclass(frozen=True)
+class LedgerReport:
+    """What :meth:`Ledger.verify` checked and found intact.
+
+    Args:
+        path: the file (``None``: an in-memory ledger).
+        count: entries in the chain; ``head``: the last one's hash (the ledger's :meth:`~Ledger.anchor`).
+        keyed: the chain was checked with the HMAC key (``LIGHTNING_UNLEARN_LEDGER_KEY``).
+        anchor: the checkpoint anchor the ledger was checked against (``None``: the chain alone).
+        legacy_digests: entries whose weights digest is XXH3-128 (written before BLAKE3 was used): their
+            weights are pinned against accidents, not against a forger who can find collisions.
+    """
+
+    path: str | None
+    count: int
+    head: str
+    keyed: bool
+    anchor: dict[str, Any] | None
+    legacy_digests: int
+
+    def __str__(self) -> str:
+        where = self.path or "(memory)"
+        against = "" if self.anchor is None else f", consistent with the anchor of {int(self.anchor['count'])} entries"
+        legacy = f"; {self.legacy_digests} entries with XXH3-128 weights digests" if self.legacy_digests else ""
+        kind = "HMAC-SHA256" if self.keyed else "SHA-256"
+        return f"ledger {where}: {self.count} entries, {kind} chain intact, head {self.head[:16]}{against}{legacy}"
+
+
+class Replayable(Protocol):
+    """What :meth:`Ledger.replay` needs of an unlearning strategy (the ledger knows no strategy class)."""
+
+    ledger: Ledger
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def reads_data(self) -> bool: ...
+
+    @property
+    def module(self) -> nn.Module: ...
+
+    def forget(self, request: ForgetRequest, data: Any = None) -> UnlearningResult: ...
+
+
+def _fsync_directory(path: Path) -> None:
+    """Make a new directory entry durable (POSIX; Windows cannot open a directory, and needs no such step)."""
+    if os.name == "nt":
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _truncate(fd: int, size: int, where: Path) -> None:
+    """Cut the file at ``size`` through its descriptor, check it took, and ``fsync`` it.
+
+    The ``fsync`` of the cut is attempted but its failure (a disk failing the failed append's ``fsync`` fails
+    this one too) is not raised: the file is the right size now, and were the cut lost in a crash, the next
+    open finds either a torn last line (named, ``recover=True``) or a whole entry the state does not hold
+    (``redo_pending``), both recoverable.
+
+    Raises:
+        LedgerError: the truncation failed, or the file is not ``size`` bytes after it.
+    """
+    try:
+        os.ftruncate(fd, size)
+        actual = os.fstat(fd).st_size
+    except OSError as err:
+        raise LedgerError(
+            f"ledger {where}: rolling back a failed append failed ({err}); the file may end in a torn line, which "
+            "the next Ledger(path) names (Ledger(path, recover=True) truncates it)"
+        ) from err
+    if actual != size:
+        raise LedgerError(f"ledger {where}: rolled back to {size} bytes but the file has {actual}")
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # see the docstring: the cut is checked; its durability is what recovery covers
+
+
+def _append_line(path: Path, line: bytes) -> None:
+    """Append ``line`` durably (write loop, fsync; the directory fsynced when the file is new); on any failure
+    (``ENOSPC``, ``EFBIG``, an interrupt) truncate back to the former size, fsynced and checked, and re-raise."""
+    flags = os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+        created = True
+    except FileExistsError:
+        fd = os.open(path, flags)
+        created = False
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            if created:
+                _fsync_directory(path.parent)
+            view = memoryview(line)
+            while view:
+                written = os.write(fd, view)
+                if written <= 0:
+                    raise OSError(errno.EIO, f"write to {path} made no progress")
+                view = view[written:]
+            os.fsync(fd)
+        except BaseException:
+            _truncate(fd, size, path)
+            raise
+    finally:
+        os.close(fd)
+
+
 class Ledger:
     """Append-only record of executed forget requests.
 
-    With a ``path``, each entry is appended as one JSON line under an exclusive file lock, flushed
-    and ``fsync``-ed before :meth:`append` returns; another ``Ledger`` (or process) appending to
-    the same file continues the same chain. Only the global rank 0 writes the file (under DDP every
-    rank keeps the same entries in memory). An existing file is read and its chain verified; a last
-    line cut by a crash is a :class:`LedgerError` naming its line number, unless ``recover=True``
-    (then that line is truncated away, and a warning names it). Without a path the ledger lives in
-    memory.
+    With a ``path``, each entry is appended as one JSON line under an exclusive file lock and
+    ``fsync``-ed before :meth:`append` returns (see the module docstring); another ``Ledger`` (or
+    process) appending to the same file continues the same chain. Only the global rank 0 writes the
+    file (under DDP every rank keeps the same entries in memory). An existing file is read and its
+    chain verified; a last line cut by a crash is a :class:`LedgerError` naming its line number,
+    unless ``recover=True`` (then that line is truncated away, and a warning names it). Without a
+    path the ledger lives in memory: it records nothing durable, and a strategy neither checks it
+    against nor writes it into its recorder's anchor.
 
     Raises:
-        LedgerError: the file's chain is broken, or its last line is torn (and ``recover`` is off).
+        LedgerError: the file's chain is broken, keyed without the key (or unkeyed with it), or its last
+            line is torn (and ``recover`` is off).
     """
 
     def __init__(self, path: str | Path | None = None, recover: bool = False) -> None:
@@ -128,7 +254,7 @@ class Ledger:
         if self.path is not None and self.path.exists():
             with self._locked():
                 self._entries = self._read(recover)
-            self.verify()
+            self._check_chain(self._entries)
 
     # -- reading ---------------------------------------------------------------------------------
     def _read(self, recover: bool = False) -> list[LedgerEntry]:
@@ -137,6 +263,7 @@ class Ledger:
             return []
         raw = self.path.read_bytes()
         lines = raw.split(b"\n")
+        torn = lines.pop()  # after the last newline: empty, or an append cut short
         entries = []
         for k, line in enumerate(lines):
             if not line.strip():
@@ -144,23 +271,42 @@ class Ledger:
             try:
                 entries.append(LedgerEntry.from_json(line.decode()))
             except (ValueError, TypeError, UnicodeDecodeError) as err:
-                last = k == len(lines) - 1 and not raw.endswith(b"\n")
-                if last and recover:
-                    keep = len(b"\n".join(lines[:k])) + (1 if k else 0)
-                    with self.path.open("r+b") as fh:
-                        fh.truncate(keep)
-                        os.fsync(fh.fileno())
-                    from lightning_unlearn.warnings import warn
-
-                    warn(f"ledger {self.path}: truncated a torn last line {k + 1} (an append cut by a crash)")
-                    break
-                if last:
-                    raise LedgerError(
-                        f"ledger {self.path}: torn last line {k + 1} (an append cut by a crash; "
-                        "Ledger(path, recover=True) truncates it)"
-                    ) from err
                 raise LedgerError(f"ledger {self.path}: unreadable line {k + 1}") from err
+        if torn:
+            number = len(lines) + 1
+            if not recover:
+                raise LedgerError(
+                    f"ledger {self.path}: torn last line {number} ({len(torn)} bytes without a newline: an append cut "
+                    "by a crash; Ledger(path, recover=True) truncates it)"
+                )
+            fd = os.open(self.path, os.O_RDWR | getattr(os, "O_BINARY", 0))
+            try:
+                _truncate(fd, len(raw) - len(torn), self.path)
+            finally:
+                os.close(fd)
+            warn(f"ledger {self.path}: truncated a torn last line {number} (an append cut by a crash)")
         return entries
+
+    def _check_chain(self, entries: list[LedgerEntry]) -> None:
+        """``LedgerError`` naming the first entry whose sequence number, link or hash is wrong; the key's presence
+        decides the hash (see the module docstring)."""
+        key = _ledger_key()
+        where = self.path or "(memory)"
+        prev = _GENESIS
+        for k, e in enumerate(entries):
+            if key is None and e.keyed:
+                raise LedgerError(
+                    f"ledger {where} entry {k} is keyed (HMAC): set {KEY_ENV} to verify it (without the key the "
+                    "chain cannot be checked)"
+                )
+            if key is not None and not e.keyed:
+                raise LedgerError(
+                    f"ledger {where} entry {k} is not HMAC-keyed although {KEY_ENV} is set: a downgraded ledger "
+                    "(entries relabelled and rehashed without the key), or one written without the key"
+                )
+            if e.seq != k or e.prev_hash != prev or e.hash != e.computed_hash(key):
+                raise LedgerError(f"ledger {where} is corrupt at entry {k}")
+            prev = e.hash
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -175,49 +321,58 @@ class Ledger:
         return {i for e in self._entries for i in e.removed_ids}
 
     def anchor(self) -> dict[str, Any]:
-        """``{"count", "head"}``: how many entries and the last hash (kept in checkpoints, for :meth:`verify`)."""
-        return {"count": len(self._entries), "head": self._entries[-1].hash if self._entries else _GENESIS}
+        """``{"count", "head", "keyed"}``: how many entries, the last hash and whether the chain is HMAC-keyed
+        (kept in checkpoints, for :meth:`verify`)."""
+        return {
+            "count": len(self._entries),
+            "head": self._entries[-1].hash if self._entries else _GENESIS,
+            "keyed": _ledger_key() is not None,
+        }
 
     # -- writing ---------------------------------------------------------------------------------
     @contextmanager
     def _locked(self) -> Iterator[None]:
         assert self.path is not None
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(str(self.path) + ".lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        with FileLock(str(self.path) + ".lock"):
+            yield
+
+    def _writes(self) -> bool:
+        """Whether this process writes the file (it has one, and this is the global rank 0)."""
+        # Lightning sets the attribute at import time; its stubs type the decorator as a plain function.
+        return self.path is not None and rank_zero_only.rank == 0  # type: ignore[attr-defined]
+
+    def _sync(self) -> None:
+        """Re-read the file (under the lock) and adopt its entries, after checking they continue this ledger's.
+
+        Raises:
+            LedgerError: the file's chain is broken, or it no longer holds the entries this ledger read or
+                wrote (truncated, emptied, deleted, rewritten or replaced since).
+        """
+        on_disk = self._read()
+        self._check_chain(on_disk)
+        ours = [e.hash for e in self._entries]
+        if [e.hash for e in on_disk[: len(ours)]] != ours:
+            raise LedgerError(
+                f"ledger {self.path} no longer holds the {len(ours)} entries this Ledger read or wrote (the file has "
+                f"{len(on_disk)}): it was truncated, emptied, deleted, rewritten or replaced since"
+            )
+        self._entries = on_disk
 
     def append(self, result: UnlearningResult, module: nn.Module, recorder: str | None = None) -> LedgerEntry:
         """Record an executed request (called by :meth:`UnlearningStrategy.forget` at its commit point).
 
         ``recorder`` (the recorder's ``lineage``) is kept in the entry's ``extra``. All or nothing: if the
-        write fails, the file is truncated back and the entry is not kept.
+        write fails, the file is truncated back (checked) and the entry is not kept.
         """
-        path = self.path
-        # Lightning sets the attribute at import time; its stubs type the decorator as a plain function.
-        if path is None or rank_zero_only.rank != 0:  # type: ignore[attr-defined]
+        if not self._writes():
             return self._append(result, module, recorder)
+        assert self.path is not None
         with self._locked():
-            on_disk = self._read()
-            if [e.hash for e in on_disk[: len(self._entries)]] != [e.hash for e in self._entries]:
-                raise LedgerError(
-                    f"ledger {self.path} was changed by another writer in a way that breaks this one's chain"
-                )
-            self._entries = on_disk
+            self._sync()
             entry = self._append(result, module, recorder)
             try:
-                with path.open("ab") as fh:
-                    size = fh.tell()
-                    try:
-                        fh.write((json.dumps(asdict(entry), sort_keys=True) + "\n").encode())
-                        fh.flush()
-                        os.fsync(fh.fileno())
-                    except BaseException:
-                        fh.truncate(size)
-                        raise
+                _append_line(self.path, entry.to_line())
             except BaseException:
                 self._entries.pop()
                 raise
@@ -246,40 +401,61 @@ class Ledger:
         return entry
 
     # -- auditing --------------------------------------------------------------------------------
-    def verify(self, anchor: dict[str, Any] | None = None) -> None:
+    def verify(self, anchor: dict[str, Any] | None = None) -> LedgerReport:
         """Check the chain, and against ``anchor`` (a recorder's ``ledger_anchor`` from a checkpoint).
 
-        Raises:
-            LedgerError: an entry was edited, dropped or reordered; the ledger has fewer entries
-                than the anchor (truncated or replaced) or another entry at the anchor's position.
-        """
-        key = _ledger_key()
-        prev = _GENESIS
-        where = self.path or "(memory)"
-        for k, e in enumerate(self._entries):
-            if e.seq != k or e.prev_hash != prev or e.hash != e.computed_hash(key):
-                raise LedgerError(f"ledger {where} is corrupt at entry {k}")
-            prev = e.hash
-        if anchor is None:
-            return
-        count, head = int(anchor["count"]), anchor["head"]
-        if len(self._entries) < count:
-            raise LedgerError(
-                f"ledger {where} has {len(self._entries)} entries but the checkpoint anchors {count}: truncated or "
-                "replaced"
-            )
-        if count and self._entries[count - 1].hash != head:
-            raise LedgerError(
-                f"ledger {where} entry {count - 1} differs from the checkpoint's anchor: rewritten or replaced"
-            )
+        A ledger with a file re-reads it first (on the writing rank): what is checked is the file as it is
+        now, and it must still hold every entry this ``Ledger`` read or wrote.
 
-    def replay(self, strategy: UnlearningStrategy, data: Any = None) -> list[tuple[LedgerEntry, bool]]:
+        Returns:
+            a :class:`LedgerReport`: the verified count and head, whether the chain was keyed, the anchor.
+
+        Raises:
+            LedgerError: an entry was edited, dropped or reordered; keyed entries without the key, or unkeyed
+                ones with it; the file lost entries this ledger holds; the ledger has fewer entries than
+                the anchor (truncated, emptied, deleted or replaced) or another entry at the anchor's
+                position (rewritten, or another run's ledger); the anchor was made with the HMAC key and it
+                is not set.
+        """
+        if self._writes():
+            with self._locked():
+                self._sync()
+        else:
+            self._check_chain(self._entries)
+        where = self.path or "(memory)"
+        if anchor is not None:
+            count, head = int(anchor["count"]), str(anchor["head"])
+            if anchor.get("keyed") and _ledger_key() is None:
+                raise LedgerError(
+                    f"the checkpoint's anchor of ledger {where} was made with an HMAC-keyed chain: set {KEY_ENV}"
+                )
+            if len(self._entries) < count:
+                raise LedgerError(
+                    f"ledger {where} has {len(self._entries)} entries but the checkpoint anchors {count}: truncated or "
+                    "replaced (entries dropped, the file emptied or deleted, or another ledger in its place)"
+                )
+            if count and self._entries[count - 1].hash != head:
+                raise LedgerError(
+                    f"ledger {where} entry {count - 1} differs from the checkpoint's anchor (hash "
+                    f"{self._entries[count - 1].hash[:16]} here, {head[:16]} anchored): rewritten or replaced "
+                    "(another run's ledger?)"
+                )
+        return LedgerReport(
+            path=None if self.path is None else str(self.path),
+            count=len(self._entries),
+            head=self.anchor()["head"],
+            keyed=_ledger_key() is not None,
+            anchor=None if anchor is None else dict(anchor),
+            legacy_digests=sum(digest_algorithm(e.weights_digest) == LEGACY for e in self._entries),
+        )
+
+    def replay(self, strategy: Replayable, data: Any = None) -> list[tuple[LedgerEntry, bool]]:
         """Re-execute every recorded request on ``strategy`` (restored to the pre-request state).
 
         The replay writes to a fresh in-memory ledger, never to this one. Returns each entry with
-        whether the replayed weights' digest equals the recorded one: for exact methods every flag
-        must be True; noisy certified methods draw fresh noise (never stored), so only their
-        removed ids are compared.
+        whether the replayed weights' digest equals the recorded one (computed with the entry's own
+        algorithm): for exact methods every flag must be True; noisy certified methods draw fresh noise
+        (never stored) unless seeded, so only their removed ids are compared.
 
         Raises:
             LedgerError: the chain is broken, or an entry was executed by another method than
@@ -295,7 +471,7 @@ class Ledger:
                 result = strategy.forget(e.forget_request, data if strategy.reads_data else None)
                 if result.removed_ids.tolist() != e.removed_ids:
                     raise LedgerError(f"replay of entry {e.seq} removed different samples than recorded")
-                out.append((e, weights_digest(strategy.module) == e.weights_digest))
+                out.append((e, digest_matches(strategy.module, e.weights_digest)))
             return out
         finally:
             strategy.ledger = own

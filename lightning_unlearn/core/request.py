@@ -12,6 +12,24 @@ import torch
 
 RequestKind = Literal["samples", "class", "experience"]
 _KINDS: tuple[RequestKind, ...] = ("samples", "class", "experience")
+#: sample ids, classes and experiences are int64 wherever they are stored (catalog, tensors, checkpoints)
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _integer(value: Any) -> int | None:
+    """``value`` as a Python int if it is an integer (``int``, a numpy integer, a 0-d integer tensor), else None.
+
+    Booleans (Python, numpy, torch) are not integers here: ``True`` is no sample id.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, torch.Tensor):
+        if value.ndim != 0 or value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
+            return None
+        return int(value.item())
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    return None
 
 
 @dataclass(frozen=True)
@@ -35,17 +53,28 @@ class ForgetRequest:
                 raise ValueError("a 'samples' ForgetRequest takes sample_ids, not a target")
             if len(self.sample_ids) == 0:
                 raise ValueError("empty ForgetRequest: no sample ids given")
-            wrong = [i for i in self.sample_ids if isinstance(i, bool) or not isinstance(i, int)]
+            ids = [_integer(i) for i in self.sample_ids]
+            wrong = [i for i, v in zip(self.sample_ids, ids) if v is None]
             if wrong:
                 raise ValueError(f"sample ids must be integers, got {wrong[:5]}")
+            huge = [i for i in ids if i is not None and not _INT64[0] <= i <= _INT64[1]]
+            if huge:
+                raise ValueError(f"sample ids must fit in 64 bits (they are stored as int64), got {huge[:5]}")
+            object.__setattr__(self, "sample_ids", tuple(ids))  # numpy/torch integers as Python ints
             if len(set(self.sample_ids)) != len(self.sample_ids):
                 dup = sorted(i for i, n in Counter(self.sample_ids).items() if n > 1)
                 raise ValueError(f"ForgetRequest names sample ids more than once: {dup[:10]}")
         else:
             if self.sample_ids:
                 raise ValueError(f"a {self.kind!r} ForgetRequest takes a target, not sample_ids")
-            if not isinstance(self.target, int) or isinstance(self.target, bool) or self.target < 0:
+            target = _integer(self.target)
+            if target is None or target < 0:
                 raise ValueError(f"{self.kind} of a ForgetRequest must be a non-negative int, got {self.target!r}")
+            if target > _INT64[1]:
+                raise ValueError(
+                    f"{self.kind} of a ForgetRequest must fit in 64 bits (stored as int64), got {self.target!r}"
+                )
+            object.__setattr__(self, "target", target)
 
     @classmethod
     def samples(cls, ids: Iterable[int] | torch.Tensor | np.ndarray) -> ForgetRequest:
@@ -66,21 +95,24 @@ class ForgetRequest:
             if not integral:
                 raise ValueError(f"sample ids must be integers, got a {type(ids).__name__} of dtype {ids.dtype}")
             return cls("samples", tuple(int(i) for i in ids.reshape(-1).tolist()))
-        checked = []
-        for i in ids:
-            if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
-                raise ValueError(f"sample ids must be integers, got {i!r} ({type(i).__name__})")
-            checked.append(int(i))
-        return cls("samples", tuple(checked))
+        return cls("samples", tuple(ids))  # each id is checked (and numpy/torch integers converted) on construction
 
     @classmethod
     def of_class(cls, label: int) -> ForgetRequest:
-        """Forget every still-learned sample of class ``label``."""
+        """Forget every still-learned sample of class ``label`` (an int, a numpy integer or a 0-d integer tensor).
+
+        Raises:
+            ValueError: ``label`` is not a non-negative integer that fits in 64 bits.
+        """
         return cls("class", target=label)
 
     @classmethod
     def of_experience(cls, experience: int) -> ForgetRequest:
-        """Forget every still-learned sample of one experience (task)."""
+        """Forget every still-learned sample of one experience (task); ``experience`` as for :meth:`of_class`.
+
+        Raises:
+            ValueError: ``experience`` is not a non-negative integer that fits in 64 bits.
+        """
         return cls("experience", target=experience)
 
     def to_dict(self) -> dict[str, Any]:

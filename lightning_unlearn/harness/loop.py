@@ -419,10 +419,9 @@ def _label(request: ForgetRequest) -> str:
 
 
 def _guarantee(certificate: Any) -> str:
-    """``exact``, ``(eps, delta)`` or ``none``: what a request's certificate promises."""
-    if certificate.exact:
-        return "exact"
-    return f"({certificate.epsilon:g},{certificate.delta:g})" if certificate.certified else "none"
+    """``exact``, ``(eps,delta)``, ``uncertified-noise(sigma=...)`` or ``none``: what a request's certificate
+    promises (:attr:`Certificate.guarantee`)."""
+    return str(certificate.guarantee)
 
 
 def _metrics(

@@ -1,7 +1,7 @@
 """Unlearning strategies: each executes `ForgetRequest`s on a module with one method."""
 
 from lightning_unlearn.strategies.acu import ACUStrategy
-from lightning_unlearn.strategies.base import UnlearningResult, UnlearningStrategy
+from lightning_unlearn.strategies.base import ErasurePendingError, UnlearningResult, UnlearningStrategy
 from lightning_unlearn.strategies.baselines import (
     FinetuneStrategy,
     NegGradPlusStrategy,
@@ -25,6 +25,7 @@ __all__ = [
     "InfinitesimalJackknifeStrategy",
     "NewtonStepStrategy",
     "ACUStrategy",
+    "ErasurePendingError",
     "UnlearningResult",
     "UnlearningStrategy",
     "FinetuneStrategy",

@@ -1,18 +1,30 @@
 """`UnlearningStrategy`: the one interface every unlearning method implements.
 
-Every method follows one contract, with one commit point:
+Every method follows one contract, with one commit point, in the order of a database's write-ahead
+log (the ledger entry is the durable record; everything after it is derived from it):
 
-1. ``forget`` checks the request and the data (nothing changes on a bad input);
+1. ``forget`` checks the ledger file against the recorder's anchor (the checkpoint's ``ledger_anchor``:
+   a dropped, emptied, deleted, rewritten or replaced ledger is a :class:`LedgerError` before anything
+   runs; :meth:`UnlearningStrategy.accept_ledger` is the operator's logged override), erases what an
+   earlier request left unerased, and checks the request and the data (nothing changes on a bad input);
 2. the method's :meth:`UnlearningStrategy._compute` computes everything (new weights, the
    recorder's statistics change, its own state, the certificate) and touches nothing;
-3. ``forget`` commits: the recorder applies the statistics change and marks the ids forgotten
-   (:meth:`RecorderCallback.apply_forget`, the only way a strategy writes back), the module's
-   touched tensors are swapped for their new values, the strategy's own state is replaced, and
-   the ledger entry is appended. If any of these raises, everything already done is undone:
-   parameters, buffers, statistics, catalog and ledger are as before and the request can be retried;
-   once the entry is written, the recorder overwrites the rows it still holds of the forgotten
-   samples (:meth:`RecorderCallback.erase_forgotten`), so rollback needs no copy of them;
-4. the result's metrics go to the loggers of the Trainer the recorder last recorded with
+3. ``forget`` commits with Ctrl-C held until it is done
+   (:func:`~lightning_unlearn.core.interrupts.deferred_interrupts`); each step hands over its undo before
+   (the catalog) or as (the others) it changes anything: the catalog marks the ids forgotten, the recorder
+   applies the statistics change (:meth:`RecorderCallback.apply_forget`, the only way a strategy writes
+   back), the module's touched tensors are swapped for their new values, the strategy's own state is
+   replaced, and the ledger entry is written and ``fsync``-ed: the commit point. If any of these raises,
+   everything already done is undone: parameters, buffers, statistics, catalog and ledger file are as
+   before and the request can be retried;
+4. after the commit point the derived state follows, the steps that cannot fail first: the recorder's
+   ledger anchor, its copy of the accountant, the strategy's history; then the recorder overwrites the
+   rows it still holds of the forgotten samples (:meth:`RecorderCallback.erase_forgotten`, so rollback
+   needs no copy of them). An erasure that fails (a memory-mapped store that cannot be written) leaves
+   the ids in :attr:`RecorderCallback.unerased`: they are erased before the next request, ``redo_pending``
+   or ``state_dict`` (which saves nothing until they are), and the caller gets an
+   :class:`ErasurePendingError` holding the executed request's result;
+5. the result's metrics go to the loggers of the Trainer the recorder last recorded with
    (:func:`lightning_unlearn.reporting.log_to_trainer`).
 
 A ledger on disk can be ahead of the state it is used with: a process stopped between the ledger
@@ -23,9 +35,11 @@ until :meth:`UnlearningStrategy.redo_pending` has executed those entries again.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from time import perf_counter
 from typing import Any, ClassVar
 
@@ -36,26 +50,42 @@ from torch.utils.data import DataLoader, Dataset
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.core.catalog import SampleCatalog
 from lightning_unlearn.core.certificate import Certificate
-from lightning_unlearn.core.ledger import Ledger, LedgerEntry, LedgerError
+from lightning_unlearn.core.interrupts import deferred_interrupts
+from lightning_unlearn.core.ledger import Ledger, LedgerEntry, LedgerError, LedgerReport
 from lightning_unlearn.core.request import ForgetRequest
+from lightning_unlearn.core.result import UnlearningResult
 from lightning_unlearn.data import select_by_ids
 from lightning_unlearn.modes import module_device
-from lightning_unlearn.privacy.accountant import PrivacyAccountant
+from lightning_unlearn.privacy.accountant import PrivacyAccountant, Release
 from lightning_unlearn.reporting import log_to_trainer
+
+__all__ = [
+    "ErasurePendingError",
+    "ForgetData",
+    "UnlearningResult",
+    "UnlearningStrategy",
+    "UnlearningUpdate",
+    "replace_attributes",
+    "swap_weights",
+]
+
+_log = logging.getLogger("lightning_unlearn.ledger")
 
 ForgetData = Dataset | DataLoader | None
 Undo = Callable[[], None]
 
 
-@dataclass
-class UnlearningResult:
-    """What one executed :class:`ForgetRequest` did."""
+class ErasurePendingError(RuntimeError):
+    """A request was executed and recorded in the ledger, but the recorder could not erase the rows it still holds
+    of the forgotten samples yet (they stay in :attr:`RecorderCallback.unerased` and are erased later).
 
-    request: ForgetRequest
-    removed_ids: Tensor
-    certificate: Certificate
-    wall_time_s: float
-    extra: dict[str, Any] = field(default_factory=dict)
+    Attributes:
+        result: the executed request's :class:`UnlearningResult` (as ``forget`` would have returned it).
+    """
+
+    def __init__(self, message: str, result: UnlearningResult) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 @dataclass
@@ -116,13 +146,17 @@ def swap_weights(module: nn.Module, weights: Mapping[str, Tensor]) -> Undo:
 def replace_attributes(obj: object, values: Mapping[str, Any]) -> Undo:
     """Set attributes of ``obj`` to new values (no copies); return the undo."""
     old = {k: getattr(obj, k) for k in values}
-    for k, v in values.items():
-        setattr(obj, k, v)
 
     def undo() -> None:
         for k, v in old.items():
             setattr(obj, k, v)
 
+    try:
+        for k, v in values.items():
+            setattr(obj, k, v)
+    except BaseException:
+        undo()
+        raise
     return undo
 
 
@@ -180,12 +214,17 @@ class UnlearningStrategy(ABC):
             ValueError: the request names nothing learned, or samples already forgotten; the
                 method needs ``data`` and none was given, or reads none and some was given; the
                 data's labels or inputs differ from what was learned. Nothing is changed.
-            LedgerError: the ledger records requests whose samples this state still holds (see
-                :meth:`pending`); nothing is changed.
+            LedgerError: the ledger file does not match the recorder's anchor (:meth:`check_ledger`), or it
+                records requests whose samples this state still holds (see :meth:`pending`); nothing is changed.
+            OSError: rows an earlier request left unerased still cannot be erased; nothing is changed.
+            ErasurePendingError: the request was executed and recorded, but erasing its rows failed (see the
+                module docstring); its ``result`` is the executed request's.
         """
         if not isinstance(request, ForgetRequest):
             raise TypeError(f"forget expects a ForgetRequest, got {type(request).__name__}")
         self.recorder.require_fitted()
+        self.check_ledger()
+        self.recorder.erase_pending()
         pending = self.pending()
         if pending:
             raise LedgerError(
@@ -197,6 +236,67 @@ class UnlearningStrategy(ABC):
         ids = self.catalog.resolve(request)
         self._check_data(data)
         return self._execute(request, ids, data, {})
+
+    def check_ledger(self) -> LedgerReport | None:
+        """Verify the ledger file against the recorder's anchor (the ``ledger_anchor`` of the checkpoint it was
+        restored from, or of its last request); under DDP every rank takes part and all refuse together.
+
+        Returns:
+            the :class:`~lightning_unlearn.core.ledger.LedgerReport`, or ``None`` for an in-memory ledger (it
+            records nothing durable: it is neither checked against the anchor nor written into it).
+
+        Raises:
+            LedgerError: naming the mismatch: the file lost anchored entries (dropped, emptied, deleted), holds
+                another entry where the anchor's head should be (rewritten, or another run's ledger), or its
+                chain is broken or downgraded. :meth:`accept_ledger` overrides a mismatch an operator can explain.
+        """
+        if self.ledger.path is None:
+            return None
+        report: LedgerReport | None = None
+        failure: LedgerError | None = None
+        try:
+            report = self.ledger.verify(self.recorder.ledger_anchor)
+        except LedgerError as err:
+            failure = err
+        if self.recorder.max_over_ranks(float(failure is not None)) > 0:
+            raise failure if failure is not None else LedgerError("the ledger check failed on another rank")
+        return report
+
+    def accept_ledger(self, reason: str) -> LedgerReport:
+        """Adopt this strategy's ledger file although it does not match the recorder's anchor: the operator's
+        override, for a mismatch they can explain (a ledger restored from a backup, a new ledger for a resumed run).
+
+        The ledger's own chain must still be intact (that is never overridden). The override is logged (the
+        ``lightning_unlearn.ledger`` logger, at WARNING) and kept in the recorder's state (``ledger_overrides``,
+        so in every later checkpoint): when, which file, the anchor replaced, the one adopted, and ``reason``.
+
+        Raises:
+            ValueError: no reason given, or the ledger is in memory (nothing to accept).
+            LedgerError: the ledger's chain is broken or downgraded.
+        """
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValueError("accept_ledger needs the operator's reason (a non-empty string), which is logged and kept")
+        if self.ledger.path is None:
+            raise ValueError("an in-memory ledger is never checked against the recorder's anchor: nothing to accept")
+        report = self.ledger.verify()
+        record = {
+            "time": datetime.now(timezone.utc).isoformat(),
+            "path": report.path,
+            "replaced_anchor": self.recorder.ledger_anchor,
+            "accepted_anchor": self.ledger.anchor(),
+            "reason": reason,
+        }
+        _log.warning(
+            "ledger %s accepted by the operator in place of the recorder's anchor %s (now %d entries, head %s): %s",
+            report.path,
+            record["replaced_anchor"],
+            report.count,
+            report.head[:16],
+            reason,
+        )
+        self.recorder.ledger_overrides.append(record)
+        self.recorder.ledger_anchor = self.ledger.anchor()
+        return report
 
     def pending(self) -> list[LedgerEntry]:
         """The ledger's entries of this recorder's run (its ``lineage``) whose samples this state still holds
@@ -210,18 +310,23 @@ class UnlearningStrategy(ABC):
         """Execute the :meth:`pending` entries again, in order, each appended to the ledger anew with
         ``extra["redo_of"]`` naming the entry it repeats.
 
-        A method that draws noise draws it afresh: the redone model is a new release, and a model
-        the stopped process published is not in the accountant restored from the checkpoint
-        (:meth:`restore_accountant` counts it only when rebuilt from the ledger).
+        A method that draws noise draws it afresh: the redone model is a new release. The model the
+        stopped process released (its entry is durable, so it may have been seen) is counted too: its
+        release, read from the entry's certificate, joins the accountant restored from the checkpoint
+        before the redo's own, so the composed epsilon never understates what was published.
 
         Args:
             data: as for :meth:`forget`, holding the pending entries' samples.
 
         Raises:
-            LedgerError: a pending entry was executed by another method, or forgot only part of what
-                this state holds of it; nothing is changed for it and the entries after it.
+            LedgerError: the ledger does not match the recorder's anchor (:meth:`check_ledger`); a pending entry
+                was executed by another method, or forgot only part of what this state holds of it; nothing is
+                changed for it and the entries after it.
+            OSError: rows an earlier request left unerased still cannot be erased; nothing is changed.
         """
         self.recorder.require_fitted()
+        self.check_ledger()
+        self.recorder.erase_pending()
         self._check_data(data)
         done = []
         for entry in self.pending():
@@ -232,7 +337,16 @@ class UnlearningStrategy(ABC):
             if len(self.catalog.live(entry.removed_ids)) != len(entry.removed_ids):
                 raise LedgerError(f"ledger entry {entry.seq}'s samples are only partly forgotten in this state")
             ids = torch.tensor(entry.removed_ids, dtype=torch.long)
-            done.append(self._execute(entry.forget_request, ids, data, {"redo_of": entry.seq}))
+            accountant, stopped = self.accountant, entry.certificate.get("accounting", {}).get("release")
+            if accountant is not None and stopped is not None:
+                self.accountant = accountant.with_release(Release(**stopped))  # committed with the redo
+            counted = self.accountant
+            try:
+                done.append(self._execute(entry.forget_request, ids, data, {"redo_of": entry.seq}))
+            except BaseException:
+                if self.accountant is counted:  # not committed (an ErasurePendingError is: keep its accountant)
+                    self.accountant = accountant
+                raise
         return done
 
     def _check_data(self, data: ForgetData) -> None:
@@ -257,26 +371,46 @@ class UnlearningStrategy(ABC):
         update = self._compute(ids, data)
         wall = perf_counter() - start
         result = UnlearningResult(request, ids, update.certificate, wall, {**update.extra, **extra})
-        self._commit(result, update)
-        self.history.append(result)
+        unerased = self._commit(result, update)
         log_to_trainer(self.recorder.trainer, result)
+        if unerased is not None:
+            raise ErasurePendingError(
+                f"the {self.method} request was executed and recorded (ledger entry {len(self.ledger) - 1}), but "
+                f"erasing what {type(self.recorder).__name__} still holds of its samples failed ({unerased!r}): "
+                "they are erased before the next request, redo_pending() or state_dict() (which saves nothing "
+                "until then); recorder.erase_pending() retries now",
+                result,
+            ) from unerased
         return result
 
-    def _commit(self, result: UnlearningResult, update: UnlearningUpdate) -> None:
-        """Apply ``update`` and append the ledger entry, all or nothing."""
+    def _commit(self, result: UnlearningResult, update: UnlearningUpdate) -> Exception | None:
+        """Apply ``update`` and append the ledger entry, all or nothing; then the state derived from the entry
+        (see the module docstring). Returns the erasure's failure, if any (the request is executed all the same)."""
+        ids = result.removed_ids
         undo: list[Undo] = []
-        try:
-            undo.append(self.recorder.apply_forget(result.removed_ids, update.statistics))
-            undo.append(swap_weights(self.module, update.weights))
-            undo.append(replace_attributes(self, update.state))
-            self.ledger.append(result, self.module, recorder=self.recorder.lineage)
-        except BaseException:
-            for step in reversed(undo):
-                step()
-            raise
-        self.recorder.erase_forgotten(result.removed_ids)
-        self.recorder.ledger_anchor = self.ledger.anchor()
-        self.mirror_accountant()
+        with deferred_interrupts():
+            try:
+                undo.append(self.catalog.restorer(ids))  # the undo first: marking may be cut short
+                self.catalog.mark_forgotten(ids)
+                undo.append(self.recorder.apply_forget(ids, update.statistics))
+                undo.append(swap_weights(self.module, update.weights))
+                undo.append(replace_attributes(self, update.state))
+                self.ledger.append(result, self.module, recorder=self.recorder.lineage)
+            except BaseException:
+                for step in reversed(undo):
+                    step()
+                raise
+            # committed: the entry is durable; what follows derives from it, and only the erasure can fail
+            if self.ledger.path is not None:
+                self.recorder.ledger_anchor = self.ledger.anchor()
+            self.mirror_accountant()
+            self.history.append(result)
+            self.recorder.unerased.append(ids)
+            try:
+                self.recorder.erase_pending()
+            except Exception as err:  # noqa: BLE001 - executed all the same; the ids stay pending (module docstring)
+                return err
+        return None
 
     def mirror_accountant(self) -> None:
         """Copy this method's accountant state into the recorder's (so that checkpoints keep it)."""

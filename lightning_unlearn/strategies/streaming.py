@@ -362,6 +362,7 @@ class StreamingStrategy(ReleasingStrategy):
             return Certificate(
                 method=self.method,
                 exact=False,
+                sigma=self.noise_std or None,  # noise without a certificate is labelled as such, with its std
                 statement=(
                     f"SAFE ([SAFE] Alg. 1): heuristic{note}; Thm 2 bounds expected dynamic regret, "
                     "not distance to retraining"
