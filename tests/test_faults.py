@@ -312,7 +312,7 @@ def test_a_failed_erasure_leaves_an_executed_accounted_request_and_is_completed_
 
     with monkeypatch.context() as m:
         m.setattr(RowStore, "flush", msync_fails)
-        with pytest.warns(UnlearningWarning), pytest.raises(ErasurePendingError, match="executed and recorded") as e:
+        with pytest.raises(ErasurePendingError, match="executed and recorded") as e:
             s.forget(ForgetRequest.samples([3, 4]))
         assert e.value.result.removed_ids.tolist() == [3, 4] and s.history == [e.value.result]
         assert rec.ledger_anchor == Ledger(path).anchor() and len(Ledger(path)) == 1
@@ -323,8 +323,7 @@ def test_a_failed_erasure_leaves_an_executed_accounted_request_and_is_completed_
         with pytest.raises(OSError, match="msync failed"):
             s.forget(ForgetRequest.samples([5]))  # the next request erases first; it cannot, so nothing runs
         assert len(Ledger(path)) == 1 and rec.catalog.live([5]) == [5]
-    with pytest.warns(UnlearningWarning):
-        s.forget(ForgetRequest.samples([5]))
+    s.forget(ForgetRequest.samples([5]))
     on_disk = torch.frombuffer(bytearray((tmp_path / "A.bin").read_bytes()), dtype=torch.float64)
     on_disk = on_disk.view(64, -1)
     assert bool((on_disk[rows] == 0).all()) and rec.unerased == []
