@@ -21,6 +21,17 @@ from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, Un
 from lightning_unlearn.strategies.release import ReleasingStrategy
 
 
+def assumptions(recorder: SoftmaxHeadRecorder, gradient_norm: float, bound: float) -> list[str]:
+    """The certificate's assumptions: strong convexity and the gradient tolerance (checked) and the features."""
+    return [
+        f"objective (1) is l2-strongly convex with l2 = {recorder.l2:g}: softmax cross-entropy + (l2/2)||W||^2 "
+        "on every head weight (checked: the recorder solves exactly this objective and is the head's only writer)",
+        f"||grad F|| = {gradient_norm:.3g} <= {bound:.3g} (checked: computed on the retained rows with its float64 "
+        "rounding bound)",
+        feature_assumption(recorder),
+    ]
+
+
 def feature_assumption(recorder: SoftmaxHeadRecorder) -> str:
     """What the certificate assumes of the features: nothing for raw inputs; for a backbone, that it never
     learned from samples that can be forgotten (checked frozen during the stream, its training data not)."""
@@ -104,12 +115,12 @@ class ResolveStrategy(ReleasingStrategy):
             },
             statement=(
                 "[derived] ||W - W*|| <= ||grad F(W)||/l2 <= radius (l2-strong convexity, gradient computed with its "
-                "rounding bound); Gaussian mechanism [AGM] on radius; "
-                + feature_assumption(rec)
+                "rounding bound); Gaussian mechanism [AGM] on radius"
                 + uncertified_note(self.noise, self.sigma_override)
             ),
             constants="bounded",
             recipe="checked",
+            assumptions=assumptions(rec, solution.gradient_norm, rec.tolerance),
         )
         return UnlearningUpdate(
             certificate,
@@ -205,10 +216,11 @@ class CertifiedRemovalStrategy(UnlearningStrategy):
             bounds={"residual": residual, "residual_budget": self.residual_budget, "l2": rec.l2},
             statement=(
                 "[CR] Theorem 3: loss perturbation b ~ N(0, beta^2 I) masks the exactly computed gradient residual "
-                "<= budget; per release only (releases share b: not composed); " + feature_assumption(rec)
+                "<= budget; per release only (releases share b: not composed)"
             ),
             constants="bounded",
             recipe="checked",
+            assumptions=assumptions(rec, residual / problem.count, self.residual_budget / problem.count),
             seeded=rec.seed is not None,
             accounting={"releases": releases, "composition": "none: one loss perturbation shared by every release"},
         )
