@@ -332,7 +332,7 @@ def test_harness_runs_both_methods_against_the_convex_retrain():
     report = evaluate(methods, info, schedule, shadows=0)
     summary = report.summary()
     # the noise-free re-solve is within 2 radius of the reference's own solve (each within radius of the optimum)
-    assert summary["resolve[noise=off]"]["l2_to_retrain"] <= 2e-3
+    assert summary["resolve[noise=off]"]["l2_to_retrain"] <= 2 * 2e-4
     assert abs(summary["resolve"]["test_gap_pp"]) <= 5.0  # certified noise sigma = 3.7e-3 barely moves the logits
     # certified_removal's reference is trained with its own loss perturbation setting
     assert {r["method"].split(",")[0] for r in report.reference_rows} == {

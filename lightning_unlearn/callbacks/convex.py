@@ -41,7 +41,7 @@ class SoftmaxHeadRecorder(FrozenFeatureRecorder):
         l2: the ridge coefficient ``l2`` of eq. (1), the strong-convexity modulus of the certificate.
         radius: the certified L2 distance of every solved head to the exact optimum (the solver's gradient
             tolerance is ``l2 * radius``); a release's noise is calibrated on it, so it trades noise against
-            solver work. The default keeps the noise of an ``epsilon = 1`` release at std ``3.7e-3``.
+            solver work. The default keeps the noise of an ``epsilon = 1, delta = 1e-5`` release at std ``7.5e-4``.
         loss_perturbation: the std ``beta`` of [CR]'s loss perturbation ``b ~ N(0, beta^2 I)`` (sum form,
             Sec. 3.2), drawn once at the first fit from the OS entropy source and kept secret in the state;
             needed by :class:`~lightning_unlearn.strategies.convex.CertifiedRemovalStrategy` only
@@ -62,7 +62,7 @@ class SoftmaxHeadRecorder(FrozenFeatureRecorder):
         self,
         l2: float,
         *,
-        radius: float = 1e-3,
+        radius: float = 2e-4,
         loss_perturbation: float | None = None,
         seed: int | None = None,
         backbone: str | None = None,

@@ -62,7 +62,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "supervised": {},
     "linear": {"l2": 1e-2, "lr_margin": 0.9},
     "proximal": {"l2": 1e-2, "reg_lambda": 1.0},
-    "convex": {"l2": 1e-3, "radius": 1e-3, "loss_perturbation": None},
+    "convex": {"l2": 1e-3, "radius": 2e-4, "loss_perturbation": None},
 }
 #: the proximal family's batch (larger than any experience: one batch per experience) and L-BFGS steps per task
 FULL_BATCH, LBFGS_STEPS = 1 << 30, 2
