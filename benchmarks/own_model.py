@@ -61,6 +61,7 @@ from lightning_unlearn.strategies.baselines import (
     RandomLabelStrategy,
     RetrainStrategy,
 )
+from lightning_unlearn.strategies.noisy import NoisyFinetuneStrategy
 
 FORGET = ForgetRequest.samples([3, 14, 15, 29])
 
@@ -174,6 +175,7 @@ def build_all(
         ("scrub", lambda m, r: SCRUBStrategy(m, r, data, epochs=1)),
         ("l1_sparse", lambda m, r: L1SparseStrategy(m, r, data, epochs=1)),
         ("woodfisher", lambda m, r: WoodFisherStrategy(m, r, data, n_samples=4)),  # 4 x 11.2M per-sample gradients
+        ("noisy_finetune", lambda m, r: NoisyFinetuneStrategy(m, r, data, steps=2, center=initial)),
         ("retrain", lambda m, r: RetrainStrategy(m, r, data, initial, trainer_kwargs={"max_epochs": args.epochs})),
     ):
         strategy = make(copy.deepcopy(model), copy.deepcopy(rec))

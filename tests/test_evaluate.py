@@ -208,6 +208,7 @@ def test_registry_names_and_errors():
         "safe",
         "resolve",
         "certified_removal",
+        "noisy_finetune",
     }
     with pytest.raises(ValueError, match="unknown method 'sisa'; registered methods: acu"):
         get_method("sisa")

@@ -195,7 +195,9 @@ def test_releases_compose_and_the_budget_refuses_without_changing_anything(train
 
 def test_finetune_epochs_and_model_clipping_run_on_the_users_module(trained):
     model, rec, train, initial = copies(trained)
-    s = NoisyFinetuneStrategy(model, rec, train, center=initial, finetune_epochs=1, model_radius=4.0, l2=0.1, **OPTIONS)
+    s = NoisyFinetuneStrategy(
+        model, rec, train, center=initial, finetune_epochs=1, model_radius=4.0, weight_decay=0.1, **OPTIONS
+    )
     result = s.forget(ForgetRequest.of_class(3))
     assert result.certificate.certified and result.extra["gradient_evaluations"] == 6 * 16 + 48
     assert result.certificate.bounds["model_radius"] == 4.0
@@ -209,8 +211,8 @@ def test_convex_variant_on_a_linear_head():
     model, rec = SupervisedClassifier(nn.Linear(12, N_CLASSES), lr=0.05, l2=0.1), SampleRecorder()
     quiet_trainer([rec]).fit(model, DataLoader(train, batch_size=40))
     norm = max(float(train[i][0].norm()) for i in range(len(train)))
-    lr = 1 / ((norm**2 + 1) / 2 + 0.1)  # 1/M: rho = 1 - lr l2
-    s = NoisyFinetuneStrategy(model, rec, train, update="convex", l2=0.1, steps=20, lr=lr, radius=5.0)
+    lr = 1 / ((norm**2 + 1) / 2 + 0.1)  # 1/M: rho = 1 - lr lambda
+    s = NoisyFinetuneStrategy(model, rec, train, update="convex", weight_decay=0.1, steps=20, lr=lr, radius=5.0)
     cert = s.forget(ForgetRequest.samples([1, 2, 3])).certificate
     assert cert.certified and cert.bounds["shift"] == 0
     assert cert.bounds["rho"] == pytest.approx(1 - lr * 0.1, rel=1e-6)  # the retained inputs' norm: at most all's
@@ -226,7 +228,7 @@ def test_bad_options_are_refused_naming_them(trained):
     with pytest.raises(ValueError, match="radius"):
         NoisyFinetuneStrategy(model, rec, train, radius=math.inf)
     with pytest.raises(ValueError, match="closed-form constants need a linear model"):
-        NoisyFinetuneStrategy(model, rec, train, update="convex", l2=0.1)
+        NoisyFinetuneStrategy(model, rec, train, update="convex", weight_decay=0.1)
     with pytest.raises(ValueError, match="center lacks"):
         NoisyFinetuneStrategy(model, rec, train, center={})
     with pytest.raises(ValueError, match="steps"):

@@ -1,7 +1,8 @@
 """The built-in methods of the registry, each an unlearning strategy class on its model families.
 
 Registered: ``acu``, ``resolve`` and ``certified_removal`` ([CR]; the certified softmax head, on the convex
-family), ``hf``, ``ns``, ``ij``, ``hessian``, ``gradient``, ``safe``, ``rbm``, ``salun`` and the baselines
+family), ``hf``, ``ns``, ``ij``, ``hessian``, ``gradient``, ``safe``, ``rbm``, ``salun``, ``noisy_finetune`` ([CUNN];
+supervised family by default) and the baselines
 ``retrain``, ``finetune``, ``neggrad``, ``neggrad_plus``, ``randomlabel`` and the further baselines of [ACU]'s
 Table 1, ``scrub`` ([SCRUB]), ``l1_sparse`` and ``woodfisher`` ([Sparse]). The baselines, RBM and SalUn run on every
 family (default: analytic, [ACU]'s protocol; their defaults are [ACU] App. E.3's);
@@ -42,6 +43,7 @@ from lightning_unlearn.strategies.certified import (
 from lightning_unlearn.strategies.convex import CertifiedRemovalStrategy, ResolveStrategy
 from lightning_unlearn.strategies.hf import HFStrategy
 from lightning_unlearn.strategies.newton import InfinitesimalJackknifeStrategy, NewtonStepStrategy
+from lightning_unlearn.strategies.noisy import NoisyFinetuneStrategy
 from lightning_unlearn.strategies.rbm import RBMStrategy
 from lightning_unlearn.strategies.scrub import SCRUBStrategy
 from lightning_unlearn.strategies.sparse import L1SparseStrategy, WoodFisherStrategy
@@ -202,6 +204,15 @@ register(
         families=("convex",),
         # [CR]'s loss perturbation for a residual budget of 0.1 (sum form) at (1, 1e-5)
         settings={"loss_perturbation": CertifiedRemovalStrategy.perturbation_std(0.1, 1.0, 1e-5)},
+    )
+)
+register(
+    MethodSpec(
+        "noisy_finetune",
+        NoisyFinetuneStrategy,
+        families=("supervised", "linear"),
+        label=certified_label("noisy_finetune"),
+        managed=frozenset({"center"}),  # the zero vector: the harness keeps no initial weights for it
     )
 )
 register(MethodSpec("scrub", SCRUBStrategy))

@@ -6,14 +6,14 @@ fixed centre, runs ``steps`` noisy steps on the retained data and publishes the 
 
 Each step (``update="clip_gradient"``, [CUNN]'s gradient clipping; with ``model_radius``, its model clipping too)::
 
-    theta <- (1 - lr l2) theta - lr clip_C1(g(theta))      g: the gradient of the module's own loss on a batch
+    theta <- (1 - lr lambda) theta - lr clip_C1(g(theta))      g: the gradient of the module's own loss on a batch
     theta <- centre + proj_R(theta - centre)                (only with model_radius R)
     theta <- theta + N(0, sigma^2 I)                        (OS entropy; broadcast from rank 0 under DDP)
 
 The map is Lipschitz up to the shift ``2 lr C1`` *for any loss*, so the certificate needs no convexity: it holds for
 deep networks, BatchNorm and dropout included. ``update="convex"`` takes plain gradient steps on the mean
-cross-entropy plus ``(l2/2)||theta||^2`` of a linear softmax head on fixed features (checked with
-:func:`~lightning_unlearn.functional.bounds.linear_head`), contractive with ``rho = max(|1 - lr l2|, |1 - lr M|)``,
+cross-entropy plus ``(lambda/2)||theta||^2`` of a linear softmax head on fixed features (checked with
+:func:`~lightning_unlearn.functional.bounds.linear_head`), contractive with ``rho = max(|1 - lr lambda|, |1 - lr M|)``,
 ``M`` the closed-form smoothness over the retained inputs: no shift, but only for that model.
 
 What is certified: the published model is (epsilon, delta)-indistinguishable from the same request run from a model
@@ -81,7 +81,7 @@ class NoisyFinetuneStrategy(ReleasingStrategy):
         radius: ``C0``: the start is projected onto the ball of this radius around ``center`` (``D = 2 C0``).
         center: the ball's centre, by parameter name (e.g. the module's initial ``state_dict``; only the trainable
             parameters are read); ``None``: zero. It must not depend on data that can be forgotten.
-        l2: weight decay ``lambda`` of the steps (the ridge of ``update="convex"``, which needs it positive).
+        weight_decay: ``lambda`` of the steps (the ridge of ``update="convex"``, which needs it positive).
         model_radius: ``R``: each step's result is projected onto the ball of radius ``R`` around ``center`` before
             its noise ([CUNN]'s model clipping); ``None``: no projection.
         update: ``"clip_gradient"`` (any module and loss) or ``"convex"`` (a linear softmax head, see above).
@@ -115,7 +115,7 @@ class NoisyFinetuneStrategy(ReleasingStrategy):
         clip: float = 1.0,
         radius: float = 1.0,
         center: Mapping[str, Tensor] | None = None,
-        l2: float = 0.0,
+        weight_decay: float = 0.0,
         model_radius: float | None = None,
         update: str = "clip_gradient",
         batch_size: int | None = 256,
@@ -130,7 +130,9 @@ class NoisyFinetuneStrategy(ReleasingStrategy):
         budget: float | tuple[float, float] | None = None,
         accountant: str = "rdp",
     ) -> None:
-        _check_options(steps, lr, clip, radius, l2, model_radius, update, batch_size, finetune_epochs, accountant)
+        _check_options(
+            steps, lr, clip, radius, weight_decay, model_radius, update, batch_size, finetune_epochs, accountant
+        )
         if update == "convex":
             linear_head(module)  # raises unless the trainable parameters are one final nn.Linear
             if loss_fn is not None:
@@ -154,7 +156,8 @@ class NoisyFinetuneStrategy(ReleasingStrategy):
         )
         self._target()  # (epsilon, delta) are required: the noise is calibrated on them
         self.train_data = train
-        self.steps, self.lr, self.clip, self.radius, self.l2 = int(steps), float(lr), float(clip), float(radius), l2
+        self.steps, self.lr, self.clip, self.radius = int(steps), float(lr), float(clip), float(radius)
+        self.weight_decay = float(weight_decay)
         self.model_radius = None if model_radius is None else float(model_radius)
         self.update, self.batch_size, self.finetune_epochs = update, batch_size, int(finetune_epochs)
         self.loss_fn = resolve_loss_fn(module, loss_fn)
@@ -169,13 +172,15 @@ class NoisyFinetuneStrategy(ReleasingStrategy):
         radius = math.inf if self.model_radius is None else self.model_radius
         if self.update == "clip_gradient":
             return NoisySteps.clipped_gradient(
-                self.steps, lr=self.lr, clip=self.clip, sigma=1.0, l2=self.l2, radius=radius
+                self.steps, lr=self.lr, clip=self.clip, sigma=1.0, l2=self.weight_decay, radius=radius
             )
         features, head = linear_head(self.module)
         keys = self.recorder.batch_keys
         device = module_device(self.module)
         inputs = (unpack_batch(b, keys)[0].to(device) for b in DataLoader(retained, batch_size=1024))
-        constants = linear_model_constants(max_feature_norm(features, inputs), self.l2, bias=head.bias is not None)
+        constants = linear_model_constants(
+            max_feature_norm(features, inputs), self.weight_decay, bias=head.bias is not None
+        )
         return NoisySteps.convex(
             self.steps,
             lr=self.lr,
@@ -268,7 +273,7 @@ class NoisyFinetuneStrategy(ReleasingStrategy):
             "steps": float(self.steps),
             "lr": self.lr,
             "clip": self.clip if self.update == "clip_gradient" else math.inf,
-            "l2": self.l2,
+            "weight_decay": self.weight_decay,
             "radius": self.radius,
             "model_radius": math.inf if self.model_radius is None else self.model_radius,
         }
@@ -289,15 +294,15 @@ class NoisyFinetuneStrategy(ReleasingStrategy):
         ]
         if self.update == "clip_gradient":
             lines.append(
-                f"checked (by construction): each step x -> (1 - lr l2) x - lr clip_C1(g(x)) with the gradient's "
+                f"checked (by construction): each step x -> (1 - lr lambda) x - lr clip_C1(g(x)) with the gradient's "
                 f"global norm clipped to C1 = {self.clip:g} is Lipschitz up to the shift 2 lr C1 for any loss "
                 "(no convexity or smoothness assumed)"
             )
         else:
             lines.append(
-                "bounded (closed form): gradient steps on the l2-strongly convex, M-smooth cross-entropy of the linear "
-                "head (M from the retained inputs' largest norm, features fixed, eval mode) contract by "
-                "max(|1 - lr l2|, |1 - lr M|)"
+                "bounded (closed form): gradient steps on the lambda-strongly convex, M-smooth cross-entropy of the "
+                "linear head (M from the retained inputs' largest norm, features fixed, eval mode) contract by "
+                "max(|1 - lr lambda|, |1 - lr M|)"
             )
         if self.model_radius is not None:
             lines.append(f"checked (by construction): every step is projected onto the radius {self.model_radius:g}")
@@ -362,7 +367,7 @@ class NoisyFinetuneStrategy(ReleasingStrategy):
         theta, start_norm = _project(theta, center, self.radius)
         draw = _noise_source(self.seed, release, self.method)
         batches, samples, clipped = self._batches(retained), 0, 0
-        decay = 1.0 - self.lr * self.l2
+        decay = 1.0 - self.lr * self.weight_decay
         for t in range(self.steps):
             vector_to_parameters(theta, params)
             batch = next(batches)
@@ -410,7 +415,7 @@ def _check_options(
     lr: float,
     clip: float,
     radius: float,
-    l2: float,
+    weight_decay: float,
     model_radius: float | None,
     update: str,
     batch_size: int | None,
@@ -435,8 +440,10 @@ def _check_options(
             f"noisy_finetune radius (C0) must be finite and >= 0, got {radius}: without a projected start nothing "
             "bounds the distance between the unlearned and a retrained model"
         )
-    if not (l2 >= 0 and math.isfinite(l2)) or (update == "convex" and not l2 > 0):
-        raise ValueError(f"noisy_finetune l2 must be finite and >= 0 (> 0 for update='convex'), got {l2}")
+    if not (weight_decay >= 0 and math.isfinite(weight_decay)) or (update == "convex" and not weight_decay > 0):
+        raise ValueError(
+            f"noisy_finetune weight_decay must be finite and >= 0 (> 0 for update='convex'), got {weight_decay}"
+        )
     if model_radius is not None and not (model_radius >= 0 and math.isfinite(model_radius)):
         raise ValueError(f"noisy_finetune model_radius must be finite and >= 0, got {model_radius}")
     if batch_size is not None and not batch_size >= 1:
