@@ -1,4 +1,5 @@
-"""`lightning-unlearn` CLI: the compare table, output files, and errors that name the bad argument."""
+"""`lightning-unlearn` CLI: jsonargparse options and configs, the listing from the registry, the compare table,
+the user's own module and data by class path, and errors that name the bad argument (exit 2, no traceback)."""
 
 import shutil
 import subprocess
@@ -6,33 +7,52 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from helpers_own import FITS
 
-from lightning_unlearn.cli import _options, main
-from lightning_unlearn.harness import get_method
+from lightning_unlearn.cli import build_parser, main, method_options
+from lightning_unlearn.harness import MethodSpec, get_method, method_spec, registry
+from lightning_unlearn.strategies import FinetuneStrategy
 
 pytestmark = pytest.mark.slow
 
-QUICK = ["compare", "--experiences", "2", "--pretrain-epochs", "1", "--epochs", "1", "--no-progress", "--shadows", "2"]
+QUICK = ["compare", "--experiences", "2", "--pretrain_epochs", "1", "--epochs", "1", "--progress", "false"]
+QUICK += ["--shadows", "2"]
 
 
-def test_methods_lists_the_registry(capsys):
+def test_methods_lists_every_registered_method_from_its_spec(capsys, monkeypatch):
+    # a method registered by a user is listed like the built-in ones, its options read from its class's signature
+    mine = MethodSpec("mine", FinetuneStrategy, families=("supervised",), guarantee="none (mine)", cost="one fit")
+    monkeypatch.setitem(registry._SPECS, "mine", mine)
     assert main(["methods"]) == 0
-    names = capsys.readouterr().out.split()
-    assert {"acu", "hf", "hessian", "gradient", "safe", "rbm", "salun", "retrain", "finetune", "neggrad"} <= set(names)
+    out = capsys.readouterr().out
+    blocks = {b.split()[0]: b for b in out.split("\n\n")}
+    assert set(registry.available_methods()) <= set(blocks)
+    for name in registry.available_methods():
+        spec = method_spec(name)
+        block = " ".join(blocks[name].split())  # undo the wrapping
+        assert f"guarantee: {spec.guarantee}" in block and f"needs: {spec.needs()}" in block, name
+        for option in spec.option_list():
+            assert f"{option.name}: {option.type_text()} = {option.default!r}" in block, (name, option.name)
+    mine_block = " ".join(blocks["mine"].split())
+    assert "epochs: int = 10, lr: float | None = None" in mine_block
+    assert "guarantee: none (mine)" in mine_block and "cost: one fit" in mine_block
+    assert "epsilon: float = 1.0" in blocks["hf"] and "retained data + the samples to forget" in blocks["rbm"]
+
+
+def test_methods_name_prints_its_options_with_types_defaults_and_destination(capsys):
+    assert main(["methods", "hf"]) == 0
+    out = capsys.readouterr().out
+    table = {line.split()[0]: line for line in out.split("------\n")[-1].splitlines() if line.strip()}
+    assert table["epsilon"].split() == ["epsilon", "float", "1.0", "strategy", "HFStrategy"]
+    assert table["track"].split() == ["track", "Collection[int]", "|", "None", "None", "recorder"]
+    assert table["l2"].split() == ["l2", "float", "0.01", "setting", "of", "family", "linear"]
+    assert "Eq. (56)" in out and "set with --method.hf.OPTION=VALUE" in out
 
 
 def test_compare_runs_exact_certified_masking_and_baseline_methods_together(capsys):
-    # option words in lower case, as a shell user types them
-    argv = [
-        *QUICK,
-        "--methods",
-        "acu,hf,hessian,rbm,finetune,neggrad,retrain",
-        "--requests",
-        "2",
-        "--option",
-        "hf.noise=false",
-    ]
-    assert main(argv) == 0
+    argv = [*QUICK, "--methods", "[acu,hf,hessian,rbm,finetune,neggrad,retrain]", "--requests", "[2]"]
+    assert main([*argv, "--method.hf.noise", "false"]) == 0  # option words in lower case, as a shell user types them
     table = capsys.readouterr().out.split("K = 2")[1].strip().splitlines()[3:10]
     guarantee = {row.split()[0]: row.split()[-1] for row in table}
     assert guarantee == {
@@ -56,33 +76,34 @@ def test_compare_runs_exact_certified_masking_and_baseline_methods_together(caps
     }
 
 
-@pytest.mark.parametrize(
-    "word, value", [("false", False), ("False", False), ("FALSE", False), ("true", True), ("none", None)]
-)
+@pytest.mark.parametrize("word, value", [("false", False), ("False", False), ("FALSE", False), ("true", True)])
 def test_option_words_are_read_in_any_case(word, value):
-    assert _options([f"hf.noise={word}"], ["hf"]) == {"hf": {"noise": value}}
-    if isinstance(value, bool):
-        assert get_method("hf", **_options([f"hf.noise={word}"], ["hf"])["hf"]).name == (
-            "hf" if value else "hf[noise=off]"
-        )
+    cfg = build_parser().parse_args(["compare", "--methods", "[hf]", "--method.hf.noise", word]).compare
+    options = method_options(cfg.methods, cfg.method)
+    assert options == {"hf": {} if value else {"noise": False}}  # only what differs from the default is passed
+    assert get_method("hf", **options["hf"]).name == ("hf" if value else "hf[noise=off]")
+
+
+def test_print_config_writes_a_config_that_reads_back_and_flags_override_it(capsys, tmp_path):
+    argv = ["compare", "--methods", "[acu,finetune]", "--method.finetune.epochs", "3"]
+    argv += ["--trainer.precision", "bf16-mixed"]
+    with pytest.raises(SystemExit) as done:
+        main([*argv, "--print_config"])
+    assert done.value.code == 0
+    printed = capsys.readouterr().out
+    config = yaml.safe_load(printed)
+    assert config["methods"] == ["acu", "finetune"] and config["method"]["finetune"]["epochs"] == 3
+    assert config["method"]["hf"]["epsilon"] == 1.0 and config["trainer"]["precision"] == "bf16-mixed"
+    path = tmp_path / "run.yaml"
+    path.write_text(printed)
+    cfg = build_parser().parse_args(["compare", "--config", str(path), "--method.finetune.lr", "0.5"]).compare
+    assert method_options(cfg.methods, cfg.method) == {"acu": {}, "finetune": {"epochs": 3, "lr": 0.5}}
+    assert cfg.trainer.precision == "bf16-mixed"
 
 
 def test_compare_prints_an_aligned_table_per_k_and_writes_files(capsys, tmp_path):
-    argv = [
-        *QUICK,
-        "--methods",
-        "acu,neggrad",
-        "--requests",
-        "2,3",
-        "--out",
-        str(tmp_path),
-        "--option",
-        "neggrad.epochs=1",
-        "--option",
-        "neggrad.expansion_dim=64",
-        "--option",
-        "acu.expansion_dim=64",
-    ]
+    argv = [*QUICK, "--methods", "[acu,neggrad]", "--requests", "[2,3]", "--out", str(tmp_path)]
+    argv += ["--method.neggrad.epochs", "1", "--method.neggrad.expansion_dim", "64", "--method.acu.expansion_dim", "64"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     for k in (2, 3):
@@ -98,43 +119,70 @@ def test_compare_prints_an_aligned_table_per_k_and_writes_files(capsys, tmp_path
     assert header.split()[-9:-3] == ["MIA-U(DD)", "[retr]", "MIA-U(Euc)", "[retr]", "LiRA", "[retr]"]
 
 
+def test_compare_your_module_and_datamodule_by_class_path_with_trainer_options_in_every_fit(capsys, tmp_path):
+    FITS.clear()
+    argv = ["compare", "--model", "helpers_own.UserNet", "--model.width", "8", "--data", "helpers_own.UserData"]
+    argv += ["--methods", "[retrain,finetune]", "--method.finetune.epochs", "1", "--requests", "[2]", "--epochs", "1"]
+    argv += ["--shadows", "0", "--progress", "false", "--trainer.default_root_dir", str(tmp_path)]
+    argv += ["--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", str(tmp_path / "logs")]
+    assert main(argv) == 0
+    rows = {r.split()[0]: r.split() for r in capsys.readouterr().out.split("K = 2")[1].strip().splitlines()[3:5]}
+    assert rows["retrain"][1:3] == ["own", "0.00"] and rows["retrain"][-1] == "exact"
+    assert rows["finetune"][1] == "own" and float(rows["finetune"][2]) > 0 and rows["finetune"][-1] == "none"
+    # 9 fits (the reference's and the retrain method's: a stream fit and a retraining per request; finetune's:
+    # a stream fit and a fine-tuning per request), each with the --trainer options; one logger object for all
+    assert [root for root, _ in FITS] == [str(tmp_path)] * 9
+    assert len({id(logger) for _, logger in FITS}) == 1 and type(FITS[0][1]).__name__ == "CSVLogger"
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--methods", "acu,sisa"], "unknown method 'sisa'; registered methods:"),
-        (["--methods", "acu", "--option", "acu.ridge"], "--option takes METHOD.KEY=VALUE"),
-        (
-            ["--methods", "acu", "--option", "finetune.epochs=2"],
-            "names method 'finetune', which is not among --methods",
-        ),
-        (["--methods", "finetune", "--option", "finetune.epocs=2"], "takes no option"),
-        (["--requests", "0"], "expected positive integers"),
-        (["--methods", "acu", "--kinds", "users"], "--kinds takes samples, class and/or experience"),
+        (["--methods", "[acu,sisa]"], "unknown method 'sisa'; registered methods:"),
+        (["--methods", "acu,hf"], 'Parser key "methods"'),
+        (["--methods", "[acu]", "--method.acu.ridge", "abc"], 'Parser key "method.acu.ridge"'),
+        (["--methods", "[acu]", "--method.finetune.epochs", "2"], "is set, but 'finetune' is not among --methods"),
+        (["--methods", "[finetune]", "--method.finetune.epocs", "2"], "unrecognized arguments: --method.finetune.epoc"),
+        (["--requests", "[0]"], "Not of type PositiveInt: 0"),
+        (["--methods", "[acu]", "--kinds", "[users]"], "Got value: users"),
+        (["--methods", "[acu]", "--root", "/tmp"], "--root: only for a --data benchmark from files"),
+        (["--methods", "[acu]", "--data", "split-cifar10"], "--data split-cifar10 reads its files from --root DIR"),
+        (["--methods", "[acu]", "--trainer.precision", "17"], 'Parser key "trainer.precision"'),
+        (["--methods", "[acu]", "--model", "no_such_module.Net"], 'Parser key "model"'),
     ],
 )
 def test_bad_arguments_exit_with_a_clear_message(capsys, extra, message):
     with pytest.raises(SystemExit) as exit_info:
         main([*QUICK, *extra])
     assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_an_unknown_key_in_a_config_file_is_named(capsys, tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("methods: [acu]\nmethod:\n  acu:\n    ridge: 2.0\n    gamma: 1.0\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", "--config", str(path)])
+    assert exit_info.value.code == 2 and "gamma" in capsys.readouterr().err
 
 
 def test_console_script_is_installed():
     script = shutil.which("lightning-unlearn", path=str(Path(sys.executable).parent))
     assert script is not None
-    done = subprocess.run([script, "methods"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and "neggrad_plus" in done.stdout
+    done = subprocess.run([script, "methods"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "neggrad_plus (NegGradPlusStrategy" in done.stdout
 
 
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--methods", "hf,foo"], "unknown certified method"),
+        (["--methods", "[hf,foo]"], "unknown certified method"),
         (["--fraction", "1.5"], "--fraction must lie in"),
-        (["--epsilons", "1,-2"], "expected positive numbers"),
+        (["--epsilons", "[1,-2]"], "Not of type PositiveFloat: -2"),
     ],
 )
 def test_tradeoff_refuses_bad_arguments_before_training(capsys, extra, message):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_info:
         main(["tradeoff", *extra])
-    assert message in capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

@@ -201,25 +201,26 @@ def test_pretrained_backbone_is_frozen_learned_on_base_and_feeds_acu(fake_root):
 def test_compare_runs_on_a_file_benchmark(fake_root, capsys):
     argv = [
         "compare",
-        "--benchmark",
+        "--data",
         "split-cifar10",
         "--root",
         str(fake_root),
         "--model",
         "cnn",
-        "--per-class",
+        "--per_class",
         "4",
         "--experiences",
         "2",
-        "--pretrain-epochs",
+        "--pretrain_epochs",
         "1",
         "--epochs",
         "1",
         "--methods",
-        "acu,finetune",
+        "[acu,finetune]",
         "--requests",
-        "2",
-        "--no-progress",
+        "[2]",
+        "--progress",
+        "false",
     ]
     assert main(argv) == 0
     rows = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.strip()]
@@ -228,8 +229,8 @@ def test_compare_runs_on_a_file_benchmark(fake_root, capsys):
 
 def test_compare_names_what_a_file_benchmark_lacks(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        main(["compare", "--benchmark", "split-cifar10", "--no-progress"])
+        main(["compare", "--data", "split-cifar10", "--progress", "false"])
     assert "reads its files from --root DIR" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["compare", "--benchmark", "split-cifar100", "--root", str(tmp_path), "--no-progress"])
+        main(["compare", "--data", "split-cifar100", "--root", str(tmp_path), "--progress", "false"])
     assert "cifar-100-python/train" in capsys.readouterr().err

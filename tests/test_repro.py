@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lightning_unlearn.cli import main
-from lightning_unlearn.harness.papers import CONFIGS, get_config
+from lightning_unlearn.harness.papers import CONFIGS, dump_config, get_config
 from lightning_unlearn.harness.repro import (
     Entry,
     ReproConfig,
@@ -215,12 +215,14 @@ def test_unknown_names_are_errors_naming_the_choices():
         run_config(replace(get_config("acu-table1"), setups=get_config("acu-table1").setups[:1]), log=lambda _: None)
 
 
-def test_cli_lists_configs_and_rejects_devices_without_accelerator(capsys):
+def test_cli_lists_configs_and_names_a_reproduction_config_given_as_options(capsys, tmp_path):
     assert main(["reproduce", "--list"]) == 0
     assert set(capsys.readouterr().out.split()) >= set(CONFIGS)
+    path = tmp_path / "mine.yaml"
+    path.write_text(dump_config(get_config("hf-table2")))
     with pytest.raises(SystemExit):
-        main(["reproduce", "hf-table2", "--devices", "2"])
-    assert "--devices needs --accelerator" in capsys.readouterr().err
+        main(["reproduce", "--config", str(path)])  # --config reads the command's options, as in LightningCLI
+    assert f"{path} is a reproduction config: run it as `lightning-unlearn reproduce {path}`" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("name", "dataset"), [("acu-table1", "split-cifar10"), ("hf-table2", "split-mnist")])

@@ -38,7 +38,7 @@ def test_an_edited_copy_runs_by_path(tmp_path, capsys):
     path.write_text(text.replace("lr: 0.1\n", "lr: 0.2\n", 1))  # the smoke scale's first lr, edited by hand
     mine = get_config(path)
     assert mine.setups[0].smoke.lr == 0.2 and mine.setups[0].smoke.epochs == 1 and mine.name == "acu-table1"
-    assert main(["reproduce", "--config", str(path), "--smoke"]) == 0
+    assert main(["reproduce", str(path), "--smoke"]) == 0
     out = capsys.readouterr().out
     assert "acu [ACU]" in out and "(0.00)" in out  # our ACU row next to the paper's zero gaps
 

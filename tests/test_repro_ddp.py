@@ -1,4 +1,4 @@
-"""``lightning-unlearn reproduce ... --accelerator cpu --devices 2``: the multi-device path of a GPU run, on gloo.
+"""``reproduce ... --trainer.accelerator cpu --trainer.devices 2``: the multi-device path of a GPU run, on gloo.
 
 Lightning's launcher runs the whole command on both ranks; every fit (continual learning, the reference's
 retraining, the baselines' own Trainers) runs on both processes, the outputs are written once, by rank 0,

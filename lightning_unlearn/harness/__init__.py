@@ -11,6 +11,7 @@
 * :mod:`~lightning_unlearn.harness.families`: model families and their gold standards;
 * :mod:`~lightning_unlearn.harness.registry`: names to strategy classes (:class:`MethodSpec`, :func:`get_method`);
 * :mod:`~lightning_unlearn.harness.methods`: the built-in registrations (loaded by the registry on first use);
+* :mod:`~lightning_unlearn.harness.own`: your own module and data against retraining (:func:`compare_with_retrain`);
 * :mod:`~lightning_unlearn.harness.papers` and ``configs/*.yaml``: the papers' tables as reproduction configs;
 * :mod:`~lightning_unlearn.harness.repro`: reproduction runs (:func:`~lightning_unlearn.harness.repro.run_config`);
 * :mod:`~lightning_unlearn.harness.tradeoff`: the privacy-utility benchmark (``lightning-unlearn tradeoff``).
@@ -44,6 +45,10 @@ _EXPORTS = {
         "retrain_method",
     ),
     "loop": ("evaluate",),
+    "own": (
+        "DatasetPair",
+        "compare_with_retrain",
+    ),
     "models": (
         "MODELS",
         "backbone_of",
@@ -75,6 +80,7 @@ __all__ = [
     "BenchmarkInfo",
     "Built",
     "DatasetNotFoundError",
+    "DatasetPair",
     "FAMILIES",
     "MODELS",
     "Method",
@@ -86,6 +92,7 @@ __all__ = [
     "backbone_of",
     "benchmark_info",
     "build_model",
+    "compare_with_retrain",
     "describe_benchmark",
     "digits_benchmark",
     "digits_splits",
@@ -114,6 +121,7 @@ if TYPE_CHECKING:
     from lightning_unlearn.harness.families import FAMILIES, reference, retrain_method
     from lightning_unlearn.harness.loop import evaluate
     from lightning_unlearn.harness.models import MODELS, backbone_of, build_model, pretrain_backbone
+    from lightning_unlearn.harness.own import DatasetPair, compare_with_retrain
     from lightning_unlearn.harness.registry import MethodSpec, available_methods, get_method, method_spec, register
     from lightning_unlearn.harness.report import TABLE1, Report, format_table
     from lightning_unlearn.harness.types import BenchmarkInfo, Built, Method, describe_benchmark

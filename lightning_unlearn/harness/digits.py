@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import lightning as L
 import torch
 from torch import Tensor, nn
@@ -46,11 +49,13 @@ def digits_benchmark(
     epochs: int = 5,
     lr: float = 0.05,
     batch_size: int = 64,
+    trainer_kwargs: Mapping[str, Any] | None = None,
 ) -> BenchmarkInfo:
     """scikit-learn's real handwritten digits (no download) as a class-incremental stream (ACU App. E.1).
 
     An MLP pre-trained for ``pretrain_epochs`` on the disjoint ``base`` split is the frozen
-    backbone; the ``train`` split is learned in ``n_experiences`` experiences of whole classes.
+    backbone (``trainer_kwargs``: further arguments of that fit's ``Trainer``, e.g. ``accelerator``);
+    the ``train`` split is learned in ``n_experiences`` experiences of whole classes.
     """
     from lightning_unlearn.avalanche import benchmark_with_sample_ids
     from lightning_unlearn.models import SupervisedClassifier, mlp_backbone
@@ -61,7 +66,7 @@ def digits_benchmark(
         torch.manual_seed(seed)
         backbone = mlp_backbone(x.shape[1], 128, 64)
         net = nn.Sequential(backbone, nn.Linear(64, 10))
-        trainer = L.Trainer(max_epochs=pretrain_epochs, **QUIET_TRAINER)
+        trainer = L.Trainer(max_epochs=pretrain_epochs, **{**QUIET_TRAINER, **(trainer_kwargs or {})})
         trainer.fit(
             SupervisedClassifier(net, lr=0.1),
             DataLoader(TensorDataset(xb, yb), batch_size=32, shuffle=True),

@@ -19,6 +19,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from lightning_unlearn.callbacks.analytic import AnalyticRecorder
+from lightning_unlearn.callbacks.convex import SoftmaxHeadRecorder
 from lightning_unlearn.callbacks.hessian import HessianRecorder
 from lightning_unlearn.callbacks.newton import MAX_BYTES, HessianSumRecorder
 from lightning_unlearn.callbacks.optimality import TaskOptimality
@@ -119,24 +121,120 @@ def _second_order_constants(
     return {"constants": constants, "hessian_lipschitz": hessian_lipschitz_bound(norm, bias=head.bias is not None)}, []
 
 
+def _analytic_on_module(ridge: float, backbone: str | None, head: str) -> AnalyticRecorder:
+    """ACU's recorder on a user's module: ``head`` (an :class:`AnalyticHead`) on the frozen submodule ``backbone``."""
+    return AnalyticRecorder(ridge, backbone=backbone, head=head)
+
+
+def _softmax_on_module(
+    l2: float, radius: float, loss_perturbation: float | None, backbone: str | None, head: str
+) -> SoftmaxHeadRecorder:
+    """The certified softmax head's recorder on a user's module: ``head`` on the frozen submodule ``backbone``."""
+    return SoftmaxHeadRecorder(l2, radius=radius, loss_perturbation=loss_perturbation, backbone=backbone, head=head)
+
+
+#: [CR]'s loss perturbation for a residual budget of 0.1 (sum form) at (1, 1e-5)
+_CR_PERTURBATION = CertifiedRemovalStrategy.perturbation_std(0.1, 1.0, 1e-5)
+_SOFTMAX_ON_MODULE = {"l2": 1e-3, "radius": 1e-3, "loss_perturbation": None, "backbone": None, "head": "head"}
+
+
 def _streaming(info: BenchmarkInfo, num_classes: int | None) -> StreamingRecorder:
     return StreamingRecorder(num_classes or info.num_classes, seed=info.seed)
 
 
-register(MethodSpec("acu", ACUStrategy, families=("analytic",)))
+#: one-line descriptions for ``lightning-unlearn methods``: (guarantee, assumptions, cost, paper)
+_TRAINED = "a copy trained through the module's own training_step and optimizer"
+_SECOND_ORDER = (
+    "the exact minimiser (checked), strong convexity, proved constants incl. the Hessian-Lipschitz M, m <= n/2"
+)
+_CCL = "strong convexity, proved constants, each task solved to a checked tolerance (TaskOptimality)"
+_NONE = "none (no bound on the distance to retraining)"
+
+register(
+    MethodSpec(
+        "acu",
+        ACUStrategy,
+        families=("analytic",),
+        module_recorder=_analytic_on_module,
+        module_recorder_options={"ridge": 1.0, "backbone": None, "head": "head"},
+        guarantee="exact: the head equals ridge retraining on the retained set ([ACU] Thm. 1)",
+        assumptions="a frozen backbone; the head is the ridge solution, which the recorder solves in closed form",
+        cost="O(k d_F^2) per request of k samples by eq. (5)/(6), or an O(d_F^3) re-solve; recording O(n d_F^2)",
+        paper="ACU",
+    )
+)
 register(
     MethodSpec(
         "retrain",
         RetrainStrategy,
         managed=frozenset({"fit_callbacks", "trainer_kwargs", "batch_size"}),
+        guarantee="exact by construction (the gold standard)",
+        assumptions="the initial weights and the retained data are kept",
+        cost="the whole continual recipe replayed on the retained data, per request",
     )
 )
-register(MethodSpec("finetune", FinetuneStrategy))
-register(MethodSpec("neggrad", NegGradStrategy))
-register(MethodSpec("neggrad_plus", NegGradPlusStrategy))
-register(MethodSpec("randomlabel", RandomLabelStrategy))
-register(MethodSpec("rbm", RBMStrategy, fixed={"masking": "retain"}))
-register(MethodSpec("salun", RBMStrategy, fixed={"masking": "forget"}))
+register(
+    MethodSpec(
+        "finetune",
+        FinetuneStrategy,
+        guarantee=_NONE,
+        assumptions=_TRAINED,
+        cost="`epochs` epochs over the retained set per request",
+        paper="ACU",
+    )
+)
+register(
+    MethodSpec(
+        "neggrad",
+        NegGradStrategy,
+        guarantee=_NONE,
+        assumptions=_TRAINED + "; the loss is unbounded below (a diverging run stops)",
+        cost="`epochs` epochs of gradient ascent over the forget set per request",
+        paper="ACU",
+    )
+)
+register(
+    MethodSpec(
+        "neggrad_plus",
+        NegGradPlusStrategy,
+        guarantee=_NONE,
+        assumptions=_TRAINED,
+        cost="`epochs` epochs over the retained set, a forget batch beside each retained batch",
+        paper="SCRUB",
+    )
+)
+register(
+    MethodSpec(
+        "randomlabel",
+        RandomLabelStrategy,
+        guarantee=_NONE,
+        assumptions=_TRAINED + "; training and forget items of one format",
+        cost="`epochs` epochs over the retained set plus the relabelled forget set per request",
+        paper="ACU",
+    )
+)
+register(
+    MethodSpec(
+        "rbm",
+        RBMStrategy,
+        fixed={"masking": "retain"},
+        guarantee="none ([RBM] Thm. 4.1: keeps the remaining loss at 0 in the linear model)",
+        assumptions=_TRAINED + "; weights salient for the retained data stay",
+        cost="one saliency gradient over the retained set, then `epochs` epochs over it per request",
+        paper="RBM",
+    )
+)
+register(
+    MethodSpec(
+        "salun",
+        RBMStrategy,
+        fixed={"masking": "forget"},
+        guarantee=_NONE,
+        assumptions=_TRAINED + "; only weights salient for the forget set train",
+        cost="one saliency gradient over the forget set, then `epochs` epochs over the retained set per request",
+        paper="SalUn",
+    )
+)
 register(
     MethodSpec(
         "hf",
@@ -147,9 +245,28 @@ register(
         label=certified_label("hf"),
         context=_closed_form,
         managed=frozenset({"constants"}),
+        guarantee="(epsilon, delta): w + sum a_u plus Gaussian noise calibrated on gamma ([HF] Eq. (56))",
+        assumptions="strong convexity (Assumption 1), proved constants, plain SGD with every lr <= 2/(M + lambda)",
+        cost="O(k d) per request (vector sums and noise); recording one HVP per tracked sample and step",
+        paper="HF",
     )
 )
-for _name, _cls, _form in (("ns", NewtonStepStrategy, "hessian"), ("ij", InfinitesimalJackknifeStrategy, "inverse")):
+for _name, _cls, _form, _guarantee, _cost in (
+    (
+        "ns",
+        NewtonStepStrategy,
+        "hessian",
+        "(epsilon, delta): a damped Newton step on the retained Hessian plus noise ([HF] Eq. (15), [NS] Alg. 2)",
+        "an O(d^3) factorisation per request; recording the dense d x d Hessian (d HVPs over the data)",
+    ),
+    (
+        "ij",
+        InfinitesimalJackknifeStrategy,
+        "inverse",
+        "(epsilon, delta): an infinitesimal-jackknife step plus noise ([HF] Eq. (16))",
+        "O(k d^2) per request; recording the dense d x d inverse Hessian (one O(d^3) inversion)",
+    ),
+):
     register(
         MethodSpec(
             _name,
@@ -160,6 +277,10 @@ for _name, _cls, _form in (("ns", NewtonStepStrategy, "hessian"), ("ij", Infinit
             label=certified_label(_name),
             context=_second_order_constants,
             managed=frozenset({"constants", "hessian_lipschitz"}),
+            guarantee=_guarantee,
+            assumptions=_SECOND_ORDER,
+            cost=_cost,
+            paper=_name.upper(),
         )
     )
 register(
@@ -172,6 +293,10 @@ register(
         label=certified_label("hessian"),
         context=_closed_form_checked,
         managed=frozenset({"constants", "optimality"}),
+        guarantee="(epsilon, delta): a Newton correction over the task chain plus noise on gamma^H ([CCL] Alg. 2)",
+        assumptions=_CCL,
+        cost="a solve with each recorded task Hessian per request (O(d^3) exact); recording a Hessian per task",
+        paper="CCL",
     )
 )
 register(
@@ -184,6 +309,10 @@ register(
         label=certified_label("gradient"),
         context=_closed_form_checked,
         managed=frozenset({"constants", "optimality"}),
+        guarantee="(epsilon, delta): natural forgetting, noise only, gamma^NF ([CCL] Thm. 4.1)",
+        assumptions=_CCL,
+        cost="O(d) per request (noise); recording task sizes and end points",
+        paper="CCL",
     )
 )
 register(
@@ -194,16 +323,67 @@ register(
         recorder=_streaming,
         recorder_options={"num_classes": None},
         managed=frozenset({"constants", "trajectory"}),  # its contraction bound needs both: the harness sets neither
+        guarantee="none by default ([SAFE] Thm. 2 bounds regret); (epsilon, delta) with epsilon, delta, weight_bound",
+        assumptions="one request per round; the certified release needs the weight bound W (Thm. 2(iii))",
+        cost="one step from the anchor w_0 per request: gradients of the forget buffer at w_0",
+        paper="SAFE",
     )
 )
-register(MethodSpec("resolve", ResolveStrategy, families=("convex",), label=certified_label("resolve")))
+register(
+    MethodSpec(
+        "scrub",
+        SCRUBStrategy,
+        guarantee=_NONE + "; SCRUB+R rewinds with held-out rewind_data",
+        assumptions=_TRAINED + "; forward returns the logits",
+        cost="`epochs` epochs per request: a max-pass over the forget set, a min-pass over the retained set",
+        paper="SCRUB",
+    )
+)
+register(
+    MethodSpec(
+        "l1_sparse",
+        L1SparseStrategy,
+        guarantee=_NONE,
+        assumptions=_TRAINED,
+        cost="`epochs` epochs over the retained set with a decaying L1 penalty per request",
+        paper="Sparse",
+    )
+)
+register(
+    MethodSpec(
+        "woodfisher",
+        WoodFisherStrategy,
+        guarantee=_NONE,
+        assumptions="one influence step w + alpha F^-1 v, F the dampened empirical Fisher of retained gradients",
+        cost="gradients over the forget and retained sets and n_samples per-sample gradients, O(n_samples^2 d)",
+        paper="Sparse, WoodFisher",
+    )
+)
+register(
+    MethodSpec(
+        "resolve",
+        ResolveStrategy,
+        families=("convex",),
+        label=certified_label("resolve"),
+        module_recorder=_softmax_on_module,
+        module_recorder_options=_SOFTMAX_ON_MODULE,
+        guarantee="(epsilon, delta) [derived]: the head re-solved to within radius of the retained optimum, plus noise",
+        assumptions="a frozen backbone; the L2-regularised softmax head is strongly convex (docs/certified_head.md)",
+        cost="a few Newton steps of HVPs over the recorder's retained float64 features per request",
+    )
+)
 register(
     MethodSpec(
         "certified_removal",
         CertifiedRemovalStrategy,
         families=("convex",),
-        # [CR]'s loss perturbation for a residual budget of 0.1 (sum form) at (1, 1e-5)
-        settings={"loss_perturbation": CertifiedRemovalStrategy.perturbation_std(0.1, 1.0, 1e-5)},
+        settings={"loss_perturbation": _CR_PERTURBATION},
+        module_recorder=_softmax_on_module,
+        module_recorder_options={**_SOFTMAX_ON_MODULE, "loss_perturbation": _CR_PERTURBATION},
+        guarantee="(epsilon, delta) per release: one Newton step, its exact gradient residual within [CR] Thm. 3",
+        assumptions="a frozen backbone; the head trained with a secret loss perturbation; releases not composed",
+        cost="one Newton step (a d x d Hessian solve) over the retained features per request, or a re-solve",
+        paper="CR",
     )
 )
 register(
@@ -213,8 +393,9 @@ register(
         families=("supervised", "linear"),
         label=certified_label("noisy_finetune"),
         managed=frozenset({"center"}),  # the zero vector: the harness keeps no initial weights for it
+        guarantee="(epsilon, delta) by amplification by iteration: noisy steps from a projected start ([CUNN])",
+        assumptions="any loss and module (clipped gradients); update='convex': a linear softmax head (no shift)",
+        cost="`steps` noisy steps on the retained data per request (plus optional noise-free epochs)",
+        paper="CUNN, PABI",
     )
 )
-register(MethodSpec("scrub", SCRUBStrategy))
-register(MethodSpec("l1_sparse", L1SparseStrategy))
-register(MethodSpec("woodfisher", WoodFisherStrategy))

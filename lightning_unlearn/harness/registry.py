@@ -11,12 +11,18 @@ an unknown option is a ``ValueError`` listing the valid ones. Adding a method is
 
 The harness sets ``ledger``, ``seed`` and ``generator`` itself (runs are reproducible from the
 benchmark's seed), and a ``train=`` dataset (the stream's training set) when the class takes one.
+
+Each spec describes itself for ``lightning-unlearn methods``: :meth:`MethodSpec.option_list` (every option's
+type hint, default and destination, read from the signatures), :meth:`MethodSpec.needs` (read from the
+strategy class) and the ``guarantee``, ``assumptions`` and ``cost`` it is registered with.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import re
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +66,15 @@ class MethodSpec:
             arguments the harness computes for the strategy (their names must be in ``managed``,
             e.g. closed-form constants of the family's model) and further callbacks that learn
             the stream with the recorder (e.g. a check the strategy reads).
+        module_recorder: ``module_recorder(**module_recorder_options)`` makes its recorder on a module of the
+            user's (:mod:`~lightning_unlearn.harness.own`, where no model family applies) when that recorder
+            learns part of the module itself (ACU's head), so that retraining refits with a fresh one; ``None``:
+            ``recorder``, else a :class:`SampleRecorder`.
+        module_recorder_options: the options handed to ``module_recorder``, with their defaults.
+        guarantee: what a request's certificate promises, citing the theorem (one line).
+        assumptions: what the guarantee (or the method) rests on (one line).
+        cost: the cost of a request, and of recording (one line).
+        paper: the reference key(s) of ``docs/references.md``.
     """
 
     name: str
@@ -72,6 +87,12 @@ class MethodSpec:
     label: Callable[[Mapping[str, Any]], str] | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
     context: Callable[[BenchmarkInfo, Any, Mapping[str, Any]], tuple[dict[str, Any], list[Any]]] | None = None
+    module_recorder: Callable[..., RecorderCallback] | None = None
+    module_recorder_options: Mapping[str, Any] = field(default_factory=dict)
+    guarantee: str = "none"
+    assumptions: str = ""
+    cost: str = ""
+    paper: str = ""
 
     def strategy_options(self) -> set[str]:
         """The strategy class's keyword-only parameters the user may set."""
@@ -82,6 +103,37 @@ class MethodSpec:
         family = {"family"} if len(self.families) > 1 else set()
         settings = {k for f in self.families for k in SETTINGS[f]}
         return family | settings | set(self.recorder_options) | self.strategy_options()
+
+    def option_list(self) -> list[Option]:
+        """Every option of :meth:`options` with its type hint and default: the strategy's (in its signature's
+        order), the recorder's, then ``family`` and the families' settings."""
+        strategy = keyword_parameters(self.strategy)
+        out = [
+            Option(name, hint, param.default, f"strategy {self.strategy.__name__}")
+            for name, (param, hint) in strategy.items()
+            if name in self.strategy_options()
+        ]
+        hints = typing.get_type_hints(self.recorder) if self.recorder is not None else {}
+        out += [Option(k, hints.get(k, Any), v, "recorder") for k, v in self.recorder_options.items()]
+        if len(self.families) > 1:
+            out.append(Option("family", typing.Literal[self.families], self.families[0], "model family"))
+        for name in dict.fromkeys(k for f in self.families for k in SETTINGS[f]):
+            owners = [f for f in self.families if name in SETTINGS[f]]
+            default = self.settings.get(name, SETTINGS[owners[0]][name])
+            kind = type(default) if default is not None else float | None  # the families' settings are numbers
+            out.append(Option(name, kind, default, "setting of family " + "/".join(owners)))
+        return out
+
+    def needs(self) -> str:
+        """What ``forget`` reads besides the recorded statistics, from the strategy class: the retained data (its
+        constructor takes ``train``), the samples to forget (``needs_forget_data``; optional if it only
+        ``reads_data``)."""
+        parts = ["retained data"] if "train" in inspect.signature(self.strategy.__init__).parameters else []
+        if self.strategy.needs_forget_data:
+            parts.append("the samples to forget")
+        elif self.strategy.reads_data:
+            parts.append("the samples to forget (optional)")
+        return " + ".join(parts) or "nothing"
 
     def method(self, **options: Any) -> Method:
         """The :class:`Method` for these options.
@@ -129,20 +181,22 @@ class MethodSpec:
             return Built(
                 model.module,
                 [recorder, *callbacks],
-                lambda: spec._strategy(model.module, recorder, info, {**arguments, **options}),
+                lambda: spec.make_strategy(model.module, recorder, info, {**arguments, **options}),
                 model.trainer_kwargs,
                 model.batch_size,
             )
 
         return Method(name, build, reference=gold, family=family)
 
-    def _strategy(
+    def make_strategy(
         self,
         module: Any,
         recorder: RecorderCallback,
         info: BenchmarkInfo,
         options: Mapping[str, Any],
     ) -> Any:
+        """The strategy on ``module`` and ``recorder`` with ``options``, given the harness's arguments: the stream's
+        training set as ``train``, ``info.seed`` as ``seed`` (unless it seeds certified noise) and ``generator``."""
         own = inspect.signature(self.strategy.__init__).parameters
         chained = keyword_options(self.strategy)
         given: dict[str, Any] = {}
@@ -155,27 +209,49 @@ class MethodSpec:
         return self.strategy(module, recorder, **given, **self.fixed, **options)
 
 
-def keyword_options(cls: type) -> set[str]:
-    """Keyword-only parameters of a class's constructor, following ``**kwargs`` up to its base classes.
+@dataclass(frozen=True)
+class Option:
+    """An option of a registered method: ``name``, its type hint (``annotation``), ``default``, and ``target``:
+    where it goes (the strategy class's keyword, the recorder, the model family or a family's setting)."""
+
+    name: str
+    annotation: Any
+    default: Any
+    target: str
+
+    def type_text(self) -> str:
+        """The type hint without module paths, e.g. ``float | tuple[float, float] | None``."""
+        text = self.annotation.__name__ if isinstance(self.annotation, type) else str(self.annotation)
+        return re.sub(r"\b(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_])", "", text)
+
+
+def keyword_parameters(cls: type) -> dict[str, tuple[inspect.Parameter, Any]]:
+    """Keyword-only parameters of a class's constructor and their resolved type hints, following ``**kwargs`` up
+    to its base classes (the first class declaring a name wins).
 
     A base class's keyword-only parameter without a default is one its subclass supplies (e.g.
     the trained baselines' ``default_lr``), so it is not counted.
     """
-    names: set[str] = set()
+    out: dict[str, tuple[inspect.Parameter, Any]] = {}
     derived = True
     for klass in cls.__mro__:
         if "__init__" not in vars(klass):
             continue
-        params = inspect.signature(vars(klass)["__init__"]).parameters.values()
-        names |= {
-            p.name
-            for p in params
-            if p.kind is inspect.Parameter.KEYWORD_ONLY and (derived or p.default is not inspect.Parameter.empty)
-        }
+        init = vars(klass)["__init__"]
+        params = inspect.signature(init).parameters.values()
+        hints = typing.get_type_hints(init)  # resolved: the modules annotate lazily
+        for p in params:
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and (derived or p.default is not inspect.Parameter.empty):
+                out.setdefault(p.name, (p, hints.get(p.name, p.annotation)))
         derived = False
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
             break
-    return names
+    return out
+
+
+def keyword_options(cls: type) -> set[str]:
+    """The names of :func:`keyword_parameters`."""
+    return set(keyword_parameters(cls))
 
 
 def _all_settings() -> set[str]:
@@ -219,6 +295,33 @@ def method_spec(name: str) -> MethodSpec:
     if name not in _SPECS:
         raise ValueError(f"unknown method {name!r}; registered methods: {', '.join(available_methods())}")
     return _SPECS[name]
+
+
+def trainer_options(spec: MethodSpec, options: Mapping[str, Any], trainer_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with ``trainer_kwargs`` added to the strategy's own ``trainer_kwargs`` option if it has one (the
+    methods that train a copy of the module), so that its fits get them too."""
+    out = dict(options)
+    if trainer_kwargs and "trainer_kwargs" in spec.strategy_options():
+        out["trainer_kwargs"] = {**(out.get("trainer_kwargs") or {}), **trainer_kwargs}
+    return out
+
+
+def with_trainer(method: Method, trainer_kwargs: Mapping[str, Any]) -> Method:
+    """``method`` with ``trainer_kwargs`` (e.g. ``accelerator``, ``devices``, ``precision``, ``logger``) added to the
+    ``Trainer`` of each of its continual-learning fits and of its reference's, whose retraining replays them.
+
+    A strategy that trains a copy of the module takes them as its own option (:func:`trainer_options`).
+    """
+    if not trainer_kwargs:
+        return method
+
+    def build(info: BenchmarkInfo) -> Built:
+        built = method.build(info)
+        built.trainer_kwargs.update(trainer_kwargs)  # in place: a retrain strategy shares this dict
+        return built
+
+    reference = with_trainer(method.reference, trainer_kwargs) if method.reference is not None else None
+    return Method(method.name, build, reference=reference, family=method.family)
 
 
 def get_method(name: str, **options: Any) -> Method:

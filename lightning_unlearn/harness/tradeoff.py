@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import csv
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,16 +62,26 @@ COLUMNS = (
 )
 
 
-def _trainer(callbacks: list[L.Callback], epochs: int) -> L.Trainer:
-    return L.Trainer(max_epochs=epochs, callbacks=callbacks, **QUIET_TRAINER)
+def _trainer(callbacks: list[L.Callback], epochs: int, trainer_kwargs: Mapping[str, Any]) -> L.Trainer:
+    return L.Trainer(max_epochs=epochs, callbacks=callbacks, **{**QUIET_TRAINER, **trainer_kwargs})
 
 
 class _Setup:
     """Data, recipe, deletion set and the trained models every method starts from."""
 
-    def __init__(self, *, epochs: int, batch_size: int, fraction: float, delta: float, seed: int) -> None:
+    def __init__(
+        self,
+        *,
+        epochs: int,
+        batch_size: int,
+        fraction: float,
+        delta: float,
+        seed: int,
+        trainer_kwargs: Mapping[str, Any],
+    ) -> None:
         from lightning_unlearn.harness.digits import digits_splits
 
+        self.trainer_kwargs = dict(trainer_kwargs)
         splits = digits_splits(seed=seed)
         (self.xb, self.yb), (x, y), (xt, yt) = splits["base"], splits["train"], splits["test"]
         self.x, self.y, self.test = x.double(), y, TensorDataset(xt.double(), yt)
@@ -119,7 +129,7 @@ class _Setup:
     def _sgd(self, x: Tensor, y: Tensor, seed: int) -> SupervisedClassifier:
         model = self.linear()
         torch.manual_seed(seed)
-        _trainer([], self.epochs).fit(model, self.loader(x, y))
+        _trainer([], self.epochs, self.trainer_kwargs).fit(model, self.loader(x, y))
         return model
 
     def proximal(self) -> ProximalClassifier:
@@ -131,7 +141,7 @@ class _Setup:
     def fit_proximal(
         self, model: ProximalClassifier, x: Tensor, y: Tensor, callbacks: list[L.Callback], ids: Tensor | None = None
     ) -> None:
-        _trainer(callbacks, 2).fit(model, self.loader(x, y, ids, batch_size=len(y)))
+        _trainer(callbacks, 2, self.trainer_kwargs).fit(model, self.loader(x, y, ids, batch_size=len(y)))
 
 
 def _row(
@@ -178,9 +188,18 @@ def run_tradeoff(
     seed: int = 0,
     methods: Sequence[str] = ("hf", "hessian", "gradient", "safe"),
     log: Callable[[str], None] = print,
+    trainer_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[list[dict[str, Any]], _Setup]:
-    """Rows of the privacy-utility table (one per method and epsilon, ``inf`` = noise-free) and the setup."""
-    setup = _Setup(epochs=epochs, batch_size=batch_size, fraction=fraction, delta=delta, seed=seed)
+    """Rows of the privacy-utility table (one per method and epsilon, ``inf`` = noise-free) and the setup;
+    ``trainer_kwargs`` (e.g. ``accelerator``, ``logger``) go to every fit's ``Trainer``."""
+    setup = _Setup(
+        epochs=epochs,
+        batch_size=batch_size,
+        fraction=fraction,
+        delta=delta,
+        seed=seed,
+        trainer_kwargs=trainer_kwargs or {},
+    )
     r = setup.recipe
     log(
         f"recipe: lr = {r.lr:.4g}, l2 = {r.l2:g} (M = {r.smoothness:.4g}, G = {r.grad_bound:.4g}, rho = {r.rho:.4f}, "
@@ -192,7 +211,7 @@ def run_tradeoff(
     if {"hf", "safe"} & set(methods):
         model, rec, srec = setup.linear(), TrajectoryRecorder(dtype=torch.float64), StreamingRecorder(10, seed=seed)
         constants = module_constants(model, [setup.x])
-        _trainer([rec, srec], epochs).fit(model, setup.loader(setup.x, setup.y))
+        _trainer([rec, srec], epochs, setup.trainer_kwargs).fit(model, setup.loader(setup.x, setup.y))
         retrain = setup._sgd(setup.x[setup.keep], setup.y[setup.keep], seed)
         retrain_acc = accuracy(retrain, setup.test, 10)
         rows.append(_row("retrain[sgd]", math.inf, retrain, model, retrain_acc, setup))

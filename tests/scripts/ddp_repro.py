@@ -45,7 +45,8 @@ def main(out: str, devices: int) -> None:
         return fit(trainer, *args, **kwargs)
 
     L.Trainer.fit = recorded
-    cli(["reproduce", config.name, "--smoke", "--out", out, "--accelerator", "cpu", "--devices", str(devices)])
+    trainer = ["--trainer.accelerator", "cpu", "--trainer.devices", str(devices)]
+    cli(["reproduce", config.name, "--smoke", "--out", out, *trainer])
     record = {"fits": list(fits), "opened": list(opened)}
     Path(f"{out}.rank{os.environ.get('LOCAL_RANK', '0')}.json").write_text(json.dumps(record))
 
