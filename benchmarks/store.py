@@ -4,7 +4,7 @@ For a store of ``rows x dim`` float32 vectors (default 4096 x 18,000 = 281 MiB),
 a fresh process: build the recorder's store (rows filled with random values, as after a fit), then
 ``torch.save(recorder.state_dict())``. Reported: the checkpoint file size, the peak RSS growth
 during the save (``ru_maxrss`` after minus before), and the wall time of ``state_dict`` + save.
-The memory-mapped checkpoint holds a reference to the file and an XXH3-128 digest of its rows,
+The memory-mapped checkpoint holds a reference to the file and a BLAKE3 digest of its rows,
 so its size and RAM growth do not scale with the store; loading it re-hashes the file (timed too).
 
     python benchmarks/store.py [--rows 4096] [--dim 18000]

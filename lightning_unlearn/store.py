@@ -9,8 +9,9 @@ A memory-mapped store is a file this library creates and owns:
   refused instead of writing into the first one's rows;
 * an erased row is overwritten with zeros and flushed to the file (``msync``), so a deleted
   statistic does not survive in the store;
-* a checkpoint holds a reference to the file (its path and shape) and an XXH3-128 digest of the
-  rows in use, never the rows: :meth:`RowStore.attach` reopens the file and refuses it if the
+* a checkpoint holds a reference to the file (its path and shape) and a BLAKE3 digest of the rows
+  in use (``blake3:<hex>``; checkpoints of earlier versions hold a bare XXH3-128 digest, still
+  checked as such), never the rows: :meth:`RowStore.attach` reopens the file and refuses it if the
   digest differs (the file changed after the checkpoint was saved, or was replaced).
 """
 
@@ -22,6 +23,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+import blake3
 import numpy as np
 import torch
 import xxhash
@@ -144,10 +146,11 @@ class RowStore:
             _unlock(fd, lock)
             raise
         store = cls._mapped(fd, path, capacity, dim, dtype, lock)
-        if store.digest(rows) != reference["digest"]:
+        legacy = not str(reference["digest"]).startswith("blake3:")
+        if store.digest(rows, legacy=legacy) != reference["digest"]:
             store.close()
             raise StoreError(
-                f"store file {path} does not hold the rows this checkpoint recorded (XXH3 digest mismatch): it changed "
+                f"store file {path} does not hold the rows this checkpoint recorded (digest mismatch): it changed "
                 "after the checkpoint was saved (training or forgetting went on) or was replaced; a checkpoint of a "
                 "memory-mapped store is valid only with the file as it was when the checkpoint was saved"
             )
@@ -212,11 +215,18 @@ class RowStore:
         if self._mmap is not None:
             self._mmap.flush()
 
-    def digest(self, rows: int) -> str:
-        """XXH3-128 over the dtype, width and bytes of the first ``rows`` rows."""
-        h = xxhash.xxh3_128(f"{self.data.dtype}|{self.data.shape[1]}|{rows}|".encode())
-        h.update(self.data[:rows].contiguous().view(torch.uint8).cpu().numpy().data)
-        return h.hexdigest()
+    def digest(self, rows: int, legacy: bool = False) -> str:
+        """``blake3:<hex>`` over the dtype, width and bytes of the first ``rows`` rows (BLAKE3's own threads:
+        a store can be GiBs); ``legacy``: the bare XXH3-128 hex digest earlier checkpoints hold."""
+        head = f"{self.data.dtype}|{self.data.shape[1]}|{rows}|".encode()
+        body = self.data[:rows].contiguous().view(torch.uint8).cpu().numpy().data
+        if legacy:
+            old = xxhash.xxh3_128(head)
+            old.update(body)
+            return old.hexdigest()
+        h = blake3.blake3(head, max_threads=blake3.blake3.AUTO)
+        h.update(body)
+        return f"blake3:{h.hexdigest()}"
 
     def close(self) -> None:
         """Flush and unlock a memory-mapped store (another store may then attach to the file)."""

@@ -588,6 +588,25 @@ def test_legacy_xxh3_digests_are_read_compared_and_reported(runs, anchored, tmp_
     assert [ok for _, ok in checks] == [True, True, True]
 
 
+def test_a_store_checkpoint_digest_is_blake3_and_old_xxh3_references_still_attach(tmp_path):
+    from lightning_unlearn.store import RowStore, StoreError
+
+    store = RowStore.create(tmp_path / "s.bin", 8, 5, torch.float64)
+    store.data[:6] = torch.arange(30.0, dtype=torch.float64).view(6, 5)
+    reference = store.state_dict(6)
+    legacy = {**reference, "digest": store.digest(6, legacy=True)}
+    assert reference["digest"].startswith("blake3:") and len(legacy["digest"]) == 32
+    store.close()
+    for ref in (reference, legacy):
+        RowStore.attach(ref).close()
+    with open(tmp_path / "s.bin", "r+b") as fh:  # one byte of row 2 changed after the checkpoint
+        fh.seek(2 * 5 * 8)
+        fh.write(b"\x01")
+    for ref in (reference, legacy):
+        with pytest.raises(StoreError, match="digest mismatch"):
+            RowStore.attach(ref)
+
+
 # -- bad state and bad input -----------------------------------------------------------------------------------------
 def test_a_checkpoint_whose_catalog_repeats_an_id_is_refused(runs):
     state = torch.load(runs["acu"] / "run.ckpt", weights_only=True)["recorder"]
