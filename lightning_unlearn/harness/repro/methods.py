@@ -9,9 +9,9 @@ from typing import Any
 import torch
 
 from lightning_unlearn.core.request import ForgetRequest
-from lightning_unlearn.harness.registry import method_spec
+from lightning_unlearn.harness.registry import method_spec, trainer_options, with_trainer
 from lightning_unlearn.harness.repro.schema import SCHEDULED, Entry, Requests
-from lightning_unlearn.harness.types import BenchmarkInfo, Built, Method
+from lightning_unlearn.harness.types import BenchmarkInfo, Method
 from lightning_unlearn.schedule import Schedule, make_schedule, validate_schedule
 
 
@@ -74,19 +74,4 @@ def make_method(
         if scheduled is None:
             raise ValueError(f"{entry.name} ({entry.paper_row}): track={SCHEDULED!r} needs the scheduled ids")
         opts["track"] = list(scheduled)
-    if trainer_kwargs and "trainer_kwargs" in spec.strategy_options():
-        opts["trainer_kwargs"] = {**opts.get("trainer_kwargs", {}), **trainer_kwargs}
-    return _on_trainer(spec.method(**opts), trainer_kwargs)
-
-
-def _on_trainer(method: Method, trainer_kwargs: Mapping[str, Any]) -> Method:
-    if not trainer_kwargs:
-        return method
-
-    def build(info: BenchmarkInfo) -> Built:
-        built = method.build(info)
-        built.trainer_kwargs.update(trainer_kwargs)  # in place: a retrain strategy shares this dict
-        return built
-
-    reference = _on_trainer(method.reference, trainer_kwargs) if method.reference is not None else None
-    return Method(method.name, build, reference=reference, family=method.family)
+    return with_trainer(spec.method(**trainer_options(spec, opts, trainer_kwargs)), trainer_kwargs)
