@@ -13,6 +13,7 @@ from lightning_unlearn.strategies.certified import GradientCertifiedStrategy, He
 from lightning_unlearn.strategies.convex import CertifiedRemovalStrategy, ResolveStrategy
 from lightning_unlearn.strategies.hf import HFStrategy
 from lightning_unlearn.strategies.newton import InfinitesimalJackknifeStrategy, NewtonStepStrategy
+from lightning_unlearn.strategies.noisy import NoisyFinetuneStrategy
 from lightning_unlearn.strategies.rbm import MaskProjection, RBMStrategy
 from lightning_unlearn.strategies.scrub import SCRUBStrategy
 from lightning_unlearn.strategies.sparse import L1SparseStrategy, WoodFisherStrategy
@@ -41,4 +42,5 @@ __all__ = [
     "MaskProjection",
     "CertifiedRemovalStrategy",
     "ResolveStrategy",
+    "NoisyFinetuneStrategy",
 ]

@@ -8,7 +8,7 @@ Each step (``update="clip_gradient"``, [CUNN]'s gradient clipping; with ``model_
 
     theta <- (1 - lr lambda) theta - lr clip_C1(g(theta))      g: the gradient of the module's own loss on a batch
     theta <- centre + proj_R(theta - centre)                (only with model_radius R)
-    theta <- theta + N(0, sigma^2 I)                        (OS entropy; broadcast from rank 0 under DDP)
+    theta <- theta + N(0, sigma^2 I)                        (OS entropy; under DDP rank 0's result is published)
 
 The map is Lipschitz up to the shift ``2 lr C1`` *for any loss*, so the certificate needs no convexity: it holds for
 deep networks, BatchNorm and dropout included. ``update="convex"`` takes plain gradient steps on the mean
@@ -215,7 +215,7 @@ class NoisyFinetuneStrategy(ReleasingStrategy):
             self._finetune(cast(L.LightningModule, work), retained)
         self._recompute_norms(work, retained)
         _check_buffers(work, buffers)
-        for tensor in [*work.parameters(), *work.buffers()]:
+        for tensor in [*work.parameters(), *work.buffers()]:  # under DDP every rank publishes rank 0's release
             tensor.data = self.recorder.broadcast_from_rank0(tensor.data)
         if not all_finite(parameters_to_vector(params).detach()):
             raise ValueError(f"{self.method}: the published model is not finite; lower lr or raise clip")
@@ -246,6 +246,7 @@ class NoisyFinetuneStrategy(ReleasingStrategy):
                 "steps": self.steps,
                 "finetune_epochs": self.finetune_epochs,
                 "gradient_evaluations": gradient_evaluations,
+                "forward_evaluations": len(retained) if _has_norms(work) else 0,  # recomputing BatchNorm statistics
                 **{k: v for k, v in log.items() if k != "samples"},
             },
         )
@@ -384,8 +385,7 @@ class NoisyFinetuneStrategy(ReleasingStrategy):
             if self.model_radius is not None:
                 theta, _ = _project(theta, center, self.model_radius)
             if sigma > 0:
-                noise = self.recorder.broadcast_from_rank0(sigma * draw(theta.numel()))
-                theta = theta + noise.to(theta)
+                theta = theta + (sigma * draw(theta.numel())).to(theta)
             samples += len(unpack_batch(batch, self.recorder.batch_keys)[1])
         vector_to_parameters(theta, params)
         return {"samples": samples, "clipped_steps": clipped, "start_norm": start_norm}
@@ -402,7 +402,7 @@ class NoisyFinetuneStrategy(ReleasingStrategy):
 
     def _recompute_norms(self, work: nn.Module, retained: Subset) -> None:
         """BatchNorm running statistics of the published parameters, from the retained data only."""
-        if not any(isinstance(m, _BATCH_NORMS) for m in work.modules()):
+        if not _has_norms(work):
             return
         keys, device = self.recorder.batch_keys, module_device(work)
         size = min(256, len(retained))
@@ -486,6 +486,10 @@ def _noise_source(seed: int | None, release: int, method: str) -> Any:
     )
     g = torch.Generator().manual_seed(int(seed) + int(release))
     return lambda n: torch.randn(n, generator=g, dtype=torch.float64)
+
+
+def _has_norms(work: nn.Module) -> bool:
+    return any(isinstance(m, _BATCH_NORMS) for m in work.modules())
 
 
 def _reset_norms(work: nn.Module) -> None:
