@@ -199,7 +199,7 @@ def build_parser() -> ArgumentParser:
     _add_trainer(c)
     commands.add_subcommand("compare", c, help="run the evaluation harness and print the Table 1 gaps")
 
-    t = _command("Privacy-utility curve of the certified methods on digits logistic regression.")
+    t = _command("Privacy-utility curve of the certified methods: logistic regression on digits or your data.")
     t.add_argument(
         "--epsilons", type=list[PositiveFloat], default=[0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 100.0], help="per-release"
     )
@@ -211,6 +211,12 @@ def build_parser() -> ArgumentParser:
         "--methods", type=list[str], default=list(TRADEOFF_METHODS), help="among " + ", ".join(TRADEOFF_METHODS)
     )
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument(
+        "--data",
+        type=L.LightningDataModule | None,
+        default=None,
+        help="your LightningDataModule (class path; its inputs flattened are the features), default: the digits",
+    )
     t.add_argument("--out", type=Path | None, default=None, help="directory for tradeoff.csv and tradeoff.png")
     _add_trainer(t)
     commands.add_subcommand("tradeoff", t, help="privacy-utility curve of the certified methods")
@@ -427,11 +433,13 @@ def tradeoff(cfg: Namespace) -> str:
         methods=cfg.methods,
         log=lambda _: None,
         trainer_kwargs=trainer_kwargs(cfg.trainer),
+        data=cfg.data,
     )
-    table = format_tradeoff(rows)
+    table = format_tradeoff(rows, setup.name)
     print(table, flush=True)
     if cfg.out is not None:
-        print("wrote " + ", ".join(str(p) for p in write_tradeoff(rows, setup.recipe, cfg.out)))
+        written = write_tradeoff(rows, setup.recipe, cfg.out, setup.name, setup.num_classes)
+        print("wrote " + ", ".join(str(p) for p in written))
     return table
 
 

@@ -186,3 +186,17 @@ def test_tradeoff_refuses_bad_arguments_before_training(capsys, extra, message):
     with pytest.raises(SystemExit) as exit_info:
         main(["tradeoff", *extra])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_tradeoff_on_your_datamodule_logs_to_your_logger(capsys, tmp_path):
+    argv = ["tradeoff", "--data", "helpers_own.UserData", "--data.n", "80", "--fraction", "0.1", "--epsilons", "[1]"]
+    argv += ["--methods", "[gradient]", "--epochs", "15", "--batch_size", "8"]
+    argv += ["--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", str(tmp_path)]
+    assert main(argv) == 0
+    title, _, _, *rows = capsys.readouterr().out.strip().splitlines()
+    assert title.startswith("Privacy-utility tradeoff (UserData,")
+    assert [r.split()[:2] for r in rows] == [["retrain[lbfgs]", "inf"], ["gradient", "inf"], ["gradient", "1"]]
+    assert rows[2].split()[-3] == "yes"  # certified at epsilon 1
+    # the fits ran with the user's logger: the requests' metrics went to it (Lightning's CSV format)
+    (metrics,) = tmp_path.glob("lightning_logs/version_*/metrics.csv")
+    assert "unlearn/sigma" in metrics.read_text().splitlines()[0].split(",")

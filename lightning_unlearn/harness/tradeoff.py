@@ -2,7 +2,9 @@
 
 Setting (the [HF] paper's convex experiment on this machine's data): L2-regularised logistic
 regression (one linear layer, softmax) on scikit-learn's 8x8 digits (raw pixels in [0, 1], the
-``train`` split, one experience), 5% of the training samples deleted one sample per request. The
+``train`` split, one experience), 5% of the training samples deleted one sample per request; or on a user's
+data (``data=``: a LightningDataModule or a (train, test) pair, its inputs flattened as the features; a seeded
+30% of its training set is the disjoint ``base`` split of the LiRA shadows, as digits' is). The
 recipe (lr, l2) is :func:`~lightning_unlearn.privacy.recipe.propose_recipe`'s for epsilon = 1, every
 constant is a closed-form bound (:func:`~lightning_unlearn.functional.bounds.linear_model_constants`),
 the noise comes from the OS entropy source, and every release is accounted: the table reports,
@@ -66,6 +68,33 @@ def _trainer(callbacks: list[L.Callback], epochs: int, trainer_kwargs: Mapping[s
     return L.Trainer(max_epochs=epochs, callbacks=callbacks, **{**QUIET_TRAINER, **trainer_kwargs})
 
 
+#: the share of a user's training set that trains the LiRA shadow models instead (digits' ``base`` share)
+SHADOW_FRACTION = 0.3
+
+
+def tradeoff_splits(data: Any, seed: int) -> tuple[str, dict[str, tuple[Tensor, Tensor]]]:
+    """The data's name and its ``base`` (the shadows'), ``train`` and ``test`` splits as float64 ``(x, y)`` tensors,
+    ``x`` flattened: digits (``data=None``), or a user's datamodule or ``(train, test)`` pair whose training set loses
+    a seeded :data:`SHADOW_FRACTION` to ``base`` (:func:`~lightning_unlearn.harness.own.read_data`).
+
+    Raises:
+        ValueError: see :func:`~lightning_unlearn.harness.own.read_data`.
+    """
+    if data is None:
+        from lightning_unlearn.harness.digits import digits_splits
+
+        splits = digits_splits(seed=seed)
+        return "digits", {k: (x.double(), y) for k, (x, y) in splits.items()}
+    from lightning_unlearn.harness.own import read_data
+
+    train, test = read_data(data)
+    (x, y), (xt, yt) = train.dataset.tensors, test.tensors  # type: ignore[attr-defined]
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    base, rest = order[: round(SHADOW_FRACTION * len(y))], order[round(SHADOW_FRACTION * len(y)) :].sort().values
+    x, xt = x.flatten(1).double(), xt.flatten(1).double()
+    return type(data).__name__, {"base": (x[base], y[base]), "train": (x[rest], y[rest]), "test": (xt, yt)}
+
+
 class _Setup:
     """Data, recipe, deletion set and the trained models every method starts from."""
 
@@ -78,13 +107,13 @@ class _Setup:
         delta: float,
         seed: int,
         trainer_kwargs: Mapping[str, Any],
+        data: Any = None,
     ) -> None:
-        from lightning_unlearn.harness.digits import digits_splits
-
         self.trainer_kwargs = dict(trainer_kwargs)
-        splits = digits_splits(seed=seed)
+        self.name, splits = tradeoff_splits(data, seed)
         (self.xb, self.yb), (x, y), (xt, yt) = splits["base"], splits["train"], splits["test"]
-        self.x, self.y, self.test = x.double(), y, TensorDataset(xt.double(), yt)
+        self.x, self.y, self.test = x, y, TensorDataset(xt, yt)
+        self.num_classes = 1 + int(torch.cat([y, yt, self.yb]).max())
         self.train = IndexedDataset(TensorDataset(self.x, self.y))
         self.epochs, self.batch_size, self.delta, self.seed = epochs, batch_size, delta, seed
         n = len(self.y)
@@ -97,7 +126,7 @@ class _Setup:
         self.recipe, self.candidates = propose_recipe(
             self.feature_norm,
             self.x.shape[1],
-            10,
+            self.num_classes,
             n,
             epsilon=1.0,
             delta=delta,
@@ -107,15 +136,16 @@ class _Setup:
         )
         self.forgotten = TensorDataset(self.x[~keep], self.y[~keep])
         g = torch.Generator().manual_seed(seed + 1)
-        self.nonmembers = TensorDataset(*[t[torch.randperm(len(yt), generator=g)[: self.m]] for t in (xt.double(), yt)])
+        self.nonmembers = TensorDataset(*[t[torch.randperm(len(yt), generator=g)[: self.m]] for t in (xt, yt)])
         self.shadows = [
-            self._sgd(self.xb.double()[idx], self.yb[idx], seed=100 + k)
+            self._sgd(self.xb[idx], self.yb[idx], seed=100 + k)
             for k, idx in enumerate(torch.randperm(len(self.yb), generator=g).chunk(4))
         ]
 
     def linear(self) -> SupervisedClassifier:
         torch.manual_seed(self.seed)
-        return SupervisedClassifier(nn.Linear(self.x.shape[1], 10).double(), lr=self.recipe.lr, l2=self.recipe.l2)
+        head = nn.Linear(self.x.shape[1], self.num_classes).double()
+        return SupervisedClassifier(head, lr=self.recipe.lr, l2=self.recipe.l2)
 
     def loader(self, x: Tensor, y: Tensor, ids: Tensor | None = None, batch_size: int | None = None) -> DataLoader:
         ds = IndexedDataset(TensorDataset(x, y), ids=ids)
@@ -135,7 +165,11 @@ class _Setup:
     def proximal(self) -> ProximalClassifier:
         torch.manual_seed(self.seed)
         return ProximalClassifier(
-            nn.Linear(self.x.shape[1], 10).double(), lr=1.0, l2=self.recipe.l2, reg_lambda=1.0, optimizer="lbfgs"
+            nn.Linear(self.x.shape[1], self.num_classes).double(),
+            lr=1.0,
+            l2=self.recipe.l2,
+            reg_lambda=1.0,
+            optimizer="lbfgs",
         )
 
     def fit_proximal(
@@ -153,7 +187,7 @@ def _row(
     setup: _Setup,
     cert: Any = None,
 ) -> dict[str, Any]:
-    acc = accuracy(model, setup.test, 10)
+    acc = accuracy(model, setup.test, setup.num_classes)
     acct = cert.accounting if cert is not None else {}
     return {
         "method": method,
@@ -189,9 +223,11 @@ def run_tradeoff(
     methods: Sequence[str] = ("hf", "hessian", "gradient", "safe"),
     log: Callable[[str], None] = print,
     trainer_kwargs: Mapping[str, Any] | None = None,
+    data: Any = None,
 ) -> tuple[list[dict[str, Any]], _Setup]:
     """Rows of the privacy-utility table (one per method and epsilon, ``inf`` = noise-free) and the setup;
-    ``trainer_kwargs`` (e.g. ``accelerator``, ``logger``) go to every fit's ``Trainer``."""
+    ``trainer_kwargs`` (e.g. ``accelerator``, ``logger``) go to every fit's ``Trainer``; ``data`` (default: digits)
+    is a user's LightningDataModule or ``(train, test)`` pair (:func:`tradeoff_splits`)."""
     setup = _Setup(
         epochs=epochs,
         batch_size=batch_size,
@@ -199,6 +235,7 @@ def run_tradeoff(
         delta=delta,
         seed=seed,
         trainer_kwargs=trainer_kwargs or {},
+        data=data,
     )
     r = setup.recipe
     log(
@@ -209,11 +246,12 @@ def run_tradeoff(
     rows: list[dict[str, Any]] = []
     grid = [math.inf, *epsilons]
     if {"hf", "safe"} & set(methods):
-        model, rec, srec = setup.linear(), TrajectoryRecorder(dtype=torch.float64), StreamingRecorder(10, seed=seed)
+        model, rec = setup.linear(), TrajectoryRecorder(dtype=torch.float64)
+        srec = StreamingRecorder(setup.num_classes, seed=seed)
         constants = module_constants(model, [setup.x])
         _trainer([rec, srec], epochs, setup.trainer_kwargs).fit(model, setup.loader(setup.x, setup.y))
         retrain = setup._sgd(setup.x[setup.keep], setup.y[setup.keep], seed)
-        retrain_acc = accuracy(retrain, setup.test, 10)
+        retrain_acc = accuracy(retrain, setup.test, setup.num_classes)
         rows.append(_row("retrain[sgd]", math.inf, retrain, model, retrain_acc, setup))
         theta = constants.grad_bound / (2 * constants.strong_convexity)
         for eps in grid:
@@ -247,7 +285,7 @@ def run_tradeoff(
         setup.fit_proximal(model, setup.x, setup.y, [hrec, check])
         retrain = setup.proximal()
         setup.fit_proximal(retrain, setup.x[setup.keep], setup.y[setup.keep], [])
-        retrain_acc = accuracy(retrain, setup.test, 10)
+        retrain_acc = accuracy(retrain, setup.test, setup.num_classes)
         rows.append(_row("retrain[lbfgs]", math.inf, retrain, model, retrain_acc, setup))
         constants = linear_model_constants(setup.feature_norm, setup.recipe.l2, init_norm=0.0)
         for eps in grid:
@@ -280,8 +318,8 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def format_tradeoff(rows: Sequence[dict[str, Any]]) -> str:
-    """The table: one line per (method, epsilon)."""
+def format_tradeoff(rows: Sequence[dict[str, Any]], name: str = "digits") -> str:
+    """The table: one line per (method, epsilon); ``name``: the data's (:attr:`_Setup.name`)."""
     from lightning_unlearn.harness.report import format_table
 
     head = [
@@ -318,12 +356,15 @@ def format_tradeoff(rows: Sequence[dict[str, Any]]) -> str:
     return format_table(
         head,
         body,
-        title="Privacy-utility tradeoff (digits, L2-regularised logistic regression, 5% single-sample deletions)",
+        title=f"Privacy-utility tradeoff ({name}, L2-regularised logistic regression, single-sample deletions)",
     )
 
 
-def write_tradeoff(rows: Sequence[dict[str, Any]], recipe: Recipe, out_dir: str | Path) -> list[Path]:
-    """``tradeoff.csv`` and ``tradeoff.png`` (test accuracy vs epsilon, log scale, retraining dashed)."""
+def write_tradeoff(
+    rows: Sequence[dict[str, Any]], recipe: Recipe, out_dir: str | Path, name: str = "digits", num_classes: int = 10
+) -> list[Path]:
+    """``tradeoff.csv`` and ``tradeoff.png`` (test accuracy vs epsilon, log scale, retraining dashed; chance is
+    ``1/num_classes``; ``name``: the data's)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -352,14 +393,14 @@ def write_tradeoff(rows: Sequence[dict[str, Any]], recipe: Recipe, out_dir: str 
         hit = [r for r in rows if r["method"] == ref]
         if hit:
             ax.axhline(100 * hit[0]["test_acc"], color="k", ls=ls, lw=1, label=ref)
-    ax.axhline(10, color="0.6", lw=0.8)
-    ax.text(0.11, 11.5, "chance", color="0.4", fontsize=8)
+    ax.axhline(100 / num_classes, color="0.6", lw=0.8)
+    ax.text(0.11, 100 / num_classes + 1.5, "chance", color="0.4", fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel(r"per-release $\varepsilon$ ($\delta = 10^{-5}$)")
     ax.set_ylabel("test accuracy after all requests (%)")
     ax.set_ylim(0, 100)
     ax.set_title(
-        f"Certified unlearning, digits LR (lr={recipe.lr:.3g}, $\\lambda$={recipe.l2:g}); dotted: noise-free",
+        f"Certified unlearning, {name} LR (lr={recipe.lr:.3g}, $\\lambda$={recipe.l2:g}); dotted: noise-free",
         fontsize=9,
     )
     ax.legend(fontsize=8, loc="center right")
