@@ -342,3 +342,34 @@ def test_harness_runs_both_methods_against_the_convex_retrain():
     # its reference draws its own secret b: the weights differ by the two perturbations (large in the directions the
     # data does not constrain), the predictions barely
     assert abs(summary["certified_removal"]["test_gap_pp"]) <= 5.0
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+def test_ddp_ranks_hold_every_row_and_publish_one_model(tmp_path):
+    from pathlib import Path
+
+    from helpers import run_script
+
+    script = Path(__file__).parent / "scripts" / "ddp_convex.py"
+    run_script(script, tmp_path / "ddp.pt", 2)
+    run_script(script, tmp_path / "single.pt", 1)
+    single = torch.load(tmp_path / "single.rank0.pt", weights_only=True)
+    ranks = [torch.load(tmp_path / f"ddp.rank{r}.pt", weights_only=True) for r in (0, 1)]
+    assert sum(r["rows_recorded_here"] for r in ranks) == 203 and max(r["rows_recorded_here"] for r in ranks) <= 102
+    for state in ("fitted", "after"):
+        one = single[state]
+        order = one["row_ids"].argsort()
+        for rank in ranks:
+            ddp = rank[state]
+            mine = ddp["row_ids"].argsort()
+            assert torch.equal(ddp["row_ids"][mine], one["row_ids"][order])  # every row on every rank, once
+            assert torch.equal(ddp["labels"][mine], one["labels"][order])
+            # features of one sample computed in float64 from the same float32 input: equal up to a few ulps
+            assert torch.allclose(ddp["feature_rows"][mine], one["feature_rows"][order], rtol=0, atol=1e-12)
+            # both solves end within radius of the same optimum (the rows are summed in another order)
+            assert float((ddp["W"] - one["W"]).norm()) <= 2 * 1e-5
+    assert torch.equal(ranks[0]["after"]["W"], ranks[1]["after"]["W"])  # rank 0's solution broadcast
+    for k, v in ranks[0]["published"].items():
+        assert torch.equal(v, ranks[1]["published"][k]), k  # and rank 0's noise
+    assert 0 not in ranks[0]["after"]["row_ids"].tolist()
