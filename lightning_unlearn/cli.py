@@ -33,6 +33,7 @@ Bad input exits with status 2 and a message naming the option, before anything t
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import logging
 import sys
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
-from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, Namespace
+from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, DefaultHelpFormatter, Namespace
 from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
 
 from lightning_unlearn.harness.datasets import ACU_BASE_FRACTION, BENCHMARKS, DatasetNotFoundError
@@ -120,8 +121,12 @@ def _add_method_options(parser: ArgumentParser) -> None:
             )
 
 
+class _Formatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """jsonargparse's help, the description printed as written (the examples keep their lines)."""
+
+
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="lightning-unlearn", description=__doc__)
+    parser = ArgumentParser(prog="lightning-unlearn", description=__doc__, formatter_class=_Formatter)
     commands = parser.add_subcommands(dest="command")
 
     listing = ArgumentParser(description="The registered methods: guarantee, needs, cost and options.")
