@@ -9,6 +9,7 @@ from lightning_unlearn.callbacks.newton import HessianSumRecorder
 from lightning_unlearn.callbacks.optimality import TaskOptimality
 from lightning_unlearn.callbacks.proximal import ProximalRegularizer
 from lightning_unlearn.callbacks.samples import SampleRecorder
+from lightning_unlearn.callbacks.slices import SlicedBackbone
 from lightning_unlearn.callbacks.streaming import StreamingRecorder
 from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
 
@@ -21,6 +22,7 @@ __all__ = [
     "ProximalRegularizer",
     "RecorderCallback",
     "SampleRecorder",
+    "SlicedBackbone",
     "SoftmaxHeadRecorder",
     "FrozenFeatureRecorder",
     "StreamingRecorder",

@@ -16,6 +16,7 @@ from lightning_unlearn.strategies.newton import InfinitesimalJackknifeStrategy, 
 from lightning_unlearn.strategies.noisy import NoisyFinetuneStrategy
 from lightning_unlearn.strategies.rbm import MaskProjection, RBMStrategy
 from lightning_unlearn.strategies.scrub import SCRUBStrategy
+from lightning_unlearn.strategies.sliced import SlicedResolveStrategy
 from lightning_unlearn.strategies.sparse import L1SparseStrategy, WoodFisherStrategy
 from lightning_unlearn.strategies.streaming import StreamingStrategy
 
@@ -43,4 +44,5 @@ __all__ = [
     "CertifiedRemovalStrategy",
     "ResolveStrategy",
     "NoisyFinetuneStrategy",
+    "SlicedResolveStrategy",
 ]

@@ -100,6 +100,12 @@ class ResolveStrategy(ReleasingStrategy):
         keep = ~rec.rows_of(ids)
         curvature = rec.curvature.restricted(rec.problem(), keep)
         solution = rec.solve(rec.problem(keep), rec.solved_head, curvature)
+        return self.release_head(ids, solution, rec.retained(keep, solution.W, curvature))
+
+    def release_head(self, ids: Tensor, solution: convex.Solution, statistics: dict[str, Any]) -> UnlearningUpdate:
+        """The update publishing the re-solved head ``solution`` (noised, accounted and certified on ``radius``) with
+        the recorder's change ``statistics`` (:meth:`SoftmaxHeadRecorder.retained`), for forgetting ``ids``."""
+        rec = self.recorder
         publication = self._release(rec.radius, solution.W.reshape(-1))
         fields = publication.certificate_fields()
         certificate = Certificate(
@@ -125,7 +131,7 @@ class ResolveStrategy(ReleasingStrategy):
         return UnlearningUpdate(
             certificate,
             weights=rec.head_weights(self.module, publication.weights.view_as(solution.W)),
-            statistics=rec.retained(keep, solution.W, curvature),
+            statistics=statistics,
             state=publication.state,
             extra={"n_forgotten": int(ids.numel()), **_solver_extra(solution)},
         )
