@@ -313,6 +313,11 @@ class NoisyFinetuneStrategy(ReleasingStrategy):
             if self.seed is None
             else "FAILS: the noise is seeded (reproducible): not private"
         )
+        if self.update == "clip_gradient" and trains_itself(work):
+            lines.append(
+                "stated, not checkable: the module's training_step reads only the batch and the parameters (no state "
+                "learned from data, e.g. a stored anchor or teacher)"
+            )
         lines.append(
             "checked: BatchNorm running statistics reset before the steps and recomputed from the retained data"
         )
