@@ -103,6 +103,10 @@ def test_certificate_matches_the_closed_form_and_the_target(trained):
     assert rdp_epsilon(c, DELTA) == pytest.approx(EPS, rel=1e-6) and rdp_epsilon(c, DELTA) <= EPS
     assert cert.accounting["epsilon_total"] == pytest.approx(EPS, rel=1e-6)
     assert result.extra["gradient_evaluations"] == T * OPTIONS["batch_size"]
+    # the ledger gets settings and counts only: nothing measured on the model before the noise (it saw the samples)
+    assert set(result.extra) == {
+        "n_forgotten", "n_retained", "steps", "finetune_epochs", "gradient_evaluations", "forward_evaluations"
+    }  # fmt: skip
     assert not torch.equal(parameters_to_vector(model.parameters()).detach(), before)
     assert len(s.ledger) == 1 and int(rec.catalog.forgotten.sum()) == 16
 

@@ -210,7 +210,7 @@ class NoisyFinetuneStrategy(ReleasingStrategy):
         status(f"{self.method}: request {len(self.history) + 1}: {self.steps} noisy steps on {len(retained)} samples")
         with torch.random.fork_rng():  # dropout's masks: reproducible from the generator, not secret
             torch.manual_seed(int(torch.randint(1 << 30, (1,), generator=self.generator)))
-            log = self._noisy_steps(work, params, retained, sigma, len(accountant))
+            samples = self._noisy_steps(work, params, retained, sigma, len(accountant))
         if self.finetune_epochs:
             self._finetune(cast(L.LightningModule, work), retained)
         self._recompute_norms(work, retained)
@@ -235,7 +235,7 @@ class NoisyFinetuneStrategy(ReleasingStrategy):
             accounting=accounting,
             assumptions=self._assumptions(work),
         )
-        gradient_evaluations = log["samples"] + self.finetune_epochs * len(retained)
+        gradient_evaluations = samples + self.finetune_epochs * self._finetune_size(retained)[1]
         return UnlearningUpdate(
             certificate,
             weights=trained_weights(work),
@@ -247,8 +247,8 @@ class NoisyFinetuneStrategy(ReleasingStrategy):
                 "finetune_epochs": self.finetune_epochs,
                 "gradient_evaluations": gradient_evaluations,
                 "forward_evaluations": len(retained) if _has_norms(work) else 0,  # recomputing BatchNorm statistics
-                **{k: v for k, v in log.items() if k != "samples"},
-            },
+            },  # nothing measured on the trajectory (gradient norms, the start's distance): it would describe the
+            # model before the noise, which saw the forgotten samples
         )
 
     def _target(self) -> tuple[float, float, PrivacyAccountant]:
@@ -365,14 +365,14 @@ class NoisyFinetuneStrategy(ReleasingStrategy):
 
     def _noisy_steps(
         self, work: nn.Module, params: list[nn.Parameter], retained: Subset, sigma: float, release: int
-    ) -> dict[str, Any]:
-        """Project the start, then run the steps in place on ``params``; return counts for the result."""
+    ) -> int:
+        """Project the start, then run the steps in place on ``params``; return the samples they read."""
         work.train()
         theta = parameters_to_vector(params).detach()
         center = self.center.to(theta)
-        theta, start_norm = _project(theta, center, self.radius)
+        theta = _project(theta, center, self.radius)
         draw = _noise_source(self.seed, release, self.method)
-        batches, samples, clipped = self._batches(retained), 0, 0
+        batches, samples = self._batches(retained), 0
         decay = 1.0 - self.lr * self.weight_decay
         for t in range(self.steps):
             vector_to_parameters(theta, params)
@@ -385,18 +385,23 @@ class NoisyFinetuneStrategy(ReleasingStrategy):
             if self.update == "clip_gradient":
                 norm = float(g.double().norm())
                 if norm > self.clip:
-                    g, clipped = g * (self.clip / norm * (1 - _INSIDE * torch.finfo(g.dtype).eps)), clipped + 1
+                    g = g * (self.clip / norm * (1 - _INSIDE * torch.finfo(g.dtype).eps))
             theta = decay * theta - self.lr * g.detach()
             if self.model_radius is not None:
-                theta, _ = _project(theta, center, self.model_radius)
+                theta = _project(theta, center, self.model_radius)
             if sigma > 0:
                 theta = theta + (sigma * draw(theta.numel())).to(theta)
             samples += len(unpack_batch(batch, self.recorder.batch_keys)[1])
         vector_to_parameters(theta, params)
-        return {"samples": samples, "clipped_steps": clipped, "start_norm": start_norm}
+        return samples
+
+    def _finetune_size(self, retained: Subset) -> tuple[int, int]:
+        """The noise-free epochs' batch size and samples per epoch (a last partial batch is dropped: BatchNorm)."""
+        size = min(self.batch_size or len(retained), len(retained))
+        return size, len(retained) // size * size
 
     def _finetune(self, work: L.LightningModule, retained: Subset) -> None:
-        size = min(self.batch_size or len(retained), len(retained))
+        size = self._finetune_size(retained)[0]
         loader = DataLoader(
             retained, batch_size=size, shuffle=True, generator=self.generator, drop_last=len(retained) > size
         )
@@ -471,13 +476,13 @@ def _flat_center(module: nn.Module, center: Mapping[str, Tensor] | None) -> Tens
     return torch.cat([center[n].detach().double().reshape(-1).cpu() for n, _ in named])
 
 
-def _project(theta: Tensor, center: Tensor, radius: float) -> tuple[Tensor, float]:
-    """``center + proj_radius(theta - center)`` and ``||theta - center||`` before projecting."""
+def _project(theta: Tensor, center: Tensor, radius: float) -> Tensor:
+    """``center + proj_radius(theta - center)``."""
     offset = theta - center
     norm = float(offset.double().norm())
     if norm <= radius:
-        return theta, norm
-    return center + offset * (radius / norm * (1 - _INSIDE * torch.finfo(theta.dtype).eps)), norm
+        return theta
+    return center + offset * (radius / norm * (1 - _INSIDE * torch.finfo(theta.dtype).eps))
 
 
 def _noise_source(seed: int | None, release: int, method: str) -> Any:
