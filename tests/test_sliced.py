@@ -172,6 +172,12 @@ def test_state_dict_round_trip_and_refusals(tmp_path):
     with pytest.raises(ValueError, match="disjoint"):
         fresh.load_state_dict({**state, "slices": [state["slices"][0]] * 3})
     assert not fresh.fitted and states_equal(fresh.module.state_dict(), initial)
+    # among a Trainer's callbacks, a Lightning checkpoint carries it (under its state key)
+    trainer = quiet_trainer([backbone])
+    trainer.strategy.connect(backbone.module)
+    trainer.save_checkpoint(tmp_path / "run.ckpt")
+    fresh.load_state_dict(torch.load(tmp_path / "run.ckpt", weights_only=False)["callbacks"][backbone.state_key])
+    assert states_equal(fresh.module.state_dict(), backbone.module.state_dict())
 
 
 # -- the certified head on the sliced backbone --------------------------------------------------------------------

@@ -39,6 +39,9 @@ class SlicedResolveStrategy(ResolveStrategy):
     depend on the forgotten samples, so the release is (epsilon, delta)-indistinguishable from retraining the backbone
     by slices on the retained data and solving the head on its features, published with the same noise.
 
+    Requests name samples of the recorder's catalog (the head's): a sample the backbone trained on but the head
+    never learned cannot be named here (train the backbone on the head's samples, or on data never forgotten).
+
     Cost: the retrained stages (``extra["backbone_stages_retrained"]``, ``extra["backbone_seconds"]``), one float64
     forward pass of the trunk over the retained samples and the head's Newton solve.
 
