@@ -314,11 +314,14 @@ def compare(cfg: Namespace) -> str:
 def _compare_own(cfg: Namespace, options: Mapping[str, Mapping[str, Any]], trainer: Mapping[str, Any]) -> str:
     """``compare --model CLASS_PATH``: the methods on the user's module against retraining it, per K."""
     from lightning_unlearn.harness.own import compare_with_retrain
+    from lightning_unlearn.harness.repro import is_global_zero, start_ranks
 
     given = [f"--{f}" for f in ("pretrain_epochs", "imagenet_stem") if getattr(cfg, f)]
     if given:
         raise ValueError(f"{', '.join(given)}: pre-train a built-in backbone, not for your --model")
     info = _own_info(cfg)
+    start_ranks(trainer)
+    writer = is_global_zero()  # every rank of a multi-device launch runs this command; one prints and writes
     tables = []
     for k in cfg.requests:
         report = compare_with_retrain(
@@ -331,11 +334,12 @@ def _compare_own(cfg: Namespace, options: Mapping[str, Mapping[str, Any]], train
             samples_per_request=cfg.samples_per_request,
             trainer_kwargs=trainer,
             shadows=cfg.shadows,
-            out_dir=cfg.out,
+            out_dir=cfg.out if writer else None,
             progress=cfg.progress,
         )
         tables.append(report.format())
-        print("\n" + tables[-1], flush=True)
+        if writer:
+            print("\n" + tables[-1], flush=True)
     return "\n\n".join(tables)
 
 
