@@ -104,7 +104,9 @@ class AnalyticClassifier(L.LightningModule):
         self, backbone: nn.Module, backbone_dim: int, num_classes: int, expansion_dim: int | None = None, seed: int = 0
     ) -> None:
         super().__init__()
-        self.backbone = backbone.requires_grad_(False).eval()
+        # frozen: no gradients, and it always runs in eval mode (float64_forward), so its mode flag follows the
+        # classifier's like any submodule's (Lightning warns about modules left in eval mode when a fit starts)
+        self.backbone = backbone.requires_grad_(False).train()
         self.expansion = RandomExpansion(backbone_dim, expansion_dim, seed) if expansion_dim else nn.Identity()
         d_F = expansion_dim or backbone_dim
         # the head is the learned parameter; it is solved in closed form, never by an optimizer
@@ -113,11 +115,6 @@ class AnalyticClassifier(L.LightningModule):
         nn.init.zeros_(self.head.weight)
         self.num_classes = num_classes
         self.automatic_optimization = False
-
-    def train(self, mode: bool = True) -> AnalyticClassifier:
-        super().train(mode)
-        self.backbone.eval()  # frozen: batch-norm statistics and dropout must not move
-        return self
 
     @torch.no_grad()
     def features(self, x: Tensor) -> Tensor:
@@ -131,11 +128,6 @@ class AnalyticClassifier(L.LightningModule):
         if self._trainer is not None:
             self.optimizers().step()  # type: ignore[union-attr]  # no gradient, no change: counts the step
         return {"features": features}
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        x, y = batch[0], batch[1]
-        acc = (self(x).argmax(-1) == y).float().mean()
-        self.log("val_acc", acc, prog_bar=True, batch_size=len(y))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD([self.head.weight], lr=0.0)
@@ -179,10 +171,6 @@ class SupervisedClassifier(L.LightningModule):
         loss = self.objective(batch[0], batch[1])
         self.log("train_loss", loss, prog_bar=True, batch_size=len(batch[1]))
         return loss
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        x, y = batch[0], batch[1]
-        self.log("val_acc", (self(x).argmax(-1) == y).float().mean(), prog_bar=True, batch_size=len(y))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.parameters() if p.requires_grad]

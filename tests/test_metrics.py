@@ -1,22 +1,30 @@
-"""Metrics: torchmetrics accuracy, loss-threshold MIA, parameter distance, MIA-U and offline LiRA."""
+"""Metrics: torchmetrics accuracy, loss-threshold MIA, parameter distance, MIA-U and offline LiRA (AUC and TPR at
+low FPR), as functions and as torchmetrics Metrics."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn.metrics import (
+    LossThresholdMIA,
+    MIAUnlearning,
+    OfflineLiRA,
     accuracy,
     attack_auc,
     evaluate_unlearning,
+    lira,
     lira_auc,
     lira_offline_scores,
     loss_threshold_mia,
     mia_u_auc,
     mia_u_features,
     parameter_distance,
+    posteriors,
+    tpr_at_fpr,
 )
 
 
@@ -139,3 +147,114 @@ def test_attack_auc_on_imbalanced_sets():
     assert abs(attack_auc(same[:10], same[10:]) - 0.5) < 0.3
     with pytest.raises(ValueError, match="at least 5"):
         attack_auc(members[:4], nonmembers)
+
+
+# -- TPR at low FPR, and the attacks as torchmetrics Metrics ---------------------------------------------------
+def test_tpr_at_fpr_is_the_best_threshold_below_the_rate_as_lira_reads_it():
+    """Against a sweep over every threshold (predict member when score >= t) and [LiRA]'s plot.py reading of
+    scikit-learn's (thinned) ROC curve, on scores with ties."""
+    from sklearn.metrics import roc_curve
+
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randint(0, 40, (300,), generator=g).double() / 40  # many ties
+    members = torch.rand(300, generator=g) < 0.4 + 0.4 * scores  # higher scores: more members
+    n_in, n_out = int(members.sum()), int((~members).sum())
+    for rate in (0.001, 0.01, 0.05, 0.3):
+        sweep = max(
+            int(((scores >= t) & members).sum()) / n_in
+            for t in [*scores.unique().tolist(), math.inf]
+            if int(((scores >= t) & ~members).sum()) / n_out < rate
+        )
+        fpr, tpr, _ = roc_curve(members.numpy(), scores.numpy())
+        lira_code = float(tpr[np.where(fpr < rate)[0][-1]])
+        assert tpr_at_fpr(scores, members, rate) == sweep == lira_code
+    assert tpr_at_fpr(torch.tensor([0.9, 0.8, 0.1]), torch.tensor([1, 1, 0]), 0.001) == 1.0  # separable
+    with pytest.raises(ValueError, match="fpr must lie"):
+        tpr_at_fpr(scores, members, 0.0)
+    with pytest.raises(ValueError, match="members and non-members"):
+        tpr_at_fpr(scores, torch.ones(300, dtype=torch.bool), 0.01)
+
+
+def test_evaluate_unlearning_reports_lira_tprs_beside_the_auc():
+    trained, retrained = memoriser(FORGOTTEN + RETAINED, seed=0), memoriser(RETAINED, seed=0)
+    shadows = [memoriser(OUTSIDE[:10] + RETAINED, seed=s) for s in range(1, 4)]
+    common = dict(retain=subset(RETAINED), forget=subset(FORGOTTEN), test=subset(OUTSIDE[10:]), num_classes=N_LABELS)
+    nothing = evaluate_unlearning(trained, shadows=shadows, **common)
+    retrain = evaluate_unlearning(retrained, shadows=shadows, **common)
+    direct = lira(trained, shadows, subset(FORGOTTEN), subset(OUTSIDE[10:]))
+    assert {f"lira_{k}": v for k, v in direct.items()} == {k: nothing[k] for k in LIRA_KEYS_ROW}
+    assert direct["auc"] == lira_auc(trained, shadows, subset(FORGOTTEN), subset(OUTSIDE[10:]))
+    # 30 non-members: both rates read the TPR at zero false positives; memorised rows are flagged there
+    assert nothing["lira_tpr_at_0.1pct_fpr"] == nothing["lira_tpr_at_1pct_fpr"] > 0.5
+    assert retrain["lira_tpr_at_1pct_fpr"] < nothing["lira_tpr_at_1pct_fpr"]
+    without = evaluate_unlearning(trained, shadows=shadows, **{**common, "forget": subset([])})
+    assert all(math.isnan(without[k]) for k in LIRA_KEYS_ROW)
+
+
+LIRA_KEYS_ROW = ("lira_auc", "lira_tpr_at_0.1pct_fpr", "lira_tpr_at_1pct_fpr")
+
+
+def test_metric_classes_equal_the_functions_whatever_the_batches():
+    """Each Metric's compute() equals the function of all its samples, and does not depend on how the samples are
+    split into updates (the states are concatenated; every value is order-free)."""
+    g = torch.Generator().manual_seed(1)
+    losses = {
+        role: torch.rand(n, generator=g) * s
+        for role, n, s in (("member", 50, 1.0), ("nonmember", 40, 3.0), ("target", 30, 2.0))
+    }
+    expected = loss_threshold_mia(losses["member"], losses["nonmember"], losses["target"])
+    for chunk in (7, 100):
+        mia = LossThresholdMIA()
+        for role, values in reversed(list(losses.items())):
+            for part in values.split(chunk):
+                mia.update(part, role)
+        assert float(mia.compute()) == expected
+    no_target = LossThresholdMIA()
+    no_target.update(losses["member"], "member")
+    no_target.update(losses["nonmember"], "nonmember")
+    assert math.isnan(float(no_target.compute()))
+
+    trained = memoriser(FORGOTTEN + RETAINED, seed=0)
+    shadows = [memoriser(OUTSIDE[:10] + RETAINED, seed=s) for s in range(1, 4)]
+    data = TensorDataset(ROWS[FORGOTTEN + OUTSIDE[10:]], LABELS[FORGOTTEN + OUTSIDE[10:]])
+    members = torch.arange(len(data)) < len(FORGOTTEN)
+    lira_metric = OfflineLiRA()
+    lira_metric.update(
+        posteriors(trained, data), torch.stack([posteriors(s, data) for s in shadows]), data.tensors[1], members
+    )
+    out = {k: float(v) for k, v in lira_metric.compute().items()}
+    assert out == lira(trained, shadows, subset(FORGOTTEN), subset(OUTSIDE[10:]))
+
+    before, after = memoriser(FORGOTTEN + RETAINED, seed=0), memoriser(RETAINED, seed=0)
+    p0, p1 = posteriors(before, data), posteriors(after, data)
+    feats = mia_u_features(p0, p1)
+    perm = torch.randperm(len(data), generator=g)
+    values = []
+    for order, chunk in ((torch.arange(len(data)), 100), (perm, 9)):
+        metric = MIAUnlearning(num_classes=N_LABELS)
+        for idx in order.split(chunk):
+            metric.update(p0[idx], p1[idx], members[idx])
+        values.append(float(metric.compute()))
+    assert values[0] == values[1] > 0.9  # the forgotten rows' posteriors changed: the attack finds them
+    assert abs(values[0] - attack_auc(feats[members], feats[~members])) < 0.1  # data order: same attack, other draw
+
+
+def test_metric_classes_refuse_bad_input():
+    with pytest.raises(ValueError, match="role must be one of"):
+        LossThresholdMIA().update(torch.zeros(3), "forgotten")
+    with pytest.raises(ValueError, match="false-positive rates"):
+        OfflineLiRA(fprs=(0.0,))
+    with pytest.raises(ValueError, match="shadow_probs"):
+        OfflineLiRA().update(torch.full((4, 3), 1 / 3), torch.full((2, 5, 3), 1 / 3), torch.zeros(4), torch.ones(4))
+    with pytest.raises(ValueError, match="2 shadow"):
+        OfflineLiRA().update(torch.full((4, 3), 1 / 3), torch.full((1, 4, 3), 1 / 3), torch.zeros(4), torch.ones(4))
+    with pytest.raises(ValueError, match="feature"):
+        MIAUnlearning(num_classes=3, feature="sorted_diff")
+    with pytest.raises(ValueError, match=r"shape \(4, 3\)"):
+        MIAUnlearning(num_classes=3).update(torch.zeros(4, 2), torch.zeros(4, 2), torch.ones(4))
+    only_members = OfflineLiRA()
+    only_members.update(torch.full((4, 3), 1 / 3), torch.rand(2, 4, 3), torch.zeros(4), torch.ones(4))
+    assert all(math.isnan(float(v)) for v in only_members.compute().values())
+    few = MIAUnlearning(num_classes=3)
+    few.update(torch.rand(3, 3), torch.rand(3, 3), torch.tensor([True, False, False]))
+    assert math.isnan(float(few.compute()))  # one forgotten sample: no two folds

@@ -6,12 +6,21 @@ import lightning as L
 import pytest
 import torch
 from helpers import N_CLASSES, N_FEATURES, quiet_trainer, toy_dataset
+from lightning.pytorch.callbacks import TQDMProgressBar
 from torch.utils.data import DataLoader
 
 from lightning_unlearn import ForgetRequest
 from lightning_unlearn.callbacks import SampleRecorder
 from lightning_unlearn.models import SupervisedClassifier
-from lightning_unlearn.progress import ENV, progress_enabled, quiet_lightning, status
+from lightning_unlearn.progress import (
+    ENV,
+    StageLines,
+    output_mode,
+    progress_bar,
+    progress_enabled,
+    quiet_lightning,
+    status,
+)
 from lightning_unlearn.strategies import FinetuneStrategy, RetrainStrategy
 
 BANNERS = ("GPU available", "TPU available", "`Trainer.fit` stopped", "Tip:")
@@ -101,3 +110,28 @@ def test_progress_switch(monkeypatch, capfd):
     monkeypatch.setenv(ENV, "maybe")
     with pytest.raises(ValueError, match=ENV):
         progress_enabled()
+
+
+def test_progress_bar_is_lightnings_on_a_terminal_and_one_line_per_fit_in_a_pipe(monkeypatch, capfd, lightning_lines):
+    """Under pytest stderr is not a terminal: a pipe. A fit with progress_bar() then writes exactly one line (no
+    carriage-return updates), and nothing with the switch off; forced on, it is Lightning's own bar."""
+    monkeypatch.delenv(ENV, raising=False)
+    assert output_mode() == "lines" and isinstance(progress_bar(), StageLines)
+    train = toy_dataset(64)
+
+    def fit(bar) -> str:
+        capfd.readouterr()
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(N_FEATURES, N_CLASSES))
+        opts = dict(logger=False, enable_checkpointing=False, enable_model_summary=False, max_epochs=2)
+        with quiet_lightning():
+            L.Trainer(callbacks=[bar], **opts).fit(SupervisedClassifier(net), DataLoader(train, batch_size=16))
+        return capfd.readouterr().err
+
+    err = fit(progress_bar())
+    assert "\r" not in err and len(err.splitlines()) == 1
+    assert err.startswith("fit: 2 epoch(s), 8 steps, train_loss=") and err.rstrip().endswith(" s)")
+    monkeypatch.setenv(ENV, "0")
+    assert output_mode() == "off" and fit(progress_bar()) == ""
+    monkeypatch.setenv(ENV, "1")
+    assert isinstance(progress_bar(), TQDMProgressBar)

@@ -8,6 +8,7 @@
 Importing this package imports Avalanche (slow: ~5-15 s); the rest of the library does not.
 """
 
+from lightning_unlearn.avalanche import _quiet_import  # noqa: F401  (first: imports Avalanche, see there)
 from lightning_unlearn.avalanche.benchmarks import (
     SAMPLE_ID,
     benchmark_with_sample_ids,

@@ -347,7 +347,9 @@ class HessianRecorder(TaskDeltaRecorder):
         if stationarity > self.tolerance:
             warn(
                 f"task {self._fit_experience} is not solved exactly: ||grad of Eq. (1)|| = {stationarity:.3g} > "
-                f"{self.tolerance:g}; [CCL]'s identities assume the exact minimiser"
+                f"{self.tolerance:g}; [CCL]'s identities assume the exact minimiser (not repeated for later tasks; "
+                "every task's value is in the recorder's `stationarity`)",
+                cause=("task not solved exactly", type(self).__name__, self.tolerance),
             )
         super()._commit(module)
         self.stationarity.append(stationarity)

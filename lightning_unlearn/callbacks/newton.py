@@ -181,7 +181,9 @@ class HessianSumRecorder(RecorderCallback):
         if stationarity > self.tolerance:
             warn(
                 f"the trained model is not the minimiser: ||mean grad l|| = {stationarity:.3g} > {self.tolerance:g}; "
-                "[NS] and [IJ] assume the empirical risk minimiser"
+                "[NS] and [IJ] assume the empirical risk minimiser (not repeated; the value is the recorder's "
+                "`stationarity`)",
+                cause=("model not the minimiser", type(self).__name__, self.tolerance),
             )
         device = self._device(module)
         self.theta, self.matrix, self.n = theta.clone().to(device), matrix.to(device), n

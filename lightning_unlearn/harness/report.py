@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lightning_unlearn.functional.metrics import LIRA_FPRS, tpr_key
 from lightning_unlearn.schedule import Schedule
 
 #: summary columns ([ACU] Table 1 plus time) and the per-request metric each averages, with its scale
@@ -20,9 +21,10 @@ TABLE1 = {
     "mia_gap": ("mia_gap", 1.0),
     "time_per_request_s": ("time_s", 1.0),
 }
-#: attack AUCs of :func:`~lightning_unlearn.metrics.evaluate_unlearning`; each method's row also holds
-#: ``<name>_retrain``, the same attack on its reference (the retrained model) after the same request
-ATTACKS = ("mia_u_direct_diff_auc", "mia_u_euc_dist_auc", "lira_auc")
+#: attack results of :func:`~lightning_unlearn.metrics.evaluate_unlearning`: AUCs, and [LiRA]'s TPR at 0.1% and
+#: 1% FPR; each method's row also holds ``<name>_retrain``, the same attack on its reference (the retrained
+#: model) after the same request
+ATTACKS = ("mia_u_direct_diff_auc", "mia_u_euc_dist_auc", "lira_auc", *(f"lira_{tpr_key(f)}" for f in LIRA_FPRS))
 #: attack summary columns: the mean over the requests (where the attack is defined) of each AUC, each
 #: followed by the same attack's mean on the reference
 ATTACK_COLUMNS = tuple(col for name in ATTACKS for col in (name, f"{name}_retrain"))
@@ -36,6 +38,11 @@ ATTACK_HEADS = {
     "mia_u_euc_dist_auc_retrain": "[retr]",
     "lira_auc": "LiRA",
     "lira_auc_retrain": "[retr]",
+    **{
+        col: head
+        for f in LIRA_FPRS
+        for col, head in ((f"lira_{tpr_key(f)}", f"TPR@{100 * f:g}%"), (f"lira_{tpr_key(f)}_retrain", "[retr]"))
+    },
 }
 
 
@@ -68,7 +75,7 @@ class Report:
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Paper Table 1 row per method: mean over requests of each gap, and time per request; then the
-        mean of each attack AUC the rows hold (:data:`ATTACK_COLUMNS`, NaN where no request defines it)."""
+        mean of each attack result the rows hold (:data:`ATTACK_COLUMNS`, NaN where no request defines it)."""
         out = {}
         for m in self.methods():
             rows = self.table(m)
@@ -114,7 +121,9 @@ class Report:
             "retain/forget/test accuracies (mean over the requests) are in column 'reference R/F/T'"
         )
         if attacks:
-            title += "; attack AUCs (0.5: chance), each next to retraining's [retr]"
+            tprs = [f"{100 * f:g}%" for f in LIRA_FPRS if f"lira_{tpr_key(f)}" in attacks]
+            rates = f" and LiRA's TPR at {' and '.join(tprs)} FPR (chance: the rate)" if tprs else ""
+            title += f"; attack AUCs (0.5: chance){rates}, each next to retraining's [retr]"
         return format_table(head, body, title=title)
 
     def reference_accuracies(self, method: str) -> tuple[float, float, float]:

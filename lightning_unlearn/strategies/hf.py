@@ -284,7 +284,12 @@ class HFStrategy(ReleasingStrategy):
             )
             if self.capacity == "error":
                 raise ValueError(msg)
-            warn(msg + "; the (epsilon, delta) statement is outside the paper's deletion capacity", stacklevel=5)
+            warn(
+                msg + "; the (epsilon, delta) statement is outside the paper's deletion capacity (not repeated for "
+                "later deletions beyond this capacity)",
+                stacklevel=5,
+                cause=("hf deletion capacity", cap),
+            )
         return float(cap)
 
     def released_before(self) -> bool:

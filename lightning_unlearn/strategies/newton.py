@@ -173,7 +173,12 @@ class _SecondOrderStrategy(ReleasingStrategy):
                 "sigma_override"
             )
         if problems:
-            warn(f"{self.method} outside its theorem: {'; '.join(problems)}", stacklevel=5)
+            warn(
+                f"{self.method} outside its theorem: {'; '.join(problems)} (not repeated for later requests with "
+                "the same failing assumptions)",
+                stacklevel=5,
+                cause=(f"{self.method} outside its theorem", rec.stationarity > rec.tolerance, 2 * m > rec.n),
+            )
         published = self._release(bounds["sensitivity"], internal)
         bounds = {
             **bounds,
