@@ -382,7 +382,7 @@ register(
         module_recorder_options={**_SOFTMAX_ON_MODULE, "loss_perturbation": _CR_PERTURBATION},
         guarantee="(epsilon, delta) per release: one Newton step, its exact gradient residual within [CR] Thm. 3",
         assumptions="a frozen backbone; the head trained with a secret loss perturbation; releases not composed",
-        cost="one Newton step (a d x d Hessian solve) over the retained features per request, or a re-solve",
+        cost="one Newton step (preconditioned CG of Hessian-vector products) over the retained features, or a re-solve",
         paper="CR",
     )
 )
