@@ -1,70 +1,214 @@
 """lightning-unlearn: continual learning with certified and exact unlearning for PyTorch Lightning.
 
-Avalanche integration lives in :mod:`lightning_unlearn.avalanche` (imported on demand: Avalanche
-is slow to import).
+The names a user needs are exported here: every unlearning strategy and every recorder callback, the
+requests, certificates, ledger and catalog they exchange, the library's model classes and the data helpers.
+They are imported lazily (PEP 562), each module on first use, so ``import lightning_unlearn`` costs no torch
+and no Lightning import until a name is used. Avalanche integration lives in :mod:`lightning_unlearn.avalanche`
+(imported on demand: Avalanche is slow to import); the evaluation harness in :mod:`lightning_unlearn.harness`.
 """
 
-from lightning_unlearn.callbacks import (
-    AnalyticRecorder,
-    HessianRecorder,
-    ProximalRegularizer,
-    RecorderCallback,
-    SoftmaxHeadRecorder,
-    StreamingRecorder,
-    TaskDeltaRecorder,
-    TrajectoryRecorder,
-)
-from lightning_unlearn.core import Certificate, ForgetRequest, Ledger, LedgerEntry, SampleCatalog
-from lightning_unlearn.data import IndexedDataset
-from lightning_unlearn.models import (
-    AnalyticClassifier,
-    AnalyticHead,
-    ProximalClassifier,
-    RandomExpansion,
-    SupervisedClassifier,
-)
-from lightning_unlearn.strategies import (
-    ACUStrategy,
-    CertifiedRemovalStrategy,
-    GradientCertifiedStrategy,
-    HessianCertifiedStrategy,
-    HFStrategy,
-    RBMStrategy,
-    ResolveStrategy,
-    StreamingStrategy,
-    UnlearningResult,
-    UnlearningStrategy,
-)
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+#: every exported name, by the module defining it (``tests/test_exports.py`` checks that the subpackages' strategies,
+#: recorders and core types are all exported, and that this table, ``__all__`` and the type-checking imports agree)
+_EXPORTS = {
+    "callbacks": (
+        "AnalyticRecorder",
+        "FrozenFeatureRecorder",
+        "HessianRecorder",
+        "HessianSumRecorder",
+        "ProximalRegularizer",
+        "RecorderCallback",
+        "SampleRecorder",
+        "SlicedBackbone",
+        "SoftmaxHeadRecorder",
+        "StreamingRecorder",
+        "TaskDeltaRecorder",
+        "TaskOptimality",
+        "TrajectoryRecorder",
+    ),
+    "contract": ("BatchKeys",),
+    "core": (
+        "Certificate",
+        "ForgetRequest",
+        "Ledger",
+        "LedgerEntry",
+        "LedgerError",
+        "LedgerReport",
+        "SampleCatalog",
+        "UnlearningResult",
+    ),
+    "data": (
+        "IndexedDataset",
+        "select_by_ids",
+    ),
+    "models": (
+        "AnalyticClassifier",
+        "AnalyticHead",
+        "ProximalClassifier",
+        "RandomExpansion",
+        "SupervisedClassifier",
+    ),
+    "strategies": (
+        "ACUStrategy",
+        "CertifiedRemovalStrategy",
+        "ErasurePendingError",
+        "FinetuneStrategy",
+        "GradientCertifiedStrategy",
+        "HessianCertifiedStrategy",
+        "HFStrategy",
+        "InfinitesimalJackknifeStrategy",
+        "L1SparseStrategy",
+        "MaskProjection",
+        "NegGradPlusStrategy",
+        "NegGradStrategy",
+        "NewtonStepStrategy",
+        "NoisyFinetuneStrategy",
+        "RandomLabelStrategy",
+        "RBMStrategy",
+        "ResolveStrategy",
+        "RetrainStrategy",
+        "SCRUBStrategy",
+        "SlicedResolveStrategy",
+        "StreamingStrategy",
+        "UnlearningStrategy",
+        "WoodFisherStrategy",
+    ),
+    "warnings": ("UnlearningWarning",),
+}
+_MODULE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = [
     "ACUStrategy",
     "AnalyticClassifier",
     "AnalyticHead",
     "AnalyticRecorder",
+    "BatchKeys",
     "Certificate",
     "CertifiedRemovalStrategy",
+    "ErasurePendingError",
+    "FinetuneStrategy",
     "ForgetRequest",
+    "FrozenFeatureRecorder",
     "GradientCertifiedStrategy",
-    "HFStrategy",
     "HessianCertifiedStrategy",
     "HessianRecorder",
+    "HessianSumRecorder",
+    "HFStrategy",
     "IndexedDataset",
+    "InfinitesimalJackknifeStrategy",
+    "L1SparseStrategy",
     "Ledger",
     "LedgerEntry",
+    "LedgerError",
+    "LedgerReport",
+    "MaskProjection",
+    "NegGradPlusStrategy",
+    "NegGradStrategy",
+    "NewtonStepStrategy",
+    "NoisyFinetuneStrategy",
     "ProximalClassifier",
     "ProximalRegularizer",
     "RandomExpansion",
+    "RandomLabelStrategy",
     "RBMStrategy",
     "RecorderCallback",
     "ResolveStrategy",
+    "RetrainStrategy",
     "SampleCatalog",
+    "SampleRecorder",
+    "SCRUBStrategy",
+    "select_by_ids",
+    "SlicedBackbone",
+    "SlicedResolveStrategy",
     "SoftmaxHeadRecorder",
     "StreamingRecorder",
     "StreamingStrategy",
     "SupervisedClassifier",
     "TaskDeltaRecorder",
+    "TaskOptimality",
     "TrajectoryRecorder",
     "UnlearningResult",
     "UnlearningStrategy",
+    "UnlearningWarning",
+    "WoodFisherStrategy",
 ]
-__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from lightning_unlearn.callbacks import (
+        AnalyticRecorder,
+        FrozenFeatureRecorder,
+        HessianRecorder,
+        HessianSumRecorder,
+        ProximalRegularizer,
+        RecorderCallback,
+        SampleRecorder,
+        SlicedBackbone,
+        SoftmaxHeadRecorder,
+        StreamingRecorder,
+        TaskDeltaRecorder,
+        TaskOptimality,
+        TrajectoryRecorder,
+    )
+    from lightning_unlearn.contract import BatchKeys
+    from lightning_unlearn.core import (
+        Certificate,
+        ForgetRequest,
+        Ledger,
+        LedgerEntry,
+        LedgerError,
+        LedgerReport,
+        SampleCatalog,
+        UnlearningResult,
+    )
+    from lightning_unlearn.data import IndexedDataset, select_by_ids
+    from lightning_unlearn.models import (
+        AnalyticClassifier,
+        AnalyticHead,
+        ProximalClassifier,
+        RandomExpansion,
+        SupervisedClassifier,
+    )
+    from lightning_unlearn.strategies import (
+        ACUStrategy,
+        CertifiedRemovalStrategy,
+        ErasurePendingError,
+        FinetuneStrategy,
+        GradientCertifiedStrategy,
+        HessianCertifiedStrategy,
+        HFStrategy,
+        InfinitesimalJackknifeStrategy,
+        L1SparseStrategy,
+        MaskProjection,
+        NegGradPlusStrategy,
+        NegGradStrategy,
+        NewtonStepStrategy,
+        NoisyFinetuneStrategy,
+        RandomLabelStrategy,
+        RBMStrategy,
+        ResolveStrategy,
+        RetrainStrategy,
+        SCRUBStrategy,
+        SlicedResolveStrategy,
+        StreamingStrategy,
+        UnlearningStrategy,
+        WoodFisherStrategy,
+    )
+    from lightning_unlearn.warnings import UnlearningWarning
+
+
+def __getattr__(name: str) -> Any:
+    """``lightning_unlearn.ACUStrategy`` imports :mod:`lightning_unlearn.strategies` (and torch) only then."""
+    if name not in _MODULE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_MODULE[name]}"), name)
+    globals()[name] = value  # later look-ups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
