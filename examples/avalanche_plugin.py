@@ -12,15 +12,11 @@ request's metrics (``unlearn/removed``, ``unlearn/exact``, ...) next to its accu
 
 from __future__ import annotations
 
-import logging
 import sys
+import warnings
 
 import lightning as L
 import torch
-from avalanche.evaluation.metrics import accuracy_metrics
-from avalanche.logging import TextLogger
-from avalanche.training import Naive
-from avalanche.training.plugins import EvaluationPlugin
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn import (
@@ -32,16 +28,27 @@ from lightning_unlearn import (
 from lightning_unlearn.avalanche import UnlearningPlugin, benchmark_with_sample_ids
 from lightning_unlearn.harness.digits import digits_splits
 from lightning_unlearn.models import SupervisedClassifier, mlp_backbone
+from lightning_unlearn.progress import progress_bar
 
-logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+# Avalanche imports qpsolvers for GEM, and qpsolvers warns "no QP solver found" when none is installed: this script
+# runs Naive, which needs none, so that one warning of the import is dropped; Lightning 2.6.6 (the newest) builds
+# torch's deprecated LeafSpec in every fit, which no user can change: that FutureWarning is dropped too
+warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="no QP solver found", category=UserWarning, module="qpsolvers")
+    from avalanche.evaluation.metrics import accuracy_metrics
+    from avalanche.logging import TextLogger
+    from avalanche.training import Naive
+    from avalanche.training.plugins import EvaluationPlugin
 
 
 def pretrained_backbone(x: torch.Tensor, y: torch.Tensor) -> torch.nn.Module:
     L.seed_everything(0, verbose=False)
     backbone = mlp_backbone(64, 128, 64)
     net = torch.nn.Sequential(backbone, torch.nn.Linear(64, 10))
+    # progress_bar(): Lightning's bar on a terminal, one line at the end of the fit in a pipe or a file
     trainer = L.Trainer(
-        max_epochs=30, logger=False, enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False
+        max_epochs=30, logger=False, enable_checkpointing=False, enable_model_summary=False, callbacks=[progress_bar()]
     )
     trainer.fit(SupervisedClassifier(net, lr=0.1), DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True))
     return backbone

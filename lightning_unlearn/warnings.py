@@ -38,12 +38,13 @@ def _every_occurrence(message: str) -> bool:
     return getattr(warnings, "defaultaction", "default") in ("always", "error")
 
 
-def warn(message: str, stacklevel: int = 4, *, cause: Hashable | None = None) -> None:
+def warn(message: str, stacklevel: int = 5, *, cause: Hashable | None = None) -> None:
     """Warn on rank 0 only (``rank_zero_warn``: N ranks print one line), as :class:`UnlearningWarning`.
 
     Args:
         message: the text; say what fails and what the user can do about it.
-        stacklevel: as :func:`warnings.warn`, counted from the caller of this function.
+        stacklevel: as :func:`warnings.warn`'s, counted through Lightning's rank-zero wrappers: 5 (the default)
+            names the line that calls this function, 6 its caller.
         cause: what the user can fix, when ``message`` carries numbers that change from one occurrence to the
             next (e.g. ``("hf deletion capacity", capacity)``); default: ``message``. The warning is shown once
             per process for its cause unless a filter asks for every occurrence; a message with a named

@@ -121,3 +121,13 @@ def test_quiet_lightning_drops_only_the_internal_fit_warnings():
     assert any("`val_dataloader`" in t for t in outside) and any("eval mode" in t for t in outside)  # the control
     inside = lightning_warnings(internal)
     assert "kept" in inside and not [t for t in inside if any(u in t for u in UNACTIONABLE)]
+
+
+def test_a_warning_names_the_line_that_called_warn():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn("where am I")  # the line a user reads under the warning
+    assert (caught[0].filename, caught[0].lineno) == (
+        __file__,
+        test_a_warning_names_the_line_that_called_warn.__code__.co_firstlineno + 3,
+    )

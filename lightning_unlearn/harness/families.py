@@ -164,7 +164,6 @@ def _linear_lr(info: BenchmarkInfo, net: nn.Module, s: Mapping[str, Any]) -> flo
         f"linear family: the recipe's lr = {info.lr:g} exceeds [HF]'s condition 2/(M + l2) = {c.max_lr:.4g} "
         f"(M = {c.smoothness:.4g}, l2 = {s['l2']:g}); it trains at lr_margin x 2/(M + l2) = {lr:.4g} "
         "(the setting lr_margin=None keeps the recipe's lr, and a certified HF release is then refused)",
-        stacklevel=2,
     )
     return lr
 

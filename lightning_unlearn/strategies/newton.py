@@ -249,7 +249,7 @@ class NewtonStepStrategy(_SecondOrderStrategy):
             warn(
                 f"NS: the damped mean Hessian (damping {rec.damping:g}) of the retained samples is indefinite (a "
                 "non-convex loss): solved all the same, as [HF]'s runs do, with no guarantee",
-                stacklevel=4,
+                stacklevel=5,
             )
         internal = theta + step  # Eq. (15)
         update = self._publish(ids, G, internal, "[NS] Alg. 2 / [HF] Eq. (15): ||w_retrain - w_NS|| <= gamma")
