@@ -19,7 +19,8 @@ per-request CSV and accuracy plot, ``paper_vs_ours.csv``, ``paper_vs_ours.png`` 
 ``summary.md`` (every table with the reference's own accuracies next to the gaps).
 
 Modules, each importing only those above it: :mod:`.schema` (the config dataclasses, no torch),
-:mod:`.columns` (paper columns from the harness's rows), :mod:`.tables` (results and their text),
+:mod:`.columns` (paper columns from the harness's rows), :mod:`.validate` and :mod:`.files` (a config from plain
+data and YAML text, and back), :mod:`.tables` (results and their text),
 :mod:`.figures` and :mod:`.outputs` (files), :mod:`.models`, :mod:`.data` and :mod:`.methods` (a setup as
 the harness runs it), :mod:`.run` (:func:`run_config`). Names are imported from here lazily, so that
 reading a config does not import torch.

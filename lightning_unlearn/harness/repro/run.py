@@ -31,6 +31,7 @@ from lightning_unlearn.harness.repro import journal
 from lightning_unlearn.harness.repro.columns import comparison_rows
 from lightning_unlearn.harness.repro.data import build_info
 from lightning_unlearn.harness.repro.figures import plot_lambda_sweep
+from lightning_unlearn.harness.repro.files import dump_config
 from lightning_unlearn.harness.repro.journal import slug
 from lightning_unlearn.harness.repro.methods import make_method, make_requests
 from lightning_unlearn.harness.repro.outputs import write_setup
@@ -198,8 +199,6 @@ def run_config(
 
 def _recipe_text(run: _Run, chosen: Sequence[Setup]) -> str:
     """``recipe.yaml``: the config that runs (its chosen setups), headed by the run's own settings as comments."""
-    from lightning_unlearn.harness.papers import dump_config
-
     head = [
         f"# lightning-unlearn reproduce: {run.config.name}, {'smoke' if run.smoke else 'full'} scale",
         f"# seed: {run.seed}; root: {run.root}; trainer: {run.trainer_kwargs}; setups: {[s.label for s in chosen]}",
