@@ -101,6 +101,9 @@ def test_forgetting_equals_training_from_scratch_on_the_retained_slices():
     ids = [in_slice(backbone, 2), in_slice(backbone, 3)]
     result = backbone.forget(torch.tensor(ids), data)
     assert (result.first_stage, result.retrained) == (2, 2) and result.seconds > 0
+    # stages 2 and 3 passed 2 epochs over slices 1..2 and 1 epoch over slices 1..3 (the two ids removed)
+    sizes = [len(s) for s in result.stages.slices]
+    assert result.samples == 2 * (sizes[0] + sizes[1]) + sum(sizes) == backbone.cost(2) and sum(sizes) == N - 2
     # a fresh SlicedBackbone on the retained data only (other rows, same ids) with the same slices and seeds
     retained = Subset(data, [i for i in range(N) if i not in ids])
     fresh = sliced(retained, slices=without(before.slices, ids))

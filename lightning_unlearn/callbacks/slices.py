@@ -59,6 +59,8 @@ class SliceRetrain:
         stages: the new slices (``ids`` removed) and states (those before ``first_stage`` kept, the others retrained).
         first_stage: the first stage retrained (1-based): the first whose slices held one of ``ids``.
         retrained: the number of stages retrained (``S - first_stage + 1``).
+        samples: the samples the retrained stages passed forward and backward (epochs times samples, summed over
+            the stages): the cost in units that do not depend on the machine's load.
         seconds: the wall time of the retraining.
     """
 
@@ -66,6 +68,7 @@ class SliceRetrain:
     stages: SliceStates
     first_stage: int
     retrained: int
+    samples: int
     seconds: float
 
 
@@ -251,7 +254,14 @@ class SlicedBackbone(L.Callback):
         states = self._train_from(stages.states[first], slices, first + 1, data, rows)
         seconds = perf_counter() - start
         kept = stages.states[: first + 1]  # the initial state and the states after stages 1..first: never saw ids
-        return SliceRetrain(ids, SliceStates(slices, (*kept, *states)), first + 1, self.count - first, seconds)
+        new = SliceStates(slices, (*kept, *states))
+        return SliceRetrain(ids, new, first + 1, self.count - first, self.cost(first + 1, new), seconds)
+
+    def cost(self, first_stage: int = 1, stages: SliceStates | None = None) -> int:
+        """The samples that stages ``first_stage..S`` pass forward and backward: ``sum_k epochs[k] |slices 1..k|``
+        (with ``first_stage=1``, the whole sliced training), over ``stages`` (default: the current slices)."""
+        sizes = torch.tensor([len(s) for s in (stages or self.stages).slices]).cumsum(0).tolist()
+        return sum(e * n for e, n in zip(self.epochs[first_stage - 1 :], sizes[first_stage - 1 :]))
 
     def forget(self, ids: Tensor, data: Dataset) -> SliceRetrain:
         """Retrain without ``ids`` (:meth:`retrain`), keep the result and overwrite the replaced states.

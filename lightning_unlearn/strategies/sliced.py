@@ -42,7 +42,8 @@ class SlicedResolveStrategy(ResolveStrategy):
     Requests name samples of the recorder's catalog (the head's): a sample the backbone trained on but the head
     never learned cannot be named here (train the backbone on the head's samples, or on data never forgotten).
 
-    Cost: the retrained stages (``extra["backbone_stages_retrained"]``, ``extra["backbone_seconds"]``), one float64
+    Cost: the retrained stages (``extra["backbone_stages_retrained"]``, the samples they passed
+    ``extra["backbone_samples"]`` and ``extra["backbone_seconds"]``), one float64
     forward pass of the trunk over the retained samples and the head's Newton solve.
 
     Args:
@@ -152,6 +153,7 @@ class SlicedResolveStrategy(ResolveStrategy):
             backbone_forgotten=int(seen.sum()),
             backbone_first_stage=retrain.first_stage,
             backbone_stages_retrained=retrain.retrained,
+            backbone_samples=retrain.samples,
             backbone_seconds=retrain.seconds,
         )
         return self._certified(update, retrain)
@@ -188,7 +190,9 @@ class SlicedResolveStrategy(ResolveStrategy):
             )
         update.certificate = replace(cert, statement=f"{part}; head: {cert.statement}", assumptions=assumptions)
         if retrain is None:
-            update.extra.update(backbone_retrained=False, backbone_stages_retrained=0, backbone_seconds=0.0)
+            update.extra.update(
+                backbone_retrained=False, backbone_stages_retrained=0, backbone_samples=0, backbone_seconds=0.0
+            )
         return update
 
     def _commit(self, result: UnlearningResult, update: UnlearningUpdate) -> Exception | None:
