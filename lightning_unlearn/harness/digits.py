@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn.harness.types import BenchmarkInfo, describe_benchmark
-from lightning_unlearn.progress import QUIET_TRAINER
+from lightning_unlearn.progress import QUIET_TRAINER, quiet_lightning
 
 
 def digits_splits(
@@ -62,7 +62,7 @@ def digits_benchmark(
 
     splits = digits_splits(seed=seed)
     (xb, yb), (x, y), (xt, yt) = splits["base"], splits["train"], splits["test"]
-    with torch.random.fork_rng():
+    with torch.random.fork_rng(), quiet_lightning():  # the harness's own pre-training: no banners
         torch.manual_seed(seed)
         backbone = mlp_backbone(x.shape[1], 128, 64)
         net = nn.Sequential(backbone, nn.Linear(64, 10))
