@@ -1,4 +1,5 @@
-"""The top-level package exports every strategy, recorder and core type a user needs, lazily (issue 22, item 6)."""
+"""The top-level package exports every strategy, recorder and core type a user needs, lazily, and importing it (or
+listing the reproduction configs) costs no torch import (issue 22, items 6 and 8)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,14 @@ def test_the_type_checking_imports_match_the_lazy_table():
     }
     assert imported == lightning_unlearn._MODULE
     assert set(lightning_unlearn.__all__) == set(lightning_unlearn._MODULE)
+
+
+def test_the_command_lists_the_reproduction_configs_without_importing_torch():
+    from lightning_unlearn.harness.papers import list_configs
+
+    code = (
+        "import sys; from lightning_unlearn.__main__ import main; main(['reproduce', '--list']); "
+        "print(sorted({'torch', 'lightning'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path.cwd())
+    assert out.stdout == list_configs() + "\n[]\n"
