@@ -56,13 +56,27 @@ def _target(scope: griffe.Object, name: str, loader: griffe.GriffeLoader) -> str
     try:
         path = scope.resolve(first) + (f".{rest}" if rest else "")
     except griffe.NameResolutionError:
-        path = name
+        path = _inherited(scope, first) + (f".{rest}" if rest else "")
     try:
         obj = loader.modules_collection.get_member(path)
         obj = obj.final_target if obj.is_alias else obj
     except (KeyError, ValueError, griffe.AliasResolutionError, griffe.CyclicAliasError):
         return None
     return obj.canonical_path if _rendered(obj) else None
+
+
+def _inherited(scope: griffe.Object, name: str) -> str:
+    """``name`` as a member a class in scope inherits (``:meth:`forget``` in a subclass's docstring), else as is."""
+    cls: griffe.Object | None = scope
+    while cls is not None and not cls.is_class:
+        cls = cls.parent
+    try:
+        member = cls.all_members.get(name) if cls is not None else None  # type: ignore[attr-defined]
+    except (griffe.AliasResolutionError, griffe.CyclicAliasError):
+        member = None
+    if member is None:
+        return name
+    return member.target_path if member.is_alias else member.path
 
 
 def _rendered(obj: griffe.Object) -> bool:
