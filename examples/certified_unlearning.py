@@ -35,7 +35,6 @@ from lightning_unlearn.functional import hf
 from lightning_unlearn.harness.digits import digits_splits
 from lightning_unlearn.metrics import evaluate_unlearning
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
-from lightning_unlearn.progress import progress_bar
 from lightning_unlearn.strategies import HessianCertifiedStrategy, HFStrategy
 
 # Lightning 2.6.6 (the newest) builds torch's deprecated LeafSpec in every fit, and torch warns about it: nothing
@@ -118,8 +117,8 @@ def main() -> None:
     w0 = hf.flat_params(model).clone()
     recorder = TrajectoryRecorder()
     start = perf_counter()
-    # progress_bar(): Lightning's bar on a terminal, one line per fit in a pipe
-    fit_stream(model, stream, callbacks=[recorder, progress_bar()], batch_size=32, trainer_kwargs={"max_epochs": 20})
+    # fit_stream shows each fit's progress as progress_bar() does: Lightning's bar on a terminal, one line in a pipe
+    fit_stream(model, stream, callbacks=[recorder], batch_size=32, trainer_kwargs={"max_epochs": 20})
     print(
         f"\n[HF] trained with TrajectoryRecorder in {perf_counter() - start:.1f} s: {recorder.n_steps} SGD steps, "
         f"statistics {recorder.memory_bytes() / 2**20:.1f} MiB ({recorder.n_rows} x {recorder.A.shape[1]} float32)"
@@ -151,7 +150,7 @@ def main() -> None:
 
     model, recorder = proximal(), HessianRecorder(hessian="exact")
     start = perf_counter()
-    fit_stream(model, stream, callbacks=[recorder, progress_bar()], batch_size=4096, trainer_kwargs={"max_epochs": 3})
+    fit_stream(model, stream, callbacks=[recorder], batch_size=4096, trainer_kwargs={"max_epochs": 3})
     print(
         f"\n[CCL] trained with HessianRecorder in {perf_counter() - start:.1f} s: {len(recorder.hessians)} Hessians of "
         f"{recorder.hessians[0].shape[0]}^2 floats "
@@ -167,7 +166,7 @@ def main() -> None:
     fit_stream(
         reference,
         [e for e in stream if e.current_experience != forget_exp],
-        callbacks=[progress_bar()],
+        callbacks=[],
         batch_size=4096,
         trainer_kwargs={"max_epochs": 3},
     )

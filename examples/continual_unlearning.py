@@ -109,7 +109,7 @@ def main() -> None:
     fit_stream(
         model,
         bm.train_stream,
-        callbacks=[recorder, progress_bar()],
+        callbacks=[recorder],  # progress as progress_bar() shows it (fit_stream's default)
         unlearning=strategy,
         requests=schedule,
         trainer_kwargs={"logger": logger, "log_every_n_steps": 1},  # 3 batches per experience: log each step

@@ -24,7 +24,7 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from time import perf_counter
 from typing import Any, Literal, TypeVar
@@ -174,6 +174,15 @@ def progress_bar(enabled: bool | None = None) -> ProgressBar:
     if mode == "off":
         lines.disable()
     return lines
+
+
+def with_progress_bar(callbacks: Iterable[L.Callback], trainer_kwargs: Mapping[str, Any]) -> list[L.Callback]:
+    """``callbacks`` plus :func:`progress_bar`, for a ``Trainer`` the library builds from a user's settings: unless
+    they hold a ``ProgressBar`` already or ``trainer_kwargs`` set ``enable_progress_bar`` (the user decided)."""
+    callbacks = list(callbacks)
+    if "enable_progress_bar" in trainer_kwargs or any(isinstance(c, ProgressBar) for c in callbacks):
+        return callbacks
+    return [*callbacks, progress_bar()]
 
 
 @contextmanager

@@ -20,6 +20,7 @@ from lightning_unlearn.progress import (
     progress_enabled,
     quiet_lightning,
     status,
+    with_progress_bar,
 )
 from lightning_unlearn.strategies import FinetuneStrategy, RetrainStrategy
 
@@ -135,3 +136,13 @@ def test_progress_bar_is_lightnings_on_a_terminal_and_one_line_per_fit_in_a_pipe
     assert output_mode() == "off" and fit(progress_bar()) == ""
     monkeypatch.setenv(ENV, "1")
     assert isinstance(progress_bar(), TQDMProgressBar)
+
+
+def test_with_progress_bar_adds_one_unless_the_user_decided(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    rec = SampleRecorder()
+    added = with_progress_bar([rec], {})
+    assert added[0] is rec and len(added) == 2 and isinstance(added[1], StageLines)
+    assert with_progress_bar([rec], {"enable_progress_bar": False}) == [rec]
+    own = TQDMProgressBar()
+    assert with_progress_bar([rec, own], {}) == [rec, own]

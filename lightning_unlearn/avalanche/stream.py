@@ -11,6 +11,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset
 from lightning_unlearn.avalanche.benchmarks import items_with_ids
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.core.request import ForgetRequest
+from lightning_unlearn.progress import with_progress_bar
 from lightning_unlearn.reporting import log_step, set_log_step
 from lightning_unlearn.strategies.base import (
     ForgetData,
@@ -72,7 +73,8 @@ def fit_stream(
         stream: an Avalanche ``train_stream`` (experiences with ``current_experience`` and a
             ``dataset`` of ``(x, y, sample_id, task_label)`` items).
         callbacks: the recorder (and any other callbacks), shared by all experiences.
-        trainer_kwargs: further ``Trainer`` arguments (default one epoch, no logger).
+        trainer_kwargs: further ``Trainer`` arguments (default one epoch, no logger; progress through
+            :func:`~lightning_unlearn.progress.progress_bar` unless they or ``callbacks`` decide it).
         batch_size: training batch size (shuffled loader).
         unlearning: executes the requests; its recorder must be among ``callbacks``.
         requests: forget requests per experience (by ``current_experience``).
@@ -105,7 +107,7 @@ def fit_stream(
         for recorder in (c for c in callbacks if isinstance(c, RecorderCallback)):
             recorder.experience = k
         restore_internal(unlearning)
-        trainer = L.Trainer(callbacks=list(callbacks), **kwargs)
+        trainer = L.Trainer(callbacks=with_progress_bar(callbacks, kwargs), **kwargs)
         set_log_step(trainer, step)
         trainer.fit(module, DataLoader(dataset, batch_size=batch_size, shuffle=True))
         seen.append(dataset)
