@@ -127,6 +127,30 @@ def test_hf_distance_to_retrain_stays_below_the_contraction_bound(seed):
         assert any(a.startswith("checked: every recorded step size <= 2/(M + lambda)") for a in cert.assumptions)
 
 
+def test_replay_sgd_is_the_recorded_sgd_and_the_reference_retrain():
+    """:func:`hf.replay_sgd` (the tradeoff benchmark's same-batches retrain) over the recorded batches reproduces the
+    fit (float64: 1e-12), and without some samples equals the step-by-step reference above."""
+    ds = blobs(48, seed=2)
+    model = sgd_model(lr=0.1, l2=0.1)
+    rec = TrajectoryRecorder(dtype=torch.float64)
+    w0 = fit_hf(model, ds, rec, epochs=2)
+    data, loss = table(ds), hf.ModuleLoss(model, rec.l2)
+    occ_rows, occ_steps = rec.occurrences()
+
+    def batches(removed: set[int]) -> list:
+        out = []
+        for t in range(rec.n_steps):
+            ids = [rec.row_ids[r] for r in occ_rows[occ_steps == t].tolist() if rec.row_ids[r] not in removed]
+            out.append((torch.stack([data[i][0] for i in ids]), torch.stack([data[i][1] for i in ids])))
+        return out
+
+    full = hf.replay_sgd(loss, w0, batches(set()), rec.lrs, rec.batch_sizes)
+    assert torch.allclose(full, hf.flat_params(model), rtol=0, atol=1e-12)
+    less = hf.replay_sgd(loss, w0, batches({1, 2, 30}), rec.lrs, rec.batch_sizes)
+    reference = replay_steps(model, rec, w0, data, {1, 2, 30}, range(rec.n_steps))
+    assert torch.allclose(less, reference, rtol=0, atol=1e-12) and not torch.allclose(less, full)
+
+
 def test_hf_bound_covers_training_continued_from_a_published_model():
     """Request, learn a new experience from the noised model, request again: the retrain reference takes the same
     published noise at the same step (the coupled reference of docs/certificates.md) and the bound still holds."""

@@ -18,7 +18,7 @@ statistics; running buffers are not updated by these passes, :func:`batch_statis
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -368,3 +368,17 @@ def deletion_capacity(epsilon: float, delta: float, lr: float, dim: int, rho: fl
         return math.inf
     log_denom = math.log(lr) + 0.5 * math.log(math.log(1 / delta)) + 0.5 * math.log(dim) + steps * math.log(rho)
     return float(torch.exp(torch.tensor(math.log(epsilon) - log_denom, dtype=torch.float64)))
+
+
+# -- the retrain the bounds compare with ([HF] Eqs. (4)-(5)) --------------------------------------------------------
+def replay_sgd(
+    loss: ModuleLoss, theta: Tensor, batches: Iterable[tuple[Tensor, Tensor]], lrs: list[float], batch_sizes: list[int]
+) -> Tensor:
+    """[HF] Eqs. (4)-(5): plain SGD from ``theta`` over ``batches`` (step ``t``'s retained samples), each step's sum of
+    per-sample gradients divided by the recorded ``batch_sizes[t]`` (the original ``|B_t|``: the step size per
+    sample is unchanged when samples are left out; an empty batch takes no step). The retrain HF's vectors and
+    the contraction bounds of :mod:`lightning_unlearn.functional.bounds` compare with."""
+    for (x, y), lr, size in zip(batches, lrs, batch_sizes, strict=True):
+        if len(y):
+            theta = theta - lr / size * per_sample_grads(loss, theta, x, y).sum(0)
+    return theta
