@@ -10,8 +10,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lightning_unlearn.callbacks.proximal import ProximalRegularizer
 from lightning_unlearn.modes import eval_mode
+from lightning_unlearn.regularization import ProximalRegularizer
 
 
 class RandomExpansion(nn.Module):

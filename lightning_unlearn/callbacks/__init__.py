@@ -7,11 +7,11 @@ from lightning_unlearn.callbacks.frozen import FrozenFeatureRecorder
 from lightning_unlearn.callbacks.hessian import HessianRecorder, TaskDeltaRecorder
 from lightning_unlearn.callbacks.newton import HessianSumRecorder
 from lightning_unlearn.callbacks.optimality import TaskOptimality
-from lightning_unlearn.callbacks.proximal import ProximalRegularizer
 from lightning_unlearn.callbacks.samples import SampleRecorder
 from lightning_unlearn.callbacks.slices import SlicedBackbone
 from lightning_unlearn.callbacks.streaming import StreamingRecorder
 from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
+from lightning_unlearn.regularization import ProximalRegularizer
 
 __all__ = [
     "HessianRecorder",

@@ -10,11 +10,11 @@ from torch import Tensor, nn
 
 from lightning_unlearn import contract
 from lightning_unlearn.callbacks.base import RecorderCallback
-from lightning_unlearn.callbacks.proximal import ProximalRegularizer
 from lightning_unlearn.functional import certified as cl
 from lightning_unlearn.functional import hf
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.progress import status
+from lightning_unlearn.regularization import ProximalRegularizer
 from lightning_unlearn.warnings import warn
 
 

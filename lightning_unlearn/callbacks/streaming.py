@@ -11,11 +11,11 @@ from torch import Tensor, nn
 
 from lightning_unlearn import contract
 from lightning_unlearn.callbacks.base import RecorderCallback, _gather
-from lightning_unlearn.callbacks.proximal import ProximalRegularizer
 from lightning_unlearn.data import unpack_batch
 from lightning_unlearn.functional import streaming as safe
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.progress import progress
+from lightning_unlearn.regularization import ProximalRegularizer
 
 _STATE = (
     "V",

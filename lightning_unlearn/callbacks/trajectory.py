@@ -12,9 +12,9 @@ from torch import Tensor, nn
 
 from lightning_unlearn import contract
 from lightning_unlearn.callbacks.base import RecorderCallback, _gather
-from lightning_unlearn.callbacks.proximal import ProximalRegularizer
 from lightning_unlearn.data import unpack_batch
 from lightning_unlearn.functional import hf
+from lightning_unlearn.regularization import ProximalRegularizer
 from lightning_unlearn.store import RowStore
 from lightning_unlearn.warnings import warn
 
