@@ -298,3 +298,28 @@ def _tensors(value) -> list[torch.Tensor]:
     if isinstance(value, (list, tuple)):
         return [t for v in value for t in _tensors(v)]
     return []
+
+
+def test_ddp_head_fit_then_a_backbone_retrain_on_every_rank(tmp_path):
+    # Under DDP each rank trains and retrains the same stages in its own process: the trunk equals the one-process
+    # run bitwise, every rank holds every retained row, and rank 0's head and noise are published on both
+    from pathlib import Path
+
+    from helpers import run_script
+
+    script = Path(__file__).parent / "scripts" / "ddp_sliced.py"
+    run_script(script, tmp_path / "ddp.pt", 2)
+    run_script(script, tmp_path / "single.pt", 1)
+    single = torch.load(tmp_path / "single.rank0.pt", weights_only=True)
+    ranks = [torch.load(tmp_path / f"ddp.rank{r}.pt", weights_only=True) for r in (0, 1)]
+    for rank in ranks:
+        assert rank["forgotten"] == single["forgotten"] and rank["extra"]["backbone_first_stage"] == 2
+        assert states_equal(rank["backbone"], single["backbone"])
+        trunk = {k: v for k, v in rank["published"].items() if k.startswith("trunk.")}
+        assert states_equal(trunk, {k: v for k, v in single["published"].items() if k.startswith("trunk.")})
+        ddp, one = rank["recorder"], single["recorder"]
+        mine, order = ddp["row_ids"].argsort(), one["row_ids"].argsort()
+        assert torch.equal(ddp["row_ids"][mine], one["row_ids"][order]) and single["forgotten"] not in ddp["row_ids"]
+        torch.testing.assert_close(ddp["feature_rows"][mine], one["feature_rows"][order], rtol=1e-12, atol=1e-12)
+        assert float((ddp["W"] - one["W"]).norm()) <= 2 * RADIUS  # both within radius of one optimum
+    assert states_equal(ranks[0]["published"], ranks[1]["published"])  # rank 0's head and noise

@@ -297,6 +297,7 @@ class SlicedBackbone(L.Callback):
             options = {
                 **QUIET_TRAINER,
                 "accelerator": "cpu",
+                "devices": 1,  # in this process, also inside a DDP run (every rank then computes the same stages)
                 "num_sanity_val_steps": 0,
                 "limit_val_batches": 0,
                 **self.trainer_kwargs,
