@@ -89,8 +89,9 @@ def test_newton_step_is_eq15_and_moves_towards_retraining(problem, damping):
     H_all = nt.hessian_sum(loss, theta, x, y)
     H_u = nt.hessian_sum(loss, theta, x[forget], y[forget])
     G = hf.per_sample_grads(loss, theta, x[forget], y[forget]).sum(0)
-    step, definite = nt.newton_step(H_all - H_u, len(keep), G, damping)
-    assert definite
+    solve = nt.newton_step(H_all - H_u, len(keep), G, damping)
+    step = solve.step
+    assert solve.definite and solve.iterations == 0  # no preconditioner: the direct (Cholesky) solve
     # Eq. (15) written out: w + 1/(n-m) (1/(n-m) sum_{retained} H_i + c I)^{-1} sum_U grad l(w; u)
     n_m = len(keep)
     H_ret = independent_hessian(module, x[keep], y[keep], theta)
@@ -104,6 +105,59 @@ def test_newton_step_is_eq15_and_moves_towards_retraining(problem, damping):
     assert unlearned < 0.1 * original, (unlearned, original)  # one Newton step: quadratically closer
 
 
+def test_gauss_newton_sum_is_the_hessian_of_an_affine_module_only(problem):
+    module, theta, x, y, *_ = problem
+    loss = hf.ModuleLoss(module, L2)
+    got = nt.gauss_newton_sum(loss, theta, x, y)  # a linear model: its output is affine in theta
+    assert got is not None and torch.allclose(got, independent_hessian(module, x, y, theta), atol=1e-10)
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(D_IN, 6), nn.Tanh(), nn.Linear(6, K)).double()  # not affine: J^T S J is not H
+    theta_mlp = hf.flat_params(mlp)
+    mlp_loss = hf.ModuleLoss(mlp, L2)
+    assert nt.gauss_newton_sum(mlp_loss, theta_mlp, x[:4], y[:4]) is None
+    exact = hessian(lambda t: objective(mlp, x[:4], y[:4], t), theta_mlp)  # hessian_sum falls back to HVPs
+    assert torch.allclose(nt.hessian_sum(mlp_loss, theta_mlp, x[:4], y[:4]), exact, atol=1e-10)
+
+
+def test_preconditioned_newton_step_is_the_dense_solve_request_after_request(problem):
+    """[NS] over 30 one-sample requests (m up to n/2): conjugate gradients preconditioned by the full damped inverse
+    give the dense solve of Eq. (15) to float64 rounding (relative 1e-10: a few hundred ulp through the condition
+    number of a 21 x 21 system), each from the previous step."""
+    module, theta, x, y, *_ = problem
+    loss = hf.ModuleLoss(module, L2)
+    H = nt.hessian_sum(loss, theta, x, y)
+    inverse, definite = nt.jackknife_inverse(H, N, 0.01)
+    assert definite
+    grads = hf.per_sample_grads(loss, theta, x, y)
+    retained, G, step = H.clone(), torch.zeros_like(theta), None
+    for m in range(1, N // 2 + 1):
+        u = m - 1
+        retained -= nt.hessian_sum(loss, theta, x[u : u + 1], y[u : u + 1])
+        G += grads[u]
+        solve = nt.newton_step(retained, N - m, G, 0.01, inverse, step)
+        dense = torch.linalg.solve(retained + 0.01 * (N - m) * torch.eye(len(theta), dtype=theta.dtype), G)
+        assert solve.iterations > 0 and solve.definite is None  # CG: definiteness not checked
+        assert float((solve.step - dense).norm()) <= 1e-10 * float(dense.norm()), m
+        step = solve.step
+
+
+def test_newton_step_falls_back_to_the_factorisation(problem, monkeypatch):
+    module, theta, x, y, forget, keep, _ = problem
+    loss = hf.ModuleLoss(module, L2)
+    H = nt.hessian_sum(loss, theta, x, y)
+    inverse, _ = nt.jackknife_inverse(H, N, 0.01)
+    H_ret = nt.hessian_sum(loss, theta, x[keep], y[keep])
+    G = hf.per_sample_grads(loss, theta, x[forget], y[forget]).sum(0)
+    direct = nt.newton_step(H_ret, len(keep), G, 0.01)
+    monkeypatch.setattr(nt, "MAX_CG_ITERATIONS", 1)  # too few iterations: the factorisation instead
+    fallback = nt.newton_step(H_ret, len(keep), G, 0.01, inverse)
+    assert fallback.iterations == 0 and fallback.definite and torch.equal(fallback.step, direct.step)
+    indefinite = -torch.eye(len(theta), dtype=theta.dtype)  # CG meets negative curvature: LU, flagged
+    solve = nt.newton_step(indefinite, 10, G, 0.01, inverse)
+    assert solve.iterations == 0 and solve.definite is False
+    assert torch.allclose(solve.step, G / (-1 + 0.01 * 10), atol=1e-12)
+
+
 def test_newton_step_within_its_noise_bound(problem):
     module, theta, x, y, forget, keep, retrained = problem
     loss = hf.ModuleLoss(module, L2)
@@ -113,7 +167,7 @@ def test_newton_step_within_its_noise_bound(problem):
     c = linear_model_constants(feature_norm, L2)
     M = nt.hessian_lipschitz_bound(feature_norm)
     for damping in (0.0, 0.01):
-        gap = float((theta + nt.newton_step(H_ret, len(keep), G, damping)[0] - retrained).norm())
+        gap = float((theta + nt.newton_step(H_ret, len(keep), G, damping).step - retrained).norm())
         bound = nt.newton_sensitivity(len(forget), N, c.grad_bound, L2, M, damping)
         assert gap <= bound["sensitivity"]
         inverse, _ = nt.jackknife_inverse(nt.hessian_sum(loss, theta, x, y), N, damping)
@@ -274,6 +328,25 @@ def test_bad_input_changes_nothing(lightning_fit, form):
     assert torch.equal(strategy._grad_sum, grad_sum) and len(strategy.ledger) == 1
     with pytest.raises(ValueError, match="forgotten without this"):  # a new strategy cannot recover their gradients
         cls(model, rec, noise=False).forget(ForgetRequest.samples([FORGET[1]]), data=ds)
+
+
+def test_ns_reuses_the_previous_matrix_and_a_failed_commit_changes_nothing(lightning_fit, monkeypatch):
+    ds, model, rec = fresh(lightning_fit, "hessian")
+    strategy = NewtonStepStrategy(model, rec, noise=False)
+    first = rec.matrix  # no d x d tensor is allocated per request: the previous matrix is the next one's buffer
+    strategy.forget(ForgetRequest.samples([FORGET[0]]), data=ds)
+    second = rec.matrix
+    weights, state = hf.flat_params(model), recorded(rec)
+    monkeypatch.setattr(strategy.ledger, "append", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        strategy.forget(ForgetRequest.samples([FORGET[1]]), data=ds)
+    assert rec.matrix is second and same_state(recorded(rec), state) and torch.equal(hf.flat_params(model), weights)
+    monkeypatch.undo()
+    strategy.forget(ForgetRequest.samples([FORGET[1]]), data=ds)
+    assert rec.matrix is first  # the request wrote into the matrix the recorder held before the last one
+    trained = hf.flat_params(fresh(lightning_fit, "hessian")[1])
+    expected = eq15_16(ds, trained, set(FORGET[:2]), "hessian")
+    assert torch.allclose(hf.flat_params(model), expected, atol=1e-10)
 
 
 def test_noise_std_is_the_stated_formula(lightning_fit):

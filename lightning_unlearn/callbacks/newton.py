@@ -31,13 +31,17 @@ class HessianSumRecorder(RecorderCallback):
     inputs are held (on the module's device, CPU with ``offload``) until the end of the fit, then dropped.
 
     ``form="hessian"`` ([NS]) keeps the dense sum, which each request replaces by the sum over the samples
-    it retains; ``form="inverse"`` ([IJ]) keeps ``(1/n sum_i H_i + damping I)^{-1}``, computed once. Both
+    it retains, and :attr:`preconditioner`, the damped inverse of the full sum, with which each request solves its
+    system by conjugate gradients in ``O(d^2)`` per iteration (:func:`~lightning_unlearn.functional.newton.newton_step`;
+    ``None`` when the damped Hessian is indefinite: each request then factorises); ``form="inverse"`` ([IJ])
+    keeps ``(1/n sum_i H_i + damping I)^{-1}``, computed once from a Cholesky factor (LU if indefinite). Both
     keep ``w`` itself (the model the statistics belong to), the number ``n`` of learned samples, the
     stationarity ``||mean_i grad l(w; z_i)||`` (both methods assume ``w`` is the exact minimiser, warned above
     ``tolerance``), the largest per-sample gradient norm (an estimate of L) and the top eigenvalue of the mean
     Hessian (of the smoothness). :attr:`precompute_seconds` times the Hessian (and inverse).
 
-    Storage: ``d^2`` floats, on every rank under DDP (the harness's Storage(GB) counts the ``state_dict`` once).
+    Storage: ``d^2`` floats ([NS]: twice), on every rank under DDP (the harness's Storage(GB) counts the
+    ``state_dict`` once).
     A module whose dense ``d x d`` matrix would exceed ``max_bytes`` is refused when the fit starts, naming ``d``
     and the memory ([HF] reports both methods out of memory for ResNet-18).
     One training set only ([NS] and [IJ] are not continual): a second fit is refused.
@@ -48,7 +52,7 @@ class HessianSumRecorder(RecorderCallback):
     Args:
         form: ``"hessian"`` or ``"inverse"`` (see above).
         damping: ``c`` added to the mean Hessian ([HF] Sec. 5.1: 0.01, after Basu et al. 2021).
-        max_bytes: the largest dense matrix stored.
+        max_bytes: the largest dense matrix stored (each of [NS]'s two).
         chunk_size: samples per batched derivative call (bounds peak memory).
         tolerance: stationarity above which a warning says ``w`` is not the minimiser.
         loss_fn: ``loss_fn(outputs, targets) -> (n,)`` per-sample loss (default: cross-entropy).
@@ -83,6 +87,7 @@ class HessianSumRecorder(RecorderCallback):
         self.loss_fn: contract.LossFn = loss_fn or contract.per_sample_cross_entropy
         self.theta: Tensor | None = None  # the trained model w
         self.matrix: Tensor | None = None  # sum of the retained samples' Hessians, or the damped inverse
+        self.preconditioner: Tensor | None = None  # [NS]: the damped inverse of the full sum (None if indefinite)
         self.n = 0
         self.l2: float | None = None
         self.grad_max = 0.0
@@ -170,12 +175,17 @@ class HessianSumRecorder(RecorderCallback):
                 grad_max, grad_sum = max(grad_max, float(g.norm(dim=1).max())), grad_sum + g.sum(0)
         grad_sum, grad_max = self.sum_over_ranks(grad_sum), self.max_over_ranks(grad_max)
         top, _ = hf.top_eigenvalue(lambda v: H @ v / n, torch.ones_like(theta), 100)
-        matrix, definite = nt.jackknife_inverse(H, n, self.damping) if self.form == "inverse" else (H, True)
+        inverse, definite = nt.jackknife_inverse(H, n, self.damping)
         if not definite:
             warn(
                 f"the damped mean Hessian (damping {self.damping:g}) is indefinite at the trained model (a non-convex "
-                "loss): the jackknife inverts it all the same, as [HF]'s runs do, with no guarantee"
+                + (
+                    "loss): the jackknife inverts it all the same, as [HF]'s runs do, with no guarantee"
+                    if self.form == "inverse"
+                    else "loss): each Newton step factorises its system (no conjugate gradients), with no guarantee"
+                )
             )
+        matrix, preconditioner = (inverse, None) if self.form == "inverse" else (H, inverse if definite else None)
         self.precompute_seconds = perf_counter() - start
         stationarity = float((grad_sum / n).norm())
         if stationarity > self.tolerance:
@@ -187,6 +197,7 @@ class HessianSumRecorder(RecorderCallback):
             )
         device = self._device(module)
         self.theta, self.matrix, self.n = theta.clone().to(device), matrix.to(device), n
+        self.preconditioner = None if preconditioner is None else preconditioner.to(device)
         self.grad_max, self.smoothness, self.stationarity = grad_max, top, stationarity
 
     # -- state ---------------------------------------------------------------------------------------------
@@ -200,6 +211,7 @@ class HessianSumRecorder(RecorderCallback):
             **super().state_dict(),
             "theta": None if self.theta is None else self.theta.clone(),
             "matrix": None if self.matrix is None else self.matrix.clone(),
+            "preconditioner": None if self.preconditioner is None else self.preconditioner.clone(),
             "n": self.n,
             "l2": self.l2,
             "grad_max": self.grad_max,
@@ -217,8 +229,14 @@ class HessianSumRecorder(RecorderCallback):
             raise ValueError(
                 f"inconsistent {type(self).__name__} state: a {tuple(state_dict['matrix'].shape)} matrix for d = {d}"
             )
+        preconditioner = state_dict.get("preconditioner")
+        if preconditioner is not None and tuple(preconditioner.shape) != (d, d):
+            raise ValueError(
+                f"inconsistent {type(self).__name__} state: a {tuple(preconditioner.shape)} preconditioner for d = {d}"
+            )
         super().load_state_dict(state_dict)
         self.theta, self.matrix = state_dict["theta"].clone(), state_dict["matrix"].clone()
+        self.preconditioner = None if preconditioner is None else preconditioner.clone()
         self.n, self.l2 = int(state_dict["n"]), float(state_dict["l2"])
         self.grad_max = float(state_dict.get("grad_max", 0.0))
         self.smoothness = float(state_dict.get("smoothness", 0.0))

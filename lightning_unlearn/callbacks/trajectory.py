@@ -43,12 +43,12 @@ class TrajectoryRecorder(RecorderCallback):
         a_u <- (I - eta_t H_t) a_u + 1[u in B_t] (eta_t / |B_t|) grad l(w_t; u)
 
     with ``H_t`` the mean Hessian of the step's batch objective, the actual learning rate and batch
-    size. Cost per step: one forward and one differentiable backward over the batch, then one batched
-    double backward per ``chunk_size`` vectors through that graph
-    (:class:`~lightning_unlearn.functional.hf.StepObjective`), i.e. about one Hessian-vector product per
-    tracked sample (one dense Hessian instead when ``d`` is small), plus one gradient per tracked
-    occurrence in the batch. After fit, ``w + a_u`` approximates the model retrained
-    without ``u`` with the same initialisation and batch order (Eqs. (4)-(5), (11)).
+    size. Cost per step: per ``chunk_size`` vectors, one ``vmap``-ed forward-over-reverse product through the
+    batch (:class:`~lightning_unlearn.functional.hf.StepObjective`: the batch's forward and backward once, every
+    vector's tangent batched through them), i.e. about one Hessian-vector product per tracked sample (one
+    dense Hessian instead when ``d`` is small), plus one gradient per tracked occurrence in the batch. After
+    fit, ``w + a_u`` approximates the model retrained without ``u`` with the same initialisation and batch
+    order (Eqs. (4)-(5), (11)).
 
     The per-sample loss is ``l = loss_fn(module(x), y) + (l2/2)||theta||^2`` with ``l2`` the SGD
     ``weight_decay`` (:mod:`lightning_unlearn.contract`): any LightningModule whose ``training_step``
@@ -135,8 +135,9 @@ class TrajectoryRecorder(RecorderCallback):
         hessian: ``"hvp"``, ``"dense"`` or ``"auto"`` (dense when ``d <= 2048`` and there are
             more vectors than parameters).
         chunk_size: vectors per batched HVP call and per-sample gradients per ``vmap`` chunk (peak memory
-            about ``chunk_size`` times the step's activations; ``None``: all of a row block at once).
-            Chunks share the step's forward and differentiable backward, so smaller chunks cost little.
+            about ``chunk_size`` times the step's activations); ``None``: as many as fit in ``hf.HVP_MEMORY``
+            bytes (:func:`~lightning_unlearn.functional.hf.hvp_chunk`, measured on the first step of each fit).
+            Each call pays the step's forward and backward once.
         power_iters: power-iteration steps per SGD step to estimate ``M = ||H_t||``, warm-started from the
             previous step's estimate (a power iteration continued along the trajectory); the first one rides in
             the recursion's batched HVP call, each further one costs a separate call (about the price of all K HVPs
@@ -158,7 +159,7 @@ class TrajectoryRecorder(RecorderCallback):
         capacity: int | None = None,
         track: Collection[int] | None = None,
         hessian: str = "auto",
-        chunk_size: int | None = 32,
+        chunk_size: int | None = None,
         power_iters: int = 1,
         row_block: int = 4096,
         loss_fn: contract.LossFn | None = None,
@@ -195,6 +196,7 @@ class TrajectoryRecorder(RecorderCallback):
         self.smoothness = 0.0  # observed max ||H_t|| (estimate of M, Assumption 1)
         self.l2: float | None = None
         self._eig: Tensor | None = None
+        self._chunk: int | None = None  # rows per HVP call in this fit (chunk_size, or measured at its first step)
         self._in_fit = False
         self._interrupted = False
         self._optimizer_l2: float | None = None  # weight_decay of the optimizer of the running fit
@@ -294,7 +296,7 @@ class TrajectoryRecorder(RecorderCallback):
         super().begin_experience(module)
         if self._rows is not None and not self._rows.mapped and not self.offload:
             self._rows.data = self._rows.data.to(hf.flat_params(module).device)
-        self._in_fit, self._check_module = True, True
+        self._in_fit, self._check_module, self._chunk = True, True, self.chunk_size
 
     def before_step(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, lr: float) -> None:
         """At ``w_t``, before the optimizer step with learning rate ``lr`` on this (rank-gathered) batch:
@@ -403,7 +405,7 @@ class TrajectoryRecorder(RecorderCallback):
         rows at a time (bounded memory for a memory-mapped store), accumulated in the parameters' dtype."""
         theta = hf.flat_params(module)
         step = hf.StepObjective(
-            hf.ModuleLoss(module, float(self.l2 or 0.0), self.loss_fn), theta, x, y, self.chunk_size
+            hf.ModuleLoss(module, float(self.l2 or 0.0), self.loss_fn), theta, x, y, self._chunk_for(module, x, y)
         )
         live = self.active.nonzero().flatten()
         rows, in_batch = self._live_rows(ids)
@@ -456,7 +458,7 @@ class TrajectoryRecorder(RecorderCallback):
             device = torch.device("cpu") if self.offload else theta.device
             self._allocate(list(new), theta.numel(), device, list(new.values()))
         step = hf.StepObjective(
-            hf.ModuleLoss(module, float(self.l2 or 0.0), self.loss_fn), theta, x, y, self.chunk_size
+            hf.ModuleLoss(module, float(self.l2 or 0.0), self.loss_fn), theta, x, y, self._chunk_for(module, x, y)
         )  # this rank's local batch
         live = self.active.nonzero().flatten()
         rows, in_batch = self._live_rows(ids.cpu())  # this rank's occurrences with a live vector
@@ -496,6 +498,14 @@ class TrajectoryRecorder(RecorderCallback):
         self._occ_steps.append(torch.full((occurrences.numel(),), self.n_steps, dtype=torch.long))
         self.lrs.append(lr)
         self.batch_sizes.append(len(all_ids))
+
+    def _chunk_for(self, module: nn.Module, x: Tensor, y: Tensor) -> int:
+        """Rows per HVP call: ``chunk_size``, or :func:`~lightning_unlearn.functional.hf.hvp_chunk` measured on this
+        fit's first step."""
+        if self._chunk is None:
+            loss = hf.ModuleLoss(module, float(self.l2 or 0.0), self.loss_fn)
+            self._chunk = hf.hvp_chunk(loss, hf.flat_params(module), x, y)
+        return self._chunk
 
     def _live_rows(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         """Rows of the batch elements that have a live vector (one per occurrence), and their mask in the batch."""

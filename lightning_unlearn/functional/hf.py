@@ -6,10 +6,9 @@ Equation numbers refer to [HF]. Parameters are handled as one flat vector ``thet
 exactly the objective plain SGD with ``weight_decay=l2`` follows.
 
 Everything is batched: per-sample gradients are ``vmap(grad(l))``; the Hessian-vector products of
-the recursion come from :class:`StepObjective`, one forward and one differentiable backward of
-the step's batch objective per SGD step, then ONE batched double backward per chunk of vectors
-(``is_grads_batched``: a ``vmap`` over the vectors of the backward of the gradient), so that each
-vector costs one HVP and the step's forward/backward is paid once for all of them. :func:`propagate`
+the recursion come from :class:`StepObjective`, forward-over-reverse (``jvp`` of the step's batch
+gradient) ``vmap``-ed over the vectors, so that each vector costs one HVP and the step's forward and
+backward are paid once per chunk of vectors. :func:`propagate`
 applies one step of the recursion to a chunk of rows. BatchNorm layers in training mode are
 supported (the Hessian and the gradients are those of the step's actual batch loss, with batch
 statistics; running buffers are not updated by these passes, :func:`batch_statistics_only`).
@@ -20,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from functools import cached_property
 
 import torch
 from torch import Tensor, nn
@@ -167,41 +167,101 @@ def batch_statistics_only(module: nn.Module) -> Iterator[bool]:
             m.track_running_stats = True
 
 
+#: peak memory, in bytes, that :func:`hvp_chunk` gives one ``vmap`` call of :meth:`StepObjective.hvp`
+HVP_MEMORY = 2**30
+
+
+def activation_bytes(loss: ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -> int:
+    """Bytes the batch objective's forward saves for its backward at ``theta`` (activations and the weights the
+    backward reads), counted with ``torch.autograd.graph.saved_tensors_hooks`` on one forward."""
+    total = 0
+
+    def pack(t: Tensor) -> Tensor:
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    th = theta.detach().requires_grad_(True)
+    with (
+        torch.enable_grad(),
+        batch_statistics_only(loss.module),
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+    ):
+        loss.mean(th, x, y)
+    return total
+
+
+def hvp_chunk(loss: ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, memory: int = HVP_MEMORY) -> int:
+    """Rows per ``vmap`` call of :meth:`StepObjective.hvp` within ``memory`` bytes: each row's tangent carries
+    the forward's saved tensors through the forward and the backward, about three times :func:`activation_bytes`
+    (a small model takes all rows at once: the call's fixed cost, a primal forward and backward plus the
+    dispatch of every operation, is then paid once per step)."""
+    return max(1, memory // max(1, 3 * activation_bytes(loss, theta, x, y)))
+
+
 class StepObjective:
     """Derivatives of one SGD step's batch objective ``F_B(theta)`` ([HF] Eq. (3)) at ``theta``.
 
-    The constructor runs ONE forward and ONE differentiable backward (``create_graph``) over the batch;
-    :meth:`hvp` then computes ``V H_B`` (Eq. (8), ``H_B`` symmetric) for a chunk of vectors with one
-    batched double backward through that graph (``is_grads_batched``), about one HVP per vector.
-    BatchNorm layers in training mode use the batch's statistics (the step's actual loss) and their
-    running buffers stay untouched (:func:`batch_statistics_only`).
+    :meth:`hvp` computes ``V H_B`` (Eq. (8), ``H_B`` symmetric) for the rows of ``V`` by forward-over-reverse
+    differentiation (``torch.func``: ``jvp`` of the batch gradient, ``vmap``-ed over the rows, ``chunk_size`` rows
+    per call): each call runs the batch's forward and backward once for the primal and batches every row's
+    tangent through the same operations (Appendix B.3: each product costs about one gradient). The rows are
+    split into the parameters' tangents as views, the ridge's ``l2 V`` is added once. BatchNorm layers in
+    training mode use the batch's statistics (the step's actual loss) and their running buffers stay untouched
+    (:func:`batch_statistics_only`).
 
     Args:
         loss: the module's per-sample loss (:class:`ModuleLoss`).
         theta: flat parameters ``w_t``.
         x, y: the step's batch.
-        chunk_size: vectors per batched double backward in :meth:`hvp` (peak memory about
-            ``chunk_size`` times the graph's activations); ``None``: all at once.
+        chunk_size: rows per ``vmap`` call in :meth:`hvp` and per-sample gradients per chunk (peak memory about
+            ``chunk_size`` times the step's activations, :func:`activation_bytes`); ``None``: all at once.
     """
 
     def __init__(self, loss: ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = None) -> None:
         self.loss, self.x, self.y, self.chunk_size = loss, x.detach(), y.detach(), chunk_size
-        self.theta = theta.detach().requires_grad_(True)
-        with torch.enable_grad(), batch_statistics_only(loss.module) as coupled:
-            (self._graph,) = torch.autograd.grad(loss.mean(self.theta, x, y), self.theta, create_graph=True)
-        self.coupled = coupled
-        self.grad = self._graph.detach()
+        self.theta = theta.detach()
+        with batch_statistics_only(loss.module) as coupled:
+            self.coupled = coupled
+        # contiguous copies, like the tangents below: forward-mode AD takes a slow path (about 3x on a ResNet) for a
+        # tangent whose storage offset differs from its primal's, and views of theta have offsets
+        self._params = {name: p.clone() for name, p in unflatten(self.theta, loss.spec).items()}
+
+    @cached_property
+    def grad(self) -> Tensor:
+        """``grad F_B(theta)``: one forward and backward over the batch (batch statistics for BatchNorm)."""
+        with batch_statistics_only(self.loss.module):
+            return grad(batch_mean_loss(self.loss, self.x, self.y))(self.theta)
+
+    def _data_loss(self, params: dict[str, Tensor]) -> Tensor:
+        outputs = functional_call(self.loss.module, params, (self.x,))
+        return self.loss.loss_fn(outputs, self.y).mean()
 
     def hvp(self, V: Tensor) -> Tensor:
-        """``V H_B`` for the ``(k, d)`` rows of ``V`` (in ``theta``'s dtype), ``chunk_size`` rows per batched call."""
+        """``V H_B`` for the ``(k, d)`` rows of ``V`` (cast to ``theta``'s dtype), a new tensor, ``chunk_size`` rows per
+        ``vmap`` call."""
         V = V.to(self.theta)
-        if not self._graph.requires_grad or not V.shape[0]:  # F_B affine in theta (H_B = 0), or no vectors
-            return torch.zeros_like(V)
-        parts = [
-            torch.autograd.grad(self._graph, self.theta, grad_outputs=v, is_grads_batched=True, retain_graph=True)[0]
-            for v in V.split(self.chunk_size or V.shape[0])
-        ]
-        return torch.cat(parts)
+        out = torch.empty_like(V)
+        if not V.shape[0]:
+            return out
+        data_grad = grad(self._data_loss)
+        spans, start = [], 0
+        for name, shape in self.loss.spec:
+            spans.append((name, start, start + math.prod(shape), shape))
+            start += math.prod(shape)
+        for lo in range(0, V.shape[0], self.chunk_size or V.shape[0]):
+            block = V[lo : lo + (self.chunk_size or V.shape[0])]
+            tangents = {
+                name: torch.empty((len(block), *shape), dtype=V.dtype, device=V.device).copy_(
+                    block[:, a:b].reshape(len(block), *shape)
+                )
+                for name, a, b, shape in spans
+            }
+            with batch_statistics_only(self.loss.module):
+                products = vmap(lambda t: jvp(data_grad, (self._params,), (t,))[1])(tangents)
+            for name, a, b, _ in spans:
+                out[lo : lo + len(block), a:b] = products[name].reshape(len(block), b - a)
+        return out.add_(V, alpha=self.loss.l2) if self.loss.l2 else out
 
     def hessian(self) -> Tensor:
         """Dense ``(d, d)`` ``H_B``, from :meth:`hvp` of the identity (small models only)."""
@@ -251,7 +311,8 @@ def propagate(
     Args:
         rows: ``(k, d)`` vectors ``a_t`` of any storage dtype; they are cast to the dtype ``hvp`` returns
             (the parameters' dtype, e.g. float32 for float16 storage), in which the step accumulates.
-        hvp: ``V -> V H_t`` for a ``(k, d)`` matrix (e.g. :meth:`StepObjective.hvp`, ``H_t`` symmetric).
+        hvp: ``V -> V H_t`` for a ``(k, d)`` matrix, as a new tensor (it is updated in place; e.g.
+            :meth:`StepObjective.hvp`, ``H_t`` symmetric).
         lr: the step's learning rate ``eta_t``.
         batch_size: ``|B_t|`` (all ranks' elements under DDP).
         positions: for each injected gradient, the index of its row in ``rows`` (a row repeated in the
@@ -265,13 +326,12 @@ def propagate(
     Raises:
         ValueError: ``grads`` and ``positions`` disagree in length or width.
     """
-    rows_h = hvp(rows)
-    out = rows.to(rows_h) - lr * rows_h
+    if grads is not None and positions is not None and grads.shape != (positions.numel(), rows.shape[1]):
+        raise ValueError(f"{positions.numel()} injected rows but per-sample gradients of shape {tuple(grads.shape)}")
+    out = hvp(rows).mul_(-lr).add_(rows)  # in place on hvp's new tensor: one pass
     if positions is None or grads is None:
         return out
-    if grads.shape != (positions.numel(), rows.shape[1]):
-        raise ValueError(f"{positions.numel()} injected rows but per-sample gradients of shape {tuple(grads.shape)}")
-    return out.index_add(0, positions.to(out.device), grads.to(out), alpha=lr / batch_size)
+    return out.index_add_(0, positions.to(out.device), grads.to(out), alpha=lr / batch_size)
 
 
 def rank_bracket(

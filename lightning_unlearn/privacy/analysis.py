@@ -84,6 +84,31 @@ def analytic_sigma(sensitivity: float, epsilon: float, delta: float, rel_tol: fl
     return math.exp(hi)
 
 
+def gaussian_epsilon(mu: float, delta: float, rel_tol: float = 1e-12) -> float:
+    """The smallest epsilon at which a Gaussian mechanism with ``Delta / sigma = mu`` is (epsilon, delta)-DP:
+    the [AGM] Theorem 8 condition (:func:`gaussian_delta`, decreasing in epsilon) solved by bisection to relative
+    precision ``rel_tol``, returning the upper end (never below the true epsilon). ``0`` when ``delta`` already
+    covers ``epsilon = 0``, ``inf`` for ``mu = inf`` (a release without noise).
+
+    Raises:
+        ValueError: ``mu < 0`` or ``delta`` outside (0, 1).
+    """
+    check_privacy_parameters(1.0, delta)
+    if not mu >= 0:
+        raise ValueError(f"mu = Delta/sigma must be >= 0, got {mu}")
+    if math.isinf(mu):
+        return math.inf
+    if gaussian_delta(1.0, mu, 0.0) <= delta:
+        return 0.0
+    lo, hi = 0.0, max(1.0, mu * mu)
+    while gaussian_delta(1.0, mu, hi) > delta:
+        lo, hi = hi, 2 * hi
+    while hi - lo > rel_tol * hi:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if gaussian_delta(1.0, mu, mid) <= delta else (mid, hi)
+    return hi
+
+
 def gaussian_sigma(sensitivity: float, epsilon: float, delta: float) -> float:
     """Noise std of an (epsilon, delta) Gaussian release of a query with L2 sensitivity ``sensitivity``:
     the analytic Gaussian mechanism (:func:`analytic_sigma`) at every epsilon. ``N(0, sigma I)`` in

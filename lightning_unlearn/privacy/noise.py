@@ -1,10 +1,15 @@
 """Gaussian noise that nobody can recompute, and the explicit, marked exception for experiments.
 
 Like Opacus' ``secure_mode``, the source of noise that carries a guarantee is an explicit choice.
-By default every release draws its noise from the operating system's entropy (``os.urandom``, a
-cryptographically secure source) through the Box-Muller transform: nothing seeds it and nothing
-about it is stored, so knowing the code, the data and every setting does not let anyone subtract
-the noise. ``seed=`` makes the noise reproducible from ``seed`` and the release number, for
+By default every release draws its noise from a cryptographically secure generator keyed by the
+operating system's entropy: the ChaCha20 keystream (RFC 8439, the ``cryptography`` package's OpenSSL
+implementation) under a fresh 256-bit key and 128-bit nonce from ``os.urandom``, used once and
+discarded, through the Box-Muller transform. Nothing seeds it and nothing about it is stored, so
+knowing the code, the data and every setting does not let anyone subtract the noise. (ChaCha20 is
+the generator behind the Linux kernel's own ``getrandom``; drawing the whole keystream in user space
+makes a release of d = 2M parameters several times faster than ``os.urandom`` for every byte. A
+seeded statistical generator such as PCG64 or Philox is NOT a substitute: its state can be recovered
+from its output.) ``seed=`` makes the noise reproducible from ``seed`` and the release number, for
 experiments only: whoever knows the seed can remove the noise, so such a release is marked
 ``seeded`` and its certificate is not a certificate (``Certificate.certified`` is False).
 """
@@ -15,26 +20,41 @@ import math
 import os
 
 import torch
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from torch import Tensor
 
 from lightning_unlearn.warnings import warn
 
 
+def secure_bytes(n: int) -> bytes:
+    """``n`` bytes of the ChaCha20 keystream under a fresh key and nonce from ``os.urandom`` (discarded)."""
+    cipher = Cipher(algorithms.ChaCha20(os.urandom(32), os.urandom(16)), mode=None)
+    return cipher.encryptor().update(bytes(n))
+
+
 def _secure_uniform(n: int) -> Tensor:
-    """``n`` float64 numbers uniform on (0, 1], 53 random bits each, from ``os.urandom``."""
-    raw = torch.frombuffer(bytearray(os.urandom(8 * n)), dtype=torch.int64) if n else torch.zeros(0, dtype=torch.int64)
-    bits = torch.bitwise_right_shift(raw, 11) & ((1 << 53) - 1)
-    return (bits.double() + 1.0) / float(1 << 53)
+    """``n`` float64 numbers uniform on (0, 1], on the grid of step ``2^-52``, from :func:`secure_bytes`: 52 random
+    mantissa bits (the low bits of each keystream word) under the exponent of 1 give ``[1, 2)``, and ``2 - x``
+    maps it onto (0, 1]."""
+    if not n:
+        return torch.zeros(0, dtype=torch.float64)
+    raw = torch.frombuffer(bytearray(secure_bytes(8 * n)), dtype=torch.int64)
+    bits = raw.bitwise_and_((1 << 52) - 1).bitwise_or_(0x3FF0000000000000)
+    return bits.view(torch.float64).neg_().add_(2.0)
 
 
 def secure_gaussian(shape: torch.Size | tuple[int, ...], dtype: torch.dtype = torch.float64) -> Tensor:
-    """Standard normal samples from the OS entropy source (Box-Muller on :func:`_secure_uniform`)."""
+    """Standard normal samples from the secure generator (Box-Muller on :func:`_secure_uniform`, computed in place
+    in float64). The radius ``sqrt(-2 ln u)`` of ``u >= 2^-52`` reaches 8.49: the tails beyond it, probability
+    ``2e-17`` per coordinate, are cut (the previous 53-bit uniforms cut at 8.57)."""
     n = math.prod(shape)
-    u = _secure_uniform(2 * ((n + 1) // 2)).view(2, -1)
-    radius = torch.sqrt(-2.0 * torch.log(u[0]))
-    angle = 2 * math.pi * u[1]
-    z = torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)])[:n]
-    return z.view(shape).to(dtype)
+    half = (n + 1) // 2
+    u = _secure_uniform(2 * half)
+    radius, angle = u[:half].log_().mul_(-2.0).sqrt_(), u[half:].mul_(2 * math.pi)
+    z = torch.empty(2 * half, dtype=torch.float64)
+    torch.cos(angle, out=z[:half]).mul_(radius)
+    torch.sin(angle, out=z[half:]).mul_(radius)
+    return z[:n].view(shape).to(dtype)
 
 
 def gaussian_noise(

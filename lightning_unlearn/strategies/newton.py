@@ -28,9 +28,9 @@ class _SecondOrderStrategy(ReleasingStrategy):
     [NS]'s classical ``gamma sqrt(2 ln(1.25/delta))/epsilon`` is reported as ``sigma_classical``; every release
     accounted). Needs the samples to forget (``data``): their gradients at ``w``.
 
-    The running gradient sum ``G = sum_{u in U} grad l(w; u)`` is the strategy's own state, never written by
-    the library (for a single sample it is that sample's gradient); a new strategy on a recorder whose
-    samples were forgotten by another strategy refuses, since it cannot recover ``G``.
+    The running gradient sum ``G = sum_{u in U} grad l(w; u)`` and the last step are the strategy's own state,
+    never written by the library (for a single sample ``G`` is that sample's gradient); a new strategy on a
+    recorder whose samples were forgotten by another strategy refuses, since it cannot recover ``G``.
 
     Constants: ``constants`` (L = ``grad_bound``, beta = ``smoothness``, lambda = ``strong_convexity``, e.g.
     :func:`~lightning_unlearn.functional.bounds.module_constants`) and ``hessian_lipschitz`` M (e.g.
@@ -96,6 +96,8 @@ class _SecondOrderStrategy(ReleasingStrategy):
         self.recorder: HessianSumRecorder = recorder
         self.model_constants, self.hessian_lipschitz = constants, hessian_lipschitz
         self._grad_sum: Tensor | None = None  # G over the samples this strategy forgot
+        self._step: Tensor | None = None  # the step from w for them: the noise-free model is w + step
+        self._spare: Tensor | None = None  # [NS]: the recorder's previous matrix, reused for the next one
         self._forgotten = 0
 
     def constants(self) -> ModelConstants:
@@ -116,10 +118,9 @@ class _SecondOrderStrategy(ReleasingStrategy):
     def clean_parameters(self) -> Tensor:
         """The noise-free internal model ``w + step(U)`` (flat) after the last request; the module's weights if none."""
         rec = self.recorder
-        if self._grad_sum is None or rec.theta is None:
+        if self._step is None or rec.theta is None:
             return hf.flat_params(self.module)
-        theta = rec.theta.to(self._grad_sum)
-        return theta + self._step_for(self._grad_sum, self._forgotten, rec.matrix)[0]
+        return rec.theta.to(self._step) + self._step
 
     def _gradient_sum(self, ids: Tensor, data: ForgetData) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``G`` including ``ids``, the trained model ``w`` (flat, on the module's device and dtype) and the
@@ -146,16 +147,14 @@ class _SecondOrderStrategy(ReleasingStrategy):
         return G, theta, x, y
 
     @abstractmethod
-    def _step_for(self, G: Tensor, m: int, matrix: Tensor | None) -> tuple[Tensor, bool]:
-        """The step from ``w`` for ``m`` forgotten samples with gradient sum ``G`` and the recorder's ``matrix``, and
-        whether the damped Hessian it solves with is positive definite."""
-
-    @abstractmethod
     def _bound(self, m: int, c: ModelConstants, M: float) -> dict[str, float]:
         """``gamma`` and its terms for ``m`` forgotten samples."""
 
-    def _publish(self, ids: Tensor, G: Tensor, internal: Tensor, statement: str) -> UnlearningUpdate:
+    def _publish(self, ids: Tensor, G: Tensor, step: Tensor, statement: str) -> UnlearningUpdate:
         rec, m = self.recorder, self._forgotten + int(ids.numel())
+        if rec.theta is None:
+            raise ValueError(f"{type(rec).__name__} holds no trained model")
+        internal = rec.theta.to(step) + step  # Eqs. (15), (16)
         c = self.constants()
         M = math.inf if self.hessian_lipschitz is None else float(self.hessian_lipschitz)
         bounds = self._bound(m, c, M)
@@ -207,11 +206,11 @@ class _SecondOrderStrategy(ReleasingStrategy):
         return UnlearningUpdate(
             certificate,
             weights=hf.unflatten(published.weights, hf.param_spec(self.module)),
-            state={"_grad_sum": G, "_forgotten": m, **published.state},
+            state={"_grad_sum": G, "_step": step, "_forgotten": m, **published.state},
             extra={
                 "n_forgotten": int(ids.numel()),
                 "noise_norm": float(published.noise.norm()),
-                "update_norm": float((internal - rec.theta.to(internal)).norm()) if rec.theta is not None else 0.0,
+                "update_norm": float(step.norm()),
             },
         )
 
@@ -220,17 +219,18 @@ class NewtonStepStrategy(_SecondOrderStrategy):
     """[NS]: the damped Newton step of [HF] Eq. (15) on the retained samples' Hessian, then noise ([NS] Alg. 2).
 
     Per request the forgotten samples' Hessians at ``w`` are subtracted from the recorder's sum (the recorder
-    then holds the retained samples' sum), and ``(1/(n-m) H_ret + c I)`` is factorised (``O(d^3)``). Noise:
-    :func:`~lightning_unlearn.functional.newton.newton_sensitivity`. See :class:`_SecondOrderStrategy`.
+    then holds the retained samples' sum; ``O(k K d^2)`` for a linear head; written into the recorder's matrix
+    before the last request, which the strategy keeps as a scratch buffer, so a request allocates no ``d x d``
+    tensor), and ``(H_ret + c (n-m) I) s = G`` is
+    solved by conjugate gradients preconditioned with the recorder's damped inverse of the full sum, from the
+    previous request's step (``O(d^2)`` per iteration; a factorisation, ``O(d^3)``, without it:
+    :func:`~lightning_unlearn.functional.newton.newton_step`). ``extra["cg_iterations"]`` reports the
+    iterations (0: factorised). Noise: :func:`~lightning_unlearn.functional.newton.newton_sensitivity`. See
+    :class:`_SecondOrderStrategy`.
     """
 
     method = "ns"
     form = "hessian"
-
-    def _step_for(self, G: Tensor, m: int, matrix: Tensor | None) -> tuple[Tensor, bool]:
-        if matrix is None:
-            raise ValueError("NS has no recorded Hessian")
-        return nt.newton_step(matrix.to(G), self.recorder.n - m, G, self.recorder.damping)
 
     def _bound(self, m: int, c: ModelConstants, M: float) -> dict[str, float]:
         return nt.newton_sensitivity(m, self.recorder.n, c.grad_bound, c.strong_convexity, M, self.recorder.damping)
@@ -240,20 +240,28 @@ class NewtonStepStrategy(_SecondOrderStrategy):
         G, theta, x, y = self._gradient_sum(ids, data)
         if rec.matrix is None:
             raise ValueError("NS has no recorded Hessian")
-        with eval_mode(self.module):
-            removed = nt.hessian_sum(rec.module_loss(self.module), theta, x, y, rec.chunk_size)
-        retained = rec.matrix - removed.to(rec.matrix)  # a new tensor: the recorder's stays for rollback
+        loss, base = rec.module_loss(self.module), rec.matrix
+        with eval_mode(self.module):  # the retained sum, a new tensor: the recorder's stays for rollback
+            if (base.dtype, base.device) == (theta.dtype, theta.device):
+                spare = self._spare
+                if spare is None or spare is base or spare.shape != base.shape or spare.dtype != base.dtype:
+                    spare = None
+                retained = nt.hessian_sum(loss, theta, x, y, rec.chunk_size, base=base, sign=-1.0, out=spare)
+            else:
+                retained = base - nt.hessian_sum(loss, theta, x, y, rec.chunk_size).to(base)
         m = self._forgotten + int(ids.numel())
-        step, definite = self._step_for(G, m, retained)
-        if not definite:
+        norm = rec.n * rec.smoothness if rec.smoothness > 0 else None  # ||H_ret|| <= ||H|| for a convex loss
+        solve = nt.newton_step(retained, rec.n - m, G, rec.damping, rec.preconditioner, self._step, norm)
+        if solve.definite is False:
             warn(
                 f"NS: the damped mean Hessian (damping {rec.damping:g}) of the retained samples is indefinite (a "
                 "non-convex loss): solved all the same, as [HF]'s runs do, with no guarantee",
                 stacklevel=5,
             )
-        internal = theta + step  # Eq. (15)
-        update = self._publish(ids, G, internal, "[NS] Alg. 2 / [HF] Eq. (15): ||w_retrain - w_NS|| <= gamma")
+        update = self._publish(ids, G, solve.step, "[NS] Alg. 2 / [HF] Eq. (15): ||w_retrain - w_NS|| <= gamma")
         update.statistics = {"matrix": retained}
+        update.state = {**update.state, "_spare": base}  # after the commit the recorder no longer holds it
+        update.extra["cg_iterations"] = solve.iterations
         return update
 
 
@@ -266,16 +274,13 @@ class InfinitesimalJackknifeStrategy(_SecondOrderStrategy):
     method = "ij"
     form = "inverse"
 
-    def _step_for(self, G: Tensor, m: int, matrix: Tensor | None) -> tuple[Tensor, bool]:
-        if matrix is None:
-            raise ValueError("IJ has no recorded inverse Hessian")
-        return nt.jackknife_step(matrix.to(G), self.recorder.n, G), True  # the recorder warned if it was indefinite
-
     def _bound(self, m: int, c: ModelConstants, M: float) -> dict[str, float]:
         rec = self.recorder
         return nt.jackknife_sensitivity(m, rec.n, c.grad_bound, c.smoothness, c.strong_convexity, M, rec.damping)
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
-        G, theta, _, _ = self._gradient_sum(ids, data)
-        internal = theta + self._step_for(G, self._forgotten + int(ids.numel()), self.recorder.matrix)[0]  # Eq. (16)
-        return self._publish(ids, G, internal, "[IJ] / [HF] Eq. (16): ||w_retrain - w_IJ|| <= gamma [derived]")
+        G, _, _, _ = self._gradient_sum(ids, data)
+        if self.recorder.matrix is None:
+            raise ValueError("IJ has no recorded inverse Hessian")
+        step = nt.jackknife_step(self.recorder.matrix, self.recorder.n, G)  # the recorder warned if indefinite
+        return self._publish(ids, G, step, "[IJ] / [HF] Eq. (16): ||w_retrain - w_IJ|| <= gamma [derived]")
