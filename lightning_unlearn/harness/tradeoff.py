@@ -12,7 +12,10 @@ after the last request, the test accuracy, the gap to retraining, the last relea
 accountant's total epsilon over all releases (at the same delta), and two attacks (MIA-U AUC with
 DirectDiff features, offline LiRA AUC with shadow models trained on the disjoint ``base`` split).
 
-Methods: ``hf`` ([HF], SGD recipe), ``hessian`` and ``gradient`` ([CCL] Alg. 2 / Alg. 1,
+Methods: ``resolve`` (the certified softmax head re-solved to a computed distance, [derived],
+``docs/certified_head.md``) and ``certified_removal`` ([CR], Newton removal with a loss perturbation drawn for each
+epsilon), both at their own ``l2`` (:data:`HEAD_L2`) and against ``retrain[exact]`` (that head's optimum on the
+retained samples, solved from scratch); ``hf`` ([HF], SGD recipe), ``hessian`` and ``gradient`` ([CCL] Alg. 2 / Alg. 1,
 the task solved by full-batch L-BFGS to a checked tolerance), ``safe`` ([SAFE] Alg. 1's step); each
 noise-free (``epsilon = inf``) and next to its retrained reference. Every certified release calibrates on
 the strategies' default, the contraction bound [derived] (``docs/certificates.md``; SAFE's from the same
@@ -36,23 +39,34 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_unlearn.callbacks import HessianRecorder, StreamingRecorder, TaskOptimality, TrajectoryRecorder
+from lightning_unlearn.callbacks import (
+    HessianRecorder,
+    SoftmaxHeadRecorder,
+    StreamingRecorder,
+    TaskOptimality,
+    TrajectoryRecorder,
+)
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.data import IndexedDataset
-from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import convex, hf
 from lightning_unlearn.functional.bounds import linear_model_constants, module_constants
 from lightning_unlearn.metrics import accuracy, lira_auc, mia_u_auc
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.privacy.recipe import Recipe, propose_recipe
 from lightning_unlearn.progress import QUIET_TRAINER
 from lightning_unlearn.strategies import (
+    CertifiedRemovalStrategy,
     GradientCertifiedStrategy,
     HessianCertifiedStrategy,
     HFStrategy,
+    ResolveStrategy,
     StreamingStrategy,
 )
 
 EPSILONS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 100.0)
+#: the certified head's ridge (the convex family's default) and [CR]'s residual budget (sum form)
+HEAD_L2, CR_BUDGET = 1e-3, 0.1
+METHODS = ("resolve", "certified_removal", "hf", "hessian", "gradient", "safe")
 COLUMNS = (
     "method",
     "epsilon",
@@ -85,6 +99,12 @@ def tradeoff_splits(data: Any, seed: int) -> tuple[str, dict[str, tuple[Tensor, 
     Raises:
         ValueError: see :func:`~lightning_unlearn.harness.own.read_data`.
     """
+    if data == "mnist-5k":
+        from lightning_unlearn.harness.datasets import MNIST5k
+
+        name, data = data, (MNIST5k(train=True), MNIST5k(train=False))
+    else:
+        name = "digits" if data is None else type(data).__name__
     if data is None:
         from lightning_unlearn.harness.digits import digits_splits
 
@@ -97,7 +117,7 @@ def tradeoff_splits(data: Any, seed: int) -> tuple[str, dict[str, tuple[Tensor, 
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
     base, rest = order[: round(SHADOW_FRACTION * len(y))], order[round(SHADOW_FRACTION * len(y)) :].sort().values
     x, xt = x.flatten(1).double(), xt.flatten(1).double()
-    return type(data).__name__, {"base": (x[base], y[base]), "train": (x[rest], y[rest]), "test": (xt, yt)}
+    return name, {"base": (x[base], y[base]), "train": (x[rest], y[rest]), "test": (xt, yt)}
 
 
 class _Setup:
@@ -167,6 +187,14 @@ class _Setup:
         _trainer([], self.epochs, self.trainer_kwargs).fit(model, self.loader(x, y))
         return model
 
+    def head(self) -> _SolvedHead:
+        return _SolvedHead(self.x.shape[1], self.num_classes)
+
+    def fit_head(self, loss_perturbation: float | None = None) -> tuple[_SolvedHead, SoftmaxHeadRecorder]:
+        model, recorder = self.head(), SoftmaxHeadRecorder(HEAD_L2, loss_perturbation=loss_perturbation)
+        _trainer([recorder], 1, self.trainer_kwargs).fit(model, self.loader(self.x, self.y, batch_size=1024))
+        return model, recorder
+
     def proximal(self) -> ProximalClassifier:
         torch.manual_seed(self.seed)
         return ProximalClassifier(
@@ -181,6 +209,25 @@ class _Setup:
         self, model: ProximalClassifier, x: Tensor, y: Tensor, callbacks: list[L.Callback], ids: Tensor | None = None
     ) -> None:
         _trainer(callbacks, 2, self.trainer_kwargs).fit(model, self.loader(x, y, ids, batch_size=len(y)))
+
+
+class _SolvedHead(L.LightningModule):
+    """Softmax regression on the flattened inputs whose head a :class:`SoftmaxHeadRecorder` solves (no optimizer
+    step changes it: the SGD optimizer has lr 0 and no gradient reaches it)."""
+
+    def __init__(self, d: int, num_classes: int) -> None:
+        super().__init__()
+        self.head = nn.Linear(d, num_classes, dtype=torch.float64)
+        self.automatic_optimization = False
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(x.flatten(1).to(torch.float64))
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        self.optimizers().step()  # type: ignore[union-attr]  # counts the step (checkpoint callbacks need it)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
 def _row(
@@ -225,14 +272,15 @@ def run_tradeoff(
     batch_size: int = 32,
     fraction: float = 0.05,
     seed: int = 0,
-    methods: Sequence[str] = ("hf", "hessian", "gradient", "safe"),
+    methods: Sequence[str] = METHODS,
     log: Callable[[str], None] = print,
     trainer_kwargs: Mapping[str, Any] | None = None,
     data: Any = None,
 ) -> tuple[list[dict[str, Any]], _Setup]:
     """Rows of the privacy-utility table (one per method and epsilon, ``inf`` = noise-free) and the setup;
     ``trainer_kwargs`` (e.g. ``accelerator``, ``logger``) go to every fit's ``Trainer``; ``data`` (default: digits)
-    is a user's LightningDataModule or ``(train, test)`` pair (:func:`tradeoff_splits`)."""
+    is ``"mnist-5k"`` (:class:`~lightning_unlearn.harness.datasets.MNIST5k`), a user's LightningDataModule or
+    ``(train, test)`` pair (:func:`tradeoff_splits`)."""
     setup = _Setup(
         epochs=epochs,
         batch_size=batch_size,
@@ -250,6 +298,8 @@ def run_tradeoff(
     )
     rows: list[dict[str, Any]] = []
     grid = [math.inf, *epsilons]
+    if {"resolve", "certified_removal"} & set(methods):
+        rows += _head_rows(setup, grid, methods, log)
     if {"hf", "safe"} & set(methods):
         model, rec = setup.linear(), TrajectoryRecorder(dtype=torch.float64)
         srec = StreamingRecorder(setup.num_classes, seed=seed)
@@ -315,6 +365,36 @@ def run_tradeoff(
                 rows.append(_row(name, eps, m2, model, retrain_acc, setup, cert))
                 log(_line(rows[-1]))
     return rows, setup
+
+
+def _head_rows(
+    setup: _Setup, grid: Sequence[float], methods: Sequence[str], log: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """The certified softmax head's rows: its exact retrain, ``resolve`` at every epsilon (noise-free at ``inf``),
+    ``certified_removal`` at every finite epsilon (a head trained with that epsilon's loss perturbation)."""
+    model, recorder = setup.fit_head()
+    problem = recorder.problem(recorder.rows_of(setup.forget_ids.to(torch.long)).logical_not())
+    retrain = setup.head()
+    recorder.write_weights(retrain, convex.solve(problem, torch.zeros_like(recorder.solved_head), 1e-10).W)
+    retrain_acc = accuracy(retrain, setup.test, setup.num_classes)
+    rows = [_row("retrain[exact]", math.inf, retrain, model, retrain_acc, setup)]
+    log(_line(rows[-1]))
+    for eps in grid:
+        if "resolve" in methods:
+            m2, r2 = copy.deepcopy(model), copy.deepcopy(recorder)
+            strategy: Any = ResolveStrategy(
+                m2, r2, epsilon=1.0 if eps == math.inf else eps, delta=setup.delta, noise=eps != math.inf
+            )
+            rows.append(_row("resolve", eps, m2, model, retrain_acc, setup, _requests(setup, strategy)))
+            log(_line(rows[-1]))
+        if "certified_removal" in methods and eps != math.inf:
+            beta = CertifiedRemovalStrategy.perturbation_std(CR_BUDGET, eps, setup.delta)
+            m2, r2 = setup.fit_head(loss_perturbation=beta)
+            before = copy.deepcopy(m2)  # its own trained model: the perturbed objective's
+            strategy = CertifiedRemovalStrategy(m2, r2, epsilon=eps, delta=setup.delta)
+            rows.append(_row("certified_removal", eps, m2, before, retrain_acc, setup, _requests(setup, strategy)))
+            log(_line(rows[-1]))
+    return rows
 
 
 def _retrain_same_batches(setup: _Setup, rec: TrajectoryRecorder) -> SupervisedClassifier:
@@ -404,7 +484,14 @@ def write_tradeoff(
     fig = Figure(figsize=(6.4, 4.2))
     FigureCanvasAgg(fig)
     ax = fig.subplots()
-    styles = {"hf": ("C0", "o"), "hessian": ("C1", "s"), "gradient": ("C2", "^"), "safe": ("C3", "D")}
+    styles = {
+        "resolve": ("C4", "*"),
+        "certified_removal": ("C5", "v"),
+        "hf": ("C0", "o"),
+        "hessian": ("C1", "s"),
+        "gradient": ("C2", "^"),
+        "safe": ("C3", "D"),
+    }
     for method, (colour, marker) in styles.items():
         pts = [r for r in rows if r["method"] == method and r["epsilon"] != math.inf]
         if not pts:
@@ -415,7 +502,13 @@ def write_tradeoff(
         free = [r for r in rows if r["method"] == method and r["epsilon"] == math.inf]
         if free:
             ax.axhline(100 * free[0]["test_acc"], color=colour, ls=":", lw=1)
-    for ref, ls in (("retrain[sgd]", "--"), ("retrain[sgd,same batches]", ":"), ("retrain[lbfgs]", "-.")):
+    references = (
+        ("retrain[exact]", "-"),
+        ("retrain[sgd]", "--"),
+        ("retrain[sgd,same batches]", ":"),
+        ("retrain[lbfgs]", "-."),
+    )
+    for ref, ls in references:
         hit = [r for r in rows if r["method"] == ref]
         if hit:
             ax.axhline(100 * hit[0]["test_acc"], color="k", ls=ls, lw=1, label=ref)
