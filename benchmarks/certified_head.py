@@ -80,8 +80,10 @@ class CNN(L.LightningModule):
         return nn.functional.cross_entropy(self(batch[0]), batch[1])
 
     def configure_optimizers(self):
-        return torch.optim.Adam(self.parameters(), lr=1e-3) if not self.frozen else torch.optim.SGD(
-            self.parameters(), lr=0.0
+        return (
+            torch.optim.Adam(self.parameters(), lr=1e-3)
+            if not self.frozen
+            else torch.optim.SGD(self.parameters(), lr=0.0)
         )
 
 

@@ -1,42 +1,49 @@
-"""Benchmark: the cost of one HF deletion request against the raw work it needs ([HF] Alg. 1 line 13 + noise).
+"""Benchmark: one HF deletion request against its attainable floor ([HF] Alg. 1 line 13, noise, ledger).
 
-One run prints one table: for d in {650, 2M, 11M} trainable parameters (11M is the size of a
-torchvision resnet18) and request sizes m in {1, 32}, the wall time of ``HFStrategy.forget``
-(ours: bound, row addition, noise, certificate, accountant, ledger with its weights digest,
-erasing the rows, rollback bookkeeping) against
+One run prints one table: for d in {650, 2M, 11M} trainable parameters (11M is the size of a torchvision
+resnet18), R one-sample requests of ``HFStrategy.forget`` on a ledger file, noise-free and certified
+((epsilon, delta) = (1, 1e-5)), each against the floor of the work a request must do, every part timed
+alone right after each request (medians):
 
-* raw: the minimal in-place row addition ``w.add_(rows.sum(0))`` on the same rows;
-* raw + publish: that addition plus publishing a noised copy ``w + sigma * z`` with ``z`` drawn
-  like every certified release here (OS entropy, :func:`lightning_unlearn.privacy.gaussian_noise`);
+* raw: the minimal in-place row addition ``w.add_(row)``;
+* digest: one digest of the published weights (``core.digest.weights_digest``, what the ledger entry pins);
+* append: one fsync'd append of the entry's line (``core.ledger._append_line``: write loop and fsync);
+* noise (certified only): d secure normals (``privacy.secure_gaussian``) added to a copy of the weights;
 
-with the ratios, the HF paper's 0.6 ms per request for ResNet-18 (GPU, noise not included)
-as a reference column, and how much of ours is the privacy accountant's PLD total
-(dp-accounting). The recorder is synthetic (random rows, a 2-epoch trajectory of batch 128
-over 50,000 samples of which a few are tracked): a request's cost does not depend on how the
-rows were recorded. Times are medians over a few requests (one at d = 11M, m = 32, to bound
-memory), on one thread (the machine is shared; both sides alike).
+floor = their sum; ``ours / floor`` is the ratio. ``ledger`` is the time our request spent in
+``Ledger.append`` (digest, entry, re-reading and checking the file's chain under the lock, the fsync'd
+append). The recorder is synthetic (random rows, a 2-epoch trajectory of batch 128 over 50,000 samples of
+which a few are tracked): a request's cost does not depend on how the rows were recorded. Wall times on one
+thread (the fsync is wall time; the machine is shared: the parts are timed between the requests, so load
+hits both alike); [HF] reports 0.6 ms per request for ResNet-18 on a GPU, noise and ledger not included.
 
-    python benchmarks/hf_request.py
+    python benchmarks/hf_request.py [--requests 20]
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
+import tempfile
 import warnings
+from collections.abc import Callable
+from pathlib import Path
 from time import perf_counter
 
 import torch
 from torch import nn
 
-from lightning_unlearn import ForgetRequest
+from lightning_unlearn import ForgetRequest, Ledger
 from lightning_unlearn.callbacks import TrajectoryRecorder
-from lightning_unlearn.privacy import gaussian_noise
+from lightning_unlearn.core import ledger as ledger_module
+from lightning_unlearn.core.digest import weights_digest
+from lightning_unlearn.functional import hf
+from lightning_unlearn.privacy import secure_gaussian
 from lightning_unlearn.strategies import HFStrategy
 
 warnings.filterwarnings("ignore", message=".*deletion capacity.*")
 N, BATCH, EPOCHS, LR, L2, CLASSES = 50_000, 128, 2, 0.01, 0.01, 10
 PAPER_MS = 0.6  # [HF] Table 6: per-request unlearning time, ResNet-18 on CIFAR-10 (GPU)
-SIZES = (1, 32)
 
 
 def synthetic(d: int, tracked: int) -> tuple[nn.Module, TrajectoryRecorder]:
@@ -72,61 +79,72 @@ def synthetic(d: int, tracked: int) -> tuple[nn.Module, TrajectoryRecorder]:
     return module, recorder
 
 
-def median_ms(times: list[float]) -> float:
-    return 1e3 * statistics.median(times)
+def wall(fn: Callable[[], object]) -> float:
+    start = perf_counter()
+    fn()
+    return perf_counter() - start
 
 
-def measure(d: int, reps: dict[int, int]) -> dict[int, tuple[float, float, float, float]]:
-    """``{m: (ours, raw, raw + publish, accounting)}`` in ms (accounting: the PLD total of the releases so far,
-    which ours includes)."""
-    tracked = sum(m * r for m, r in reps.items())
-    module, recorder = synthetic(d, tracked)
-    strategy = HFStrategy(module, recorder, smoothness=1.0, grad_bound=1.0, max_deletions=10**9)
-    out, next_id = {}, 0
-    for m, r in reps.items():
-        ours = []
-        for _ in range(r):
-            ids = list(range(next_id, next_id + m))
-            next_id += m
-            start = perf_counter()
-            strategy.forget(ForgetRequest.samples(ids))
-            ours.append(perf_counter() - start)
+def measure(d: int, requests: int, noise: bool, folder: Path) -> dict[str, float]:
+    """Median ms of our request, its ``Ledger.append``, and each part of the floor."""
+    module, recorder = synthetic(d, requests)
+    ledger = Ledger(folder / f"ledger-{d}-{noise}.jsonl")
+    strategy = HFStrategy(module, recorder, ledger, smoothness=1.0, grad_bound=1.0, max_deletions=10**9, noise=noise)
+    in_append: list[float] = []
+    append = ledger.append
+
+    def timed_append(*args, **kwargs):  # type: ignore[no-untyped-def]
         start = perf_counter()
-        strategy.accountant.totals(strategy.delta)  # type: ignore[union-attr]
-        accounting = perf_counter() - start
-        rows, w = recorder.A[:m], torch.randn(d)  # erased rows: the same memory traffic as live ones
-        raw, publish = [], []
-        for _ in range(max(r, 3)):
-            start = perf_counter()
-            w.add_(rows.sum(0))
-            raw.append(perf_counter() - start)
-            start = perf_counter()
-            w.add_(rows.sum(0))
-            published = w + gaussian_noise(w.shape, 0.1, w.dtype, None, 0)
-            publish.append(perf_counter() - start)
-            del published
-        out[m] = (median_ms(ours), median_ms(raw), median_ms(publish), 1e3 * accounting)
+        try:
+            return append(*args, **kwargs)
+        finally:
+            in_append.append(perf_counter() - start)
+
+    ledger.append = timed_append  # type: ignore[method-assign]
+    scratch = folder / f"scratch-{d}-{noise}.jsonl"
+    w, row = torch.randn(d), torch.randn(d)
+    parts: dict[str, list[float]] = {"ours": [], "raw": [], "digest": [], "append": [], "noise": []}
+    for i in range(requests):
+        parts["ours"].append(wall(lambda i=i: strategy.forget(ForgetRequest.samples([i]))))
+        parts["raw"].append(wall(lambda: w.add_(row)))
+        parts["digest"].append(wall(lambda: weights_digest(module)))
+        line = ledger[-1].to_line()
+        parts["append"].append(wall(lambda line=line: ledger_module._append_line(scratch, line)))
+        if noise:
+            flat = hf.flat_params(module)
+            parts["noise"].append(wall(lambda flat=flat: flat + secure_gaussian(flat.shape, flat.dtype)))
     recorder.close()
+    out = {k: 1e3 * statistics.median(v) for k, v in parts.items() if v}
+    out["ledger"] = 1e3 * statistics.median(in_append)
+    out["floor"] = out["raw"] + out["digest"] + out["append"] + out.get("noise", 0.0)
     return out
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=20)
+    args = parser.parse_args()
     torch.manual_seed(0)
-    torch.set_num_threads(1)  # both sides on one thread: the machine is shared, ratios stay comparable
-    measure(650, {1: 2})  # warm-up (imports, first allocations)
+    torch.set_num_threads(1)  # both sides on one thread: the machine is shared
     header = (
-        f"{'d':>11} {'m':>3} {'ours ms':>9} {'raw ms':>8} {'raw+pub ms':>11} {'ours/raw':>9} {'ours/(raw+pub)':>15} "
-        f"{'HF paper ms':>12} {'of ours: PLD acct ms':>21}"
+        f"{'d':>11} {'release':>10} {'ours ms':>8} {'ledger':>7} | {'raw':>6} {'digest':>7} {'append':>7} "
+        f"{'noise':>6} {'floor':>7} | {'ours/floor':>10} {'ours/raw':>9} {'HF paper ms':>11}"
     )
+    print(f"HF requests of one sample, median wall ms over {args.requests} requests, one thread")
     print(header)
     print("-" * len(header))
-    for d, reps in ((650, {1: 9, 32: 5}), (2_000_000, {1: 5, 32: 3}), (11_000_000, {1: 3, 32: 1})):
-        for m, (ours, raw, pub, acct) in measure(d, reps).items():
-            paper = f"{PAPER_MS:.1f}" if d == 11_000_000 else "-"
-            print(
-                f"{d:>11,} {m:>3} {ours:>9.2f} {raw:>8.3f} {pub:>11.2f} {ours / raw:>9.1f} {ours / pub:>15.2f} "
-                f"{paper:>12} {acct:>21.1f}"
-            )
+    with tempfile.TemporaryDirectory() as tmp:
+        measure(650, 2, False, Path(tmp))  # warm-up (imports, first allocations)
+        for d in (650, 2_000_000, 11_000_000):
+            for noise in (False, True):
+                r = measure(d, args.requests, noise, Path(tmp))
+                paper = f"{PAPER_MS:.1f}" if d == 11_000_000 else "-"
+                print(
+                    f"{d:>11,} {'certified' if noise else 'noise-free':>10} {r['ours']:>8.2f} {r['ledger']:>7.2f} | "
+                    f"{r['raw']:>6.3f} {r['digest']:>7.2f} {r['append']:>7.2f} {r.get('noise', 0.0):>6.2f} "
+                    f"{r['floor']:>7.2f} | {r['ours'] / r['floor']:>10.2f} {r['ours'] / r['raw']:>9.0f} {paper:>11}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -128,9 +128,7 @@ def main() -> None:
         rows = {
             d: run(d, args.requests if d < 10**6 else min(args.requests, 50), Path(tmp)) for d in (7_850, 2_000_000)
         }
-    print(
-        f"HF requests, (epsilon, delta) = ({EPSILON:g}, {DELTA:g}), ms per request, {torch.get_num_threads()} threads"
-    )
+    print(f"HF requests, (epsilon, delta) = ({EPSILON:g}, {DELTA:g}), CPU ms per request (process_time, one thread)")
     print(
         f"{'d':>10} {'R':>4} {'noise-free':>11} {'certified':>10} {'ratio':>6} "
         f"{'last 10: free':>14} {'certified':>10} {'ratio':>6}"
@@ -141,7 +139,7 @@ def main() -> None:
             f"{d:>10,} {n:>4} {r['free']:>11.2f} {r['cert']:>10.2f} {r['cert'] / r['free']:>6.2f} "
             f"{r['free_last']:>14.2f} {r['cert_last']:>10.2f} {r['cert_last'] / r['free_last']:>6.2f}"
         )
-    print("\nthe release's parts after R releases, ms (now | before)")
+    print("\nthe release's parts after R releases, CPU ms (now | before)")
     print(f"{'d':>10} {'accounting':>22} {'calibration':>16} {'noise':>20} {'|eps now - PLD| / PLD':>22}")
     for d, r in rows.items():
         print(

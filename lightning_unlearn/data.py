@@ -91,13 +91,17 @@ def select_by_ids(
     xs: list[Tensor | None] = [None] * len(wanted)
     ys: list[Tensor | None] = [None] * len(wanted)
     if isinstance(data, Dataset) and (positions := sample_ids_of(data)) is not None:
-        row: dict[int, int] = {}
-        for p, i in enumerate(positions.tolist()):
-            row.setdefault(i, p)
-        missing = [i for i in wanted if i not in row]
-        if missing:
+        # each wanted id's first position, by a stable sort and a binary search (a Python dict of every id of a
+        # 50,000-sample dataset cost tens of milliseconds per request)
+        order = torch.argsort(positions, stable=True)
+        ordered = positions[order]
+        want = torch.tensor(list(wanted), dtype=torch.long)
+        at = torch.searchsorted(ordered, want).clamp_(max=max(len(ordered) - 1, 0))
+        found_at = ordered[at] == want if len(ordered) else torch.zeros(len(want), dtype=torch.bool)
+        if not bool(found_at.all()):
+            missing = want[~found_at].tolist()
             raise ValueError(f"forget data lacks {len(missing)} requested sample ids, e.g. {missing[:10]}")
-        data = Subset(data, [row[i] for i in wanted])
+        data = Subset(data, order[at].tolist())
     loader = data if isinstance(data, DataLoader) else DataLoader(data, batch_size=batch_size)
     found = 0
     for batch in loader:

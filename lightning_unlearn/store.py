@@ -169,9 +169,7 @@ class RowStore:
         return lock
 
     @classmethod
-    def _mapped(
-        cls, fd: int, path: Path, capacity: int, dim: int, dtype: torch.dtype, lock: FileLock
-    ) -> RowStore:
+    def _mapped(cls, fd: int, path: Path, capacity: int, dim: int, dtype: torch.dtype, lock: FileLock) -> RowStore:
         try:
             buffer = mmap.mmap(fd, capacity * dim * _itemsize(dtype), access=mmap.ACCESS_WRITE)
         except BaseException:

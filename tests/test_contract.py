@@ -98,6 +98,12 @@ def test_indexed_dataset_over_dict_items_and_select_by_ids():
         data.dataset.y[10],
         data.dataset.y[1],
     ]
+    # ids known by position: a concatenation with a repeated id reads its first occurrence; missing ids are named
+    twice = torch.utils.data.ConcatDataset([data, IndexedDataset(DictData(40), ids=torch.arange(40) + 530)])
+    x, _ = select_by_ids(twice, torch.tensor([535, 531]), keys=KEYS)
+    assert torch.equal(x, torch.stack([data.dataset.x[35], data.dataset.x[31]]))
+    with pytest.raises(ValueError, match=r"lacks 2 requested sample ids, e.g. \[7, 600\]"):
+        select_by_ids(data, torch.tensor([7, 510, 600]), keys=KEYS)
     with pytest.raises(ValueError, match="already have a 'id' entry"):
         IndexedDataset(DictData(4, ids=True), id_key="id")
     # the dataset's own ids under "id" are read when nothing else is given

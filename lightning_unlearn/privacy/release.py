@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -89,6 +89,6 @@ def plan_release(
     new = accountant.with_release(release)
     new.check_budget(budget)
     drawn = gaussian_noise(shape, std, dtype, seed, len(accountant)) if std > 0 else torch.zeros(shape, dtype=dtype)
-    accounting = {**new.totals(budget[1] if budget else delta), "release": asdict(release)}
+    accounting = {**new.totals(budget[1] if budget else delta), "release": release.to_dict()}
     classical = classical_sigma(sensitivity, epsilon, delta) if finite else math.inf
     return PlannedRelease(drawn, std, formula, classical, new, accounting, seed is not None and std > 0)
