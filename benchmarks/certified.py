@@ -131,7 +131,7 @@ def resnet18_row(samples: int, epochs: int, tracked: int, batch: int = 64) -> No
     forget, second = 0, 1  # tracked samples (track=range(tracked), tracked >= 2)
 
     def run(callbacks: list, data: IndexedDataset = ds) -> tuple[float, UserResNet]:
-        torch.manual_seed(0)
+        L.seed_everything(0, verbose=False)
         model = UserResNet()
         loader = DataLoader(data, batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(0))
         trainer = L.Trainer(

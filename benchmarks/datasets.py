@@ -20,6 +20,7 @@ import sys
 import tempfile
 from time import perf_counter
 
+import lightning as L
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
@@ -73,7 +74,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--per-class", type=int, default=20, help="images per class of the files read")
     args = parser.parse_args()
-    torch.manual_seed(0)
+    L.seed_everything(0, verbose=False)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; batch {args.batch}", file=sys.stderr)
 
     print("\n| benchmark | images/s read | one pass over the full training set |")

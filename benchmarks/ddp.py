@@ -66,7 +66,7 @@ def worker(name: str, devices: int, out: str) -> None:
     g = torch.Generator().manual_seed(0)
     y = torch.randint(0, N_CLASSES, (N_SAMPLES,), generator=g)
     x = torch.randn(N_SAMPLES, N_FEATURES, generator=g) + nn.functional.one_hot(y, N_FEATURES).float() * 2
-    torch.manual_seed(0)
+    L.seed_everything(0, verbose=False)
     held = [0]
     if name == "ACU":
         model: L.LightningModule = AnalyticClassifier(mlp_backbone(N_FEATURES, 64, 64), 64, N_CLASSES, 1024, seed=0)

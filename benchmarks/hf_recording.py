@@ -104,7 +104,7 @@ def timed(fn, repeat: int = 5) -> float:
 
 def resnet_steps(repeats: int) -> None:
     """Part 1: step-level costs on resnet18 (see the module docstring)."""
-    torch.manual_seed(0)
+    L.seed_everything(0, verbose=False)
     net = torchvision.models.resnet18(num_classes=10).train()
     x, y = torch.rand(BATCH, 3, 32, 32), torch.randint(0, 10, (BATCH,))
     opt = torch.optim.SGD(net.parameters(), lr=0.01, weight_decay=5e-4)

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from time import perf_counter
 
+import lightning as L
 import torch
 from torch import nn
 
@@ -124,7 +125,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=20)
     args = parser.parse_args()
-    torch.manual_seed(0)
+    L.seed_everything(0, verbose=False)
     torch.set_num_threads(1)  # both sides on one thread: the machine is shared
     header = (
         f"{'d':>11} {'release':>10} {'ours ms':>8} {'ledger':>7} | {'raw':>6} {'digest':>7} {'append':>7} "

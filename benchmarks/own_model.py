@@ -45,7 +45,7 @@ from lightning_unlearn import (
     TrajectoryRecorder,
 )
 from lightning_unlearn.callbacks import HessianSumRecorder, ProximalRegularizer, SampleRecorder
-from lightning_unlearn.models import AnalyticHead
+from lightning_unlearn.models import AnalyticHead, AnalyticHeadModule
 from lightning_unlearn.progress import QUIET_TRAINER
 from lightning_unlearn.strategies import (
     InfinitesimalJackknifeStrategy,
@@ -93,8 +93,9 @@ class UserResNetHead(UserResNet):
         self.net.fc.requires_grad_(True)
 
 
-class UserAnalytic(L.LightningModule):
-    """A frozen resnet18 trunk with an analytic head ([ACU]): the recorder solves the head."""
+class UserAnalytic(AnalyticHeadModule):
+    """A frozen resnet18 trunk with an analytic head ([ACU]): the recorder solves the head (AnalyticHeadModule
+    supplies the warning-free training step and optimizer of a module nothing trains by gradients)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -102,16 +103,9 @@ class UserAnalytic(L.LightningModule):
         net.fc = nn.Identity()
         self.trunk = net.requires_grad_(False)
         self.head = AnalyticHead(512, 10, expansion_dim=2048)
-        self.automatic_optimization = False
 
     def forward(self, x: Tensor) -> Tensor:
         return self.head(self.trunk(x))
-
-    def training_step(self, batch: Any, batch_idx: int) -> None:
-        return None
-
-    def configure_optimizers(self) -> None:
-        return None
 
 
 def fake_data(n: int) -> IndexedDataset:
@@ -125,7 +119,7 @@ def fake_data(n: int) -> IndexedDataset:
 
 def fit(module: L.LightningModule, data: IndexedDataset, epochs: int, callbacks: list[L.Callback]) -> float:
     print(f"  fitting with {[type(c).__name__ for c in callbacks] or 'no callback'}", file=sys.stderr, flush=True)
-    torch.manual_seed(0)
+    L.seed_everything(0, verbose=False)
     loader = DataLoader(data, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(0))
     start = perf_counter()
     L.Trainer(max_epochs=epochs, callbacks=callbacks, **QUIET_TRAINER).fit(module, loader)

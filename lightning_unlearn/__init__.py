@@ -50,6 +50,7 @@ _EXPORTS = {
     "models": (
         "AnalyticClassifier",
         "AnalyticHead",
+        "AnalyticHeadModule",
         "ProximalClassifier",
         "RandomExpansion",
         "SupervisedClassifier",
@@ -86,6 +87,7 @@ __all__ = [
     "ACUStrategy",
     "AnalyticClassifier",
     "AnalyticHead",
+    "AnalyticHeadModule",
     "AnalyticRecorder",
     "BatchKeys",
     "Certificate",
@@ -169,6 +171,7 @@ if TYPE_CHECKING:
     from lightning_unlearn.models import (
         AnalyticClassifier,
         AnalyticHead,
+        AnalyticHeadModule,
         ProximalClassifier,
         RandomExpansion,
         SupervisedClassifier,

@@ -6,7 +6,7 @@ This docstring is the one place the contract is written down; everything below i
 may be
 
 * a tuple or list ``(x, y, sample_id, ...)``: input, target, sample ids, then anything
-  (Avalanche appends the task label: ``(x, y, sample_id, task)``); or
+  (e.g. a task label: ``(x, y, sample_id, task)``); or
 * a mapping (a dict batch): the input, target and sample ids are read under the keys of a
   :class:`BatchKeys`. By default each is the first key present among ``("x", "input")``,
   ``("y", "target", "label")`` and ``("sample_id", "id")``; name your own keys with
@@ -17,7 +17,15 @@ may be
 ``x`` is a tensor with one row per sample, ``y`` integer class labels, ``sample_id`` an integer
 tensor with one id per row, unique and stable (a sample keeps its id across epochs,
 experiences and processes). :class:`~lightning_unlearn.data.IndexedDataset` adds ids to any
-dataset of tuples or dicts.
+dataset of tuples or dicts. Avalanche datasets keep Avalanche's items ``(x, y, task)`` and carry the
+id as their data attribute ``sample_id`` (:mod:`lightning_unlearn.avalanche.benchmarks`); ``fit_stream``
+and the Avalanche plugin read it from there.
+
+**Analytic heads.** A module whose only learned part is an
+:class:`~lightning_unlearn.models.AnalyticHead` (solved in closed form by an ``AnalyticRecorder``) is
+not trained by gradients: subclass :class:`~lightning_unlearn.models.AnalyticHeadModule`, which
+gives it manual optimization and a ``training_step``/``configure_optimizers`` that step an ``lr=0``
+optimizer once per batch (Lightning then counts steps and warns about nothing).
 
 **How a loss is obtained.**
 
@@ -49,11 +57,14 @@ the gradient, the gradient of that ridge; AdamW's decoupled decay is refused), p
 with ``in_loss=True`` the module adds its ``penalty`` to the loss, which :func:`check_loss_fn` then
 expects). The learning rate of each step is read from the optimizer when the step runs, so
 schedulers are followed; methods replaying plain SGD ([HF]) refuse momentum and Nesterov
-(:func:`require_plain_sgd`). Modules need no particular attribute or base class.
+(:func:`require_plain_sgd`). Modules need no particular attribute or base class: [CCL]'s
+``TaskOptimality`` measures the gradient of the same objective, the module's ``training_step`` loss
+(:func:`training_loss`) averaged over the task's data, plus a proximal callback's penalty and the
+optimizer's weight decay.
 
-``training_step`` is called outside the ``Trainer`` by :func:`training_loss` (for checks and
-saliency gradients): it may call ``self.log`` (ignored there) but must not need
-``self.trainer``.
+``training_step`` is called outside the ``Trainer`` by :func:`training_loss` (for checks, saliency
+gradients and ``TaskOptimality``; a module attached to a Trainer is detached for the call): it may call
+``self.log`` (ignored there) but must not need ``self.trainer``.
 """
 
 from __future__ import annotations
@@ -159,18 +170,31 @@ def trains_itself(module: nn.Module) -> TypeGuard[L.LightningModule]:
     )
 
 
+def attached_trainer(module: L.LightningModule) -> L.Trainer | None:
+    """The Trainer ``module`` is attached to, ``None`` outside one: Lightning's ``module.trainer`` raises
+    ``RuntimeError`` when there is none."""
+    try:
+        return module.trainer
+    except RuntimeError:
+        return None
+
+
 def training_loss(module: L.LightningModule, batch: Any, batch_idx: int = 0) -> Tensor:
     """The module's own training loss on ``batch``: what its ``training_step`` returns (or its ``"loss"``).
 
     The method of the module's class is called, so a strategy may wrap ``training_step`` on an
-    instance around this. Outside a ``Trainer``, ``self.log`` calls are ignored.
+    instance around this. It runs outside the ``Trainer``: a module attached to one (a check during a
+    fit) is detached for the call (Lightning's ``module.trainer`` setter) and attached again, so its
+    ``self.log`` calls are ignored instead of logging, or failing in a hook that may not log.
 
     Raises:
         ValueError: ``training_step`` returns no loss, or fails because it needs a ``Trainer``.
     """
+    trainer = attached_trainer(module)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"You are trying to `self.log\(\)`")
         try:
+            module.trainer = None
             out = type(module).training_step(module, batch, batch_idx)
         except RuntimeError as err:
             if "not attached to a `Trainer`" not in str(err):
@@ -179,6 +203,8 @@ def training_loss(module: L.LightningModule, batch: Any, batch_idx: int = 0) -> 
                 f"{type(module).__name__}.training_step needs self.trainer; lightning-unlearn calls it outside "
                 "the Trainer to read the loss (see lightning_unlearn.contract)"
             ) from err
+        finally:
+            module.trainer = trainer
     loss = out.get("loss") if isinstance(out, Mapping) else out
     if not isinstance(loss, Tensor) or loss.ndim != 0:
         raise ValueError(

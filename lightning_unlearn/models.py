@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from lightning_unlearn.contract import attached_trainer
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.regularization import ProximalRegularizer
 
@@ -87,6 +88,50 @@ class AnalyticHead(nn.Module):
         return self.linear(self.features(b))
 
 
+class AnalyticHeadModule(L.LightningModule):
+    """Base class of your own ``LightningModule`` whose only learned part is an :class:`AnalyticHead` that an
+    :class:`AnalyticRecorder` solves in closed form (a frozen backbone beside it)::
+
+        class MyNet(AnalyticHeadModule):
+            def __init__(self) -> None:
+                super().__init__()
+                self.trunk = torchvision.models.resnet18(weights=...).requires_grad_(False)
+                self.trunk.fc = nn.Identity()
+                self.head = AnalyticHead(512, 10, expansion_dim=2048)
+
+            def forward(self, x):
+                return self.head(self.trunk(x))
+
+        trainer = L.Trainer(callbacks=[AnalyticRecorder(ridge=1.0, backbone="trunk", head="head")])
+
+    No gradient trains such a module: the recorder runs the named backbone itself, in float64 and eval mode,
+    and writes the head. A cross-entropy ``training_step`` fails (nothing requires a gradient: torch's
+    "element 0 of tensors does not require grad"), and returning ``None`` with no optimizer makes Lightning
+    warn that ``training_step`` returned ``None`` and ``configure_optimizers`` returned ``None``. This class
+    gives the module the form Lightning accepts without a warning: manual optimization, a ``training_step``
+    that computes nothing and steps an optimizer that changes nothing (SGD with ``lr=0`` over the heads'
+    parameters, which take no gradient) once per batch, so that Lightning counts the batches as steps
+    (``max_steps``, ``ModelCheckpoint(every_n_train_steps=...)``, the step requests are logged at), as
+    :class:`AnalyticClassifier` does. Override ``validation_step``/``test_step`` as usual.
+
+    Raises:
+        ValueError: at fit start, the module holds no :class:`AnalyticHead`.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        self.optimizers().step()  # type: ignore[union-attr]  # no gradient, no change: counts the step
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        heads = [p for m in self.modules() if isinstance(m, AnalyticHead) for p in m.parameters()]
+        if not heads:
+            raise ValueError(f"{type(self).__name__} is an AnalyticHeadModule but holds no AnalyticHead")
+        return torch.optim.SGD(heads, lr=0.0)
+
+
 class AnalyticClassifier(L.LightningModule):
     """Frozen backbone, optional expansion G, and a bias-free float64 ridge head ``W`` (eq. 1-3).
 
@@ -104,6 +149,7 @@ class AnalyticClassifier(L.LightningModule):
         self, backbone: nn.Module, backbone_dim: int, num_classes: int, expansion_dim: int | None = None, seed: int = 0
     ) -> None:
         super().__init__()
+        self.save_hyperparameters(ignore=["backbone"])  # reload: load_from_checkpoint(path, backbone=...)
         # frozen: no gradients, and it always runs in eval mode (float64_forward), so its mode flag follows the
         # classifier's like any submodule's (Lightning warns about modules left in eval mode when a fit starts)
         self.backbone = backbone.requires_grad_(False).train()
@@ -125,7 +171,7 @@ class AnalyticClassifier(L.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
         features = self.features(batch[0])
-        if self._trainer is not None:
+        if attached_trainer(self) is not None:
             self.optimizers().step()  # type: ignore[union-attr]  # no gradient, no change: counts the step
         return {"features": features}
 
@@ -157,6 +203,7 @@ class SupervisedClassifier(L.LightningModule):
 
     def __init__(self, net: nn.Module, lr: float = 0.1, l2: float = 0.0, momentum: float = 0.0) -> None:
         super().__init__()
+        self.save_hyperparameters(ignore=["net"])  # reload: load_from_checkpoint(path, net=...)
         self.net = net
         self.lr, self.l2, self.momentum = lr, l2, momentum
 
@@ -208,6 +255,7 @@ class ProximalClassifier(SupervisedClassifier):
         lbfgs_iters: int = 200,
     ) -> None:
         super().__init__(net, lr=lr, l2=l2, momentum=0.0)
+        self.save_hyperparameters(ignore=["net", "momentum"])  # drops the base class's momentum (not an argument here)
         if reg_lambda <= 0:
             raise ValueError(f"ProximalClassifier reg_lambda must be positive, got {reg_lambda}")
         if optimizer not in ("sgd", "lbfgs"):
@@ -242,9 +290,10 @@ class ProximalClassifier(SupervisedClassifier):
         stays this rank's, which DDP averages): L-BFGS's line search reads the value, and ranks that saw different
         values would make different numbers of closure calls, each a gradient all-reduce, and deadlock."""
         loss = super().training_step(batch, batch_idx)
-        if self.optimizer_name == "lbfgs" and self._trainer is not None and self._trainer.world_size > 1:
+        trainer = attached_trainer(self)
+        if self.optimizer_name == "lbfgs" and trainer is not None and trainer.world_size > 1:
             value = loss.detach()
-            loss = loss + (self._trainer.strategy.reduce(value, reduce_op="mean") - value)
+            loss = loss + (trainer.strategy.reduce(value, reduce_op="mean") - value)
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:

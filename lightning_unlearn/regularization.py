@@ -8,6 +8,8 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
+from lightning_unlearn.functional.proximal import add_proximal_gradient, proximal_penalty
+
 
 class ProximalRegularizer(L.Callback):
     """[CCL] Eq. (1)'s penalty ``(lambda/2)||w - w_{i-1}||^2`` towards the previous task's solution, on any module.
@@ -27,8 +29,9 @@ class ProximalRegularizer(L.Callback):
     ``ridge`` is a ridge ``(ridge/2)||w||^2`` of [CCL]'s per-sample loss ``l`` (its strong convexity
     ``mu``) for optimizers without ``weight_decay`` (L-BFGS); with SGD put it in ``weight_decay``.
     :class:`TaskDeltaRecorder` / :class:`HessianRecorder` read ``reg_lambda``, ``ridge`` and the anchors
-    from here. Lightning fits set the anchor at ``on_train_start`` (a fit resumed mid-experience keeps
-    the saved one) and close the experience at ``on_train_end``; other loops call
+    from here (the formulas: :mod:`lightning_unlearn.functional.proximal`). Lightning fits set the anchor
+    at ``on_train_start`` (a fit resumed mid-experience restores the experience open and keeps the saved
+    one; one Trainer may fit several experiences) and close the experience at ``on_train_end``; other loops call
     :meth:`begin_experience` / :meth:`end_experience`, or pass this object to an Avalanche strategy's
     ``plugins`` (it implements ``before_training_exp``, ``before_update`` and ``after_training_exp``).
 
@@ -88,10 +91,7 @@ class ProximalRegularizer(L.Callback):
     def penalty(self, module: nn.Module) -> Tensor:
         """``(lambda/2)||w - anchor||^2 + (ridge/2)||w||^2`` (differentiable; add it to the loss with
         ``in_loss=True``)."""
-        pairs = self._pairs(module)
-        prox = sum((p - a.to(p)).pow(2).sum() for p, a in pairs)
-        ridge = sum(p.pow(2).sum() for p, _ in pairs) if self.ridge else 0.0
-        return 0.5 * self.reg_lambda * prox + 0.5 * self.ridge * ridge  # type: ignore[return-value]
+        return proximal_penalty(self._pairs(module), self.reg_lambda, self.ridge)
 
     def anchor_vector(self, module: nn.Module) -> Tensor:
         """The anchor as one flat vector, in the order of the module's trainable parameters."""
@@ -99,15 +99,8 @@ class ProximalRegularizer(L.Callback):
 
     def add_gradient(self, module: nn.Module) -> None:
         """Add the penalty's gradient ``lambda (w - anchor) + ridge w`` to ``.grad`` (``in_loss=False``)."""
-        if self.in_loss:
-            return
-        with torch.no_grad():
-            for p, a in self._pairs(module):
-                if p.grad is None:
-                    continue
-                p.grad.add_(p - a.to(p), alpha=self.reg_lambda)
-                if self.ridge:
-                    p.grad.add_(p, alpha=self.ridge)
+        if not self.in_loss:
+            add_proximal_gradient(self._pairs(module), self.reg_lambda, self.ridge)
 
     # -- Lightning hooks ---------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -116,10 +109,7 @@ class ProximalRegularizer(L.Callback):
                 "ProximalRegularizer(in_loss=False) adds its gradient after backward, but L-BFGS's line search reads "
                 "the loss value: use in_loss=True and add regularizer.penalty(self) to the training loss"
             )
-        if trainer.global_step > 0 and self.anchors is not None:  # resumed mid-experience: keep the saved anchor
-            self._open = True
-            return
-        self.begin_experience(pl_module)
+        self.begin_experience(pl_module)  # a fit resumed mid-experience restored it open: it keeps the saved anchor
 
     def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.add_gradient(pl_module)

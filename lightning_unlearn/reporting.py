@@ -15,11 +15,10 @@ from typing import Any
 import lightning as L
 from torch import Tensor
 
-from lightning_unlearn.callbacks.logstep import continue_log_step, log_step, set_log_step
 from lightning_unlearn.core.result import UnlearningResult
 from lightning_unlearn.warnings import warn
 
-__all__ = ["PREFIX", "continue_log_step", "log_step", "log_to_trainer", "result_metrics", "set_log_step"]
+__all__ = ["PREFIX", "log_to_trainer", "result_metrics"]
 
 PREFIX = "unlearn"
 
@@ -58,19 +57,20 @@ def result_metrics(result: UnlearningResult, prefix: str = PREFIX) -> dict[str, 
 
 
 def log_to_trainer(trainer: L.Trainer | None, result: UnlearningResult) -> None:
-    """Log ``result``'s :func:`result_metrics` to every logger of ``trainer`` at its next step, flush them,
-    and advance the trainer's step by one (a later fit or request logs after it).
+    """Log ``result``'s :func:`result_metrics` to every logger of ``trainer`` at its ``global_step`` and flush them.
 
-    Nothing happens without a trainer or loggers. The request is already committed when this runs,
-    so a logger that fails is reported by an :class:`UnlearningWarning`, not raised.
+    That is the step the trainer's next training batch logs at: a request between two fits of one
+    Trainer (``fit_stream``) appears where training resumes, and the requests between the same two fits
+    share that step (each is its own row of a ``CSVLogger``). Nothing happens without a trainer or loggers.
+    The request is already committed when this runs, so a logger that fails is reported by an
+    :class:`UnlearningWarning`, not raised.
     """
     if trainer is None or not trainer.loggers:
         return
-    step, metrics = log_step(trainer), result_metrics(result)
+    step, metrics = trainer.global_step, result_metrics(result)
     try:
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
             logger.save()
     except Exception as error:  # noqa: BLE001 - the request is done; a logger must not undo it
         warn(f"the {result.certificate.method} request was executed but logging it failed: {error!r}")
-    set_log_step(trainer, step + 1)

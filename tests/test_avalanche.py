@@ -407,8 +407,8 @@ def test_requests_reach_the_csv_logger_on_one_increasing_step_axis(bm, tmp_path)
     train = [int(r["step"]) for r in rows if r.get("train_loss")]
     requests = [(int(r["step"]), float(r["unlearn/removed"])) for r in rows if r.get("unlearn/removed")]
     per_exp = 2 * 24 // 8
-    assert train == list(range(per_exp)) + list(range(per_exp + 2, 2 * per_exp + 2))
-    assert requests == [(per_exp, 1.0), (per_exp + 1, 2.0), (2 * per_exp + 2, 1.0)]
+    assert train == list(range(2 * per_exp))  # one Trainer: the second experience continues the step axis
+    assert requests == [(per_exp, 1.0), (per_exp, 2.0), (2 * per_exp, 1.0)]  # where training resumes
     assert steps == sorted(steps)
     assert all(r["unlearn/exact"] == "0.0" for r in rows if r.get("unlearn/removed"))
 
@@ -475,3 +475,104 @@ def test_proximal_regularizer_callback_on_a_user_module_is_also_an_avalanche_plu
     assert torch.count_nonzero(r2.starts[0]) == 0 and torch.equal(r2.starts[1], r2.ends[0])
     for a, b in zip(r1.starts + r1.ends + r1.hessians, r2.starts + r2.ends + r2.hessians):
         assert_close(a, b)
+
+
+# -- fit_stream: loaders, data modules, validation/test, checkpoints between experiences ---------
+class _EvalLinear(_UserLinear):
+    """The user module with validation and test steps (accuracy), logged per dataloader."""
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self.log("val_acc", (self(batch[0]).argmax(-1) == batch[1]).double().mean())
+
+    def test_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self.log("test_acc", (self(batch[0]).argmax(-1) == batch[1]).double().mean())
+
+
+def test_fit_stream_validates_tests_checkpoints_and_resumes_where_it_stopped(bm, tmp_path):
+    """Validation during each fit, tests after each experience's requests, a checkpoint after each; a stream
+    resumed from experience 0's checkpoint in fresh objects ends where the uninterrupted one does (same SGD
+    steps, recorded vectors, forgotten samples) and logs on the same step axis."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    schedule = {0: [ForgetRequest.samples(exp_ids(bm, 0)[:2])], 1: [ForgetRequest.samples(exp_ids(bm, 1)[:1])]}
+
+    def run(name: str, **kwargs):
+        model, rec = _EvalLinear(), TrajectoryRecorder(dtype=torch.float64)
+        logger = CSVLogger(tmp_path, name=name)
+        fit_stream(
+            model,
+            bm.train_stream,
+            callbacks=[rec],
+            unlearning=HFStrategy(model, rec, noise=False, max_deletions=10),
+            requests=schedule,
+            batch_size=FULL_BATCH,
+            val_stream=bm.test_stream,
+            test_stream=bm.test_stream,
+            trainer_kwargs={"max_epochs": 3, "logger": logger, "log_every_n_steps": 1, **QUIET},
+            **kwargs,
+        )
+        with open(logger.log_dir + "/metrics.csv") as f:
+            return model, rec, list(csv.DictReader(f))
+
+    m1, r1, rows1 = run("whole", dirpath=tmp_path / "ckpts")
+    assert sorted(p.name for p in (tmp_path / "ckpts").iterdir()) == ["experience=0.ckpt", "experience=1.ckpt"]
+    val = [int(r["step"]) for r in rows1 if r.get("val_acc")]
+    tested = [r for r in rows1 if r.get("test_acc/dataloader_idx_0")]
+    tests = [(int(r["step"]), r["test_acc/dataloader_idx_1"] != "") for r in tested]
+    assert val == [0, 1, 2, 3, 4, 5]  # one validation per epoch, at its step (full batch: one step per epoch)
+    assert tests == [(3, True), (6, True)]  # after each experience, every test experience
+    restored = TrajectoryRecorder(dtype=torch.float64).load_from_checkpoint(tmp_path / "ckpts" / "experience=0.ckpt")
+    assert restored.catalog.forgotten.sum() == 2 and restored.n_steps == 3  # returned, after experience 0's request
+
+    m2, r2, rows2 = run("resumed", ckpt_path=tmp_path / "ckpts" / "experience=0.ckpt")
+    assert_close(hf.flat_params(m2), hf.flat_params(m1))
+    forgotten = [sorted(r.catalog.ids[r.catalog.forgotten].tolist()) for r in (r1, r2)]
+    assert r2.n_steps == r1.n_steps == 6 and forgotten[0] == forgotten[1] and len(forgotten[0]) == 3
+    for i in exp_ids(bm, 0) + exp_ids(bm, 1):
+        assert_close(r2.A[r2.row_of[i]], r1.A[r1.row_of[i]])
+    assert [int(r["step"]) for r in rows2 if r.get("train_loss")] == []  # the user module logs no train_loss
+    assert [int(r["step"]) for r in rows2 if r.get("val_acc")] == [3, 4, 5]  # the step axis continues
+
+
+def test_fit_stream_takes_loaders_data_modules_and_a_sampler(bm):
+    """Experiences as a DataLoader, a LightningDataModule and a dataset (through a sampler); requests read the
+    data module's training data."""
+    from torch.utils.data import DataLoader, SubsetRandomSampler
+
+    from lightning_unlearn import IndexedDataset
+
+    (x, y) = blobs(3 * N, 5)
+    parts = [IndexedDataset(TensorDataset(x[k::3], y[k::3]), ids=torch.arange(k, 3 * N, 3)) for k in range(3)]
+
+    class Module(L.LightningDataModule):
+        def train_dataloader(self):
+            return DataLoader(parts[1], batch_size=8, shuffle=True)
+
+    model, rec = supervised(), SampleRecorder()
+    forget = [int(parts[1].ids[0]), int(parts[1].ids[5])]
+    results = fit_stream(
+        model,
+        [DataLoader(parts[0], batch_size=8), Module(), parts[2]],
+        callbacks=[rec],
+        unlearning=NegGradStrategy(model, rec, epochs=1),
+        requests={1: [ForgetRequest.samples(forget)]},
+        sampler=lambda d: SubsetRandomSampler(range(0, len(d), 2)),
+        trainer_kwargs=QUIET,
+    )
+    assert [r.removed_ids.tolist() for r in results] == [forget]
+    cat = rec.catalog
+    assert cat.experiences_of(parts[0].ids).unique().tolist() == [0]
+    assert cat.experiences_of(parts[1].ids).unique().tolist() == [1]
+    assert sorted(cat.ids[cat.experiences == 2].tolist()) == parts[2].ids[::2].tolist()  # only what the sampler drew
+
+
+def test_fit_stream_refuses_evaluation_without_steps_and_foreign_checkpoints(bm, tmp_path):
+    model, rec = supervised(), SampleRecorder()
+    with pytest.raises(ValueError, match="no test_step"):
+        fit_stream(model, bm.train_stream, callbacks=[rec], test_stream=bm.test_stream)
+    trainer = L.Trainer(logger=False, **QUIET)
+    trainer.strategy.connect(model)
+    trainer.save_checkpoint(tmp_path / "plain.ckpt")
+    with pytest.raises(ValueError, match="not saved by fit_stream"):
+        fit_stream(model, bm.train_stream, callbacks=[rec], ckpt_path=tmp_path / "plain.ckpt")
+    assert len(rec.catalog) == 0

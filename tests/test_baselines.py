@@ -77,6 +77,33 @@ def test_random_label_and_neggrad_plus_lower_forget_accuracy():
     assert accs["randomlabel"] < 0.6 and accs["neggrad_plus"] < 0.6, accs
 
 
+class WithTask(torch.utils.data.Dataset):
+    """Items ``(x, y, sample_id, task)``, as Avalanche-style forget data yields them."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        return (*self.dataset[i], 0)
+
+
+@pytest.mark.parametrize("train_holds_forget", [True, False])
+def test_random_label_takes_training_triples_and_forget_items_with_a_task(train_holds_forget):
+    """Training items (x, y, id), forget data (x, y, id, task) (the issue's "got 3 and 4"): the samples to forget
+    come from the training data when it holds them, else from the forget data cut to (x, y, id)."""
+    train = toy_dataset(200)
+    model, rec = trained(train)
+    retained_only = Subset(train, list(range(len(FORGET), 200)))  # the training data without the samples to forget
+    data = train if train_holds_forget else retained_only
+    strategy = RandomLabelStrategy(model, rec, data, epochs=5, lr=0.5, batch_size=16)
+    result = strategy.forget(ForgetRequest.samples(FORGET), WithTask(train))
+    assert result.extra["n_retained"] == 200 - len(FORGET)
+    assert accuracy(model, Subset(train, FORGET), N_CLASSES) < 0.6  # the relabelled samples were trained on
+
+
 def test_retrain_equals_acu_and_a_fresh_fit_on_the_retained_data():
     a, b = toy_dataset(120), toy_dataset(120, seed=1, id_offset=120)
     model, rec = analytic_model(), AnalyticRecorder(ridge=0.5)

@@ -471,3 +471,22 @@ def test_publish_without_a_request_releases_the_internal_model_at_the_bound_of_t
     assert float((hf.flat_params(model) - internal).norm()) > 0  # the module holds the published (noised) model
     assert torch.equal(strategy.clean_parameters(), internal)  # the next task starts from w_t itself
     assert len(strategy.ledger) == 1  # a publication forgets nothing: no ledger entry
+
+
+def test_task_optimality_reads_a_user_modules_own_loss_and_its_proximal_callback():
+    """No objective() method needed: the residual is the gradient of the module's training loss (its training_step)
+    plus the callback's proximal penalty (applied as a gradient) plus the optimizer's weight decay, here at the
+    first task's anchor w_0 = 0, computed independently in float64 (agreement to summation order, ~1e-15)."""
+    from lightning_unlearn.callbacks import TaskOptimality
+
+    x, y, _ = next(iter(DataLoader(TASKS[0], batch_size=len(TASKS[0]))))
+    fits = []
+    for epochs in (30, 1):
+        check, model = TaskOptimality(1e-6), user_model(lr=0.5, weight_decay=0.05)
+        trainer([ProximalRegularizer(1.0), check], max_epochs=epochs).fit(model, DataLoader(TASKS[0], len(TASKS[0])))
+        w = [p for p in model.parameters()]
+        objective = nn.functional.cross_entropy(model(x), y) + 0.5 * (1.0 + 0.05) * sum(p.pow(2).sum() for p in w)
+        expected = torch.cat([g.flatten() for g in torch.autograd.grad(objective, w)]).norm()
+        assert check.residuals[0] == pytest.approx(float(expected), rel=1e-12, abs=1e-15)
+        fits.append(check)
+    assert fits[0].problem(1) is None and "gradient residual" in fits[1].problem(1)  # solved vs one epoch

@@ -1,4 +1,5 @@
-"""Executed requests reach the Trainer's loggers: flushed, on one increasing step axis, without undoing a request."""
+"""Executed requests reach the Trainer's loggers: flushed, on one increasing step axis (one Trainer fits every
+experience), without undoing a request."""
 
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ from lightning_unlearn.warnings import UnlearningWarning
 BATCH = 8
 
 
-def fit(model, recorder, ds, logger, experience: int) -> L.Trainer:
-    """One experience with a fresh Trainer, as a user's own continual loop does."""
+def fit(t: L.Trainer, model, recorder, ds, experience: int) -> L.Trainer:
+    """One more experience with the same Trainer, as a user's own continual loop does (Lightning's own counters
+    then continue: one epoch more than the Trainer has run)."""
     recorder.experience = experience
-    t = trainer([recorder], logger=logger, log_every_n_steps=1)
+    t.fit_loop.max_epochs = t.current_epoch + 1
     t.fit(model, DataLoader(ds, batch_size=BATCH))
     return t
 
@@ -31,20 +33,21 @@ def test_a_users_own_loop_logs_requests_between_experiences_on_one_step_axis(tmp
     tasks = [blobs(16, seed=0), blobs(16, seed=1, id_offset=100)]
     model, rec = sgd_model(), TrajectoryRecorder(dtype=torch.float64)
     strategy = HFStrategy(model, rec, epsilon=1.0, seed=0, max_deletions=10)
-    logger = CSVLogger(tmp_path, name="run")
-    fit(model, rec, tasks[0], logger, 0)
+    t = trainer([rec], logger=CSVLogger(tmp_path, name="run"), log_every_n_steps=1)
+    fit(t, model, rec, tasks[0], 0)
     first = strategy.forget(ForgetRequest.samples([3, 5]))
-    second = fit(model, rec, tasks[1], logger, 1)
+    fit(t, model, rec, tasks[1], 1)
     strategy.forget(ForgetRequest.samples([101]))
-    log_metrics(second, {"retain_acc": 0.5})  # a user's evaluation: after the request, flushed
+    log_metrics(t, {"retain_acc": 0.5})  # a user's evaluation: after the request, flushed
 
-    with open(logger.log_dir + "/metrics.csv") as f:  # on disk: each request's row was flushed
+    with open(t.log_dir + "/metrics.csv") as f:  # on disk: each request's row was flushed
         rows = list(csv.DictReader(f))
     train = [int(r["step"]) for r in rows if r.get("train_loss")]
     requests = [(int(r["step"]), float(r["unlearn/removed"])) for r in rows if r.get("unlearn/removed")]
-    assert train == [0, 1, 3, 4]  # the second Trainer continues after the first one's request
-    assert requests == [(2, 2.0), (5, 1.0)]
-    assert [(int(r["step"]), r["unlearn/retain_acc"]) for r in rows if r.get("unlearn/retain_acc")] == [(6, "0.5")]
+    assert train == [0, 1, 2, 3]  # the second fit continues the first one's steps
+    assert requests == [(2, 2.0), (4, 1.0)]  # each at the step where training resumes
+    assert [(int(r["step"]), r["unlearn/retain_acc"]) for r in rows if r.get("unlearn/retain_acc")] == [(4, "0.5")]
+    assert [int(r["step"]) for r in rows] == sorted(int(r["step"]) for r in rows)
     logged = next(r for r in rows if r.get("unlearn/removed") == "2.0")
     assert float(logged["unlearn/epsilon"]) == 1.0 and float(logged["unlearn/sigma"]) == first.certificate.sigma
 

@@ -1,18 +1,25 @@
-"""`fit_stream`: learn an Avalanche stream with Lightning, one ``Trainer.fit`` per experience."""
+"""`fit_stream`: learn a stream of experiences with one Lightning ``Trainer``, one ``fit`` per experience."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
-from lightning_unlearn.avalanche.benchmarks import items_with_ids
+from lightning_unlearn.avalanche.checkpoints import StreamPosition, resume_point
+from lightning_unlearn.avalanche.experiences import (
+    LoaderOptions,
+    SamplerFactory,
+    experience_number,
+    training_data,
+)
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.progress import with_progress_bar
-from lightning_unlearn.reporting import log_step, set_log_step
 from lightning_unlearn.strategies.base import (
     ForgetData,
     UnlearningResult,
@@ -53,37 +60,66 @@ def fit_stream(
     callbacks: Sequence[L.Callback],
     trainer_kwargs: Mapping[str, Any] | None = None,
     batch_size: int = 64,
+    num_workers: int = 0,
+    sampler: SamplerFactory | None = None,
+    val_stream: Sequence[Any] | None = None,
+    test_stream: Iterable[Any] | None = None,
+    dirpath: str | Path | None = None,
+    ckpt_path: str | Path | None = None,
     unlearning: UnlearningStrategy | None = None,
     requests: RequestsByExperience | None = None,
     after_experience: Callable[[Any, L.Trainer, list[UnlearningResult]], None] | None = None,
 ) -> list[UnlearningResult]:
-    """Learn an Avalanche ``train_stream`` with Lightning, one ``Trainer.fit`` per experience.
+    """Learn a stream of experiences with one Lightning ``Trainer``, one ``Trainer.fit`` per experience.
 
-    The same callback objects (and loggers of ``trainer_kwargs["logger"]``) are handed to every
-    experience's ``Trainer``, so recorders keep their statistics across experiences, and each
-    Trainer logs from the step where the previous one stopped: one increasing step axis over
-    the whole stream. Before each experience a certified unlearning strategy's internal model is
-    restored (:func:`restore_internal`). After experience ``k`` the requests ``requests[k]`` are
-    executed with ``unlearning`` (their forget data is the experiences seen so far); each is logged to the
-    loggers at its own step (:func:`lightning_unlearn.reporting.log_to_trainer`). Then
-    ``after_experience(experience, trainer, results)`` is called.
+    An experience is an Avalanche experience, a dataset, a ``DataLoader`` or a ``LightningDataModule``
+    (:mod:`lightning_unlearn.avalanche.experiences`); its training items carry sample ids. The same
+    ``Trainer`` (its callbacks, loggers and counters) fits every experience, each for ``max_epochs``
+    epochs (and at most ``max_steps`` steps) of ``trainer_kwargs``, with a fresh optimizer from the
+    module's ``configure_optimizers``: recorders keep their statistics, and training, validation, test and
+    request metrics share one increasing step axis. Per experience ``k`` (its ``current_experience``, else
+    its position):
+
+    1. a certified unlearning strategy's internal model is restored (:func:`restore_internal`);
+    2. ``Trainer.fit``, validating on ``val_stream[i]`` (the experience at the same position) if given, or
+       on a data module's own ``val_dataloader``;
+    3. the requests ``requests[k]`` run with ``unlearning`` (forget data: the experiences seen so far), each
+       logged at the trainer's step (:func:`lightning_unlearn.reporting.log_to_trainer`);
+    4. ``Trainer.test`` on every experience of ``test_stream`` if given (the metrics reach the loggers, one
+       ``dataloader_idx`` per test experience, and ``trainer.callback_metrics``);
+    5. with ``dirpath``, the checkpoint ``dirpath/experience=k.ckpt`` (:mod:`lightning_unlearn.avalanche.checkpoints`:
+       weights, recorders, counters; no optimizer state);
+    6. ``after_experience(experience, trainer, results)``.
+
+    ``ckpt_path`` (one of those checkpoints) resumes the stream: experiences up to the saved one are not
+    trained again (their data still counts as seen), and the next ``fit`` restores the module, the
+    callbacks' states and the step axis from the checkpoint (Lightning's ``Trainer.fit(ckpt_path=...)``).
+    An unlearning strategy's own state beyond its recorder's is not in the checkpoint.
 
     Args:
         module: the LightningModule to train.
-        stream: an Avalanche ``train_stream`` (experiences with ``current_experience`` and a
-            ``dataset`` of ``(x, y, sample_id, task_label)`` items).
-        callbacks: the recorder (and any other callbacks), shared by all experiences.
-        trainer_kwargs: further ``Trainer`` arguments (default one epoch, no logger; progress through
+        stream: the experiences, e.g. an Avalanche ``train_stream`` (see above).
+        callbacks: the recorder (and any other callbacks).
+        trainer_kwargs: further ``Trainer`` arguments (default one epoch per experience, no logger; progress through
             :func:`~lightning_unlearn.progress.progress_bar` unless they or ``callbacks`` decide it).
-        batch_size: training batch size (shuffled loader).
+        batch_size, num_workers: the loaders made for experiences given as datasets, and for evaluation.
+        sampler: makes the training sampler of a dataset experience (default: shuffling).
+        val_stream: validation data per experience, aligned with ``stream`` (e.g. Avalanche's
+            ``valid_stream``); the module needs a ``validation_step``.
+        test_stream: data to test after each experience (e.g. Avalanche's ``test_stream``); the module needs
+            a ``test_step``.
+        dirpath: folder of the checkpoints saved after each experience.
+        ckpt_path: a checkpoint of ``dirpath`` to resume the stream from.
         unlearning: executes the requests; its recorder must be among ``callbacks``.
-        requests: forget requests per experience (by ``current_experience``).
-        after_experience: called after each experience and its requests.
+        requests: forget requests per experience (by experience number).
+        after_experience: called after each experience (and its requests, tests and checkpoint).
 
     Raises:
         ValueError: requests without an unlearning strategy, one whose recorder is not among the
-            callbacks, a certified unlearning strategy lacking its constants (before any training), or an
-            experience whose items carry no sample ids.
+            callbacks, a certified unlearning strategy lacking its constants, validation or test data for a
+            module without ``validation_step``/``test_step``, ``val_stream`` beside data-module experiences,
+            a ``ckpt_path`` not saved by ``fit_stream`` (all before any training), or an experience whose
+            training data carry no sample ids.
     """
     check_unlearning(unlearning, requests)
     if unlearning is not None and not any(c is unlearning.recorder for c in callbacks):
@@ -91,6 +127,10 @@ def fit_stream(
             f"the unlearning strategy's {type(unlearning.recorder).__name__} is not among the callbacks: "
             "it would record nothing"
         )
+    for evaluation, hook in ((val_stream, "validation_step"), (test_stream, "test_step")):
+        if evaluation is not None and not is_overridden(hook, module):
+            raise ValueError(f"validation or test data were given, but {type(module).__name__} has no {hook}")
+    resume = resume_point(ckpt_path) if ckpt_path is not None else None
     kwargs = {
         "max_epochs": 1,
         "logger": False,
@@ -98,26 +138,45 @@ def fit_stream(
         "enable_model_summary": False,
         **(trainer_kwargs or {}),
     }
+    epochs, steps = int(kwargs["max_epochs"]), int(kwargs.get("max_steps", -1))
+    options = LoaderOptions(batch_size, num_workers, sampler)
+    tests = [options.evaluate(e) for e in test_stream] if test_stream is not None else None
+    position = StreamPosition()
+    trainer = L.Trainer(callbacks=with_progress_bar([*callbacks, position], kwargs), **kwargs)
+    recorders = [c for c in callbacks if isinstance(c, RecorderCallback)]
     seen: list[Dataset] = []
     results: list[UnlearningResult] = []
-    step = 0
-    for experience in stream:
-        k = experience.current_experience
-        dataset = items_with_ids(experience.dataset)
-        for recorder in (c for c in callbacks if isinstance(c, RecorderCallback)):
+    for i, experience in enumerate(stream):
+        k = experience_number(experience, i)
+        if resume is not None and k <= resume[0]:  # learned (and its requests run) before the checkpoint
+            seen.append(training_data(experience, k))
+            continue
+        if isinstance(experience, L.LightningDataModule) and val_stream is not None:
+            raise ValueError(f"experience {k} is a LightningDataModule: its own val_dataloader validates it")
+        for recorder in recorders:
             recorder.experience = k
         restore_internal(unlearning)
-        trainer = L.Trainer(callbacks=with_progress_bar(callbacks, kwargs), **kwargs)
-        set_log_step(trainer, step)
-        trainer.fit(module, DataLoader(dataset, batch_size=batch_size, shuffle=True))
-        seen.append(dataset)
-        data: ForgetData = ConcatDataset(seen) if unlearning is not None and unlearning.reads_data else None
+        epoch, step = (resume[1], resume[2]) if resume is not None else (trainer.current_epoch, trainer.global_step)
+        trainer.fit_loop.max_epochs = epoch + epochs  # the same Trainer: each experience gets its own epochs
+        trainer.fit_loop.epoch_loop.max_steps = step + steps if steps >= 0 else -1
+        val = options.evaluate(val_stream[i]) if val_stream is not None else None
+        if isinstance(experience, L.LightningDataModule):
+            trainer.fit(module, datamodule=experience, ckpt_path=ckpt_path if resume is not None else None)
+        else:
+            loader = experience if isinstance(experience, DataLoader) else options.train(training_data(experience, k))
+            trainer.fit(module, loader, val, ckpt_path=ckpt_path if resume is not None else None)
+        resume = None
+        seen.append(training_data(experience, k, trainer))
         todo = (requests or {}).get(k, ())  # none without a strategy (check_unlearning)
         if todo:  # Lightning's teardown leaves the module on the CPU: the requests run where it was fitted
             module.to(trainer.strategy.root_device)
+        data: ForgetData = ConcatDataset(seen) if unlearning is not None and unlearning.reads_data else None
         done = [unlearning.forget(r, data) for r in todo] if unlearning is not None else []
-        step = log_step(trainer)
         results.extend(done)
+        if tests is not None:
+            trainer.test(module, dataloaders=tests, verbose=False)
+        if dirpath is not None:
+            position.save(trainer, Path(dirpath) / f"experience={k}.ckpt", k)
         if after_experience is not None:
             after_experience(experience, trainer, done)
     return results

@@ -26,15 +26,16 @@ import ast
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 import lightning as L
 import torch
 from torch import Tensor
 
-from lightning_unlearn.callbacks.logstep import continue_log_step
 from lightning_unlearn.contract import BatchKeys, unpack_batch
 from lightning_unlearn.core.catalog import SampleCatalog, fingerprints
+
+_R = TypeVar("_R", bound="RecorderCallback")
 
 
 class RecorderCallback(L.Callback):
@@ -235,7 +236,6 @@ class RecorderCallback(L.Callback):
         self._loader_state_saved = bool((fit_loop.get("state_dict") or {}).get("combined_loader"))
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        continue_log_step(self.trainer, trainer)
         self.trainer = trainer
         self.global_rank, self.world_size = trainer.global_rank, trainer.world_size
         self._strategy = trainer.strategy if trainer.world_size > 1 else None
@@ -454,8 +454,9 @@ class RecorderCallback(L.Callback):
                 f"they cannot be used by this {name}: create it with the checkpoint's settings"
             )
 
-    def load_from_checkpoint(self, path: str | Path) -> None:
-        """Restore this recorder's statistics from a Lightning checkpoint file.
+    def load_from_checkpoint(self: _R, path: str | Path) -> _R:
+        """Restore this recorder's statistics from a Lightning checkpoint file; returns the recorder
+        (``rec = AnalyticRecorder(ridge=1.0).load_from_checkpoint(path)``).
 
         Raises ``ValueError`` if the checkpoint was saved without this recorder.
         """
@@ -468,6 +469,7 @@ class RecorderCallback(L.Callback):
                 f"(it has: {sorted(states) or 'no callback state'}); save it with this recorder among the callbacks"
             )
         self.load_state_dict(states[self.state_key])
+        return self
 
 
 def _settings(state_key: str, name: str) -> dict[str, Any] | None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 
-from lightning_unlearn.data import unpack_batch
+from lightning_unlearn.contract import training_loss, unpack_batch
+from lightning_unlearn.regularization import ProximalRegularizer
 
 
 class TaskOptimality(L.Callback):
@@ -19,8 +22,11 @@ class TaskOptimality(L.Callback):
     certified [CCL] strategies refuse a certified release when a recorded task's residual exceeds
     ``tolerance`` (and state ``recipe="unchecked"`` without this callback).
 
-    The objective is the module's own ``objective(x, y)`` (mean loss plus its penalties), averaged
-    over all the fit's batches (weighted by their sizes), plus the optimizer's weight decay (the ridge).
+    The objective is what the fit minimised, read from the module and the Trainer, so any module works
+    (:mod:`lightning_unlearn.contract`): the module's own training loss (what ``training_step`` returns,
+    penalties it adds included, e.g. :class:`ProximalClassifier`'s) averaged over all the fit's batches
+    (weighted by their sizes, in eval mode), plus the penalty of each :class:`ProximalRegularizer` callback
+    that adds its gradient after backward (``in_loss=False``), plus the optimizer's weight decay (the ridge).
 
     Args:
         tolerance: the largest accepted residual ``||grad objective(end_i)||``.
@@ -43,7 +49,8 @@ class TaskOptimality(L.Callback):
             for g in opt.param_groups
             for p in g["params"]
         }
-        self.residuals.append(task_residual(pl_module, trainer.train_dataloader, decay))
+        hooks = [c for c in trainer.callbacks if isinstance(c, ProximalRegularizer) and not c.in_loss]  # type: ignore[attr-defined]
+        self.residuals.append(task_residual(pl_module, trainer.train_dataloader, decay, hooks))
 
     def problem(self, n_tasks: int) -> str | None:
         """``None`` if ``n_tasks`` fits were checked and all met the tolerance, else the reason."""
@@ -69,31 +76,38 @@ class TaskOptimality(L.Callback):
         self.residuals = [float(r) for r in state_dict.get("residuals", [])]
 
 
-def task_residual(module: L.LightningModule, loader: Any, weight_decay: dict[int, float] | None = None) -> float:
-    """``||grad (mean over the loader's samples of the objective) + weight_decay * theta||`` at the module's weights.
+def task_residual(
+    module: L.LightningModule,
+    loader: Any,
+    weight_decay: dict[int, float] | None = None,
+    penalties: Sequence[ProximalRegularizer] = (),
+) -> float:
+    """``||grad (mean training loss + sum of penalties) + weight_decay * theta||`` at the module's weights.
 
-    The module's ``objective(x, y)`` on a batch is its mean loss plus any penalty; batches are
-    weighted by their sizes. ``weight_decay`` maps ``id(parameter)`` to the optimizer's decay (the
-    ridge when it lives in the optimizer).
+    The training loss of a batch is the module's own (:func:`lightning_unlearn.contract.training_loss`: what
+    its ``training_step`` returns); batches are weighted by their sizes. ``penalties`` are proximal terms
+    applied as gradients, outside that loss; ``weight_decay`` maps ``id(parameter)`` to the optimizer's decay
+    (the ridge when it lives in the optimizer).
+
+    Raises:
+        ValueError: the module's ``training_step`` returns no scalar loss.
     """
-    objective = getattr(module, "objective", None)
-    if not callable(objective):
-        raise TypeError(f"{type(module).__name__} has no objective(x, y), whose gradient TaskOptimality measures")
     params = [p for p in module.parameters() if p.requires_grad]
     total, n = None, 0
     was_training = module.training
     module.eval()
     try:
         with torch.enable_grad():
-            for batch in loader:
-                x, y, _ = unpack_batch(batch)
-                x, y = x.to(module.device), y.to(module.device)
-                term = len(y) * objective(x, y)
+            for i, batch in enumerate(loader):
+                batch = move_data_to_device(batch, module.device)
+                size = len(unpack_batch(batch)[1])
+                term = size * training_loss(module, batch, i)
                 total = term if total is None else total + term
-                n += len(y)
+                n += size
             if total is None:
                 return 0.0
-            grads = torch.autograd.grad(total / n, params, allow_unused=True)
+            objective = total / n + sum((t.penalty(module) for t in penalties), torch.zeros(()))
+            grads = torch.autograd.grad(objective, params, allow_unused=True)
     finally:
         module.train(was_training)
     decay = weight_decay or {}

@@ -227,6 +227,7 @@ class _Pretraining(L.LightningModule):
 
     def __init__(self, net: nn.Module, lr: float, momentum: float, weight_decay: float, epochs: int) -> None:
         super().__init__()
+        self.save_hyperparameters(ignore=["net"])
         self.net = net
         self.lr, self.momentum, self.weight_decay, self.epochs = lr, momentum, weight_decay, epochs
 

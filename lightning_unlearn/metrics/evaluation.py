@@ -35,7 +35,6 @@ from lightning_unlearn.functional.metrics import (
     tpr_key,
 )
 from lightning_unlearn.modes import eval_mode, module_device
-from lightning_unlearn.reporting import log_step, set_log_step
 
 Data = Dataset | DataLoader
 
@@ -134,18 +133,15 @@ def log_metrics(
     Args:
         trainer: whose loggers receive the metrics (nothing happens without loggers).
         metrics: name -> value, logged as ``prefix + name``.
-        step: the step to log at; by default the trainer's next step (after its training steps and
-            the requests logged so far, :mod:`lightning_unlearn.reporting`), which is then advanced:
-            evaluations, training and requests share one increasing axis.
+        step: the step to log at; by default the trainer's ``global_step`` (where its next training batch
+            logs, as requests do: :mod:`lightning_unlearn.reporting`).
     """
     if not trainer.loggers:
         return
-    at = log_step(trainer) if step is None else int(step)
+    at = trainer.global_step if step is None else int(step)
     for logger in trainer.loggers:
         logger.log_metrics({prefix + k: v for k, v in metrics.items()}, step=at)
         logger.save()
-    if step is None:
-        set_log_step(trainer, at + 1)
 
 
 # -- attacks: MIA against unlearning ([HF] Sec. 6, App. D.4) and an offline likelihood-ratio attack ([LiRA]) ------

@@ -182,6 +182,19 @@ def _item_format(item: Any) -> Any:
     return tuple(sorted(item)) if isinstance(item, Mapping) else len(item)
 
 
+class _Prefix(Dataset):
+    """The first ``n`` elements of each tuple item of ``dataset`` (e.g. ``(x, y, id, task)`` as ``(x, y, id)``)."""
+
+    def __init__(self, dataset: Dataset, n: int) -> None:
+        self.dataset, self.n = dataset, n
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int) -> tuple[Any, ...]:
+        return tuple(self.dataset[i])[: self.n]
+
+
 class _Trained(UnlearningStrategy):
     """Shared machinery: hyperparameters, the retained and forget sets, the objective and one seeded fit per request."""
 
@@ -425,10 +438,16 @@ class RandomLabelStrategy(_Trained):
     """Train on the retained set plus the forget set relabelled at random ([ACU] App. E.3).
 
     Every sample to forget gets a uniformly drawn *wrong* label (seeded), and the module is
-    trained on retained and relabelled samples together, shuffled into the same batches (so the
-    training data and ``data`` must yield items of one format). Needs the retained data
-    (``train``) and the samples to forget (``data``). Defaults: 10 epochs; plain modules lr 0.1.
-    Uncertified.
+    trained on retained and relabelled samples together, shuffled into the same batches: the samples
+    to forget are taken as items of the training data when it holds them (one format in every batch),
+    else as items of ``data``; tuples of two lengths (e.g. training items ``(x, y, id)``, forget items
+    ``(x, y, id, task)``) are batched as their common prefix. Needs the retained data (``train``) and the
+    samples to forget (``data``, checked against what was learned). Defaults: 10 epochs; plain modules
+    lr 0.1. Uncertified.
+
+    Raises:
+        ValueError: the samples to forget are not in the training data and ``data`` yields items of another
+            kind (dicts against tuples, or other keys).
     """
 
     method = "randomlabel"
@@ -442,13 +461,18 @@ class RandomLabelStrategy(_Trained):
 
     def _train(self, work: nn.Module, ids: Tensor, data: ForgetData) -> dict[str, Any]:
         (forget, labels), retained = self.forget_set(ids, data), self.retained(ids)
+        if self.train_data is not None and all(int(i) in self._rows for i in ids.tolist()):
+            forget = Subset(self.train_data, [self._rows[int(i)] for i in ids.tolist()])
         formats = _item_format(retained[0]), _item_format(forget[0])
-        if formats[0] != formats[1]:
+        if formats[0] != formats[1] and not all(isinstance(f, int) for f in formats):
             raise ValueError(
                 f"{self.method} batches retained and forget samples together: the training data and data must yield "
-                f"items of one format, got {formats[0]} and {formats[1]}"
+                f"items of one kind, got {formats[0]} and {formats[1]}"
             )
-        self.fit(work, self.loader(ConcatDataset([retained, self.relabelled(forget, labels)])))
+        parts: list[Dataset] = [retained, forget]
+        if formats[0] != formats[1]:  # tuples of two lengths: both as their common prefix (x, y, sample_id, ...)
+            parts = [_Prefix(part, min(cast(int, f) for f in formats)) for part in parts]
+        self.fit(work, self.loader(ConcatDataset([parts[0], self.relabelled(parts[1], labels)])))
         return {"n_retained": len(retained)}
 
 
