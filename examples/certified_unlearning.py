@@ -125,7 +125,7 @@ def main() -> None:
     )
     w = hf.flat_params(model).clone()
     original = with_params(model, w)
-    strategy = HFStrategy(model, recorder, epsilon=EPS, delta=DELTA, generator=torch.Generator().manual_seed(0))
+    strategy = HFStrategy(model, recorder, epsilon=EPS, delta=DELTA)
     requests = train_ids[
         torch.randperm(len(train_ids), generator=torch.Generator().manual_seed(1))[:N_REQUESTS]
     ].tolist()
@@ -158,9 +158,7 @@ def main() -> None:
     )
     original = with_params(model, hf.flat_params(model))
     forget_exp = 1
-    hessian = HessianCertifiedStrategy(
-        model, recorder, epsilon=EPS, delta=DELTA, generator=torch.Generator().manual_seed(0)
-    )
+    hessian = HessianCertifiedStrategy(model, recorder, epsilon=EPS, delta=DELTA)
     result = hessian.forget(ForgetRequest.of_experience(forget_exp))
     reference = proximal()
     fit_stream(

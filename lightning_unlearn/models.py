@@ -264,7 +264,11 @@ class ProximalClassifier(SupervisedClassifier):
         self.regularizer = ProximalRegularizer(reg_lambda, in_loss=True, ridge=l2)
 
     def configure_callbacks(self) -> list[L.Callback]:
-        return [self.regularizer]
+        # a Trainer reused for the next experience (fit_stream) holds it already: returning it again would only make
+        # Lightning replace it by itself and say so on every fit
+        trainer = attached_trainer(self)
+        held = trainer is not None and any(c is self.regularizer for c in trainer.callbacks)  # type: ignore[attr-defined]
+        return [] if held else [self.regularizer]
 
     def get_extra_state(self) -> Tensor:
         """The regulariser's task counter, in the module's ``state_dict``: a model reset to an initial state

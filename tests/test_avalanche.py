@@ -10,6 +10,7 @@ far below the 1e-9 used here (float64 eps 2.2e-16 times sums of a few hundred O(
 from __future__ import annotations
 
 import csv
+import logging
 import warnings
 
 import lightning as L
@@ -137,6 +138,17 @@ def assert_close(a: torch.Tensor, b: torch.Tensor) -> None:
     assert torch.allclose(a, b, rtol=0, atol=ATOL), float((a - b).abs().max())
 
 
+class Said(logging.Handler):
+    """Keeps the messages of the records it is given (Lightning's own log lines)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 class RecordingLogger(BaseLogger):
     """An Avalanche logger that keeps every (name, value, x) it receives."""
 
@@ -235,7 +247,14 @@ def test_task_delta_recorder_anchors_each_task_under_the_plugin(bm):
         return GradientCertifiedStrategy(model, rec, lipschitz=2.0, smoothness=1.0, seed=5)
 
     m1, r1 = proximal(), TaskDeltaRecorder()
-    lightning_run(bm, m1, r1, strategy(m1, r1), schedule, epochs=4)
+    lightning_log = logging.getLogger("lightning.pytorch")
+    lightning_log.addHandler(said := Said())
+    try:
+        lightning_run(bm, m1, r1, strategy(m1, r1), schedule, epochs=4)
+    finally:
+        lightning_log.removeHandler(said)
+    # the one Trainer of the stream keeps the module's regulariser: nothing replaced, nothing said about it
+    assert not [m for m in said.messages if "configure_callbacks" in m], said.messages
     m2, r2 = proximal(), TaskDeltaRecorder()
     avalanche_run(bm, m2, UnlearningPlugin(r2, strategy(m2, r2), schedule), epochs=4)
 
