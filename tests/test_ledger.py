@@ -287,3 +287,23 @@ def test_redo_pending_refuses_an_entry_of_another_method(tmp_path):
     with pytest.raises(LedgerError, match="executed by 'acu'"):
         strategy.redo_pending(data)
     assert weights_digest(model) == before and len(Ledger(path)) == 1
+
+
+def test_an_open_ledger_checks_what_was_appended_or_changed_since_it_last_read_the_file(tmp_path):
+    """A request re-checks only the bytes after those it checked before, and everything when they changed: a forged
+    entry appended by another writer, a torn line, and an edit of an entry already checked are each refused."""
+    path, _, strategy, data = _ledger_with_requests(tmp_path, 2)
+    text = path.read_text()
+    forged = {**json.loads(text.splitlines()[1]), "seq": 2, "prev_hash": strategy.ledger[1].hash}
+    path.write_text(text + json.dumps(forged) + "\n")  # chained to the head, but its own hash is entry 1's
+    with pytest.raises(LedgerError, match="corrupt at entry 2"):
+        strategy.forget(ForgetRequest.samples([5]), data)
+    path.write_text(text + text.splitlines()[0][:40])
+    with pytest.raises(LedgerError, match="torn last line 3"):
+        strategy.forget(ForgetRequest.samples([5]), data)
+    path.write_text(text.replace('"removed_ids": [0]', '"removed_ids": [9]'))
+    with pytest.raises(LedgerError, match="corrupt at entry 0"):
+        strategy.forget(ForgetRequest.samples([5]), data)
+    path.write_text(text)
+    strategy.forget(ForgetRequest.samples([5]), data)
+    assert [e.seq for e in Ledger(path)] == [0, 1, 2] and Ledger(path)[2].removed_ids == [5]

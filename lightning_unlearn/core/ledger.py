@@ -33,7 +33,7 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
@@ -88,8 +88,9 @@ class LedgerEntry:
     hash: str = ""
 
     def _body(self) -> bytes:
-        d = asdict(self)
-        d.pop("hash")
+        # the fields hold JSON values only (what from_json and Ledger build), so a shallow dict serialises as
+        # asdict's deep copy does, without the copy (which was most of a request's time once R entries were re-checked)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "hash"}
         return json.dumps(d, sort_keys=True).encode()
 
     def computed_hash(self, key: bytes | None) -> str:
@@ -108,7 +109,7 @@ class LedgerEntry:
 
     def to_line(self) -> bytes:
         """The entry as it is written: one JSON line, newline included."""
-        return (json.dumps(asdict(self), sort_keys=True) + "\n").encode()
+        return (json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, sort_keys=True) + "\n").encode()
 
     @classmethod
     def from_json(cls, line: str) -> LedgerEntry:
@@ -251,29 +252,26 @@ class Ledger:
     def __init__(self, path: str | Path | None = None, recover: bool = False) -> None:
         self.path = Path(path) if path is not None else None
         self._entries: list[LedgerEntry] = []
+        # what was checked: the file's bytes as last read or written (the writing rank), and the number of leading
+        # entries whose chain was checked under _checked_key; a later check reads the file again but parses and
+        # hashes only what follows those bytes, so a request's cost does not grow with the ledger
+        self._raw = b""
+        self._checked, self._checked_key = 0, _ledger_key()
         if self.path is not None and self.path.exists():
             with self._locked():
-                self._entries = self._read(recover)
+                self._raw, self._entries = self._read(recover)
             self._check_chain(self._entries)
 
     # -- reading ---------------------------------------------------------------------------------
-    def _read(self, recover: bool = False) -> list[LedgerEntry]:
+    def _read(self, recover: bool = False) -> tuple[bytes, list[LedgerEntry]]:
+        """The file's whole lines and their entries (a torn last line refused, or truncated with ``recover``)."""
         assert self.path is not None
         if not self.path.exists():
-            return []
+            return b"", []
         raw = self.path.read_bytes()
-        lines = raw.split(b"\n")
-        torn = lines.pop()  # after the last newline: empty, or an append cut short
-        entries = []
-        for k, line in enumerate(lines):
-            if not line.strip():
-                continue
-            try:
-                entries.append(LedgerEntry.from_json(line.decode()))
-            except (ValueError, TypeError, UnicodeDecodeError) as err:
-                raise LedgerError(f"ledger {self.path}: unreadable line {k + 1}") from err
+        entries, torn = self._parse(raw, 0)
         if torn:
-            number = len(lines) + 1
+            number = raw.count(b"\n") + 1
             if not recover:
                 raise LedgerError(
                     f"ledger {self.path}: torn last line {number} ({len(torn)} bytes without a newline: an append cut "
@@ -285,15 +283,30 @@ class Ledger:
             finally:
                 os.close(fd)
             warn(f"ledger {self.path}: truncated a torn last line {number} (an append cut by a crash)")
-        return entries
+        return raw[: len(raw) - len(torn)], entries
 
-    def _check_chain(self, entries: list[LedgerEntry]) -> None:
-        """``LedgerError`` naming the first entry whose sequence number, link or hash is wrong; the key's presence
-        decides the hash (see the module docstring)."""
+    def _parse(self, raw: bytes, first_line: int) -> tuple[list[LedgerEntry], bytes]:
+        """The entries of ``raw``'s whole lines (numbered from ``first_line + 1`` in errors) and what follows the
+        last newline (empty, or an append cut short)."""
+        lines = raw.split(b"\n")
+        torn = lines.pop()
+        entries = []
+        for k, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                entries.append(LedgerEntry.from_json(line.decode()))
+            except (ValueError, TypeError, UnicodeDecodeError) as err:
+                raise LedgerError(f"ledger {self.path}: unreadable line {first_line + k + 1}") from err
+        return entries, torn
+
+    def _check_chain(self, entries: list[LedgerEntry], start: int = 0) -> None:
+        """``LedgerError`` naming the first entry from ``start`` on whose sequence number, link or hash is wrong;
+        the key's presence decides the hash (see the module docstring)."""
         key = _ledger_key()
         where = self.path or "(memory)"
-        prev = _GENESIS
-        for k, e in enumerate(entries):
+        prev = entries[start - 1].hash if start else _GENESIS
+        for k, e in enumerate(entries[start:], start):
             if key is None and e.keyed:
                 raise LedgerError(
                     f"ledger {where} entry {k} is keyed (HMAC): set {KEY_ENV} to verify it (without the key the "
@@ -349,7 +362,18 @@ class Ledger:
             LedgerError: the file's chain is broken, or it no longer holds the entries this ledger read or
                 wrote (truncated, emptied, deleted, rewritten or replaced since).
         """
-        on_disk = self._read()
+        key = _ledger_key()
+        assert self.path is not None
+        raw = self.path.read_bytes() if self.path.exists() else b""
+        if self._raw and key == self._checked_key and raw.startswith(self._raw):
+            # the bytes checked before are unchanged: only the entries appended since (by another Ledger) are new
+            new, torn = self._parse(raw[len(self._raw) :], self._raw.count(b"\n"))
+            if not torn:  # (a torn line: the whole read below names it)
+                on_disk = [*self._entries, *new]
+                self._check_chain(on_disk, len(self._entries))
+                self._raw, self._entries = raw, on_disk
+                return
+        checked, on_disk = self._read()
         self._check_chain(on_disk)
         ours = [e.hash for e in self._entries]
         if [e.hash for e in on_disk[: len(ours)]] != ours:
@@ -357,7 +381,7 @@ class Ledger:
                 f"ledger {self.path} no longer holds the {len(ours)} entries this Ledger read or wrote (the file has "
                 f"{len(on_disk)}): it was truncated, emptied, deleted, rewritten or replaced since"
             )
-        self._entries = on_disk
+        self._raw, self._checked_key, self._entries = checked, key, on_disk
 
     def append(self, result: UnlearningResult, module: nn.Module, recorder: str | None = None) -> LedgerEntry:
         """Record an executed request (called by :meth:`UnlearningStrategy.forget` at its commit point).
@@ -371,11 +395,13 @@ class Ledger:
         with self._locked():
             self._sync()
             entry = self._append(result, module, recorder)
+            line = entry.to_line()
             try:
-                _append_line(self.path, entry.to_line())
+                _append_line(self.path, line)
             except BaseException:
                 self._entries.pop()
                 raise
+            self._raw += line
         return entry
 
     def _append(self, result: UnlearningResult, module: nn.Module, recorder: str | None) -> LedgerEntry:
@@ -396,7 +422,7 @@ class Ledger:
             keyed=key is not None,
             prev_hash=self._entries[-1].hash if self._entries else _GENESIS,
         )
-        entry = LedgerEntry(**{**asdict(body), "hash": body.computed_hash(key)})
+        entry = replace(body, hash=body.computed_hash(key))
         self._entries.append(entry)
         return entry
 
@@ -420,8 +446,10 @@ class Ledger:
         if self._writes():
             with self._locked():
                 self._sync()
-        else:
-            self._check_chain(self._entries)
+        else:  # the entries checked before are this ledger's own (it only appends): the new ones are checked
+            key = _ledger_key()
+            self._check_chain(self._entries, self._checked if key == self._checked_key else 0)
+            self._checked, self._checked_key = len(self._entries), key
         where = self.path or "(memory)"
         if anchor is not None:
             count, head = int(anchor["count"]), str(anchor["head"])

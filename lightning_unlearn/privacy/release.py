@@ -26,7 +26,7 @@ class PlannedRelease:
     update's ``state``); ``accounting`` the certificate's field.
     """
 
-    noise: Tensor
+    noise: Tensor | None
     sigma: float
     sigma_formula: float
     sigma_classical: float
@@ -88,7 +88,7 @@ def plan_release(
     release = Release(sigma=std, sensitivity=float(sensitivity), epsilon=epsilon, delta=delta)
     new = accountant.with_release(release)
     new.check_budget(budget)
-    drawn = gaussian_noise(shape, std, dtype, seed, len(accountant)) if std > 0 else torch.zeros(shape, dtype=dtype)
+    drawn = gaussian_noise(shape, std, dtype, seed, len(accountant)) if std > 0 else None
     accounting = {**new.totals(budget[1] if budget else delta), "release": release.to_dict()}
     classical = classical_sigma(sensitivity, epsilon, delta) if finite else math.inf
     return PlannedRelease(drawn, std, formula, classical, new, accounting, seed is not None and std > 0)

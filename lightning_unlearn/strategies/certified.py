@@ -367,7 +367,7 @@ class _ContinualCertified(ReleasingStrategy):
             certificate,
             weights=hf.unflatten(published.weights, hf.param_spec(self.module)),
             state={"_internal": internal, "_internal_end": self.recorder.ends[-1], **published.state},
-            extra={"noise_norm": float(published.noise.norm())},
+            extra={"noise_norm": published.noise_norm},
         )
 
 

@@ -431,7 +431,7 @@ class HFStrategy(ReleasingStrategy):
             },
             extra={
                 "n_forgotten": int(ids.numel()),
-                "noise_norm": float(published.noise.norm()),
+                "noise_norm": published.noise_norm,
                 "update_norm": float(update.norm()),
             },
         )

@@ -209,7 +209,7 @@ class _SecondOrderStrategy(ReleasingStrategy):
             state={"_grad_sum": G, "_step": step, "_forgotten": m, **published.state},
             extra={
                 "n_forgotten": int(ids.numel()),
-                "noise_norm": float(published.noise.norm()),
+                "noise_norm": published.noise_norm,
                 "update_norm": float(step.norm()),
             },
         )
