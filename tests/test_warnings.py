@@ -1,6 +1,8 @@
 """The library's warnings are shown once per cause, and the library's modules and internal fits raise no warning a
 user cannot act on."""
 
+import subprocess
+import sys
 import warnings
 
 import lightning as L
@@ -131,3 +133,20 @@ def test_a_warning_names_the_line_that_called_warn():
         __file__,
         test_a_warning_names_the_line_that_called_warn.__code__.co_firstlineno + 3,
     )
+
+
+def test_the_first_forward_mode_product_of_a_process_shows_no_torch_jit_warning():
+    """torch loads forward-mode AD's decompositions with the deprecated ``torch.jit.script`` on its first ``jvp``;
+    the library's HVPs load them without that warning (a fresh process: torch does it once per process)."""
+    code = (
+        "import torch\n"
+        "from lightning_unlearn.functional import hf\n"
+        "loss = hf.ModuleLoss(torch.nn.Linear(3, 2), 0.1)\n"
+        "x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])\n"
+        "H = hf.hvps(loss, hf.flat_params(loss.module).detach(), x, y, torch.eye(8))\n"
+        "assert torch.allclose(H, H.T, atol=1e-5), H\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-W", "error::FutureWarning", "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-2000:]

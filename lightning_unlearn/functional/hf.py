@@ -25,6 +25,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, jvp, vmap
 
+from lightning_unlearn.functional.forward_ad import load_forward_ad
+
 ParamSpec = list[tuple[str, torch.Size]]
 
 
@@ -125,6 +127,7 @@ def hvps(loss: ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, V: Tensor, chunk
     Forward-over-reverse (``jvp`` of ``grad``), ``vmap``-ed over the vectors (Appendix B.3:
     each product costs about one gradient).
     """
+    load_forward_ad()
     g = grad(batch_mean_loss(loss, x, y))
     return vmap(lambda v: jvp(g, (theta,), (v,))[1], chunk_size=chunk_size)(V)
 
@@ -244,6 +247,7 @@ class StepObjective:
         out = torch.empty_like(V)
         if not V.shape[0]:
             return out
+        load_forward_ad()
         data_grad = grad(self._data_loss)
         spans, start = [], 0
         for name, shape in self.loss.spec:

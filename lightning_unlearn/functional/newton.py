@@ -31,6 +31,7 @@ from torch import Tensor
 from torch.func import functional_call, hessian, jacrev, vmap
 
 from lightning_unlearn.functional import hf
+from lightning_unlearn.functional.forward_ad import load_forward_ad
 
 
 # -- dense Hessians --------------------------------------------------------------------------------
@@ -82,6 +83,7 @@ def _gauss_newton_factors(loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tens
     def loss_of_output(zu: Tensor, yu: Tensor) -> Tensor:
         return loss.loss_fn(zu.reshape(1, *shape), yu.reshape(1, *yu.shape)).sum()
 
+    load_forward_ad()
     S = vmap(hessian(loss_of_output))(z, y).to(J)  # (k, K, K)
     S = 0.5 * (S + S.mT)
     g = torch.Generator(device=theta.device).manual_seed(0)
