@@ -2,10 +2,12 @@
 recipe (and only those), the run's seed and exact recipe in its outputs."""
 
 import csv
+import math
 from dataclasses import replace
 
 import pytest
 
+from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.harness import loop
 from lightning_unlearn.harness.papers import get_config, load_config
 from lightning_unlearn.harness.repro import Requests, run_config
@@ -95,3 +97,14 @@ def test_the_run_writes_its_recipe_and_estimates_the_time_left(tmp_path):
     assert "row(s) left" not in next(line for line in lines if "K=5 Finetuning:" in line)
     with pytest.raises(ValueError, match="resume reads the finished rows of a run: give its output directory"):
         run_config(_config(), smoke=True, resume=True)
+    # each request row names its release's noise and the bound it is calibrated on: none here (exact ACU, fine-tuning)
+    requests = _rows(out / "CIFAR-10" / "K_5_requests.csv")
+    assert {r["certificate"] for r in requests} == {"exact", "none"}
+    assert {(r["sigma"], r["sensitivity"]) for r in requests} == {("nan", "nan")}
+
+
+def test_a_request_row_carries_the_release_noise_and_its_bound():
+    noised = Certificate(method="hf", exact=False, epsilon=1.0, delta=1e-3, sigma=0.25, bounds={"sensitivity": 2.0})
+    assert loop._noise_fields(noised) == {"sigma": 0.25, "sensitivity": 2.0}
+    exact = loop._noise_fields(Certificate(method="retrain", exact=True))
+    assert math.isnan(exact["sigma"]) and math.isnan(exact["sensitivity"])

@@ -399,6 +399,17 @@ def _request_fields(i: int, result: Any) -> dict[str, Any]:
         "removed_ids": " ".join(map(str, result.removed_ids.sort().values.tolist())),
         "time_s": result.wall_time_s,
         "certificate": _guarantee(result.certificate),
+        **_noise_fields(result.certificate),
+    }
+
+
+def _noise_fields(certificate: Any) -> dict[str, float]:
+    """The release's noise std ``sigma`` and the distance bound it is calibrated on (``sensitivity``, e.g. [HF]'s
+    gamma): NaN when the certificate has none (exact or noise-free requests)."""
+    sigma = certificate.sigma
+    return {
+        "sigma": math.nan if sigma is None else float(sigma),
+        "sensitivity": float(certificate.bounds.get("sensitivity", math.nan)),
     }
 
 
