@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -146,37 +147,46 @@ def fit_stream(
     recorders = [c for c in callbacks if isinstance(c, RecorderCallback)]
     seen: list[Dataset] = []
     results: list[UnlearningResult] = []
-    for i, experience in enumerate(stream):
-        k = experience_number(experience, i)
-        if resume is not None and k <= resume[0]:  # learned (and its requests run) before the checkpoint
-            seen.append(training_data(experience, k))
-            continue
-        if isinstance(experience, L.LightningDataModule) and val_stream is not None:
-            raise ValueError(f"experience {k} is a LightningDataModule: its own val_dataloader validates it")
-        for recorder in recorders:
-            recorder.experience = k
-        restore_internal(unlearning)
-        epoch, step = (resume[1], resume[2]) if resume is not None else (trainer.current_epoch, trainer.global_step)
-        trainer.fit_loop.max_epochs = epoch + epochs  # the same Trainer: each experience gets its own epochs
-        trainer.fit_loop.epoch_loop.max_steps = step + steps if steps >= 0 else -1
-        val = options.evaluate(val_stream[i]) if val_stream is not None else None
-        if isinstance(experience, L.LightningDataModule):
-            trainer.fit(module, datamodule=experience, ckpt_path=ckpt_path if resume is not None else None)
-        else:
-            loader = experience if isinstance(experience, DataLoader) else options.train(training_data(experience, k))
-            trainer.fit(module, loader, val, ckpt_path=ckpt_path if resume is not None else None)
-        resume = None
-        seen.append(training_data(experience, k, trainer))
-        todo = (requests or {}).get(k, ())  # none without a strategy (check_unlearning)
-        if todo:  # Lightning's teardown leaves the module on the CPU: the requests run where it was fitted
-            module.to(trainer.strategy.root_device)
-        data: ForgetData = ConcatDataset(seen) if unlearning is not None and unlearning.reads_data else None
-        done = [unlearning.forget(r, data) for r in todo] if unlearning is not None else []
-        results.extend(done)
-        if tests is not None:
-            trainer.test(module, dataloaders=tests, verbose=False)
-        if dirpath is not None:
-            position.save(trainer, Path(dirpath) / f"experience={k}.ckpt", k)
-        if after_experience is not None:
-            after_experience(experience, trainer, done)
+    # Lightning 2.6 builds torch's deprecated LeafSpec in every fit, and torch warns (FutureWarning): nothing a user of
+    # either can change, so that one warning is dropped over the stream; one filter for the whole stream, as a filter
+    # per fit would make Python show Lightning's once-per-cause warnings again on every experience
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+        )
+        for i, experience in enumerate(stream):
+            k = experience_number(experience, i)
+            if resume is not None and k <= resume[0]:  # learned (and its requests run) before the checkpoint
+                seen.append(training_data(experience, k))
+                continue
+            if isinstance(experience, L.LightningDataModule) and val_stream is not None:
+                raise ValueError(f"experience {k} is a LightningDataModule: its own val_dataloader validates it")
+            for recorder in recorders:
+                recorder.experience = k
+            restore_internal(unlearning)
+            epoch, step = (resume[1], resume[2]) if resume is not None else (trainer.current_epoch, trainer.global_step)
+            trainer.fit_loop.max_epochs = epoch + epochs  # the same Trainer: each experience gets its own epochs
+            trainer.fit_loop.epoch_loop.max_steps = step + steps if steps >= 0 else -1
+            val = options.evaluate(val_stream[i]) if val_stream is not None else None
+            if isinstance(experience, L.LightningDataModule):
+                trainer.fit(module, datamodule=experience, ckpt_path=ckpt_path if resume is not None else None)
+            else:
+                loader = (
+                    experience if isinstance(experience, DataLoader) else options.train(training_data(experience, k))
+                )
+                trainer.fit(module, loader, val, ckpt_path=ckpt_path if resume is not None else None)
+            resume = None
+            seen.append(training_data(experience, k, trainer))
+            todo = (requests or {}).get(k, ())  # none without a strategy (check_unlearning)
+            if todo:  # Lightning's teardown leaves the module on the CPU: the requests run where it was fitted
+                module.to(trainer.strategy.root_device)
+            data: ForgetData = ConcatDataset(seen) if unlearning is not None and unlearning.reads_data else None
+            done = [unlearning.forget(r, data) for r in todo] if unlearning is not None else []
+            results.extend(done)
+            if tests is not None:
+                trainer.test(module, dataloaders=tests, verbose=False)
+            if dirpath is not None:
+                position.save(trainer, Path(dirpath) / f"experience={k}.ckpt", k)
+            if after_experience is not None:
+                after_experience(experience, trainer, done)
     return results
