@@ -54,8 +54,10 @@ def command(ns: argparse.Namespace) -> list[str]:
     if any(a == "--out" or a.startswith("--out=") for a in ns.args):
         raise SystemExit("tables.py: --out is RESULTS/<config>; choose its parent with --results")
     out = ns.results / Path(ns.config).stem
+    script = Path(sys.executable).with_name("lightning-unlearn")  # unlike `python -m`, keeps PYTHONPATH first
+    launch = [str(script)] if script.exists() else [sys.executable, "-m", "lightning_unlearn"]
     return [
-        sys.executable, "-m", "lightning_unlearn", "reproduce", ns.config,
+        *launch, "reproduce", ns.config,
         "--out", str(out), "--resume", "--progress", "false", *ns.args,
     ]  # fmt: skip
 
@@ -133,7 +135,7 @@ def write_readme(out: Path, config: str) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     ns = parse(sys.argv[1:] if argv is None else argv)
     cmd = command(ns)
-    shown = shlex.join(["lightning-unlearn", *cmd[3:]])
+    shown = shlex.join(["lightning-unlearn", *cmd[cmd.index("reproduce") :]])
     if ns.dry_run:
         print(shown)
         return 0
