@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
@@ -27,6 +28,7 @@ from lightning_unlearn.privacy import (
     gaussian_noise,
     secure_gaussian,
 )
+from lightning_unlearn.privacy import noise as noise_module
 from lightning_unlearn.strategies import HFStrategy
 
 DELTA = 1e-5
@@ -121,18 +123,30 @@ def test_noise_free_release_spends_everything_and_budget_refuses():
 
 
 # -- noise -----------------------------------------------------------------------------------------------
-def test_secure_noise_is_standard_normal_and_never_repeats():
-    z = secure_gaussian((200_001,))  # an odd count: Box-Muller's last pair is cut
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_secure_noise_is_standard_normal_and_never_repeats(dtype):
+    z = secure_gaussian((200_001,), dtype).double()  # an odd count: Box-Muller's last pair is cut
     # mean within 5 standard errors, variance within 5 standard errors (sd of s^2 ~ sqrt(2/n))
     assert abs(float(z.mean())) < 5 / math.sqrt(len(z)) and abs(float(z.var()) - 1) < 5 * math.sqrt(2 / len(z))
-    # the whole distribution: Kolmogorov-Smirnov against N(0, 1) (a correct generator fails with probability 1e-9)
-    assert stats.kstest(z.numpy(), "norm").pvalue > 1e-9
+    # the whole distribution: Kolmogorov-Smirnov against N(0, 1) (a correct generator fails with probability 1e-9),
+    # of each half (the sines and the cosines of Box-Muller)
+    for part in (z[:100_000], z[100_001:]):
+        assert stats.kstest(part.numpy(), "norm").pvalue > 1e-9
     assert secure_gaussian((3, 4), torch.float32).shape == (3, 4) and secure_gaussian((0,)).numel() == 0
     assert not torch.equal(
         gaussian_noise((50,), 1.0, torch.float64, None, 0), gaussian_noise((50,), 1.0, torch.float64, None, 0)
     )
     seeded = gaussian_noise((50,), 2.0, torch.float64, 7, 3)
     assert torch.equal(seeded, 2.0 * torch.randn(50, generator=torch.Generator().manual_seed(10), dtype=torch.float64))
+
+
+def test_secure_bytes_are_the_chacha20_keystream_of_the_os_key(monkeypatch):
+    """Written in place over zeros, the bytes are RFC 8439's keystream for the key and nonce os.urandom gave."""
+    key, nonce = bytes(range(32)), bytes(range(100, 116))
+    given = iter([key, nonce])
+    monkeypatch.setattr(noise_module.os, "urandom", lambda n: next(given))
+    keystream = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor().update(bytes(100_003))
+    assert noise_module.secure_bytes(100_003) == keystream
 
 
 # -- closed-form constants ---------------------------------------------------------------------------------

@@ -104,7 +104,7 @@ def forget_factors(T: Tensor, W: Tensor, F: Tensor, Y: Tensor) -> WoodburyUpdate
             "I - F T F^T is not positive definite: the features to forget were not all learned, or were already removed"
         )
     S = torch.linalg.solve_triangular(L.mT, torch.linalg.solve_triangular(L, FT, upper=False), upper=True)
-    return WoodburyUpdate(FT, S, W + S.T @ (F @ W - Y))
+    return WoodburyUpdate(FT, S, torch.addmm(W, S.T, F @ W - Y))
 
 
 def apply_tracking_update(T: Tensor, FT: Tensor, S: Tensor, alpha: float = 1.0) -> None:

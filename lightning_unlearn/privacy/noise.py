@@ -26,10 +26,15 @@ from torch import Tensor
 from lightning_unlearn.warnings import warn
 
 
-def secure_bytes(n: int) -> bytes:
-    """``n`` bytes of the ChaCha20 keystream under a fresh key and nonce from ``os.urandom`` (discarded)."""
-    cipher = Cipher(algorithms.ChaCha20(os.urandom(32), os.urandom(16)), mode=None)
-    return cipher.encryptor().update(bytes(n))
+def secure_bytes(n: int) -> bytearray:
+    """``n`` bytes of the ChaCha20 keystream under a fresh key and nonce from ``os.urandom`` (discarded).
+
+    The keystream is written in place over ``n`` zero bytes (``update_into`` with the same buffer in and out, which
+    OpenSSL's EVP interface allows for a stream cipher): 7x faster at 16 MB than ``update``, whose new ``bytes`` had
+    to be copied again into a writable buffer."""
+    buffer = bytearray(n)
+    Cipher(algorithms.ChaCha20(os.urandom(32), os.urandom(16)), mode=None).encryptor().update_into(buffer, buffer)
+    return buffer
 
 
 def _secure_uniform(n: int) -> Tensor:
@@ -38,22 +43,30 @@ def _secure_uniform(n: int) -> Tensor:
     maps it onto (0, 1]."""
     if not n:
         return torch.zeros(0, dtype=torch.float64)
-    raw = torch.frombuffer(bytearray(secure_bytes(8 * n)), dtype=torch.int64)
+    raw = torch.frombuffer(secure_bytes(8 * n), dtype=torch.int64)
     bits = raw.bitwise_and_((1 << 52) - 1).bitwise_or_(0x3FF0000000000000)
     return bits.view(torch.float64).neg_().add_(2.0)
 
 
 def secure_gaussian(shape: torch.Size | tuple[int, ...], dtype: torch.dtype = torch.float64) -> Tensor:
-    """Standard normal samples from the secure generator (Box-Muller on :func:`_secure_uniform`, computed in place
-    in float64). The radius ``sqrt(-2 ln u)`` of ``u >= 2^-52`` reaches 8.49: the tails beyond it, probability
-    ``2e-17`` per coordinate, are cut (the previous 53-bit uniforms cut at 8.57)."""
+    """Standard normal samples from the secure generator (Box-Muller on :func:`_secure_uniform`): the radius
+    ``sqrt(-2 ln u)`` in float64, the sines and cosines of the angles in float64, or in float32 for a float32 or
+    narrower result (an error of ~1e-7 |z|, the order of the result's own rounding; half the time of float64).
+    The radius of ``u >= 2^-52`` reaches 8.49: the tails beyond it, probability ``2e-17`` per coordinate, are cut
+    (the previous 53-bit uniforms cut at 8.57)."""
     n = math.prod(shape)
     half = (n + 1) // 2
-    u = _secure_uniform(2 * half)
-    radius, angle = u[:half].log_().mul_(-2.0).sqrt_(), u[half:].mul_(2 * math.pi)
-    z = torch.empty(2 * half, dtype=torch.float64)
-    torch.cos(angle, out=z[:half]).mul_(radius)
-    torch.sin(angle, out=z[half:]).mul_(radius)
+    z = _secure_uniform(2 * half)
+    radius, angle = z[:half].log_().mul_(-2.0).sqrt_(), z[half:].mul_(2 * math.pi)
+    if dtype in (torch.float32, torch.float16, torch.bfloat16):
+        radius, angle = radius.float(), angle.float()
+        z = torch.empty(2 * half, dtype=torch.float32)
+        torch.sin(angle, out=z[:half]).mul_(radius)
+        torch.cos(angle, out=z[half:]).mul_(radius)
+    else:  # in place: r cos(a) over the angles, r sin(a) over the radii
+        sine = torch.sin(angle)
+        angle.cos_().mul_(radius)
+        radius.mul_(sine)
     return z[:n].view(shape).to(dtype)
 
 
@@ -72,7 +85,7 @@ def gaussian_noise(
             seeded noise of successive releases differs.
     """
     if seed is None:
-        return sigma * secure_gaussian(shape, dtype)
+        return secure_gaussian(shape, dtype).mul_(sigma)
     warn(
         f"certified noise seeded from seed={seed}: reproducible, hence NOT private (anyone with the seed can remove "
         "it); "
