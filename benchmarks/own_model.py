@@ -44,13 +44,15 @@ from lightning_unlearn import (
     TaskDeltaRecorder,
     TrajectoryRecorder,
 )
-from lightning_unlearn.callbacks import HessianSumRecorder, ProximalRegularizer, SampleRecorder
+from lightning_unlearn.callbacks import HessianSumRecorder, ProximalRegularizer, SampleRecorder, SoftmaxHeadRecorder
 from lightning_unlearn.models import AnalyticHead, AnalyticHeadModule
 from lightning_unlearn.progress import QUIET_TRAINER
 from lightning_unlearn.strategies import (
+    CertifiedRemovalStrategy,
     InfinitesimalJackknifeStrategy,
     L1SparseStrategy,
     NewtonStepStrategy,
+    ResolveStrategy,
     SCRUBStrategy,
     WoodFisherStrategy,
 )
@@ -106,6 +108,27 @@ class UserAnalytic(AnalyticHeadModule):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.head(self.trunk(x))
+
+
+class UserConvex(L.LightningModule):
+    """A frozen resnet18 trunk with a linear head that the :class:`SoftmaxHeadRecorder` solves (certified)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        net = torchvision.models.resnet18(num_classes=10)
+        net.fc = nn.Identity()
+        self.trunk = net.requires_grad_(False)
+        self.head = nn.Linear(512, 10)
+        self.automatic_optimization = False
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.trunk(x))
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        return None
+
+    def configure_optimizers(self) -> None:
+        return None
 
 
 def fake_data(n: int) -> IndexedDataset:
@@ -221,6 +244,15 @@ def build_all(
     rows.append(("AnalyticRecorder", fit(model, data, 1, [rec]), reference, state_bytes(rec)))
     acu = ACUStrategy(model, rec)
     methods.append(("acu", lambda: acu.forget(FORGET, data)))
+
+    # the certified softmax head on the same frozen trunk: re-solve (computed certificate) and [CR] removal
+    beta = CertifiedRemovalStrategy.perturbation_std(0.1, 1.0, 1e-5)
+    for name, cls in (("resolve", ResolveStrategy), ("certified_removal", CertifiedRemovalStrategy)):
+        model = UserConvex()
+        rec = SoftmaxHeadRecorder(1e-3, loss_perturbation=beta, backbone="trunk", head="head")
+        rows.append((f"SoftmaxHeadRecorder ({name})", fit(model, data, 1, [rec]), reference, state_bytes(rec)))
+        strategy = cls(model, rec)
+        methods.append((name, lambda s=strategy: s.forget(FORGET)))
 
     return plain, rows, methods
 
