@@ -56,6 +56,10 @@ def test_recorded_tasks_follow_the_chain(trained):
     assert rec.hessians[0].shape == (21, 21) and torch.allclose(rec.hessians[0], rec.hessians[0].T)
     assert torch.linalg.eigvalsh(rec.hessians[0]).min() >= 0.05 - 1e-9  # the l2 ridge: mu = l2
     assert max(rec.stationarity) < 1e-6  # L-BFGS solved each task of Eq. (1) exactly
+    # the estimated smoothness M: the largest |eigenvalue| over the tasks' Hessians, by power iteration (never above
+    # it: ||H v|| <= |lambda_max| for a unit v, float64 rounding aside; converged to 1e-9 in its 100 steps here)
+    top = max(float(torch.linalg.eigvalsh(H).abs().max()) for H in rec.hessians)
+    assert top * (1 - 1e-9) <= rec.smoothness <= top * (1 + 1e-12)
 
 
 def test_task_level_newton_closer_to_retrain_and_within_bound(trained):
