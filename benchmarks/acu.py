@@ -56,10 +56,10 @@ def recorder_for(F: torch.Tensor, Y: torch.Tensor, labels: torch.Tensor) -> Anal
 
 def our_request(rec: AnalyticRecorder, ids: torch.Tensor, F: torch.Tensor, Y: torch.Tensor) -> None:
     """ACUStrategy's math and commit for features ``F`` (as ``ACUStrategy._compute``), then ``T`` brought up to date."""
-    d_F, d_C = rec.Q.shape
+    d_F, d_C = rec.W.shape
     if acu.woodbury_is_cheaper(d_F, d_C, len(F)):
         FT, S, W = acu.forget_factors(rec.T, rec.W, F, Y)
-        change = {"tracking_update": (FT, S), "forgotten_rows": F, "Q": torch.addmm(rec.Q, F.T, Y, alpha=-1), "W": W}
+        change = {"tracking_update": (FT, S), "forgotten_rows": F, "forgotten_targets": Y, "W": W}
     else:
         R, Q, T, W = acu.resolve(rec.R, rec.Q, F, Y, rec.ridge)
         change = {"R": R, "Q": Q, "T": T, "W": W}

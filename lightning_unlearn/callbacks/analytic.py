@@ -44,10 +44,10 @@ class AnalyticRecorder(FrozenFeatureRecorder):
     experience (``gathers_inputs = False``); ids, labels and fingerprints are gathered.
 
     Forgetting (:class:`~lightning_unlearn.strategies.acu.ACUStrategy`) updates ``T`` in place by a
-    rank-``k`` product and leaves ``R`` to be brought up to date lazily: reading :attr:`T` or
-    :attr:`R` (or :meth:`state_dict`) applies the committed but not yet applied updates in place.
-    The forgotten samples' feature rows wait for that in memory only; nothing the library writes
-    holds them.
+    rank-``k`` product and leaves ``R`` and ``Q`` to be brought up to date lazily: reading :attr:`T`,
+    :attr:`R` or :attr:`Q` (or :meth:`state_dict`) applies the committed but not yet applied updates in
+    place. The forgotten samples' feature rows and one-hot labels wait for that in memory only; nothing
+    the library writes holds them.
 
     Args:
         ridge: the ridge regulariser, ``gamma`` of eq. (2).
@@ -79,10 +79,11 @@ class AnalyticRecorder(FrozenFeatureRecorder):
             raise ValueError(f"AnalyticRecorder ridge must be positive, got {ridge}")
         self.ridge = float(ridge)
         self._R: Tensor | None = None  # sum f^T f, less the rows in _pending_rows
-        self.Q: Tensor | None = None  # sum f^T y
+        self._Q: Tensor | None = None  # sum f^T y, less the rows in _pending_rows with their _pending_targets
         self._T: Tensor | None = None  # knowledge tracking matrix, eq. (4) then eq. (5), less _pending_T
         self.W: Tensor | None = None  # analytic head, eq. (3) then eq. (6)
-        self._pending_rows: list[Tensor] = []  # features of forgotten samples not yet subtracted from _R
+        self._pending_rows: list[Tensor] = []  # features of forgotten samples not yet subtracted from _R and _Q
+        self._pending_targets: list[Tensor] = []  # their one-hot labels, not yet subtracted from _Q
         self._pending_T: tuple[Tensor, Tensor] | None = None  # (FT, S) of eq. (5) not yet added to _T
         self._dR: Tensor | None = None  # this rank's staged sums
         self._dQ: Tensor | None = None
@@ -100,7 +101,19 @@ class AnalyticRecorder(FrozenFeatureRecorder):
 
     @R.setter
     def R(self, value: Tensor | None) -> None:
-        self._R, self._pending_rows = value, []
+        self._subtract_pending_rows()  # (Q's share of them stays right)
+        self._R = value
+
+    @property
+    def Q(self) -> Tensor | None:
+        """``sum f^T y`` over the learned, not forgotten samples (reading it subtracts pending rows in place)."""
+        self._subtract_pending_rows()
+        return self._Q
+
+    @Q.setter
+    def Q(self, value: Tensor | None) -> None:
+        self._subtract_pending_rows()
+        self._Q = value
 
     @property
     def T(self) -> Tensor | None:
@@ -114,9 +127,10 @@ class AnalyticRecorder(FrozenFeatureRecorder):
 
     def _subtract_pending_rows(self) -> None:
         if self._pending_rows:
-            P = torch.cat(self._pending_rows)
+            P, Y = torch.cat(self._pending_rows), torch.cat(self._pending_targets)
             require_statistic(self._R, "R").addmm_(P.T, P, alpha=-1)
-            self._pending_rows = []
+            require_statistic(self._Q, "Q").addmm_(P.T, Y, alpha=-1)
+            self._pending_rows, self._pending_targets = [], []
 
     def _apply_pending_tracking_update(self) -> None:
         if self._pending_T is not None:
@@ -200,43 +214,45 @@ class AnalyticRecorder(FrozenFeatureRecorder):
 
         ``change`` is either new ``R, Q, T, W`` (the re-solve path: replaced by reference, see
         :meth:`RecorderCallback.apply_forget`) or the Woodbury path's ``{"tracking_update": (FT, S),
-        "forgotten_rows": F, "Q": Q, "W": W}``: ``Q`` and ``W`` (``d_F x d_C``) are replaced by
-        reference and the ``d_F x d_F`` updates are kept as their ``O(k d_F)`` factors, applied in
-        place when :attr:`T` or :attr:`R` is next read. The undo drops the factors, so it is exact
-        (bit for bit). Were they applied before the undo, it takes them back by the inverse
-        rank-``k`` update instead, exact up to a few ulps of rounding per entry.
+        "forgotten_rows": F, "forgotten_targets": Y, "W": W}``: ``W`` (``d_F x d_C``) is replaced by
+        reference, the ``d_F x d_F`` update of ``T`` is kept as its ``O(k d_F)`` factors and the rows
+        ``F`` (with their one-hot labels ``Y``) as what ``R`` and ``Q`` lack, applied in place when
+        :attr:`T`, :attr:`R` or :attr:`Q` is next read. The undo drops them, so it is exact (bit for
+        bit). Were they applied before the undo, it takes them back by the inverse updates instead,
+        exact up to a few ulps of rounding per entry.
 
         Raises:
             ValueError: ``change`` has other keys.
         """
         if "tracking_update" not in change:
             return super().apply_forget(ids, change)
-        expected = {"tracking_update", "forgotten_rows", "Q", "W"}
+        expected = {"tracking_update", "forgotten_rows", "forgotten_targets", "W"}
         if set(change) != expected:
             raise ValueError(f"an ACU Woodbury change has keys {sorted(expected)}, got {sorted(change)}")
         FT, S = change["tracking_update"]
-        F = change["forgotten_rows"]
+        F, Y = change["forgotten_rows"], change["forgotten_targets"]
         self._apply_pending_tracking_update()  # an earlier committed update, if any, goes first
         if sum(len(P) for P in self._pending_rows) + len(F) > require_statistic(self._R, "R").shape[0]:
             self._subtract_pending_rows()  # hold at most d_F rows: no more memory than R itself
-        old_Q, old_W, old_rows = self.Q, self.W, self._pending_rows  # no update is held here (applied above)
-        rows = [*old_rows, F]
+        old_W, old_rows, old_targets = self.W, self._pending_rows, self._pending_targets  # (no update of T held)
+        rows, targets = [*old_rows, F], [*old_targets, Y]
         update = (FT, S)
-        held = False  # set once both factors are held: from then on a read of T or R may have applied them
+        held = False  # set once all is held: from then on a read of T, R or Q may have applied it
 
         def undo() -> None:
             if held and self._pending_T is not update:  # applied in place by a read of T: take it back
                 acu.apply_tracking_update(require_statistic(self._T, "T"), FT, S, alpha=-1)
             self._pending_T = None
-            if held and self._pending_rows is not rows:  # subtracted from R with the earlier rows: add F back
+            if held and self._pending_rows is not rows:  # subtracted from R and Q with the earlier rows: add back
                 require_statistic(self._R, "R").addmm_(F.T, F)
+                require_statistic(self._Q, "Q").addmm_(F.T, Y)
             else:
-                self._pending_rows = old_rows
-            self.Q, self.W = old_Q, old_W
+                self._pending_rows, self._pending_targets = old_rows, old_targets
+            self.W = old_W
 
         try:
-            self.Q, self.W = change["Q"], change["W"]
-            self._pending_rows = rows
+            self.W = change["W"]
+            self._pending_rows, self._pending_targets = rows, targets
             self._pending_T = update
             held = True
         except BaseException:

@@ -49,17 +49,17 @@ class ACUStrategy(UnlearningStrategy):
             )
         x, labels = self.forget_samples(ids, data)
         F = rec.features(self.module, x)
-        Q0 = require_statistic(rec.Q, "Q")
-        Y = acu.one_hot(labels.to(F.device), Q0.shape[1], rec.dtype)
-        d_F, d_C = Q0.shape
+        W0 = require_statistic(rec.W, "W")
+        d_F, d_C = W0.shape
+        Y = acu.one_hot(labels.to(F.device), d_C, rec.dtype)
         if acu.woodbury_is_cheaper(d_F, d_C, len(F)):
-            T0, W0 = require_statistic(rec.T, "T"), require_statistic(rec.W, "W")
-            FT, S, W = acu.forget_factors(T0, W0, F, Y)  # eq. (5), eq. (6)
-            Q = torch.addmm(Q0, F.T, Y, alpha=-1)
-            statistics = {"tracking_update": (FT, S), "forgotten_rows": F, "Q": Q, "W": W}
+            FT, S, W = acu.forget_factors(require_statistic(rec.T, "T"), W0, F, Y)  # eq. (5), eq. (6)
+            # R and Q lose F^T F and F^T Y when next read (neither is needed to forget)
+            statistics = {"tracking_update": (FT, S), "forgotten_rows": F, "forgotten_targets": Y, "W": W}
             path = "woodbury"
         else:
-            R, Q, T, W = acu.resolve(require_statistic(rec.R, "R"), Q0, F, Y, rec.ridge)  # eq. (8)
+            R0, Q0 = require_statistic(rec.R, "R"), require_statistic(rec.Q, "Q")
+            R, Q, T, W = acu.resolve(R0, Q0, F, Y, rec.ridge)  # eq. (8)
             statistics = {"R": R, "Q": Q, "T": T, "W": W}
             path = "resolve"
         certificate = Certificate(
