@@ -14,7 +14,15 @@ from helpers_certified import N_CLASSES as BLOB_CLASSES
 from torch.utils.data import DataLoader
 
 import lightning_unlearn.warnings
-from lightning_unlearn import AnalyticClassifier, AnalyticRecorder, ForgetRequest, SupervisedClassifier
+from lightning_unlearn import (
+    AnalyticClassifier,
+    AnalyticHead,
+    AnalyticHeadModule,
+    AnalyticRecorder,
+    ForgetRequest,
+    SoftmaxHeadRecorder,
+    SupervisedClassifier,
+)
 from lightning_unlearn.callbacks import TrajectoryRecorder
 from lightning_unlearn.progress import QUIET_TRAINER, quiet_lightning
 from lightning_unlearn.strategies import HFStrategy
@@ -100,6 +108,34 @@ def test_fitting_the_library_modules_raises_no_lightning_warning_about_them():
 
     texts = lightning_warnings(fit)
     assert not [t for t in texts if any(u in t for u in UNACTIONABLE[:2])], texts
+
+
+def test_a_named_frozen_backbone_is_back_in_its_mode_after_each_fit_so_the_next_fit_does_not_warn():
+    """The recorders put a named backbone in eval mode for the fit (BatchNorm statistics must not move) and give it
+    back its mode at the fit's end: Lightning warns about modules in eval mode when a fit starts, which the user's
+    second experience would show for a mode the recorder set."""
+
+    class TrunkAndHead(AnalyticHeadModule):  # a user's module: a BatchNorm trunk, frozen, under a solved head
+        def __init__(self) -> None:
+            super().__init__()
+            self.trunk = torch.nn.Sequential(torch.nn.Linear(D_IN, 8), torch.nn.BatchNorm1d(8)).requires_grad_(False)
+            self.head = AnalyticHead(8, BLOB_CLASSES, bias=True)
+
+        def forward(self, x):
+            return self.head(self.trunk(x))
+
+    for recorder in (SoftmaxHeadRecorder(0.1, backbone="trunk"), AnalyticRecorder(1.0, backbone="trunk")):
+        model, seen = TrunkAndHead(), []
+
+        def fit(model=model, recorder=recorder, seen=seen):
+            for k in (0, 1):  # two experiences, a Trainer each
+                data = DataLoader(blobs(32, seed=k, id_offset=32 * k), batch_size=16)
+                L.Trainer(max_epochs=1, callbacks=[recorder], **QUIET_TRAINER).fit(model, data)
+                seen.append(model.trunk.training)
+
+        texts = lightning_warnings(fit)
+        assert seen == [True, True]  # the user's mode (a module is built in train mode), not the recorder's eval
+        assert not [t for t in texts if "eval mode" in t], texts
 
 
 def test_quiet_lightning_drops_only_the_internal_fit_warnings():

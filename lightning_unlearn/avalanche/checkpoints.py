@@ -29,7 +29,7 @@ class StreamPosition(L.Callback):
         """Save the trainer's checkpoint after ``experience``, without optimizer and scheduler states."""
         self.experience, self._between = experience, True
         try:
-            trainer.save_checkpoint(path)
+            trainer.save_checkpoint(path, weights_only=False)  # the callbacks' states: the recorders' statistics
         finally:
             self._between = False
 

@@ -65,6 +65,7 @@ class FrozenFeatureRecorder(RecorderCallback):
         self.head = head
         self.device = torch.device(device) if device is not None else None
         self._frozen_digest: str | None = None
+        self._backbone_mode: tuple[nn.Module, bool] | None = None  # the backbone and its mode before the fit
 
     def head_of(self, module: nn.Module) -> nn.Linear:
         """The ``nn.Linear`` whose weights are ``W`` (that of an :class:`AnalyticHead`).
@@ -192,5 +193,23 @@ class FrozenFeatureRecorder(RecorderCallback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.backbone is not None:
-            self.backbone_of(pl_module).eval()  # frozen: batch-norm statistics and dropout must not move
+            backbone = self.backbone_of(pl_module)
+            self._backbone_mode = (backbone, backbone.training)
+            backbone.eval()  # frozen: batch-norm statistics and dropout must not move
         super().on_train_start(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        self._restore_backbone_mode()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        super().on_exception(trainer, pl_module, exception)
+        self._restore_backbone_mode()
+
+    def _restore_backbone_mode(self) -> None:
+        """The backbone's mode as it was before the fit: Lightning warns about modules in eval mode when the next
+        fit starts, and the eval mode was the recorder's doing, not the user's."""
+        if self._backbone_mode is not None:
+            backbone, training = self._backbone_mode
+            backbone.train(training)
+            self._backbone_mode = None
