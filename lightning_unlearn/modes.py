@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from itertools import chain
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 
 @contextmanager
@@ -28,3 +28,14 @@ def module_device(module: nn.Module) -> torch.device:
     Lightning's teardown moves a fitted module to the CPU while recorders keep statistics where it was fitted;
     code that feeds data to a module moves it here rather than assuming either."""
     return next(chain(module.parameters(), module.buffers()), torch.empty(0)).device
+
+
+def module_input(module: nn.Module, x: Tensor) -> Tensor:
+    """``x`` moved to ``module``'s device and, when floating, cast to the dtype of its first floating parameter:
+    what Lightning's precision plugin does to each batch of a ``precision="64-true"`` (or ``"bf16-true"``) fit, so
+    that code evaluating a module outside the Trainer reads the same data the fit did. Integer inputs (token ids)
+    keep their dtype."""
+    first = next((p for p in chain(module.parameters(), module.buffers()) if p.is_floating_point()), None)
+    if first is None or not x.is_floating_point():
+        return x.to(module_device(module))
+    return x.to(first.device, first.dtype)

@@ -150,3 +150,18 @@ def test_loss_fn_is_checked_against_the_module_training_loss():
     with pytest.raises(ValueError, match="disagrees"):
         check_loss_fn(reg, resolve_loss_fn(reg), tup)
     check_loss_fn(reg, resolve_loss_fn(reg), tup, penalty=reg.regularizer.penalty)
+
+
+def test_fingerprints_read_a_sample_the_same_at_any_float_precision():
+    from lightning_unlearn.core.catalog import fingerprints
+
+    # precision="64-true" casts each batch to float64 before the recorder's hooks; the forget data is read as stored
+    x = torch.randn(4, 3, 2, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(fingerprints(x), fingerprints(x.double()))
+    assert torch.equal(fingerprints(x.half()), fingerprints(x.half().float()))
+    nudged = x.clone()
+    nudged[2, 0, 0] = torch.nextafter(nudged[2, 0, 0], torch.tensor(10.0))  # one ulp of one value
+    assert (fingerprints(nudged) != fingerprints(x)).tolist() == [False, False, True, False]
+    assert not torch.equal(fingerprints(x), fingerprints(x.reshape(4, 6)))  # the shape is part of the digest
+    ids = torch.arange(6).reshape(2, 3)
+    assert not (fingerprints(ids) == fingerprints(ids.double())).any()  # integers are not floats

@@ -24,6 +24,7 @@ from lightning_unlearn.metrics import (
     mia_u_features,
     parameter_distance,
     posteriors,
+    sample_losses,
     tpr_at_fpr,
 )
 
@@ -42,6 +43,17 @@ def test_accuracy_counts_correct_predictions():
     logits = torch.eye(3)[[0, 1, 2, 0]]
     data = TensorDataset(torch.arange(4), torch.tensor([0, 1, 1, 0]))
     assert accuracy(Fixed(logits), data, num_classes=3) == 0.75
+
+
+def test_a_float64_module_reads_float32_data_as_its_fit_did():
+    # a module fitted with precision="64-true" is float64; Lightning cast each training batch, the metrics do too
+    torch.manual_seed(0)
+    module, x = nn.Linear(5, 3).double(), torch.randn(8, 5)
+    data = TensorDataset(x, torch.arange(8) % 3)
+    expected = torch.softmax(module(x.double()), -1)
+    assert torch.equal(posteriors(module, data), expected.detach())
+    assert accuracy(module, data, num_classes=3) == float((expected.argmax(-1) == torch.arange(8) % 3).double().mean())
+    assert sample_losses(module, data).dtype == torch.float32
 
 
 def test_mia_threshold_separates_members():

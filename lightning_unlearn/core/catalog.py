@@ -24,12 +24,17 @@ def _preview(ids: Tensor | list[int], n: int = 10) -> str:
 
 
 def fingerprints(x: Tensor) -> Tensor:
-    """One 64-bit BLAKE2b digest per row of ``x`` (its dtype, shape and bytes); 0 is reserved for "none"."""
+    """One 64-bit BLAKE2b digest per row of ``x`` (its values and shape); 0 is reserved for "none".
+
+    Floating rows are digested as float64 (exact for every narrower float), so a sample fingerprints the same
+    whether a callback saw it as stored or as Lightning's precision plugin cast it (``precision="64-true"`` turns
+    a float32 batch into float64 before any hook) and the forget data is read again as stored."""
     rows = x.detach().cpu().contiguous()
-    head = f"{rows.dtype}{tuple(rows.shape[1:])}".encode()
+    kind = "float" if rows.is_floating_point() else str(rows.dtype)
+    head = f"{kind}{tuple(rows.shape[1:])}".encode()
     flat = rows.reshape(rows.shape[0], -1)
-    if flat.dtype == torch.bfloat16:
-        flat = flat.view(torch.int16)
+    if flat.is_floating_point():
+        flat = flat.double()
     data = flat.numpy()
     out = [
         int.from_bytes(hashlib.blake2b(head + r.tobytes(), digest_size=8).digest(), "little", signed=True) or 1

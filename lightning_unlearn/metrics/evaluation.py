@@ -7,8 +7,8 @@ MIA against unlearning (:func:`mia_u_auc`, [HF] Sec. 6) as an AUC and an offline
 attack with shadow models (:func:`lira`, [LiRA]) as an AUC and TPRs at low false-positive rates.
 These functions run modules over datasets; the math is in :mod:`lightning_unlearn.functional.metrics`,
 and :mod:`lightning_unlearn.metrics.attacks` offers the attacks as torchmetrics ``Metric``s.
-Every batch runs on the module's device (:func:`~lightning_unlearn.modes.module_device`); results come back
-to the CPU.
+Every batch runs on the module's device in its floating dtype (:func:`~lightning_unlearn.modes.module_input`);
+results come back to the CPU.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from lightning_unlearn.functional.metrics import (
     tpr_at_fpr,
     tpr_key,
 )
-from lightning_unlearn.modes import eval_mode, module_device
+from lightning_unlearn.modes import eval_mode, module_device, module_input
 
 Data = Dataset | DataLoader
 
@@ -47,11 +47,11 @@ def _batches(data: Data, batch_size: int = 512) -> Iterable[Any]:
 def accuracy(module: nn.Module, data: Data, num_classes: int) -> float:
     """Top-1 accuracy (micro-averaged over samples) with ``torchmetrics.MulticlassAccuracy``."""
     metric = MulticlassAccuracy(num_classes=num_classes, average="micro")
-    n, device = 0, module_device(module)
+    n = 0
     with eval_mode(module):
         for batch in _batches(data):
             x, y = batch[0], torch.as_tensor(batch[1])
-            metric.update(module(x.to(device)).argmax(-1).cpu(), y.cpu())
+            metric.update(module(module_input(module, x)).argmax(-1).cpu(), y.cpu())
             n += len(y)
     return float(metric.compute()) if n else float("nan")
 
@@ -63,7 +63,7 @@ def sample_losses(module: nn.Module, data: Data) -> Tensor:
     with eval_mode(module):
         out = [
             nn.functional.cross_entropy(
-                module(b[0].to(device)).float(), torch.as_tensor(b[1]).long().to(device), reduction="none"
+                module(module_input(module, b[0])).float(), torch.as_tensor(b[1]).long().to(device), reduction="none"
             ).cpu()
             for b in _batches(data)
         ]
@@ -152,9 +152,8 @@ LIRA_KEYS = ("auc", *(tpr_key(f) for f in LIRA_FPRS))
 @torch.no_grad()
 def posteriors(module: nn.Module, data: Data) -> Tensor:
     """Softmax posteriors of the module on ``data`` (float64, eval mode)."""
-    device = module_device(module)
     with eval_mode(module):
-        out = [torch.softmax(module(b[0].to(device)).double(), -1).cpu() for b in _batches(data)]
+        out = [torch.softmax(module(module_input(module, b[0])).double(), -1).cpu() for b in _batches(data)]
     return torch.cat(out) if out else torch.empty(0)
 
 
