@@ -21,6 +21,7 @@ from torch.utils.data import ConcatDataset, DataLoader
 
 from lightning_unlearn import ForgetRequest
 from lightning_unlearn.callbacks import HessianRecorder, ProximalRegularizer, TaskDeltaRecorder
+from lightning_unlearn.functional import certified as cl
 from lightning_unlearn.functional import hf
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.privacy import analytic_sigma
@@ -59,6 +60,11 @@ def test_recorded_tasks_follow_the_chain(trained):
     # the estimated smoothness M: the largest |eigenvalue| over the tasks' Hessians, by power iteration (never above
     # it: ||H v|| <= |lambda_max| for a unit v, float64 rounding aside; converged to 1e-9 in its 100 steps here)
     top = max(float(torch.linalg.eigvalsh(H).abs().max()) for H in rec.hessians)
+    # each task's Hessian (the Gauss-Newton product of the linear model) equals autograd's mean Hessian at its end
+    loss = rec.module_loss(model)
+    for task, H, end in zip(TASKS, rec.hessians, rec.ends):
+        x, y = task.dataset.tensors
+        assert torch.allclose(H, cl.dense_hessian(loss, end, x, y), rtol=0, atol=1e-12)
     assert top * (1 - 1e-9) <= rec.smoothness <= top * (1 + 1e-12)
 
 

@@ -12,6 +12,7 @@ from lightning_unlearn import contract
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.functional import certified as cl
 from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import newton as nt
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.progress import status
 from lightning_unlearn.regularization import ProximalRegularizer
@@ -315,7 +316,10 @@ class HessianRecorder(TaskDeltaRecorder):
         status(f"HessianRecorder: task {self._fit_experience}: {kind} Hessian over {n} samples, {d} parameters")
         with eval_mode(module):  # the Hessian of a per-sample loss: BatchNorm statistics fixed
             if kind == "exact":
-                H: Any = self.sum_over_ranks(cl.dense_hessian(loss, theta, x, y, self.chunk_size) * share)
+                # the mean over this rank's rows, by the Gauss-Newton product when the module is affine in theta
+                # (NewtonRecorder's; ~7x fewer flops than d HVPs for a linear softmax), else by HVPs
+                H: Any = nt.hessian_sum(loss, theta, x, y, self.chunk_size).div_(max(len(x), 1))
+                H = self.sum_over_ranks(H * share)
                 # |lambda_max| by power iteration, O(d^2) per step as NewtonRecorder's; never above the true value
                 # (a full eigvalsh is O(d^3): over 10 minutes per task at d = 7,850, MNIST's linear model, here)
                 top, _ = hf.top_eigenvalue(lambda v: H @ v, torch.ones_like(theta), POWER_ITERS)
