@@ -518,10 +518,11 @@ def write_tradeoff(
     ax.set_xlabel(r"per-release $\varepsilon$ ($\delta = 10^{-5}$)")
     ax.set_ylabel("test accuracy after all requests (%)")
     ax.set_ylim(0, 100)
-    ax.set_title(
-        f"Certified unlearning, {name} LR (lr={recipe.lr:.3g}, $\\lambda$={recipe.l2:g}); dotted: noise-free",
-        fontsize=9,
-    )
+    methods = {r["method"] for r in rows}
+    settings = [f"head $\\lambda$={HEAD_L2:g}"] if methods & {"resolve", "certified_removal"} else []
+    if methods - {"resolve", "certified_removal", "retrain[exact]"}:  # the SGD-trained seed methods' recipe
+        settings.insert(0, f"SGD lr={recipe.lr:.3g}, $\\lambda$={recipe.l2:g}")
+    ax.set_title(f"Certified unlearning, {name} LR ({'; '.join(settings)}); dotted: noise-free", fontsize=9)
     ax.legend(fontsize=8, loc="center right")
     fig.tight_layout()
     fig.savefig(png_path, dpi=200)
