@@ -69,7 +69,7 @@ class CNN(L.LightningModule):
         self.trunk, self.head, self.frozen = trunk, nn.Linear(64, 10), frozen
         self.automatic_optimization = not frozen
         if frozen:
-            self.trunk.requires_grad_(False).eval()
+            self.trunk.requires_grad_(False)  # the recorder runs it in eval mode, in float64
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.trunk(x))
