@@ -237,7 +237,12 @@ def build_parser() -> ArgumentParser:
     r.add_argument("--list", action=ActionYesNo, default=False, help="list the reproduction configs")
     r.add_argument("--root", type=Path | None, default=None, help="directory of the datasets' files")
     r.add_argument("--smoke", action=ActionYesNo, default=False, help="the CPU smoke scale (a few samples, tiny model)")
-    r.add_argument("--setups", type=list[str] | None, default=None, help="setup labels to run (default: all)")
+    r.add_argument(
+        "--setups",
+        type=list[str] | str | None,
+        default=None,
+        help='setup labels to run (default: all): one label (--setups "MNIST LR") or a list (\'["A", "B"]\')',
+    )
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--out", type=Path | None, default=None, help="directory for CSVs, PNGs and summary.md")
     r.add_argument(
@@ -479,7 +484,7 @@ def reproduce(cfg: Namespace) -> str:
         out=cfg.out,
         seed=cfg.seed,
         trainer_kwargs=trainer_kwargs(cfg.trainer),
-        setups=cfg.setups,
+        setups=[cfg.setups] if isinstance(cfg.setups, str) else cfg.setups,
         resume=cfg.resume,
         progress=cfg.progress,
     )

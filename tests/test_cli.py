@@ -202,3 +202,12 @@ def test_tradeoff_on_your_datamodule_logs_to_your_logger(capsys, tmp_path):
     # the fits ran with the user's logger: the requests' metrics went to it (Lightning's CSV format)
     (metrics,) = tmp_path.glob("lightning_logs/version_*/metrics.csv")
     assert "unlearn/sigma" in metrics.read_text().splitlines()[0].split(",")
+
+
+def test_reproduce_setups_takes_one_label_or_a_list():
+    parse = build_parser().parse_args
+    assert parse(["reproduce", "hf-table2", "--setups", "MNIST LR"]).reproduce.setups == "MNIST LR"
+    assert parse(["reproduce", "hf-table2", "--setups", '["MNIST LR", "MNIST CNN"]']).reproduce.setups == [
+        "MNIST LR",
+        "MNIST CNN",
+    ]
