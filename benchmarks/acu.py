@@ -4,7 +4,7 @@ For each width ``d_F``, one model learns ``N`` samples; then ``reps`` consecutiv
 ``k`` samples each (for each ``k``; at ``d_F = 2048`` then one large request) are timed (best of
 ``reps``, the machine being shared) along three paths:
 
-* ``ours``: what :class:`~lightning_unlearn.ACUStrategy` does once it has the features, on a real
+* ``ours``: what :class:`~lightning_unlearn.ACUUnlearner` does once it has the features, on a real
   :class:`~lightning_unlearn.AnalyticRecorder`: the cost model's path (``forget_factors`` + the
   commit ``apply_forget`` + applying the held rank-``k`` update to ``T``, or the re-solve), so the
   deferred in-place update is paid inside the timed request;
@@ -55,7 +55,7 @@ def recorder_for(F: torch.Tensor, Y: torch.Tensor, labels: torch.Tensor) -> Anal
 
 
 def our_request(rec: AnalyticRecorder, ids: torch.Tensor, F: torch.Tensor, Y: torch.Tensor) -> None:
-    """ACUStrategy's math and commit for features ``F`` (as ``ACUStrategy._compute``), then ``T`` brought up to date."""
+    """ACUUnlearner's math and commit for features ``F`` (``ACUUnlearner._compute``), then ``T`` brought up to date."""
     d_F, d_C = rec.W.shape
     if acu.woodbury_is_cheaper(d_F, d_C, len(F)):
         FT, S, W = acu.forget_factors(rec.T, rec.W, F, Y)

@@ -44,7 +44,7 @@ from lightning_unlearn.callbacks import HessianRecorder, TaskDeltaRecorder, Traj
 from lightning_unlearn.functional import hf
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.progress import QUIET_TRAINER
-from lightning_unlearn.strategies import HessianCertifiedStrategy, HFStrategy
+from lightning_unlearn.unlearners import HessianCertifiedUnlearner, HFUnlearner
 
 warnings.filterwarnings("ignore")
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -164,8 +164,8 @@ def resnet18_row(samples: int, epochs: int, tracked: int, batch: int = 64) -> No
         theta.add_(row)
         additions.append(perf_counter() - start)
     addition = min(additions)
-    plain_request = HFStrategy(model, rec32, noise=False).forget(ForgetRequest.samples([forget])).wall_time_s
-    noised = HFStrategy(model, rec32, sigma_override=0.01).forget(ForgetRequest.samples([second])).wall_time_s
+    plain_request = HFUnlearner(model, rec32, noise=False).forget(ForgetRequest.samples([forget])).wall_time_s
+    noised = HFUnlearner(model, rec32, sigma_override=0.01).forget(ForgetRequest.samples([second])).wall_time_s
     d, steps = theta.numel(), rec32.n_steps
     per_vector_step = (fit32 - plain) / (tracked * steps)
     paper_step = float(PAPER["precomputation runtime (s)"]) / PAPER_STEPS
@@ -244,12 +244,12 @@ def mlp_rows() -> None:
     lowrank, prox = HessianRecorder(hessian="lowrank", rank=16, chunk_size=1000), proximal()
     lowrank_fit = timed_fit(prox, ds, [lowrank])
     recorded_newton = (
-        HessianCertifiedStrategy(prox, lowrank, epsilon=1.0, delta=1e-5)
+        HessianCertifiedUnlearner(prox, lowrank, epsilon=1.0, delta=1e-5)
         .forget(ForgetRequest.samples([20]), data=ds)
         .wall_time_s
     )
 
-    strategy = HFStrategy(model, traj, epsilon=1.0, delta=1e-5)
+    strategy = HFUnlearner(model, traj, epsilon=1.0, delta=1e-5)
     times = [strategy.forget(ForgetRequest.samples([u])).wall_time_s for u in range(10)]
     hf_request = sorted(times)[len(times) // 2]
     newton = newton_step(sgd(), x, y, [20])

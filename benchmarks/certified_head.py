@@ -29,7 +29,7 @@ from lightning_unlearn.callbacks.convex import SoftmaxHeadRecorder
 from lightning_unlearn.functional import convex
 from lightning_unlearn.harness.datasets import MNIST5k
 from lightning_unlearn.progress import QUIET_TRAINER
-from lightning_unlearn.strategies.convex import CertifiedRemovalStrategy, ResolveStrategy
+from lightning_unlearn.unlearners.convex import CertifiedRemovalUnlearner, ResolveUnlearner
 
 L2, RADIUS, EPSILON, DELTA = 1e-3, 2e-4, 1.0, 1e-5
 PUBLIC = 1000
@@ -122,16 +122,16 @@ def run(setting: str, make, data, test, quick: bool) -> list[dict]:
     for scenario, requests in scenarios(ids, quick).items():
         for method in ("resolve", "resolve[noise=off]", "certified_removal"):
             model = make()
-            beta = CertifiedRemovalStrategy.perturbation_std(0.1, EPSILON, DELTA)
+            beta = CertifiedRemovalUnlearner.perturbation_std(0.1, EPSILON, DELTA)
             recorder = SoftmaxHeadRecorder(
                 L2, radius=RADIUS, backbone="trunk" if setting == "features" else None,
                 loss_perturbation=beta if method == "certified_removal" else None,
             )  # fmt: skip
             fit_head(model, recorder, data)
             if method == "certified_removal":
-                strategy = CertifiedRemovalStrategy(model, recorder, epsilon=EPSILON, delta=DELTA)
+                strategy = CertifiedRemovalUnlearner(model, recorder, epsilon=EPSILON, delta=DELTA)
             else:
-                strategy = ResolveStrategy(model, recorder, epsilon=EPSILON, delta=DELTA, noise=method == "resolve")
+                strategy = ResolveUnlearner(model, recorder, epsilon=EPSILON, delta=DELTA, noise=method == "resolve")
             times = []
             for request in requests:
                 start = time.perf_counter()

@@ -1,7 +1,7 @@
 """Benchmark: one HF deletion request against its attainable floor ([HF] Alg. 1 line 13, noise, ledger).
 
 One run prints one table: for d in {650, 2M, 11M} trainable parameters (11M is the size of a torchvision
-resnet18), R one-sample requests of ``HFStrategy.forget`` on a ledger file, noise-free and certified
+resnet18), R one-sample requests of ``HFUnlearner.forget`` on a ledger file, noise-free and certified
 ((epsilon, delta) = (1, 1e-5)), each against the floor of the work a request must do, every part timed
 alone right after each request (medians):
 
@@ -42,7 +42,7 @@ from lightning_unlearn.core import ledger as ledger_module
 from lightning_unlearn.core.digest import weights_digest
 from lightning_unlearn.functional import hf
 from lightning_unlearn.privacy import secure_gaussian
-from lightning_unlearn.strategies import HFStrategy
+from lightning_unlearn.unlearners import HFUnlearner
 
 warnings.filterwarnings("ignore", message=".*deletion capacity.*")
 N, BATCH, EPOCHS, LR, L2, CLASSES = 50_000, 128, 2, 0.01, 0.01, 10
@@ -93,7 +93,7 @@ def measure(d: int, requests: int, noise: bool, folder: Path) -> dict[str, float
     """Median CPU ms of our request, its ``Ledger.append`` and each part of the floor; ``*_wall``: wall ms."""
     module, recorder = synthetic(d, requests)
     ledger = Ledger(folder / f"ledger-{d}-{noise}.jsonl")
-    strategy = HFStrategy(module, recorder, ledger, smoothness=1.0, grad_bound=1.0, max_deletions=10**9, noise=noise)
+    strategy = HFUnlearner(module, recorder, ledger, smoothness=1.0, grad_bound=1.0, max_deletions=10**9, noise=noise)
     in_append: list[float] = []
     append = ledger.append
 

@@ -37,7 +37,7 @@ from lightning_unlearn.functional import hf
 from lightning_unlearn.functional import newton as nt
 from lightning_unlearn.models import SupervisedClassifier
 from lightning_unlearn.progress import QUIET_TRAINER
-from lightning_unlearn.strategies import InfinitesimalJackknifeStrategy, NewtonStepStrategy
+from lightning_unlearn.unlearners import InfinitesimalJackknifeUnlearner, NewtonStepUnlearner
 
 warnings.filterwarnings("ignore", message=".*minimiser.*")  # a 5-epoch fit: the point here is cost
 warnings.filterwarnings("ignore", message=".*outside its theorem.*")
@@ -104,7 +104,7 @@ def main() -> None:
     d = theta.numel()
     ids = torch.randperm(N_TRAIN, generator=torch.Generator().manual_seed(2))[: args.requests].tolist()
 
-    ns = NewtonStepStrategy(model, recorders["hessian"], noise=False)
+    ns = NewtonStepUnlearner(model, recorders["hessian"], noise=False)
     ns_times, iterations = [], []
     x_all, y_all = data.dataset.tensors
     loss = recorders["hessian"].module_loss(model)
@@ -142,7 +142,7 @@ def main() -> None:
     t_matvec = timed(lambda: rec.matrix @ v, 9)
 
     model.load_state_dict(trained)
-    ij = InfinitesimalJackknifeStrategy(model, recorders["inverse"], noise=False)
+    ij = InfinitesimalJackknifeUnlearner(model, recorders["inverse"], noise=False)
     ij_times = [timed(lambda i=i: ij.forget(ForgetRequest.samples([i]), data=data), 1) for i in ids]
 
     ms = 1e3

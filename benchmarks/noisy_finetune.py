@@ -43,7 +43,7 @@ from lightning_unlearn import ForgetRequest, IndexedDataset
 from lightning_unlearn.callbacks import SampleRecorder
 from lightning_unlearn.harness.datasets import MNIST5k
 from lightning_unlearn.progress import QUIET_TRAINER, quiet_lightning
-from lightning_unlearn.strategies.noisy import NoisyFinetuneStrategy
+from lightning_unlearn.unlearners.noisy import NoisyFinetuneUnlearner
 
 EPSILON, DELTA, BATCH = 1.0, 1e-5, 64
 
@@ -190,7 +190,7 @@ def run(name: str, fraction: float, epochs: int, seed: int = 0) -> list[Curve]:
     for config in configurations(distance, lr):
         label = config.pop("label")
         work, rec = copy.deepcopy(model), copy.deepcopy(recorder)
-        strategy = NoisyFinetuneStrategy(
+        strategy = NoisyFinetuneUnlearner(
             work, rec, train, center=initial, batch_size=BATCH, epsilon=EPSILON, delta=DELTA, **config
         )
         result = strategy.forget(ForgetRequest.samples(forget.tolist()))

@@ -30,40 +30,40 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn import (
-    ACUStrategy,
+    ACUUnlearner,
     AnalyticRecorder,
     ForgetRequest,
-    GradientCertifiedStrategy,
-    HessianCertifiedStrategy,
+    GradientCertifiedUnlearner,
+    HessianCertifiedUnlearner,
     HessianRecorder,
-    HFStrategy,
+    HFUnlearner,
     IndexedDataset,
-    RBMStrategy,
+    RBMUnlearner,
     StreamingRecorder,
-    StreamingStrategy,
+    StreamingUnlearner,
     TaskDeltaRecorder,
     TrajectoryRecorder,
 )
 from lightning_unlearn.callbacks import HessianSumRecorder, ProximalRegularizer, SampleRecorder, SoftmaxHeadRecorder
 from lightning_unlearn.models import AnalyticHead, AnalyticHeadModule
 from lightning_unlearn.progress import QUIET_TRAINER
-from lightning_unlearn.strategies import (
-    CertifiedRemovalStrategy,
-    InfinitesimalJackknifeStrategy,
-    L1SparseStrategy,
-    NewtonStepStrategy,
-    ResolveStrategy,
-    SCRUBStrategy,
-    WoodFisherStrategy,
+from lightning_unlearn.unlearners import (
+    CertifiedRemovalUnlearner,
+    InfinitesimalJackknifeUnlearner,
+    L1SparseUnlearner,
+    NewtonStepUnlearner,
+    ResolveUnlearner,
+    SCRUBUnlearner,
+    WoodFisherUnlearner,
 )
-from lightning_unlearn.strategies.baselines import (
-    FinetuneStrategy,
-    NegGradPlusStrategy,
-    NegGradStrategy,
-    RandomLabelStrategy,
-    RetrainStrategy,
+from lightning_unlearn.unlearners.baselines import (
+    FinetuneUnlearner,
+    NegGradPlusUnlearner,
+    NegGradUnlearner,
+    RandomLabelUnlearner,
+    RetrainUnlearner,
 )
-from lightning_unlearn.strategies.noisy import NoisyFinetuneStrategy
+from lightning_unlearn.unlearners.noisy import NoisyFinetuneUnlearner
 
 FORGET = ForgetRequest.samples([3, 14, 15, 29])
 
@@ -183,17 +183,17 @@ def build_all(
     t = fit(model, data, args.epochs, [rec])
     rows.append(("SampleRecorder", t, fit(UserResNet(), data, args.epochs, []), state_bytes(rec)))
     for name, make in (
-        ("finetune", lambda m, r: FinetuneStrategy(m, r, data, epochs=1)),
-        ("neggrad", lambda m, r: NegGradStrategy(m, r, epochs=1)),
-        ("neggrad_plus", lambda m, r: NegGradPlusStrategy(m, r, data, epochs=1)),
-        ("randomlabel", lambda m, r: RandomLabelStrategy(m, r, data, epochs=1)),
-        ("rbm", lambda m, r: RBMStrategy(m, r, data, masking="retain", epochs=1)),
-        ("salun", lambda m, r: RBMStrategy(m, r, data, masking="forget", epochs=1)),
-        ("scrub", lambda m, r: SCRUBStrategy(m, r, data, epochs=1)),
-        ("l1_sparse", lambda m, r: L1SparseStrategy(m, r, data, epochs=1)),
-        ("woodfisher", lambda m, r: WoodFisherStrategy(m, r, data, n_samples=4)),  # 4 x 11.2M per-sample gradients
-        ("noisy_finetune", lambda m, r: NoisyFinetuneStrategy(m, r, data, steps=2, center=initial)),
-        ("retrain", lambda m, r: RetrainStrategy(m, r, data, initial, trainer_kwargs={"max_epochs": args.epochs})),
+        ("finetune", lambda m, r: FinetuneUnlearner(m, r, data, epochs=1)),
+        ("neggrad", lambda m, r: NegGradUnlearner(m, r, epochs=1)),
+        ("neggrad_plus", lambda m, r: NegGradPlusUnlearner(m, r, data, epochs=1)),
+        ("randomlabel", lambda m, r: RandomLabelUnlearner(m, r, data, epochs=1)),
+        ("rbm", lambda m, r: RBMUnlearner(m, r, data, masking="retain", epochs=1)),
+        ("salun", lambda m, r: RBMUnlearner(m, r, data, masking="forget", epochs=1)),
+        ("scrub", lambda m, r: SCRUBUnlearner(m, r, data, epochs=1)),
+        ("l1_sparse", lambda m, r: L1SparseUnlearner(m, r, data, epochs=1)),
+        ("woodfisher", lambda m, r: WoodFisherUnlearner(m, r, data, n_samples=4)),  # 4 x 11.2M per-sample gradients
+        ("noisy_finetune", lambda m, r: NoisyFinetuneUnlearner(m, r, data, steps=2, center=initial)),
+        ("retrain", lambda m, r: RetrainUnlearner(m, r, data, initial, trainer_kwargs={"max_epochs": args.epochs})),
     ):
         strategy = make(copy.deepcopy(model), copy.deepcopy(rec))
         methods.append((name, lambda s=strategy: s.forget(FORGET, data if s.reads_data else None)))
@@ -202,7 +202,7 @@ def build_all(
     model, rec = UserResNet(), StreamingRecorder(num_classes=10)
     reference = fit(UserResNet(), data, args.epochs, [])
     rows.append(("StreamingRecorder", fit(model, data, args.epochs, [rec]), reference, state_bytes(rec)))
-    safe = StreamingStrategy(model, rec, step_size=0.05)
+    safe = StreamingUnlearner(model, rec, step_size=0.05)
     methods.append(("safe", lambda: safe.forget(FORGET, data)))
 
     # [CCL]: task deltas and Hessians (diagonal: an exact 11M x 11M Hessian is out of reach)
@@ -210,14 +210,14 @@ def build_all(
     reference = fit(UserResNet(), data, args.epochs, [])
     t = fit(model, data, args.epochs, [rec, ProximalRegularizer(reg_lambda=1.0)])
     rows.append(("TaskDeltaRecorder", t, reference, state_bytes(rec)))
-    gradient = GradientCertifiedStrategy(model, rec, lipschitz=1.0, smoothness=1.0, noise=False)
+    gradient = GradientCertifiedUnlearner(model, rec, lipschitz=1.0, smoothness=1.0, noise=False)
     methods.append(("gradient", lambda: gradient.forget(FORGET)))
     if args.hessian:  # Hutchinson probes over the whole task at 11M parameters: tens of minutes on 2 CPU cores
         model, rec = UserResNet(), HessianRecorder(hessian="diagonal", n_probes=2, chunk_size=16)
         callbacks = [rec, ProximalRegularizer(reg_lambda=1.0)]
         reference = fit(UserResNet(), data, args.epochs, [])
         rows.append(("HessianRecorder (diag)", fit(model, data, args.epochs, callbacks), reference, state_bytes(rec)))
-        hessian = HessianCertifiedStrategy(model, rec, lipschitz=1.0, smoothness=1.0, noise=False)
+        hessian = HessianCertifiedUnlearner(model, rec, lipschitz=1.0, smoothness=1.0, noise=False)
         methods.append(("hessian", lambda: hessian.forget(FORGET, data)))
 
     # [HF]: the user's BatchNorm in training mode, vectors for `track` samples
@@ -226,11 +226,11 @@ def build_all(
     reference = fit(UserResNet(), data, args.epochs, [])
     t = fit(model, data, args.epochs, [rec])
     rows.append((f"TrajectoryRecorder ({args.track} tracked)", t, reference, state_bytes(rec)))
-    hf = HFStrategy(model, rec, noise=False)
+    hf = HFUnlearner(model, rec, noise=False)
     methods.append(("hf", lambda: hf.forget(ForgetRequest.samples(tracked))))
 
     # [NS], [IJ]: the dense Hessian of the last layer (d = 5,130) at the trained model, in eval mode
-    for name, form, cls in (("ns", "hessian", NewtonStepStrategy), ("ij", "inverse", InfinitesimalJackknifeStrategy)):
+    for name, form, cls in (("ns", "hessian", NewtonStepUnlearner), ("ij", "inverse", InfinitesimalJackknifeUnlearner)):
         model, rec = UserResNetHead(), HessianSumRecorder(form=form)
         reference = fit(UserResNetHead(), data, args.epochs, [])
         t = fit(model, data, args.epochs, [rec])
@@ -242,12 +242,12 @@ def build_all(
     model, rec = UserAnalytic(), AnalyticRecorder(ridge=1.0, backbone="trunk", head="head")
     reference = fit(UserResNet(), data, 1, [])  # the analytic head is solved in one pass
     rows.append(("AnalyticRecorder", fit(model, data, 1, [rec]), reference, state_bytes(rec)))
-    acu = ACUStrategy(model, rec)
+    acu = ACUUnlearner(model, rec)
     methods.append(("acu", lambda: acu.forget(FORGET, data)))
 
     # the certified softmax head on the same frozen trunk: re-solve (computed certificate) and [CR] removal
-    beta = CertifiedRemovalStrategy.perturbation_std(0.1, 1.0, 1e-5)
-    for name, cls in (("resolve", ResolveStrategy), ("certified_removal", CertifiedRemovalStrategy)):
+    beta = CertifiedRemovalUnlearner.perturbation_std(0.1, 1.0, 1e-5)
+    for name, cls in (("resolve", ResolveUnlearner), ("certified_removal", CertifiedRemovalUnlearner)):
         model = UserConvex()
         rec = SoftmaxHeadRecorder(1e-3, loss_perturbation=beta, backbone="trunk", head="head")
         rows.append((f"SoftmaxHeadRecorder ({name})", fit(model, data, 1, [rec]), reference, state_bytes(rec)))

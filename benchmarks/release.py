@@ -36,7 +36,7 @@ from hf_request import synthetic
 from lightning_unlearn import ForgetRequest, Ledger
 from lightning_unlearn.privacy import analytic_sigma, secure_gaussian
 from lightning_unlearn.privacy.release import calibrated_sigma
-from lightning_unlearn.strategies import HFStrategy
+from lightning_unlearn.unlearners import HFUnlearner
 
 warnings.filterwarnings("ignore", message=".*deletion capacity.*")
 EPSILON, DELTA = 1.0, 1e-3
@@ -57,7 +57,7 @@ def cpu_seconds(fn) -> float:
     return process_time() - start
 
 
-def pld_before(strategy: HFStrategy) -> float:
+def pld_before(strategy: HFUnlearner) -> float:
     """The total epsilon as the accountant computed it before: dp-accounting's PLD, one event per multiplier."""
     assert strategy.accountant is not None
     counts = strategy.accountant._counts
@@ -82,7 +82,7 @@ def run(d: int, requests: int, folder: Path) -> dict[str, float]:
     strategies = {}
     for name, noise in (("noise-free", False), ("certified", True)):
         module, recorder = synthetic(d, requests)
-        strategy = HFStrategy(
+        strategy = HFUnlearner(
             module,
             recorder,
             Ledger(folder / f"{name}-{d}.jsonl"),

@@ -49,7 +49,7 @@ from lightning_unlearn.callbacks import SlicedBackbone, SoftmaxHeadRecorder
 from lightning_unlearn.callbacks.slices import sisa_epochs
 from lightning_unlearn.harness.datasets import MNIST5k
 from lightning_unlearn.progress import QUIET_TRAINER, quiet_lightning
-from lightning_unlearn.strategies import ResolveStrategy, SlicedResolveStrategy, UnlearningStrategy
+from lightning_unlearn.unlearners import ResolveUnlearner, SlicedResolveUnlearner, Unlearner
 
 warnings.filterwarnings("ignore")
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -153,7 +153,7 @@ def fit_head(trunk: nn.Module, train: IndexedDataset, ids: Tensor, l2: float) ->
 
 
 def run_requests(
-    strategy: UnlearningStrategy, requests: list[Tensor], data: IndexedDataset | None
+    strategy: Unlearner, requests: list[Tensor], data: IndexedDataset | None
 ) -> tuple[list[int], list[int], list[float]]:
     stages, samples, seconds = [], [], []
     for k, ids in enumerate(requests):
@@ -169,7 +169,7 @@ def run_requests(
 def scenario(
     path: str,
     name: str,
-    build: Callable[[], tuple[HeadModel, SoftmaxHeadRecorder, UnlearningStrategy]],
+    build: Callable[[], tuple[HeadModel, SoftmaxHeadRecorder, Unlearner]],
     requests: list[Tensor],
     data: IndexedDataset | None,
     test: MNIST5k,
@@ -224,10 +224,10 @@ def main() -> None:
     print(f"(a) public backbone ({pre_s:.1f} CPU s): {accuracy(model_a, test):.2f}%", flush=True)
     saved_a = (copy.deepcopy(model_a), recorder_a.state_dict())
 
-    def build_a() -> tuple[HeadModel, SoftmaxHeadRecorder, UnlearningStrategy]:
+    def build_a() -> tuple[HeadModel, SoftmaxHeadRecorder, Unlearner]:
         model, recorder = copy.deepcopy(saved_a[0]), SoftmaxHeadRecorder(args.l2, backbone="trunk")
         recorder.load_state_dict(saved_a[1])
-        return model, recorder, ResolveStrategy(model, recorder, epsilon=EPSILON, delta=DELTA)
+        return model, recorder, ResolveUnlearner(model, recorder, epsilon=EPSILON, delta=DELTA)
 
     # (b) the backbone trained by slices on all 4,000, the certified head on all 4,000
     epochs = sisa_epochs(args.epochs, args.slices)
@@ -243,12 +243,12 @@ def main() -> None:
     )
     saved_b = (copy.deepcopy(model_b), recorder_b.state_dict(), sliced.state_dict())
 
-    def build_b() -> tuple[HeadModel, SoftmaxHeadRecorder, UnlearningStrategy]:
+    def build_b() -> tuple[HeadModel, SoftmaxHeadRecorder, Unlearner]:
         model, recorder = copy.deepcopy(saved_b[0]), SoftmaxHeadRecorder(args.l2, backbone="trunk")
         recorder.load_state_dict(saved_b[1])
         backbone = SlicedBackbone(UserCNN(), slices=args.slices, epochs=epochs, trunk="trunk", batch_size=BATCH)
         backbone.load_state_dict(saved_b[2])
-        return model, recorder, SlicedResolveStrategy(model, recorder, backbone, epsilon=EPSILON, delta=DELTA)
+        return model, recorder, SlicedResolveUnlearner(model, recorder, backbone, epsilon=EPSILON, delta=DELTA)
 
     outcomes, references = [], []
     for name, ids in forget.items():

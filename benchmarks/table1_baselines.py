@@ -38,12 +38,12 @@ from lightning_unlearn.harness.types import BenchmarkInfo
 from lightning_unlearn.metrics import accuracy
 from lightning_unlearn.models import SupervisedClassifier
 from lightning_unlearn.progress import QUIET_TRAINER
-from lightning_unlearn.strategies import (
-    FinetuneStrategy,
-    L1SparseStrategy,
-    RetrainStrategy,
-    SCRUBStrategy,
-    WoodFisherStrategy,
+from lightning_unlearn.unlearners import (
+    FinetuneUnlearner,
+    L1SparseUnlearner,
+    RetrainUnlearner,
+    SCRUBUnlearner,
+    WoodFisherUnlearner,
 )
 
 METHODS = ("scrub", "l1_sparse", "woodfisher", "finetune")
@@ -97,12 +97,12 @@ def run_user(name: str, info: BenchmarkInfo, forget_class: int, options: dict[st
         model, DataLoader(info.train, batch_size=64, shuffle=True)
     )
     before = accuracies(model, info, forget_class)
-    trained = {"scrub": SCRUBStrategy, "l1_sparse": L1SparseStrategy, "finetune": FinetuneStrategy}
+    trained = {"scrub": SCRUBUnlearner, "l1_sparse": L1SparseUnlearner, "finetune": FinetuneUnlearner}
     strategy: Any
     if name == "retrain":
-        strategy = RetrainStrategy(model, rec, info.train, initial, trainer_kwargs={"max_epochs": 6}, batch_size=64)
+        strategy = RetrainUnlearner(model, rec, info.train, initial, trainer_kwargs={"max_epochs": 6}, batch_size=64)
     elif name == "woodfisher":
-        strategy = WoodFisherStrategy(model, rec, info.train, **options)
+        strategy = WoodFisherUnlearner(model, rec, info.train, **options)
     elif name in trained:
         strategy = trained[name](model, rec, info.train, **{"batch_size": 64, **options})
     else:

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn import (
-    ACUStrategy,
+    ACUUnlearner,
     AnalyticClassifier,
     AnalyticRecorder,
     ForgetRequest,
@@ -67,7 +67,7 @@ def main() -> None:
         1: [ForgetRequest.samples(torch.nonzero(y == order[0]).flatten()[:8])],  # a user deletes 8 records
         3: [ForgetRequest.of_class(order[2])],  # a class is withdrawn
     }
-    plugin = UnlearningPlugin(recorder, ACUStrategy(model, recorder), requests)
+    plugin = UnlearningPlugin(recorder, ACUUnlearner(model, recorder), requests)
 
     # the Avalanche script as it was, plus plugins=[plugin]; the head is solved in closed form (lr=0)
     evaluator = EvaluationPlugin(accuracy_metrics(experience=True, stream=True), loggers=[TextLogger(sys.stdout)])

@@ -5,12 +5,12 @@ scikit-learn's digits:
 
 1. HF (Qiao et al.): an MLP trained by plain SGD with a ``TrajectoryRecorder``; then a stream of
    single-sample forget requests, each answered by vector addition + Gaussian noise
-   (``HFStrategy``). Reference: retraining with the same initialisation and batch order,
+   (``HFUnlearner``). Reference: retraining with the same initialisation and batch order,
    the forgotten samples' gradients dropped (HF's Eqs. (4)-(5)).
 2. [CCL]: the same MLP trained with [CCL]'s regulariser toward the previous task's model,
    each task solved by full-batch L-BFGS, with a ``HessianRecorder`` (exact Hessian, d ~ 1.2k);
    then one whole experience is forgotten by the Newton-style correction of Eq. (13) + noise
-   (``HessianCertifiedStrategy``). Reference: the regularised chain re-run without that task.
+   (``HessianCertifiedUnlearner``). Reference: the regularised chain re-run without that task.
 
 For each: retain / forget / test accuracy, loss-threshold MIA score on the forgotten samples,
 L2 distance to the retrained model (before and after noise), and time per request. The MLP is
@@ -35,7 +35,7 @@ from lightning_unlearn.functional import hf
 from lightning_unlearn.harness.digits import digits_splits
 from lightning_unlearn.metrics import evaluate_unlearning
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
-from lightning_unlearn.strategies import HessianCertifiedStrategy, HFStrategy
+from lightning_unlearn.unlearners import HessianCertifiedUnlearner, HFUnlearner
 
 # Lightning 2.6.6 (the newest) builds torch's deprecated LeafSpec in every fit, and torch warns about it: nothing
 # a user of either can change, so this one FutureWarning is dropped; every other warning is shown (the library's
@@ -125,7 +125,7 @@ def main() -> None:
     )
     w = hf.flat_params(model).clone()
     original = with_params(model, w)
-    strategy = HFStrategy(model, recorder, epsilon=EPS, delta=DELTA)
+    strategy = HFUnlearner(model, recorder, epsilon=EPS, delta=DELTA)
     requests = train_ids[
         torch.randperm(len(train_ids), generator=torch.Generator().manual_seed(1))[:N_REQUESTS]
     ].tolist()
@@ -158,7 +158,7 @@ def main() -> None:
     )
     original = with_params(model, hf.flat_params(model))
     forget_exp = 1
-    hessian = HessianCertifiedStrategy(model, recorder, epsilon=EPS, delta=DELTA)
+    hessian = HessianCertifiedUnlearner(model, recorder, epsilon=EPS, delta=DELTA)
     result = hessian.forget(ForgetRequest.of_experience(forget_exp))
     reference = proximal()
     fit_stream(

@@ -21,7 +21,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
-from lightning_unlearn import ACUStrategy, AnalyticClassifier, AnalyticRecorder, ForgetRequest, IndexedDataset, Ledger
+from lightning_unlearn import ACUUnlearner, AnalyticClassifier, AnalyticRecorder, ForgetRequest, IndexedDataset, Ledger
 from lightning_unlearn.avalanche import benchmark_with_sample_ids, fit_stream
 from lightning_unlearn.harness.digits import digits_splits
 from lightning_unlearn.metrics import evaluate_unlearning, log_metrics
@@ -80,7 +80,7 @@ def main() -> None:
 
     model = AnalyticClassifier(backbone, 64, 10, expansion_dim=EXPANSION)
     recorder = AnalyticRecorder(RIDGE)
-    strategy = ACUStrategy(model, recorder, Ledger(args.out / "ledger.jsonl"))
+    strategy = ACUUnlearner(model, recorder, Ledger(args.out / "ledger.jsonl"))
     first_exp_ids = torch.nonzero(torch.isin(y, torch.tensor(order[:2]))).flatten()
     schedule = {
         1: [ForgetRequest.samples(first_exp_ids[:8])],  # a user asks to delete 8 records

@@ -272,7 +272,7 @@ class ProximalClassifier(SupervisedClassifier):
 
     def get_extra_state(self) -> Tensor:
         """The regulariser's task counter, in the module's ``state_dict``: a model reset to an initial state
-        (e.g. by :class:`RetrainStrategy`) anchors its first task at ``w_0 = 0`` again."""
+        (e.g. by :class:`RetrainUnlearner`) anchors its first task at ``w_0 = 0`` again."""
         return self.regularizer.progress()
 
     def set_extra_state(self, state: Tensor) -> None:

@@ -1,7 +1,7 @@
 """Executed requests as logged metrics: one flat dict of numbers, sent to a Lightning Trainer's loggers.
 
 :func:`result_metrics` turns an :class:`UnlearningResult` into scalars (what was removed, how long
-it took, the certificate's summary, the method's own numbers). :meth:`UnlearningStrategy.forget`
+it took, the certificate's summary, the method's own numbers). :meth:`Unlearner.forget`
 sends them to the loggers of the Trainer its recorder last recorded with (:func:`log_to_trainer`);
 the Avalanche plugin publishes the same dict to Avalanche's ``EvaluationPlugin``.
 """

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightning_unlearn import AnalyticRecorder, ForgetRequest, Ledger, StreamingRecorder
 from lightning_unlearn.models import SupervisedClassifier
-from lightning_unlearn.strategies import ACUStrategy, StreamingStrategy, UnlearningStrategy
+from lightning_unlearn.unlearners import ACUUnlearner, StreamingUnlearner, Unlearner
 
 METHODS = ("acu", "safe")
 SAFE_RELEASE = {"epsilon": 1.0, "delta": 1e-5, "weight_bound": 50.0, "seed": 3}
@@ -52,10 +52,10 @@ def fitted(method: str) -> tuple[nn.Module, Any]:
     return model, rec
 
 
-def strategy(method: str, model: nn.Module, rec: Any, ledger: Ledger) -> UnlearningStrategy:
+def strategy(method: str, model: nn.Module, rec: Any, ledger: Ledger) -> Unlearner:
     if method == "acu":
-        return ACUStrategy(model, rec, ledger)
-    return StreamingStrategy(model, rec, ledger=ledger, **SAFE_RELEASE)
+        return ACUUnlearner(model, rec, ledger)
+    return StreamingUnlearner(model, rec, ledger=ledger, **SAFE_RELEASE)
 
 
 def requests(method: str) -> tuple[ForgetRequest, ForgetRequest]:
@@ -78,7 +78,7 @@ def restore(method: str, path: Path) -> tuple[nn.Module, Any]:
     return model, rec
 
 
-def snapshot(s: UnlearningStrategy) -> dict[str, Any]:
+def snapshot(s: Unlearner) -> dict[str, Any]:
     """Everything a request may change in memory: weights, the recorder's state (statistics, catalog, anchor,
     accountant), the strategy's accountant and history."""
     return {
@@ -105,7 +105,7 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def noise_free(s: UnlearningStrategy) -> torch.Tensor:
+def noise_free(s: Unlearner) -> torch.Tensor:
     """SAFE's published parameters (flat, float64) less the seeded noise of its last release: the noise-free model
     ``w_t``, to within the rounding of adding and subtracting the noise (one ulp of the published entries)."""
     from lightning_unlearn.functional import streaming as safe_fn
@@ -117,7 +117,7 @@ def noise_free(s: UnlearningStrategy) -> torch.Tensor:
     return flat - gaussian_noise(flat.shape, sigma, flat.dtype, SAFE_RELEASE["seed"], len(s.accountant) - 1)
 
 
-def outcome(s: UnlearningStrategy) -> dict[str, Any]:
+def outcome(s: Unlearner) -> dict[str, Any]:
     """What a run's requests leave, to compare a recovered run with an uninterrupted one: the weights and the
     recorder's statistics and catalog (not its ledger anchor: two ledgers' heads differ by their timestamps)."""
     state = s.recorder.state_dict()

@@ -4,7 +4,7 @@ import pytest
 import torch
 from helpers import N_CLASSES, analytic_model, fit_analytic, toy_dataset, toy_tensors
 
-from lightning_unlearn import ACUStrategy, AnalyticRecorder, ForgetRequest, Ledger
+from lightning_unlearn import ACUUnlearner, AnalyticRecorder, ForgetRequest, Ledger
 from lightning_unlearn.functional import acu
 
 # float64 throughout: a ridge solve's relative forward error is ~ eps * kappa, kappa = cond(R + gamma I) ~ 1e3 on
@@ -29,7 +29,7 @@ def test_sequence_of_requests_matches_retraining_from_scratch():
     x = torch.cat([toy_tensors(100, s)[0] for s in range(3)])
     y = torch.cat([toy_tensors(100, s)[1] for s in range(3)])
     data = torch.utils.data.ConcatDataset(experiences)
-    strategy = ACUStrategy(model, rec)
+    strategy = ACUUnlearner(model, rec)
     requests = [
         ForgetRequest.samples([0, 5, 17, 250]),
         ForgetRequest.of_class(2),
@@ -107,14 +107,14 @@ def statistics_of(rec):
 def test_failed_commit_leaves_statistics_bit_identical_and_the_retry_is_exact():
     data = toy_dataset(120)
     model, rec = fit_analytic([data])
-    ACUStrategy(model, rec).forget(ForgetRequest.samples([7]), data)  # a committed request before
+    ACUUnlearner(model, rec).forget(ForgetRequest.samples([7]), data)  # a committed request before
     before, head = statistics_of(rec), model.head.weight.detach().clone()
     with pytest.raises(OSError, match="disk full"):
-        ACUStrategy(model, rec, FailingLedger()).forget(ForgetRequest.samples([1, 2]), data)
+        ACUUnlearner(model, rec, FailingLedger()).forget(ForgetRequest.samples([1, 2]), data)
     for k, v in before.items():
         assert torch.equal(getattr(rec, k), v), k  # the held rank-k update was dropped: bit for bit
     assert torch.equal(model.head.weight, head) and rec.catalog.n_active == 119
-    result = ACUStrategy(model, rec).forget(ForgetRequest.samples([1, 2]), data)
+    result = ACUUnlearner(model, rec).forget(ForgetRequest.samples([1, 2]), data)
     assert result.extra["path"] == "woodbury"
     x, y = toy_tensors(120)
     assert rel(rec.W, retrained_head(model, rec, x, y)) <= REL_TOL
@@ -126,7 +126,7 @@ def test_undo_after_the_update_was_applied_takes_it_back_up_to_rounding():
     model, rec = fit_analytic([data])
     before = statistics_of(rec)
     with pytest.raises(OSError, match="disk full"):
-        ACUStrategy(model, rec, FailingLedger(read=rec)).forget(ForgetRequest.samples([1, 2]), data)
+        ACUUnlearner(model, rec, FailingLedger(read=rec)).forget(ForgetRequest.samples([1, 2]), data)
     eps = torch.finfo(torch.float64).eps
     for k in "RQT":  # two roundings of |X| + |update| per entry; the update is below 1e3 |X| here
         scale = before[k].abs().max()
@@ -138,7 +138,7 @@ def test_undo_after_the_update_was_applied_takes_it_back_up_to_rounding():
 def test_r_is_brought_up_to_date_lazily_and_held_rows_never_reach_the_state():
     data = toy_dataset(120)
     model, rec = fit_analytic([data])
-    strategy = ACUStrategy(model, rec)
+    strategy = ACUUnlearner(model, rec)
     strategy.forget(ForgetRequest.samples([3, 4]), data)
     assert rec._pending_rows and rec._pending_targets and rec._pending_T is not None  # held, not yet applied
     state = rec.state_dict()

@@ -8,7 +8,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn import (
-    ACUStrategy,
+    ACUUnlearner,
     AnalyticHead,
     AnalyticRecorder,
     ForgetRequest,
@@ -82,7 +82,7 @@ def test_acu_on_a_user_cnn_equals_ridge_retraining(bias):
     assert torch.equal(module.trunk[1].running_mean, running_mean)  # the recorder kept the trunk in eval mode
     assert rec.W.shape == (24 + bias, 4)
     assert rel(rec.W, retrained_head(module, x, y, 0.5)) <= REL_TOL
-    strategy = ACUStrategy(module, rec)
+    strategy = ACUUnlearner(module, rec)
     for request in (ForgetRequest.samples([0, 5, 9]), ForgetRequest.of_class(2)):
         strategy.forget(request, data)
         keep = rec.catalog.active_ids()

@@ -22,24 +22,24 @@ from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 from lightning_unlearn import (
-    ACUStrategy,
+    ACUUnlearner,
     AnalyticRecorder,
     ForgetRequest,
-    GradientCertifiedStrategy,
-    HessianCertifiedStrategy,
+    GradientCertifiedUnlearner,
+    HessianCertifiedUnlearner,
     HessianRecorder,
-    HFStrategy,
+    HFUnlearner,
     ProximalClassifier,
     ProximalRegularizer,
     StreamingRecorder,
-    StreamingStrategy,
+    StreamingUnlearner,
     SupervisedClassifier,
     TaskDeltaRecorder,
     TrajectoryRecorder,
 )
 from lightning_unlearn.callbacks.samples import SampleRecorder
 from lightning_unlearn.functional import hf
-from lightning_unlearn.strategies.baselines import NegGradStrategy
+from lightning_unlearn.unlearners.baselines import NegGradUnlearner
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=".*QP solver.*")
@@ -174,7 +174,7 @@ def test_analytic_recorder_plugin_gives_the_lightning_head_and_requests(bm):
         model,
         toy.train_stream,
         callbacks=[rec],
-        unlearning=ACUStrategy(model, rec),
+        unlearning=ACUUnlearner(model, rec),
         requests=schedule,
         trainer_kwargs=QUIET,
     )
@@ -183,7 +183,7 @@ def test_analytic_recorder_plugin_gives_the_lightning_head_and_requests(bm):
     assert torch.equal(results[0].removed_ids.sort().values, torch.nonzero(y == first_class).flatten())
 
     model2, rec2 = analytic_model(), AnalyticRecorder(ridge=0.5)
-    plugin = UnlearningPlugin(rec2, ACUStrategy(model2, rec2), schedule)
+    plugin = UnlearningPlugin(rec2, ACUUnlearner(model2, rec2), schedule)
     naive = Naive(
         model=model2,
         optimizer=torch.optim.SGD(model2.head.parameters(), lr=0.0),
@@ -202,9 +202,9 @@ def test_analytic_recorder_plugin_gives_the_lightning_head_and_requests(bm):
 def test_trajectory_recorder_runs_its_recursion_in_before_update(bm):
     schedule = {1: [ForgetRequest.samples(exp_ids(bm, 0)[:2] + exp_ids(bm, 1)[:1])]}
     m1, r1 = supervised(), TrajectoryRecorder(dtype=torch.float64)
-    lightning_run(bm, m1, r1, HFStrategy(m1, r1, noise=False, max_deletions=10), schedule, epochs=3)
+    lightning_run(bm, m1, r1, HFUnlearner(m1, r1, noise=False, max_deletions=10), schedule, epochs=3)
     m2, r2 = supervised(), TrajectoryRecorder(dtype=torch.float64)
-    plugin = UnlearningPlugin(r2, HFStrategy(m2, r2, noise=False, max_deletions=10), schedule)
+    plugin = UnlearningPlugin(r2, HFUnlearner(m2, r2, noise=False, max_deletions=10), schedule)
     avalanche_run(bm, m2, plugin, epochs=3)
 
     assert r2.n_steps == r1.n_steps == 6 and r2.lrs == r1.lrs and r2.batch_sizes == r1.batch_sizes
@@ -232,10 +232,14 @@ def test_gradient_strategy_without_constants_fails_at_plugin_construction(bm):
     model, rec = proximal(), TaskDeltaRecorder()
     schedule = {1: [ForgetRequest.of_experience(0)]}
     with pytest.raises(ValueError, match="lipschitz"):
-        UnlearningPlugin(rec, GradientCertifiedStrategy(model, rec), schedule)
+        UnlearningPlugin(rec, GradientCertifiedUnlearner(model, rec), schedule)
     with pytest.raises(ValueError, match="lipschitz"):  # and before any training in fit_stream
         fit_stream(
-            model, bm.train_stream, callbacks=[rec], unlearning=GradientCertifiedStrategy(model, rec), requests=schedule
+            model,
+            bm.train_stream,
+            callbacks=[rec],
+            unlearning=GradientCertifiedUnlearner(model, rec),
+            requests=schedule,
         )
     assert len(rec.catalog) == 0
 
@@ -244,7 +248,7 @@ def test_task_delta_recorder_anchors_each_task_under_the_plugin(bm):
     schedule = {1: [ForgetRequest.of_experience(0)]}
 
     def strategy(model, rec):
-        return GradientCertifiedStrategy(model, rec, lipschitz=2.0, smoothness=1.0, seed=5)
+        return GradientCertifiedUnlearner(model, rec, lipschitz=2.0, smoothness=1.0, seed=5)
 
     m1, r1 = proximal(), TaskDeltaRecorder()
     lightning_log = logging.getLogger("lightning.pytorch")
@@ -270,7 +274,7 @@ def test_hessian_recorder_and_restored_internal_model_under_the_plugin(bm):
     schedule = {0: [ForgetRequest.samples(exp_ids(bm, 0)[:3])], 1: [ForgetRequest.samples(exp_ids(bm, 1)[:2])]}
 
     def strategy(model, rec):
-        return HessianCertifiedStrategy(model, rec, seed=3)
+        return HessianCertifiedUnlearner(model, rec, seed=3)
 
     m1, r1 = proximal(), HessianRecorder(hessian="exact")
     m2, r2 = proximal(), HessianRecorder(hessian="exact")
@@ -314,7 +318,7 @@ def test_streaming_recorder_takes_its_anchor_pass_through_the_plugin(bm):
     schedule = {1: [ForgetRequest.samples(exp_ids(bm, 0)[:2] + exp_ids(bm, 1)[:2])]}
 
     def strategy(model, rec):
-        return StreamingStrategy(model, rec, step_size=0.05, forget_weight=10.0)
+        return StreamingUnlearner(model, rec, step_size=0.05, forget_weight=10.0)
 
     m1, r1 = supervised(l2=0.0), StreamingRecorder(num_classes=C, proj_dim=3)
     lightning_run(bm, m1, r1, strategy(m1, r1), schedule, epochs=3)
@@ -363,7 +367,7 @@ def test_sample_recorder_in_naive_ewc_replay_and_der(bm, template):
     strategy = avalanche_run(
         bm,
         model,
-        [*plugins, UnlearningPlugin(rec, NegGradStrategy(model, rec, epochs=1), requests)],
+        [*plugins, UnlearningPlugin(rec, NegGradUnlearner(model, rec, epochs=1), requests)],
         epochs=2,
         template=template,
         criterion=nn.CrossEntropyLoss(),
@@ -414,7 +418,7 @@ def test_requests_reach_the_csv_logger_on_one_increasing_step_axis(bm, tmp_path)
         model,
         bm.train_stream,
         callbacks=[rec],
-        unlearning=HFStrategy(model, rec, noise=False, max_deletions=10),
+        unlearning=HFUnlearner(model, rec, noise=False, max_deletions=10),
         requests=schedule,
         batch_size=8,
         trainer_kwargs={"max_epochs": 2, "logger": logger, "log_every_n_steps": 1, **QUIET},
@@ -434,7 +438,7 @@ def test_requests_reach_the_csv_logger_on_one_increasing_step_axis(bm, tmp_path)
 
 def test_mismatched_recorder_model_or_replayed_steps_are_clear_errors(bm):
     model, rec, other = supervised(), SampleRecorder(), SampleRecorder()
-    unlearning = NegGradStrategy(model, rec, epochs=1)
+    unlearning = NegGradUnlearner(model, rec, epochs=1)
     with pytest.raises(ValueError, match="another recorder"):
         UnlearningPlugin(other, unlearning)
     with pytest.raises(ValueError, match="not among the callbacks"):
@@ -522,7 +526,7 @@ def test_fit_stream_validates_tests_checkpoints_and_resumes_where_it_stopped(bm,
             model,
             bm.train_stream,
             callbacks=[rec],
-            unlearning=HFStrategy(model, rec, noise=False, max_deletions=10),
+            unlearning=HFUnlearner(model, rec, noise=False, max_deletions=10),
             requests=schedule,
             batch_size=FULL_BATCH,
             val_stream=bm.test_stream,
@@ -575,7 +579,7 @@ def test_fit_stream_takes_loaders_data_modules_and_a_sampler(bm):
             model,
             [DataLoader(parts[0], batch_size=8), Module(), parts[2]],
             callbacks=[rec],
-            unlearning=NegGradStrategy(model, rec, epochs=1),
+            unlearning=NegGradUnlearner(model, rec, epochs=1),
             requests={1: [ForgetRequest.samples(forget)]},
             sampler=lambda d: SubsetRandomSampler(range(0, len(d), 2)),
             trainer_kwargs=QUIET,

@@ -5,14 +5,14 @@ import pytest
 import torch
 from helpers import analytic_model, fit_analytic, toy_dataset
 
-from lightning_unlearn import ACUStrategy, AnalyticRecorder, ForgetRequest, Ledger
+from lightning_unlearn import ACUUnlearner, AnalyticRecorder, ForgetRequest, Ledger
 
 
 @pytest.fixture()
 def fitted():
     data = toy_dataset(120)
     model, rec = fit_analytic([data])
-    strategy = ACUStrategy(model, rec, Ledger())
+    strategy = ACUUnlearner(model, rec, Ledger())
     strategy.forget(ForgetRequest.samples([3]), data)
     return strategy, data
 
@@ -90,7 +90,7 @@ def test_mislabeled_and_misshaped_forget_data_change_nothing(fitted):
 
 
 def test_request_before_any_fit():
-    strategy = ACUStrategy(analytic_model(), AnalyticRecorder())
+    strategy = ACUUnlearner(analytic_model(), AnalyticRecorder())
     with pytest.raises(ValueError, match="no recorded statistics"):
         strategy.forget(ForgetRequest.of_class(0), toy_dataset(10))
 
@@ -129,10 +129,10 @@ def test_integer_tensors_and_arrays_are_sample_ids():
 
 
 def test_data_given_to_a_method_that_reads_none_is_refused(fitted):
-    from lightning_unlearn.strategies.baselines import FinetuneStrategy
+    from lightning_unlearn.unlearners.baselines import FinetuneUnlearner
 
     strategy, data = fitted
-    finetune = FinetuneStrategy(strategy.module, strategy.recorder, data, epochs=1)
+    finetune = FinetuneUnlearner(strategy.module, strategy.recorder, data, epochs=1)
     before = snapshot(finetune)
     for wrong in (data, "data.pt", np.zeros(3)):
         with pytest.raises(ValueError, match="does not read forget"):

@@ -5,16 +5,16 @@ import torch
 from helpers import N_CLASSES, N_FEATURES, analytic_model, fit_analytic, quiet_trainer, toy_dataset
 from torch.utils.data import DataLoader, Subset
 
-from lightning_unlearn import ACUStrategy, AnalyticRecorder, ForgetRequest
+from lightning_unlearn import ACUUnlearner, AnalyticRecorder, ForgetRequest
 from lightning_unlearn.callbacks import SampleRecorder
 from lightning_unlearn.metrics import accuracy, parameter_distance
 from lightning_unlearn.models import SupervisedClassifier
-from lightning_unlearn.strategies import (
-    FinetuneStrategy,
-    NegGradPlusStrategy,
-    NegGradStrategy,
-    RandomLabelStrategy,
-    RetrainStrategy,
+from lightning_unlearn.unlearners import (
+    FinetuneUnlearner,
+    NegGradPlusUnlearner,
+    NegGradUnlearner,
+    RandomLabelUnlearner,
+    RetrainUnlearner,
 )
 
 FORGET = list(range(40))
@@ -45,13 +45,13 @@ def test_neggrad_drives_forget_accuracy_down_and_is_uncertified():
     forget = Subset(train, FORGET)
     before = accuracy(model, forget, N_CLASSES)
     assert before > 0.9
-    result = NegGradStrategy(model, rec, epochs=5, lr=0.5, batch_size=16).forget(ForgetRequest.samples(FORGET), train)
+    result = NegGradUnlearner(model, rec, epochs=5, lr=0.5, batch_size=16).forget(ForgetRequest.samples(FORGET), train)
     assert accuracy(model, forget, N_CLASSES) <= before - 0.4
     assert not result.certificate.certified and result.certificate.method == "neggrad"
     assert rec.catalog.forgotten.sum() == len(FORGET)
 
 
-@pytest.mark.parametrize("cls", [FinetuneStrategy, NegGradPlusStrategy, RandomLabelStrategy])
+@pytest.mark.parametrize("cls", [FinetuneUnlearner, NegGradPlusUnlearner, RandomLabelUnlearner])
 def test_retained_set_excludes_the_request_and_earlier_forgotten_samples(cls):
     train = toy_dataset(200)
     model, rec = trained(train, epochs=2)
@@ -70,7 +70,7 @@ def test_random_label_and_neggrad_plus_lower_forget_accuracy():
     train = toy_dataset(200)
     forget = Subset(train, FORGET)
     accs = {}
-    for cls, kw in ((RandomLabelStrategy, {"lr": 0.5}), (NegGradPlusStrategy, {"lr": 0.5, "alpha": 0.5})):
+    for cls, kw in ((RandomLabelUnlearner, {"lr": 0.5}), (NegGradPlusUnlearner, {"lr": 0.5, "alpha": 0.5})):
         model, rec = trained(train)
         cls(model, rec, train, epochs=5, batch_size=16, **kw).forget(ForgetRequest.samples(FORGET), train)
         accs[cls.method] = accuracy(model, forget, N_CLASSES)
@@ -98,7 +98,7 @@ def test_random_label_takes_training_triples_and_forget_items_with_a_task(train_
     model, rec = trained(train)
     retained_only = Subset(train, list(range(len(FORGET), 200)))  # the training data without the samples to forget
     data = train if train_holds_forget else retained_only
-    strategy = RandomLabelStrategy(model, rec, data, epochs=5, lr=0.5, batch_size=16)
+    strategy = RandomLabelUnlearner(model, rec, data, epochs=5, lr=0.5, batch_size=16)
     result = strategy.forget(ForgetRequest.samples(FORGET), WithTask(train))
     assert result.extra["n_retained"] == 200 - len(FORGET)
     assert accuracy(model, Subset(train, FORGET), N_CLASSES) < 0.6  # the relabelled samples were trained on
@@ -112,11 +112,11 @@ def test_retrain_equals_acu_and_a_fresh_fit_on_the_retained_data():
         quiet_trainer([rec]).fit(model, DataLoader(ds, batch_size=32))
     acu_model, acu_rec = fit_analytic([a, b])
     both = torch.utils.data.ConcatDataset([a, b])
-    retrain = RetrainStrategy(
+    retrain = RetrainUnlearner(
         model, rec, both, initial, fit_callbacks=lambda: [AnalyticRecorder(ridge=0.5)], batch_size=32
     )
     result = retrain.forget(ForgetRequest.of_class(2))
-    ACUStrategy(acu_model, acu_rec).forget(ForgetRequest.of_class(2), both)
+    ACUUnlearner(acu_model, acu_rec).forget(ForgetRequest.of_class(2), both)
     assert result.certificate.exact and "retrained from scratch" in result.certificate.statement
     assert parameter_distance(model, acu_model) < 1e-8
     fresh, _ = fit_analytic(
@@ -140,7 +140,7 @@ def test_retrain_of_a_trained_network_is_reproducible():
                 torch.nn.Sequential(torch.nn.Linear(N_FEATURES, 32), torch.nn.ReLU(), torch.nn.Linear(32, N_CLASSES))
             )
         )
-        RetrainStrategy(model, rec, train, init, trainer_kwargs={"max_epochs": 2}, seed=5).forget(
+        RetrainUnlearner(model, rec, train, init, trainer_kwargs={"max_epochs": 2}, seed=5).forget(
             ForgetRequest.samples(FORGET)
         )
         runs.append(model)
@@ -152,26 +152,26 @@ def test_bad_input_raises_and_changes_nothing():
     model, rec = trained(train, epochs=1)
     before = weights(model)
     with pytest.raises(ValueError, match="needs the samples to forget"):
-        NegGradStrategy(model, rec).forget(ForgetRequest.samples([1, 2]))
+        NegGradUnlearner(model, rec).forget(ForgetRequest.samples([1, 2]))
     with pytest.raises(ValueError, match="no retained samples"):
-        FinetuneStrategy(model, rec, train, epochs=1).forget(ForgetRequest.samples(range(120)))
+        FinetuneUnlearner(model, rec, train, epochs=1).forget(ForgetRequest.samples(range(120)))
     with pytest.raises(ValueError, match="training data lacks"):
-        FinetuneStrategy(model, rec, Subset(train, list(range(60))), epochs=1).forget(ForgetRequest.samples([1]))
+        FinetuneUnlearner(model, rec, Subset(train, list(range(60))), epochs=1).forget(ForgetRequest.samples([1]))
     with pytest.raises(ValueError, match="diverg|loss became"):
-        NegGradStrategy(model, rec, epochs=50, lr=1e6, batch_size=8).forget(ForgetRequest.samples(FORGET), train)
+        NegGradUnlearner(model, rec, epochs=50, lr=1e6, batch_size=8).forget(ForgetRequest.samples(FORGET), train)
     with pytest.raises(ValueError, match="class 9 was never learned"):
-        FinetuneStrategy(model, rec, train).forget(ForgetRequest.of_class(9))
+        FinetuneUnlearner(model, rec, train).forget(ForgetRequest.of_class(9))
     with pytest.raises(ValueError, match="does not read forget"):
-        FinetuneStrategy(model, rec, train).forget(ForgetRequest.samples([1]), train)
+        FinetuneUnlearner(model, rec, train).forget(ForgetRequest.samples([1]), train)
     for k, v in weights(model).items():
         assert torch.equal(v, before[k]), k
     assert rec.catalog.n_active == 120
     with pytest.raises(ValueError, match="alpha"):
-        NegGradPlusStrategy(model, rec, train, alpha=1.5)
+        NegGradPlusUnlearner(model, rec, train, alpha=1.5)
     with pytest.raises(ValueError, match="lr > 0"):
-        FinetuneStrategy(model, rec, train, lr=0.0)
+        FinetuneUnlearner(model, rec, train, lr=0.0)
     with pytest.raises(ValueError, match="initial_state keys"):
-        RetrainStrategy(model, rec, train, {"w": torch.zeros(1)})
+        RetrainUnlearner(model, rec, train, {"w": torch.zeros(1)})
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ from lightning_unlearn.functional import certified as cl
 from lightning_unlearn.functional import hf
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.privacy import analytic_sigma
-from lightning_unlearn.strategies import GradientCertifiedStrategy, HessianCertifiedStrategy
+from lightning_unlearn.unlearners import GradientCertifiedUnlearner, HessianCertifiedUnlearner
 
 EPS, DELTA = 1.0, 1e-5
 TASKS = cl_tasks()
@@ -72,7 +72,7 @@ def test_task_level_newton_closer_to_retrain_and_within_bound(trained):
     model, rec = copy_of(trained)
     w = hf.flat_params(model)
     w_retrain = hf.flat_params(fit_tasks([TASKS[1], TASKS[2]]))
-    strategy = HessianCertifiedStrategy(model, rec, epsilon=EPS, delta=DELTA)
+    strategy = HessianCertifiedUnlearner(model, rec, epsilon=EPS, delta=DELTA)
     cert = strategy.forget(ForgetRequest.of_experience(0)).certificate
     original, approx = float((w - w_retrain).norm()), float((strategy.clean_parameters() - w_retrain).norm())
     # tolerance: the Newton correction of Eq. (13) is >= 5x closer to retraining than the original model
@@ -89,7 +89,7 @@ def test_gradient_strategy_keeps_weights_within_natural_forgetting_bound(trained
     model, rec = copy_of(trained)
     w = hf.flat_params(model)
     w_retrain = hf.flat_params(fit_tasks([TASKS[1], TASKS[2]]))
-    strategy = GradientCertifiedStrategy(model, rec, epsilon=EPS, delta=DELTA, seed=0, bound="paper")
+    strategy = GradientCertifiedUnlearner(model, rec, epsilon=EPS, delta=DELTA, seed=0, bound="paper")
     cert = strategy.forget(ForgetRequest.of_experience(0)).certificate
     assert torch.equal(strategy.clean_parameters(), w)  # Alg. 1: the internal model is not modified
     assert float((w - w_retrain).norm()) <= cert.bounds["sensitivity"]  # Theorem 4.1
@@ -108,7 +108,7 @@ def test_gradient_strategy_keeps_weights_within_natural_forgetting_bound(trained
 def test_hessian_sigma_matches_formula(trained):
     model, rec = copy_of(trained)
     cert = (
-        HessianCertifiedStrategy(model, rec, epsilon=EPS, delta=DELTA, lipschitz=2.0, smoothness=3.0, bound="paper")
+        HessianCertifiedUnlearner(model, rec, epsilon=EPS, delta=DELTA, lipschitz=2.0, smoothness=3.0, bound="paper")
         .forget(ForgetRequest.of_experience(0))
         .certificate
     )
@@ -127,11 +127,11 @@ def test_sample_level_newton_from_stored_gradients_and_from_data(trained):
     w_retrain = hf.flat_params(fit_tasks([TASKS[0], without(TASKS[1], set(U)), TASKS[2]]))
     model, rec = copy_of(trained)
     w = hf.flat_params(model)
-    stored = HessianCertifiedStrategy(model, rec, noise=False)
+    stored = HessianCertifiedUnlearner(model, rec, noise=False)
     stored.forget(ForgetRequest.samples(U))
     model2, rec2 = copy_of(trained)
     rec2.sample_grads = {}
-    from_data = HessianCertifiedStrategy(model2, rec2, noise=False)
+    from_data = HessianCertifiedUnlearner(model2, rec2, noise=False)
     from_data.forget(ForgetRequest.samples(U), data=ConcatDataset(TASKS))
     assert torch.allclose(stored.clean_parameters(), from_data.clean_parameters(), atol=1e-12)
     original, approx = float((w - w_retrain).norm()), float((stored.clean_parameters() - w_retrain).norm())
@@ -160,7 +160,7 @@ def test_checkpoint_roundtrip(tmp_path):
 
 def test_bad_input_changes_nothing(trained):
     model, rec = copy_of(trained)
-    strategy = HessianCertifiedStrategy(model, rec)
+    strategy = HessianCertifiedUnlearner(model, rec)
     strategy.forget(ForgetRequest.of_experience(2))
     rec.sample_grads = {}
     w, stats, n_ledger = hf.flat_params(model), recorded(rec), len(strategy.ledger)
@@ -182,7 +182,7 @@ def test_bad_input_changes_nothing(trained):
         )
     wider = ProximalClassifier(nn.Linear(6, 4).double(), l2=0.05)
     with pytest.raises(ValueError, match="trainable parameters"):
-        HessianCertifiedStrategy(wider, rec).forget(ForgetRequest.of_experience(0))
+        HessianCertifiedUnlearner(wider, rec).forget(ForgetRequest.of_experience(0))
     assert same_state(recorded(rec), stats) and int(rec.catalog.forgotten.sum()) == 60
 
 
@@ -201,17 +201,17 @@ def test_task_delta_recorder_needs_the_proximal_regulariser_and_diagonal_mode_ru
     assert torch.allclose(deltas.deltas[1], rec.deltas[1]) and deltas.sizes == [60, 60]
     w_delta = hf.flat_params(delta_model)
     with pytest.raises(ValueError, match="lipschitz"):  # a TaskDeltaRecorder estimates no constants
-        GradientCertifiedStrategy(delta_model, deltas).forget(ForgetRequest.of_experience(0))
+        GradientCertifiedUnlearner(delta_model, deltas).forget(ForgetRequest.of_experience(0))
     assert torch.equal(hf.flat_params(delta_model), w_delta) and not bool(deltas.catalog.forgotten.any())
     cert = (
-        GradientCertifiedStrategy(delta_model, deltas, lipschitz=2.0, smoothness=3.0, bound="paper")
+        GradientCertifiedUnlearner(delta_model, deltas, lipschitz=2.0, smoothness=3.0, bound="paper")
         .forget(ForgetRequest.of_experience(0))
         .certificate
     )
     assert cert.bounds["sensitivity"] == pytest.approx(2.0 / 1.0 * (1.0 / 1.05), rel=1e-12)  # (L/lambda) rho^1
     w_retrain = hf.flat_params(fit_tasks([TASKS[1]]))
     w = hf.flat_params(model)
-    strategy = HessianCertifiedStrategy(model, rec, noise=False)
+    strategy = HessianCertifiedUnlearner(model, rec, noise=False)
     strategy.forget(ForgetRequest.of_experience(0))
     # a diagonal Hessian is only an approximation: closer than the original, with a loose tolerance
     assert float((strategy.clean_parameters() - w_retrain).norm()) < float((w - w_retrain).norm())
@@ -221,7 +221,7 @@ def test_requests_between_experiences_follow_the_recorded_chain():
     """Alg. 2 over time: forget task 0 after 2 tasks, continue from the internal model, forget task 1 after task 2."""
     rec = HessianRecorder()
     model = fit_tasks(TASKS[:2], rec)
-    strategy = HessianCertifiedStrategy(model, rec, seed=0)
+    strategy = HessianCertifiedUnlearner(model, rec, seed=0)
     first = strategy.forget(ForgetRequest.of_experience(0)).certificate
     assert first.bounds["chain_term"] == 0.0
     strategy.restore_internal()  # Alg. 2: the next task starts from the noise-free internal model
@@ -230,7 +230,7 @@ def test_requests_between_experiences_follow_the_recorded_chain():
     trainer([rec], max_epochs=2).fit(model, DataLoader(TASKS[2], batch_size=60))
     w = hf.flat_params(model)
     w_retrain = hf.flat_params(fit_tasks([TASKS[2]]))
-    cert = HessianCertifiedStrategy(model, rec, noise=False).forget(ForgetRequest.of_experience(1)).certificate
+    cert = HessianCertifiedUnlearner(model, rec, noise=False).forget(ForgetRequest.of_experience(1)).certificate
     assert torch.equal(rec.starts[2], internal)
     gap = float((rec.starts[2] - rec.ends[1]).norm())  # the first correction, measured from the chain
     lam, mu, M = 1.0, 0.05, rec.smoothness
@@ -253,11 +253,11 @@ def test_lowrank_lanczos_hessian_of_full_rank_equals_exact(trained):
         torch.eye(21, dtype=vectors.dtype) - vectors @ vectors.T
     )
     assert torch.allclose(approx, exact.hessians[0], atol=1e-8)
-    a = HessianCertifiedStrategy(model, exact, noise=False)
+    a = HessianCertifiedUnlearner(model, exact, noise=False)
     a.forget(ForgetRequest.of_experience(0))
     m2 = fit_tasks([], model=None)
     m2.load_state_dict(trained[0].state_dict())
-    b = HessianCertifiedStrategy(m2, lowrank, noise=False)
+    b = HessianCertifiedUnlearner(m2, lowrank, noise=False)
     b.forget(ForgetRequest.of_experience(0))
     assert torch.allclose(a.clean_parameters(), b.clean_parameters(), atol=1e-8)
     small = HessianRecorder(hessian="lowrank", rank=4)
@@ -299,7 +299,7 @@ def test_hessian_and_gradient_methods_on_a_user_module_with_a_proximal_callback(
     snapshot, recorded_state = {k: v.clone() for k, v in model.state_dict().items()}, rec.state_dict()
     w = hf.flat_params(model)
     w_retrain0 = hf.flat_params(fit_tasks([TASKS[1], TASKS[2]]))
-    strategy = HessianCertifiedStrategy(model, rec, epsilon=EPS, delta=DELTA)
+    strategy = HessianCertifiedUnlearner(model, rec, epsilon=EPS, delta=DELTA)
     cert = strategy.forget(ForgetRequest.of_experience(0)).certificate
     approx = float((strategy.clean_parameters() - w_retrain0).norm())
     assert approx <= 0.2 * float((w - w_retrain0).norm()) and approx <= cert.bounds["sensitivity"]
@@ -309,14 +309,14 @@ def test_hessian_and_gradient_methods_on_a_user_module_with_a_proximal_callback(
     model.load_state_dict(snapshot)
     rec2 = HessianRecorder(store_sample_gradients=True)
     rec2.load_state_dict(recorded_state)
-    sample_level = HessianCertifiedStrategy(model, rec2, noise=False)
+    sample_level = HessianCertifiedUnlearner(model, rec2, noise=False)
     sample_level.forget(ForgetRequest.samples(U))
     assert float((sample_level.clean_parameters() - w_retrain).norm()) <= 0.2 * float((w - w_retrain).norm())
     # [CCL] Alg. 1 on the same recorder: weights kept, Theorem 4.1 bound
     model.load_state_dict(snapshot)
     rec3 = HessianRecorder()
     rec3.load_state_dict(recorded_state)
-    gradient = GradientCertifiedStrategy(model, rec3, noise=False).forget(ForgetRequest.of_experience(0)).certificate
+    gradient = GradientCertifiedUnlearner(model, rec3, noise=False).forget(ForgetRequest.of_experience(0)).certificate
     assert float((w - w_retrain0).norm()) <= gradient.bounds["sensitivity"]
 
 
@@ -388,7 +388,7 @@ def test_requests_inside_the_stream_match_alg2_run_by_hand():
 
     model = proximal_model(l2=l2, reg_lambda=lam)
     rec = HessianRecorder()
-    strategy = HessianCertifiedStrategy(model, rec, noise=False, lipschitz=1.0, smoothness=1.0)
+    strategy = HessianCertifiedUnlearner(model, rec, noise=False, lipschitz=1.0, smoothness=1.0)
     internal = {}
     stream = [SimpleNamespace(current_experience=k, dataset=_WithTaskLabel(ds)) for k, ds in enumerate(tasks)]
     fit_stream(
@@ -459,7 +459,7 @@ def test_publish_without_a_request_releases_the_internal_model_at_the_bound_of_t
     calibrated on gamma^H of the tasks as they stand at t (task 0 deleted, two kept tasks after it)."""
     rec = HessianRecorder()
     model = fit_tasks(TASKS[:2], rec)
-    strategy = HessianCertifiedStrategy(
+    strategy = HessianCertifiedUnlearner(
         model, rec, epsilon=EPS, delta=DELTA, lipschitz=2.0, smoothness=3.0, bound="paper"
     )
     with pytest.raises(ValueError, match="nothing is forgotten yet"):

@@ -9,7 +9,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from lightning_unlearn import (
-    ACUStrategy,
+    ACUUnlearner,
     AnalyticRecorder,
     ForgetRequest,
     HessianRecorder,
@@ -22,12 +22,12 @@ def test_checkpoint_restores_statistics_and_forgets_identically(tmp_path):
     model, rec = analytic_model(), AnalyticRecorder(ridge=0.5)
     trainer = quiet_trainer([rec])
     trainer.fit(model, DataLoader(data, batch_size=32))
-    ACUStrategy(model, rec).forget(ForgetRequest.samples([1, 2]), data)  # forget before saving, too
+    ACUUnlearner(model, rec).forget(ForgetRequest.samples([1, 2]), data)  # forget before saving, too
     path = tmp_path / "run.ckpt"
     trainer.save_checkpoint(path)
 
     # the original run goes on forgetting
-    original = ACUStrategy(model, rec).forget(ForgetRequest.of_class(1), data)
+    original = ACUUnlearner(model, rec).forget(ForgetRequest.of_class(1), data)
 
     # a fresh process: new module, new recorder, restored from the file
     restored_model = analytic_model()
@@ -35,7 +35,7 @@ def test_checkpoint_restores_statistics_and_forgets_identically(tmp_path):
     restored = AnalyticRecorder(ridge=0.5)
     restored.load_from_checkpoint(path)
     assert restored.catalog.forgotten.sum() == 2
-    result = ACUStrategy(restored_model, restored).forget(ForgetRequest.of_class(1), data)
+    result = ACUUnlearner(restored_model, restored).forget(ForgetRequest.of_class(1), data)
     assert torch.equal(result.removed_ids, original.removed_ids)
     assert torch.allclose(restored.W, rec.W, rtol=0, atol=1e-12)
     assert torch.equal(restored_model.head.weight, model.head.weight)
@@ -114,7 +114,7 @@ def test_model_checkpoint_writes_analytic_runs_and_the_restored_recorder_forgets
     restored_model.load_state_dict(saved["state_dict"])
     restored.load_from_checkpoint(ckpt.last_model_path)
     assert torch.equal(restored.W, rec.W) and len(restored.catalog) == 100
-    ACUStrategy(restored_model, restored).forget(ForgetRequest.samples([0, 1, 2]), data)
+    ACUUnlearner(restored_model, restored).forget(ForgetRequest.samples([0, 1, 2]), data)
     keep = restored.catalog.active_ids()
     x, y = toy_tensors(100)
     F = restored_model.features(x[keep])
@@ -136,7 +136,7 @@ def test_a_tampered_recorder_state_is_refused_naming_what_fails(tamper, message)
     data = toy_dataset(60)
     model, rec = analytic_model(), AnalyticRecorder(ridge=0.5)
     quiet_trainer([rec]).fit(model, DataLoader(data, batch_size=16))
-    ACUStrategy(model, rec).forget(ForgetRequest.samples([4]), data)
+    ACUUnlearner(model, rec).forget(ForgetRequest.samples([4]), data)
     fresh = AnalyticRecorder(ridge=0.5)
     fresh.load_state_dict(rec.state_dict())  # the honest state, after a request, is accepted
     fresh = AnalyticRecorder(ridge=0.5)
@@ -153,5 +153,5 @@ def test_a_module_whose_head_differs_from_the_recorder_is_refused():
         model.head.weight.mul_(1.01)  # e.g. a tampered module checkpoint
     W = rec.W.clone()
     with pytest.raises(ValueError, match=r"module's head \['head.weight'\] differs from the recorder's W"):
-        ACUStrategy(model, rec).forget(ForgetRequest.samples([4]), data)
+        ACUUnlearner(model, rec).forget(ForgetRequest.samples([4]), data)
     assert torch.equal(rec.W, W) and rec.catalog.n_active == 60

@@ -12,7 +12,7 @@ from helpers_own import FITS
 
 from lightning_unlearn.cli import build_parser, main, method_options
 from lightning_unlearn.harness import MethodSpec, get_method, method_spec, registry
-from lightning_unlearn.strategies import FinetuneStrategy
+from lightning_unlearn.unlearners import FinetuneUnlearner
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ QUICK += ["--shadows", "2"]
 
 def test_methods_lists_every_registered_method_from_its_spec(capsys, monkeypatch):
     # a method registered by a user is listed like the built-in ones, its options read from its class's signature
-    mine = MethodSpec("mine", FinetuneStrategy, families=("supervised",), guarantee="none (mine)", cost="one fit")
+    mine = MethodSpec("mine", FinetuneUnlearner, families=("supervised",), guarantee="none (mine)", cost="one fit")
     monkeypatch.setitem(registry._SPECS, "mine", mine)
     assert main(["methods"]) == 0
     out = capsys.readouterr().out
@@ -44,7 +44,7 @@ def test_methods_name_prints_its_options_with_types_defaults_and_destination(cap
     assert main(["methods", "hf"]) == 0
     out = capsys.readouterr().out
     table = {line.split()[0]: line for line in out.split("------\n")[-1].splitlines() if line.strip()}
-    assert table["epsilon"].split() == ["epsilon", "float", "1.0", "strategy", "HFStrategy"]
+    assert table["epsilon"].split() == ["epsilon", "float", "1.0", "strategy", "HFUnlearner"]
     assert table["track"].split() == ["track", "Collection[int]", "|", "None", "None", "recorder"]
     assert table["l2"].split() == ["l2", "float", "0.01", "setting", "of", "family", "linear"]
     assert "Eq. (56)" in out and "set with --method.hf.OPTION=VALUE" in out
@@ -173,7 +173,7 @@ def test_console_script_is_installed():
     script = shutil.which("lightning-unlearn", path=str(Path(sys.executable).parent))
     assert script is not None
     done = subprocess.run([script, "methods"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and "neggrad_plus (NegGradPlusStrategy" in done.stdout
+    assert done.returncode == 0 and "neggrad_plus (NegGradPlusUnlearner" in done.stdout
 
 
 @pytest.mark.parametrize(

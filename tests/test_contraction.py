@@ -24,11 +24,11 @@ from lightning_unlearn.functional.bounds import (
     newton_chain,
     sgd_bound,
 )
-from lightning_unlearn.strategies import (
-    GradientCertifiedStrategy,
-    HessianCertifiedStrategy,
-    HFStrategy,
-    StreamingStrategy,
+from lightning_unlearn.unlearners import (
+    GradientCertifiedUnlearner,
+    HessianCertifiedUnlearner,
+    HFUnlearner,
+    StreamingUnlearner,
 )
 
 # float64 throughout: the bound and its direct recursion agree to rounding (a few ulp per step over < 500 steps)
@@ -110,7 +110,7 @@ def test_hf_distance_to_retrain_stays_below_the_contraction_bound(seed):
     rec = TrajectoryRecorder(dtype=torch.float64)
     w0 = fit_hf(model, ds, rec, epochs=4)
     w = hf.flat_params(model)
-    strategy = HFStrategy(model, rec, constants=c, noise=False)
+    strategy = HFUnlearner(model, rec, constants=c, noise=False)
     forgotten: set[int] = set()
     g = torch.Generator().manual_seed(seed)
     order = torch.randperm(96, generator=g).tolist()
@@ -160,7 +160,7 @@ def test_hf_bound_covers_training_continued_from_a_published_model():
     rec = TrajectoryRecorder(dtype=torch.float64)
     w0 = fit_hf(model, first, rec, epochs=3)
     steps = rec.n_steps
-    strategy = HFStrategy(model, rec, constants=c, epsilon=20.0, delta=1e-5, seed=7)  # seeded: test only
+    strategy = HFUnlearner(model, rec, constants=c, epsilon=20.0, delta=1e-5, seed=7)  # seeded: test only
     strategy.forget(ForgetRequest.samples([3, 9]))
     noise = hf.flat_params(model) - strategy.clean_parameters()
     assert float(noise.norm()) > 0
@@ -181,10 +181,10 @@ def test_hf_step_size_above_the_condition_is_refused_and_the_recipe_named():
     c = linear_model_constants(12.0, 0.1)  # a larger feature norm: 2/(M + lambda) = 0.02751 < lr = 0.1
     weights = hf.flat_params(model)
     with pytest.raises(ValueError, match=r"refuses a certified release: step size lr = 0.1 exceeds .* lr <= 0.02751 "):
-        HFStrategy(model, rec, constants=c).forget(ForgetRequest.samples([1]))
+        HFUnlearner(model, rec, constants=c).forget(ForgetRequest.samples([1]))
     assert torch.equal(hf.flat_params(model), weights) and not bool(rec.catalog.forgotten.any())
     with pytest.warns(UserWarning, match="not certified"):
-        cert = HFStrategy(model, rec, constants=c, noise=False).forget(ForgetRequest.samples([1])).certificate
+        cert = HFUnlearner(model, rec, constants=c, noise=False).forget(ForgetRequest.samples([1])).certificate
     assert cert.recipe == "unchecked" and not cert.certified
     assert any(a.startswith("FAILS: step size lr = 0.1") and "lr <= 0.02751 " in a for a in cert.assumptions)
 
@@ -215,7 +215,7 @@ def test_ccl_distances_to_retrain_stay_below_the_contraction_bounds(seed):
         (ForgetRequest.samples(U), [tasks[0], without(tasks[1], set(U)), tasks[2]]),
         (ForgetRequest.of_experience(0), [without(tasks[1], set(U)), tasks[2]]),
     )
-    for cls in (GradientCertifiedStrategy, HessianCertifiedStrategy):
+    for cls in (GradientCertifiedUnlearner, HessianCertifiedUnlearner):
         strategy = cls(copy.deepcopy(model), copy.deepcopy(rec), constants=c, optimality=check, noise=False)
         for request, kept in requests:
             cert = strategy.forget(request).certificate
@@ -257,10 +257,10 @@ def test_safe_contraction_bound_covers_the_retrained_sgd_recipe():
     loader = DataLoader(ds, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(1))
     trainer([rec, srec], max_epochs=4).fit(model, loader)
     forgotten: set[int] = set()
-    certified = StreamingStrategy(
+    certified = StreamingUnlearner(
         copy.deepcopy(model), copy.deepcopy(srec), epsilon=1.0, delta=1e-5, constants=c, trajectory=rec
     )
-    plain = StreamingStrategy(copy.deepcopy(model), copy.deepcopy(srec))  # the same step without noise
+    plain = StreamingUnlearner(copy.deepcopy(model), copy.deepcopy(srec))  # the same step without noise
     for ids in ([4, 8], [15]):
         cert = certified.forget(ForgetRequest.samples(ids), data=ds).certificate
         plain.forget(ForgetRequest.samples(ids), data=ds)

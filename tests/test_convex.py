@@ -23,7 +23,7 @@ from lightning_unlearn.contract import BatchKeys
 from lightning_unlearn.functional import convex
 from lightning_unlearn.privacy.analysis import gaussian_delta
 from lightning_unlearn.privacy.release import calibrated_sigma
-from lightning_unlearn.strategies.convex import CertifiedRemovalStrategy, ResolveStrategy, residual_budget
+from lightning_unlearn.unlearners.convex import CertifiedRemovalUnlearner, ResolveUnlearner, residual_budget
 
 L2, RADIUS = 1e-2, 1e-4
 
@@ -133,7 +133,7 @@ def test_recorder_solves_the_head_within_radius_of_the_optimum():
 
 def test_resolve_without_noise_is_within_radius_of_retraining():
     model, recorder, _ = fitted()
-    strategy = ResolveStrategy(model, recorder, noise=False)
+    strategy = ResolveUnlearner(model, recorder, noise=False)
     for request in (ForgetRequest.samples([3, 17, 450]), ForgetRequest.of_class(7)):
         result = strategy.forget(request)
         assert not result.certificate.certified  # noise disabled: the certificate says so
@@ -145,7 +145,7 @@ def test_resolve_without_noise_is_within_radius_of_retraining():
 
 def test_resolve_release_is_calibrated_on_the_radius():
     model, recorder, _ = fitted()
-    strategy = ResolveStrategy(model, recorder, epsilon=1.0, delta=1e-5)
+    strategy = ResolveUnlearner(model, recorder, epsilon=1.0, delta=1e-5)
     result = strategy.forget(ForgetRequest.samples([5]))
     cert = result.certificate
     assert cert.certified and cert.epsilon == 1.0 and cert.bounds["sensitivity"] == RADIUS
@@ -190,7 +190,7 @@ def test_distinguishing_unlearned_from_retrained_stays_within_epsilon_delta():
 def test_bad_request_changes_nothing(tmp_path):
     model, recorder, _ = fitted()
     ledger = Ledger(tmp_path / "ledger.jsonl")
-    strategy = ResolveStrategy(model, recorder, ledger)
+    strategy = ResolveUnlearner(model, recorder, ledger)
     before = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in recorder.state_dict().items()}
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     for request in (ForgetRequest.samples([10_000]), ForgetRequest.of_class(11)):
@@ -210,7 +210,7 @@ def test_forgotten_rows_survive_nowhere_in_state_or_memory():
     model, recorder, data = fitted()
     row = recorder.feature_rows[recorder.rows_of(torch.tensor([42]))].clone()
     old = recorder.feature_rows
-    ResolveStrategy(model, recorder).forget(ForgetRequest.samples([42]))
+    ResolveUnlearner(model, recorder).forget(ForgetRequest.samples([42]))
     state = recorder.state_dict()
     for key in ("feature_rows",):
         assert not (state[key] == row).all(dim=1).any()
@@ -220,13 +220,13 @@ def test_forgotten_rows_survive_nowhere_in_state_or_memory():
 
 def test_checkpoint_round_trip_and_tampering_refused():
     model, recorder, _ = fitted()
-    ResolveStrategy(model, recorder).forget(ForgetRequest.samples([1, 2]))
+    ResolveUnlearner(model, recorder).forget(ForgetRequest.samples([1, 2]))
     state = recorder.state_dict()
     restored = SoftmaxHeadRecorder(L2, radius=RADIUS)
     restored.load_state_dict(state)
     assert torch.equal(restored.solved_head, recorder.solved_head)
     # the restored recorder keeps forgetting (its curvature is rebuilt from the rows)
-    ResolveStrategy(model, restored, noise=False).forget(ForgetRequest.samples([9]))
+    ResolveUnlearner(model, restored, noise=False).forget(ForgetRequest.samples([9]))
     assert float((restored.solved_head - exact_head(restored)).norm()) <= RADIUS
     fresh = SoftmaxHeadRecorder(L2, radius=RADIUS)
     tampered = dict(state, W=state["W"] + 1e-3)
@@ -243,17 +243,17 @@ def test_checkpoint_round_trip_and_tampering_refused():
 def test_certified_removal_residual_within_budget():
     epsilon, delta = 1.0, 1e-5
     # a budget well above what the solver leaves (n l2 radius = 600 * 1e-2 * 1e-4 = 6e-4)
-    beta = CertifiedRemovalStrategy.perturbation_std(0.05, epsilon, delta)
+    beta = CertifiedRemovalUnlearner.perturbation_std(0.05, epsilon, delta)
     assert math.isclose(beta, math.sqrt(2 * math.log(1.5 / delta)) * 0.05 / epsilon)  # [CR] Theorem 3
     assert math.isclose(residual_budget(beta, epsilon, delta), 0.05)
     # both [CR]'s condition and the exact Gaussian mechanism's ([AGM]) must hold: the larger noise is used
     for eps in (0.5, 8.0, 50.0):
         guo = math.sqrt(2 * math.log(1.5 / delta)) * 0.05 / eps
-        assert CertifiedRemovalStrategy.perturbation_std(0.05, eps, delta) == pytest.approx(
+        assert CertifiedRemovalUnlearner.perturbation_std(0.05, eps, delta) == pytest.approx(
             max(guo, calibrated_sigma(0.05, eps, delta)), rel=1e-9
         )
     model, recorder, _ = fitted(loss_perturbation=beta, seed=0)
-    strategy = CertifiedRemovalStrategy(model, recorder, epsilon=epsilon, delta=delta)
+    strategy = CertifiedRemovalUnlearner(model, recorder, epsilon=epsilon, delta=delta)
     results = [strategy.forget(ForgetRequest.samples([i])) for i in (0, 1, 2)]
     for r in results:
         assert r.certificate.bounds["residual"] <= r.certificate.bounds["residual_budget"]
@@ -272,7 +272,7 @@ def test_certified_removal_residual_within_budget():
 def test_certified_removal_refuses_a_head_without_perturbation():
     model, recorder, _ = fitted()
     with pytest.raises(ValueError, match="loss perturbation"):
-        CertifiedRemovalStrategy(model, recorder)
+        CertifiedRemovalUnlearner(model, recorder)
 
 
 class FrozenCNN(L.LightningModule):
@@ -311,7 +311,7 @@ def test_frozen_backbone_head_on_a_user_module_with_dict_batches():
     model, recorder = FrozenCNN(), SoftmaxHeadRecorder(L2, radius=RADIUS, backbone="trunk")
     recorder.batch_keys = keys
     fit(model, recorder, DictDigits())
-    result = ResolveStrategy(model, recorder, noise=False).forget(ForgetRequest.samples([1000, 1001]))
+    result = ResolveUnlearner(model, recorder, noise=False).forget(ForgetRequest.samples([1000, 1001]))
     assert float((recorder.solved_head - exact_head(recorder)).norm()) <= RADIUS
     assert any("never trained on samples that can be forgotten" in a for a in result.certificate.assumptions)
     # a trunk made trainable is refused before the next experience records anything

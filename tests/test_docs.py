@@ -1,5 +1,5 @@
 """The docs site's pages stay true: the getting-started example and the tutorial run as written and print what their
-text says, and every method (every registry name and every unlearning strategy class) has a page in the site's
+text says, and every method (every registry name and every unlearner class) has a page in the site's
 navigation that names its strategy class. The site itself is built with warnings as errors by ``make test``
 (``mkdocs build --strict``)."""
 
@@ -15,9 +15,9 @@ import pytest
 import torch
 import yaml
 
-from lightning_unlearn import strategies
+from lightning_unlearn import unlearners
 from lightning_unlearn.harness.registry import available_methods, method_spec
-from lightning_unlearn.strategies.base import UnlearningStrategy
+from lightning_unlearn.unlearners.base import Unlearner
 
 ROOT = Path(__file__).parent.parent
 DOCS = ROOT / "docs"
@@ -34,11 +34,11 @@ def _nav_pages(nav: object) -> list[str]:
 
 
 NAV = _nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
-#: every concrete unlearning strategy class the package exports, by the method name its certificates carry
+#: every concrete unlearner class the package exports, by the method name its certificates carry
 STRATEGIES = {
     cls.method: cls
-    for cls in (getattr(strategies, name) for name in strategies.__all__)
-    if inspect.isclass(cls) and issubclass(cls, UnlearningStrategy) and isinstance(getattr(cls, "method", None), str)
+    for cls in (getattr(unlearners, name) for name in unlearners.__all__)
+    if inspect.isclass(cls) and issubclass(cls, Unlearner) and isinstance(getattr(cls, "method", None), str)
 }
 
 

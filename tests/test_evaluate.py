@@ -21,7 +21,7 @@ from lightning_unlearn.harness import (
 from lightning_unlearn.harness.registry import HARNESS_ARGUMENTS, keyword_options
 from lightning_unlearn.harness.report import ATTACK_COLUMNS, ATTACKS
 from lightning_unlearn.schedule import Schedule, make_schedule, validate_schedule
-from lightning_unlearn.strategies import ACUStrategy, HFStrategy, StreamingStrategy
+from lightning_unlearn.unlearners import ACUUnlearner, HFUnlearner, StreamingUnlearner
 
 pytestmark = pytest.mark.slow
 
@@ -212,11 +212,11 @@ def test_registry_names_and_errors():
     }
     with pytest.raises(ValueError, match="unknown method 'sisa'; registered methods: acu"):
         get_method("sisa")
-    with pytest.raises(ValueError, match=r"'rbm' \(RBMStrategy\) takes no option\(s\) \['masking'\]"):
+    with pytest.raises(ValueError, match=r"'rbm' \(RBMUnlearner\) takes no option\(s\) \['masking'\]"):
         get_method("rbm", masking="forget")  # fixed by the name: use "salun"
     with pytest.raises(
         ValueError,
-        match=r"'hf' \(HFStrategy\) takes no option\(s\) \['lr'\]; "
+        match=r"'hf' \(HFUnlearner\) takes no option\(s\) \['lr'\]; "
         r"its options: \['accountant', 'bound', 'budget', 'capacity', 'delta'",
     ):
         get_method("hf", lr=0.1)
@@ -225,16 +225,16 @@ def test_registry_names_and_errors():
         and get_method("hessian", epsilon=2.0).name == "hessian[eps=2,delta=1e-05]"
     )
     with pytest.raises(
-        ValueError, match=r"FinetuneStrategy\) takes no option\(s\) \['epocs'\]; its options: \['batch_size', 'epochs'"
+        ValueError, match=r"FinetuneUnlearner\) takes no option\(s\) \['epocs'\]; its options: \['batch_size', 'epochs'"
     ):
         get_method("finetune", epocs=3)
     with pytest.raises(
         ValueError,
-        match=r"'acu' \(ACUStrategy\) takes no option\(s\) \['lr'\]; its options: \['expansion_dim', 'ridge'\]",
+        match=r"'acu' \(ACUUnlearner\) takes no option\(s\) \['lr'\]; its options: \['expansion_dim', 'ridge'\]",
     ):
         get_method("acu", lr=0.1)
     with pytest.raises(ValueError, match="already registered"):
-        register(MethodSpec("acu", ACUStrategy, families=("analytic",)))
+        register(MethodSpec("acu", ACUUnlearner, families=("analytic",)))
     with pytest.raises(ValueError, match="unknown model family 'cnn' for method 'neggrad'"):
         get_method("neggrad", family="cnn")
     with pytest.raises(
@@ -269,7 +269,7 @@ def test_registry_options_are_the_strategy_constructors_keyword_only_parameters(
         "lr_margin",
         "track",
     }
-    assert keyword_options(HFStrategy) - HARNESS_ARGUMENTS - method_spec("hf").managed <= method_spec("hf").options()
+    assert keyword_options(HFUnlearner) - HARNESS_ARGUMENTS - method_spec("hf").managed <= method_spec("hf").options()
     assert {
         "forget_weight",
         "lr_constant",
@@ -285,10 +285,10 @@ def test_registry_options_are_the_strategy_constructors_keyword_only_parameters(
         "constants",
         "trajectory",
         "bound",
-    } == keyword_options(StreamingStrategy) - HARNESS_ARGUMENTS
+    } == keyword_options(StreamingUnlearner) - HARNESS_ARGUMENTS
     safe = method_spec("safe")
     assert safe.managed == {"constants", "trajectory"}  # the contraction bound's inputs: the harness sets neither
-    assert keyword_options(StreamingStrategy) - HARNESS_ARGUMENTS - safe.managed <= safe.options()
+    assert keyword_options(StreamingUnlearner) - HARNESS_ARGUMENTS - safe.managed <= safe.options()
 
 
 def test_registry_options_reach_the_strategy_and_names_are_the_certificates_method(info):
@@ -358,7 +358,7 @@ def test_a_spec_context_supplies_managed_arguments_and_callbacks(info):
     check = L.Callback()
     spec = MethodSpec(
         "hf_ctx",
-        HFStrategy,
+        HFUnlearner,
         families=("linear",),
         recorder=lambda info: TrajectoryRecorder(),
         managed=frozenset({"grad_bound"}),
@@ -370,7 +370,7 @@ def test_a_spec_context_supplies_managed_arguments_and_callbacks(info):
     strategy = built.strategy()
     assert (strategy.grad_bound, strategy.epsilon) == (5.0, 2.0)
     bad = MethodSpec(
-        "hf_bad", HFStrategy, families=("linear",), context=lambda info, module, s: ({"grad_bound": 5.0}, [])
+        "hf_bad", HFUnlearner, families=("linear",), context=lambda info, module, s: ({"grad_bound": 5.0}, [])
     )
     with pytest.raises(ValueError, match=r"context arguments \['grad_bound'\] are not declared as managed"):
         bad.method().build(info)

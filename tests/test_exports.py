@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import lightning_unlearn
-from lightning_unlearn import callbacks, core, strategies
+from lightning_unlearn import callbacks, core, unlearners
 
 
 def test_importing_the_package_imports_neither_torch_nor_lightning():
@@ -20,7 +20,7 @@ def test_importing_the_package_imports_neither_torch_nor_lightning():
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("package", [callbacks, core, strategies], ids=lambda p: p.__name__)
+@pytest.mark.parametrize("package", [callbacks, core, unlearners], ids=lambda p: p.__name__)
 def test_every_public_name_of_the_subpackages_is_exported_at_the_top(package):
     missing = sorted(set(package.__all__) - set(lightning_unlearn.__all__))
     assert missing == []
@@ -38,8 +38,8 @@ def test_every_exported_name_resolves_and_is_listed():
 
 
 def test_an_unknown_name_is_an_attribute_error_naming_it():
-    with pytest.raises(AttributeError, match="'NoSuchStrategy'"):
-        lightning_unlearn.NoSuchStrategy  # noqa: B018
+    with pytest.raises(AttributeError, match="'NoSuchUnlearner'"):
+        lightning_unlearn.NoSuchUnlearner  # noqa: B018
 
 
 def test_the_type_checking_imports_match_the_lazy_table():

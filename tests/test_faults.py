@@ -48,7 +48,7 @@ from lightning_unlearn import Certificate, ForgetRequest, Ledger
 from lightning_unlearn.core.digest import LEGACY, digest_matches, weights_digest
 from lightning_unlearn.core.ledger import KEY_ENV, LedgerError
 from lightning_unlearn.data import IndexedDataset
-from lightning_unlearn.strategies import ErasurePendingError, StreamingStrategy
+from lightning_unlearn.unlearners import ErasurePendingError, StreamingUnlearner
 from lightning_unlearn.warnings import UnlearningWarning
 
 pytestmark = pytest.mark.filterwarnings(f"ignore:{SEEDED}")  # SAFE's release is seeded on purpose (helpers_faults)
@@ -294,7 +294,7 @@ def test_a_failed_erasure_leaves_an_executed_accounted_request_and_is_completed_
 
     from lightning_unlearn.callbacks import TrajectoryRecorder
     from lightning_unlearn.store import RowStore
-    from lightning_unlearn.strategies import HFStrategy
+    from lightning_unlearn.unlearners import HFUnlearner
 
     ds = blobs(48, seed=1)
     model, rec = (
@@ -303,7 +303,7 @@ def test_a_failed_erasure_leaves_an_executed_accounted_request_and_is_completed_
     )
     fit_hf(model, ds, rec, epochs=2)
     path = tmp_path / "ledger.jsonl"
-    s = HFStrategy(model, rec, Ledger(path), sigma_override=0.01)
+    s = HFUnlearner(model, rec, Ledger(path), sigma_override=0.01)
     rows = torch.tensor([rec.row_of[i] for i in (3, 4)])
     assert bool(rec.A[rows].abs().sum() > 0)
 
@@ -678,7 +678,7 @@ def test_safe_reads_only_the_rows_it_forgets_from_the_full_training_set(runs, tm
     rows.reads = []
     s.forget(second, full)
     assert sorted(rows.reads) == sorted(rows.allowed)
-    assert isinstance(s, StreamingStrategy) and s.forget_scope == "all"
+    assert isinstance(s, StreamingUnlearner) and s.forget_scope == "all"
 
 
 # -- labels and the house ---------------------------------------------------------------------------------------
@@ -692,7 +692,7 @@ def test_noise_is_never_labelled_none(runs, tmp_path):
     with pytest.raises(ValueError, match="sigma"):
         Certificate(method="x", exact=False, sigma=-1.0)
     model, rec = restore("safe", runs["safe"] / "run.ckpt")
-    result = StreamingStrategy(model, rec, noise_std=0.05, seed=1).forget(requests("safe")[1], data("safe"))
+    result = StreamingUnlearner(model, rec, noise_std=0.05, seed=1).forget(requests("safe")[1], data("safe"))
     assert result.certificate.sigma == 0.05 and result.certificate.guarantee == "uncertified-noise(sigma=0.05)"
     from lightning_unlearn.harness.loop import _guarantee
 

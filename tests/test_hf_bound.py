@@ -10,14 +10,14 @@ from helpers_certified import blobs, fit_hf, sgd_model
 from lightning_unlearn import ForgetRequest
 from lightning_unlearn.callbacks import TrajectoryRecorder
 from lightning_unlearn.functional import hf
-from lightning_unlearn.strategies import HFStrategy
+from lightning_unlearn.unlearners import HFUnlearner
 
 # float64 throughout; the running sum adds the terms in another order than the re-summation (and m * C_1
 # instead of C_1 + ... + C_1): a few ulp per term over < 20 terms, far below 1e-12 relative
 REL = 1e-12
 
 
-def resummed(strategy: HFStrategy) -> tuple[float, int]:
+def resummed(strategy: HFUnlearner) -> tuple[float, int]:
     """Reference: the per-sample bound (:func:`hf.per_sample_bound`) of every deleted sample, summed again one by
     one, as every request did before the running sum; and the number of deleted samples."""
     rec, c = strategy.recorder, strategy.constants()
@@ -32,7 +32,7 @@ def resummed(strategy: HFStrategy) -> tuple[float, int]:
     return total, len(deleted)
 
 
-def check(strategy: HFStrategy, ids: list[int]) -> None:
+def check(strategy: HFUnlearner, ids: list[int]) -> None:
     bounds = strategy.forget(ForgetRequest.samples(ids)).certificate.bounds
     reference, n = resummed(strategy)
     assert bounds["deleted_total"] == n
@@ -44,7 +44,7 @@ def test_running_bound_equals_resummed_bound(monkeypatch):
     ds = blobs(96, seed=0)
     model, rec = sgd_model(), TrajectoryRecorder(dtype=torch.float64)
     fit_hf(model, ds, rec, epochs=3)
-    strategy = HFStrategy(model, rec, noise=False, max_deletions=100, bound="paper")
+    strategy = HFUnlearner(model, rec, noise=False, max_deletions=100, bound="paper")
     for ids in ([3], [17, 40], [5, 6, 7, 8]):
         check(strategy, ids)
 
@@ -69,7 +69,7 @@ def test_running_bound_equals_resummed_bound(monkeypatch):
     resumed, model2 = TrajectoryRecorder(dtype=torch.float64), sgd_model()
     resumed.load_state_dict(rec.state_dict())
     hf.set_flat_params(model2, hf.flat_params(model))
-    strategy2 = HFStrategy(model2, resumed, noise=False, max_deletions=100, bound="paper")
+    strategy2 = HFUnlearner(model2, resumed, noise=False, max_deletions=100, bound="paper")
     for ids in ([60], [61, 62, 63]):
         check(strategy2, ids)
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import fit_analytic, toy_dataset
 
-from lightning_unlearn import ACUStrategy, AnalyticRecorder, ForgetRequest, Ledger
+from lightning_unlearn import ACUUnlearner, AnalyticRecorder, ForgetRequest, Ledger
 from lightning_unlearn.core.ledger import KEY_ENV, LedgerError, weights_digest
 from lightning_unlearn.warnings import UnlearningWarning
 
@@ -20,7 +20,7 @@ def test_entries_record_what_when_method_certificate(tmp_path):
     data = toy_dataset(100)
     model, rec = fit_analytic([data])
     ledger = Ledger(tmp_path / "ledger.jsonl")
-    strategy = ACUStrategy(model, rec, ledger)
+    strategy = ACUUnlearner(model, rec, ledger)
     strategy.forget(ForgetRequest.samples([7, 8]), data)
     strategy.forget(ForgetRequest.of_class(3), data)
     lines = (tmp_path / "ledger.jsonl").read_text().splitlines()
@@ -39,7 +39,7 @@ def test_tampering_is_detected(tmp_path):
     data = toy_dataset(60)
     model, rec = fit_analytic([data])
     path = tmp_path / "ledger.jsonl"
-    strategy = ACUStrategy(model, rec, Ledger(path))
+    strategy = ACUUnlearner(model, rec, Ledger(path))
     strategy.forget(ForgetRequest.samples([1]), data)
     strategy.forget(ForgetRequest.samples([2]), data)
     lines = path.read_text().splitlines()
@@ -57,7 +57,7 @@ def test_replay_reproduces_exact_weights(tmp_path):
     data = toy_dataset(100)
     model, rec = fit_analytic([data])
     saved_model, saved_rec = {k: v.clone() for k, v in model.state_dict().items()}, rec.state_dict()
-    strategy = ACUStrategy(model, rec, Ledger(tmp_path / "l.jsonl"))
+    strategy = ACUUnlearner(model, rec, Ledger(tmp_path / "l.jsonl"))
     for request in (ForgetRequest.samples([0, 1]), ForgetRequest.of_class(2), ForgetRequest.of_experience(0)):
         strategy.forget(request, data)
 
@@ -67,7 +67,7 @@ def test_replay_reproduces_exact_weights(tmp_path):
     audit_model, audit_rec = analytic_model(), AnalyticRecorder(ridge=rec.ridge)
     audit_model.load_state_dict(saved_model)
     audit_rec.load_state_dict(saved_rec)
-    checks = Ledger(tmp_path / "l.jsonl").replay(ACUStrategy(audit_model, audit_rec), data)
+    checks = Ledger(tmp_path / "l.jsonl").replay(ACUUnlearner(audit_model, audit_rec), data)
     assert [ok for _, ok in checks] == [True, True, True]
     assert torch.equal(audit_model.head.weight, model.head.weight)
 
@@ -77,7 +77,7 @@ def _ledger_with_requests(tmp_path, n=3):
     data = toy_dataset(60)
     model, rec = fit_analytic([data])
     path = tmp_path / "ledger.jsonl"
-    strategy = ACUStrategy(model, rec, Ledger(path))
+    strategy = ACUUnlearner(model, rec, Ledger(path))
     for i in range(n):
         strategy.forget(ForgetRequest.samples([i]), data)
     return path, rec, strategy, data
@@ -157,7 +157,7 @@ def test_two_writers_on_one_file_continue_one_chain(tmp_path):
     strategies = []
     for _ in range(2):
         model, rec = fit_analytic([data])
-        strategies.append(ACUStrategy(model, rec, Ledger(path)))
+        strategies.append(ACUUnlearner(model, rec, Ledger(path)))
     for i in range(10):
         for k, s in enumerate(strategies):
             s.forget(ForgetRequest.samples([2 * i + k]), data)
@@ -171,10 +171,10 @@ def test_concurrent_processes_append_without_corruption(tmp_path):
         "import sys, torch\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "from helpers import fit_analytic, toy_dataset\n"
-        "from lightning_unlearn import ACUStrategy, ForgetRequest, Ledger\n"
+        "from lightning_unlearn import ACUUnlearner, ForgetRequest, Ledger\n"
         "data = toy_dataset(60)\n"
         "model, rec = fit_analytic([data])\n"
-        "s = ACUStrategy(model, rec, Ledger(sys.argv[1]))\n"
+        "s = ACUUnlearner(model, rec, Ledger(sys.argv[1]))\n"
         "k = int(sys.argv[2])\n"
         "for i in range(10):\n"
         "    s.forget(ForgetRequest.samples([2 * i + k]), data)\n"
@@ -192,13 +192,13 @@ def test_replay_never_writes_to_the_audited_ledger_and_refuses_another_method(tm
     audited = Ledger(path)
     from helpers import analytic_model
 
-    audit = ACUStrategy(analytic_model(), AnalyticRecorder(ridge=strategy.recorder.ridge), audited)
+    audit = ACUUnlearner(analytic_model(), AnalyticRecorder(ridge=strategy.recorder.ridge), audited)
     audit.recorder.load_state_dict(fit_analytic([data])[1].state_dict())
     audit.module.load_state_dict(fit_analytic([data])[0].state_dict())
     checks = audited.replay(audit, data)
     assert [ok for _, ok in checks] == [True, True]
     assert path.read_bytes() == before and len(audited) == 2
-    other = ACUStrategy(analytic_model(), AnalyticRecorder(ridge=strategy.recorder.ridge))
+    other = ACUUnlearner(analytic_model(), AnalyticRecorder(ridge=strategy.recorder.ridge))
     other.method = "finetune"  # a strategy of another method
     with pytest.raises(LedgerError, match="executed by 'acu', not by 'finetune'"):
         audited.replay(other, data)
@@ -211,7 +211,7 @@ def test_only_rank_zero_writes_the_file(tmp_path, monkeypatch):
     model, rec = fit_analytic([data])
     monkeypatch.setattr(rank_zero_only, "rank", 1)
     ledger = Ledger(tmp_path / "ledger.jsonl")
-    ACUStrategy(model, rec, ledger).forget(ForgetRequest.samples([1]), data)
+    ACUUnlearner(model, rec, ledger).forget(ForgetRequest.samples([1]), data)
     assert len(ledger) == 1 and not (tmp_path / "ledger.jsonl").exists()
 
 
@@ -219,7 +219,7 @@ def test_a_failed_ledger_write_changes_nothing_and_the_request_can_be_retried(tm
     data = toy_dataset(60)
     model, rec = fit_analytic([data])
     path = tmp_path / "ledger.jsonl"
-    strategy = ACUStrategy(model, rec, Ledger(path))
+    strategy = ACUUnlearner(model, rec, Ledger(path))
     strategy.forget(ForgetRequest.samples([1]), data)
     state, weights, text = rec.state_dict(), {k: v.clone() for k, v in model.state_dict().items()}, path.read_bytes()
 
@@ -246,7 +246,7 @@ def _stopped_run(tmp_path):
     model, rec = fit_analytic([data])
     saved_model, saved_rec = {k: v.clone() for k, v in model.state_dict().items()}, rec.state_dict()
     path = tmp_path / "ledger.jsonl"
-    ACUStrategy(model, rec, Ledger(path)).forget(ForgetRequest.samples([4, 9]), data)
+    ACUUnlearner(model, rec, Ledger(path)).forget(ForgetRequest.samples([4, 9]), data)
     from helpers import analytic_model
 
     resumed_model, resumed_rec = analytic_model(), AnalyticRecorder(ridge=rec.ridge)
@@ -257,7 +257,7 @@ def _stopped_run(tmp_path):
 
 def test_new_requests_are_refused_while_the_ledger_records_requests_the_state_predates(tmp_path):
     data, _, model, rec, path = _stopped_run(tmp_path)
-    strategy = ACUStrategy(model, rec, Ledger(path))
+    strategy = ACUUnlearner(model, rec, Ledger(path))
     assert [e.seq for e in strategy.pending()] == [0]
     before, R = weights_digest(model), rec.R.clone()
     with pytest.raises(LedgerError, match=r"records requests \[0\].*ids \[4, 9\].*redo_pending"):
@@ -268,7 +268,7 @@ def test_new_requests_are_refused_while_the_ledger_records_requests_the_state_pr
 
 def test_redo_pending_executes_the_entries_again_and_records_the_redo(tmp_path):
     data, stopped, model, rec, path = _stopped_run(tmp_path)
-    strategy = ACUStrategy(model, rec, Ledger(path))
+    strategy = ACUUnlearner(model, rec, Ledger(path))
     (redone,) = strategy.redo_pending(data)
     assert redone.removed_ids.tolist() == [4, 9] and redone.extra["redo_of"] == 0
     # ACU is exact and deterministic: the redone weights are the stopped run's, bit for bit
@@ -281,7 +281,7 @@ def test_redo_pending_executes_the_entries_again_and_records_the_redo(tmp_path):
 
 def test_redo_pending_refuses_an_entry_of_another_method(tmp_path):
     data, _, model, rec, path = _stopped_run(tmp_path)
-    strategy = ACUStrategy(model, rec, Ledger(path))
+    strategy = ACUUnlearner(model, rec, Ledger(path))
     strategy.method = "other"  # the entry was executed by "acu"
     before = weights_digest(model)
     with pytest.raises(LedgerError, match="executed by 'acu'"):

@@ -20,7 +20,7 @@ from lightning_unlearn.functional import hf
 from lightning_unlearn.functional import newton as nt
 from lightning_unlearn.functional.bounds import linear_model_constants
 from lightning_unlearn.privacy import analytic_sigma
-from lightning_unlearn.strategies import InfinitesimalJackknifeStrategy, NewtonStepStrategy
+from lightning_unlearn.unlearners import InfinitesimalJackknifeUnlearner, NewtonStepUnlearner
 
 N, K, L2 = 60, N_CLASSES, 0.1
 
@@ -279,7 +279,7 @@ def test_strategy_is_its_equation_and_moves_towards_retraining(lightning_fit, fo
     retrained = lightning_fit[3]
     assert rec.stationarity < rec.tolerance and rec.n == N and rec.l2 == L2  # GD reached the minimiser [NS] assumes
     original = hf.flat_params(model)
-    cls = NewtonStepStrategy if form == "hessian" else InfinitesimalJackknifeStrategy
+    cls = NewtonStepUnlearner if form == "hessian" else InfinitesimalJackknifeUnlearner
     strategy = cls(model, rec, noise=False)
     result = strategy.forget(ForgetRequest.samples(FORGET), data=ds)
     expected = eq15_16(ds, original, set(FORGET), form)
@@ -294,7 +294,7 @@ def test_strategy_is_its_equation_and_moves_towards_retraining(lightning_fit, fo
 
 @pytest.mark.parametrize("form", ["hessian", "inverse"])
 def test_requests_one_by_one_equal_one_batch(lightning_fit, form):
-    cls = NewtonStepStrategy if form == "hessian" else InfinitesimalJackknifeStrategy
+    cls = NewtonStepUnlearner if form == "hessian" else InfinitesimalJackknifeUnlearner
     ds, m1, r1 = fresh(lightning_fit, form)
     s1 = cls(m1, r1, noise=False)
     for i in FORGET:
@@ -308,7 +308,7 @@ def test_requests_one_by_one_equal_one_batch(lightning_fit, form):
 
 @pytest.mark.parametrize("form", ["hessian", "inverse"])
 def test_bad_input_changes_nothing(lightning_fit, form):
-    cls = NewtonStepStrategy if form == "hessian" else InfinitesimalJackknifeStrategy
+    cls = NewtonStepUnlearner if form == "hessian" else InfinitesimalJackknifeUnlearner
     ds, model, rec = fresh(lightning_fit, form)
     strategy = cls(model, rec, noise=False)
     strategy.forget(ForgetRequest.samples([FORGET[0]]), data=ds)
@@ -332,7 +332,7 @@ def test_bad_input_changes_nothing(lightning_fit, form):
 
 def test_ns_reuses_the_previous_matrix_and_a_failed_commit_changes_nothing(lightning_fit, monkeypatch):
     ds, model, rec = fresh(lightning_fit, "hessian")
-    strategy = NewtonStepStrategy(model, rec, noise=False)
+    strategy = NewtonStepUnlearner(model, rec, noise=False)
     first = rec.matrix  # no d x d tensor is allocated per request: the previous matrix is the next one's buffer
     strategy.forget(ForgetRequest.samples([FORGET[0]]), data=ds)
     second = rec.matrix
@@ -356,7 +356,7 @@ def test_noise_std_is_the_stated_formula(lightning_fit):
     c = linear_model_constants(feature_norm, L2)
     M = nt.hessian_lipschitz_bound(feature_norm)
     eps, delta = 1.0, 1e-5
-    strategy = NewtonStepStrategy(model, rec, epsilon=eps, delta=delta, constants=c, hessian_lipschitz=M, seed=0)
+    strategy = NewtonStepUnlearner(model, rec, epsilon=eps, delta=delta, constants=c, hessian_lipschitz=M, seed=0)
     cert = strategy.forget(ForgetRequest.samples(FORGET[:2]), data=ds).certificate
     m = 2  # [NS] Alg. 2 written out, plus the damping term
     gamma = 2 * M * m**2 * c.grad_bound**2 / (L2**3 * N**2) + 0.01 * m * c.grad_bound / ((N - m) * L2 * (L2 + 0.01))
@@ -371,7 +371,7 @@ def test_noise_std_is_the_stated_formula(lightning_fit):
 def test_certified_release_needs_the_hessian_lipschitz_constant(lightning_fit):
     ds, model, rec = fresh(lightning_fit, "inverse")
     weights = hf.flat_params(model)
-    strategy = InfinitesimalJackknifeStrategy(model, rec, epsilon=1.0, delta=1e-5)
+    strategy = InfinitesimalJackknifeUnlearner(model, rec, epsilon=1.0, delta=1e-5)
     with pytest.raises(ValueError, match="hessian_lipschitz is not given"):
         strategy.forget(ForgetRequest.samples([3]), data=ds)
     assert torch.equal(hf.flat_params(model), weights) and len(strategy.ledger) == 0
@@ -385,7 +385,7 @@ def test_recorder_refusals(lightning_fit):
     with pytest.raises(ValueError, match="lacks recorded statistics"):
         rec.load_state_dict({**lightning_fit[2]["hessian"].state_dict(), "matrix": None})
     with pytest.raises(ValueError, match="needs a HessianSumRecorder"):
-        NewtonStepStrategy(sgd_model(), lightning_fit[2]["inverse"])
+        NewtonStepUnlearner(sgd_model(), lightning_fit[2]["inverse"])
     _, model, rec = fresh(lightning_fit, "hessian")
     with pytest.raises(ValueError, match="records one training set"):
         trainer([rec], max_epochs=1).fit(model, DataLoader(ds, batch_size=len(ds)))

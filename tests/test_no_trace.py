@@ -46,12 +46,12 @@ from lightning_unlearn.callbacks import (
     TrajectoryRecorder,
 )
 from lightning_unlearn.models import SupervisedClassifier, mlp_backbone
-from lightning_unlearn.strategies import (
-    ACUStrategy,
-    HessianCertifiedStrategy,
-    HFStrategy,
-    NegGradStrategy,
-    StreamingStrategy,
+from lightning_unlearn.unlearners import (
+    ACUUnlearner,
+    HessianCertifiedUnlearner,
+    HFUnlearner,
+    NegGradUnlearner,
+    StreamingUnlearner,
 )
 
 FORGET = [3, 10, 17, 40]
@@ -109,7 +109,7 @@ def run_acu(run: Path, control: Path) -> dict[str, bytes]:
     x = inputs(ds, FORGET)
     needles = patterns(x, "input") | patterns(rec.features(model, x), "feature row", elements=False)
     torch.save({"x": x, "f": rec.features(model, x)}, control / "x.pt")
-    ACUStrategy(model, rec, ledger=Ledger(run / "ledger.jsonl")).forget(ForgetRequest.samples(FORGET), ds)
+    ACUUnlearner(model, rec, ledger=Ledger(run / "ledger.jsonl")).forget(ForgetRequest.samples(FORGET), ds)
     save(tr, rec, run)
     return needles
 
@@ -128,7 +128,7 @@ def run_hf(store: str) -> Callable[[Path, Path], dict[str, bytes]]:
         else:
             torch.save(rec.state_dict(), control / "state.pt")
         ledger = Ledger(run / "ledger.jsonl")
-        strategy = HFStrategy(model, rec, ledger=ledger, seed=5)
+        strategy = HFUnlearner(model, rec, ledger=ledger, seed=5)
         strategy.forget(ForgetRequest.samples(FORGET[:2]))
         strategy.forget(ForgetRequest.samples(FORGET[2:]))
         save(tr, rec, run)
@@ -147,7 +147,7 @@ def run_hessian(run: Path, control: Path) -> dict[str, bytes]:
     x = inputs(tasks[1], [u - 100 for u in forget])
     grads = torch.stack([rec.sample_grads[u] for u in forget])
     torch.save({"x": x, "state": rec.state_dict()}, control / "x.pt")
-    strategy = HessianCertifiedStrategy(model, rec, ledger=Ledger(run / "ledger.jsonl"), seed=2)
+    strategy = HessianCertifiedUnlearner(model, rec, ledger=Ledger(run / "ledger.jsonl"), seed=2)
     strategy.forget(ForgetRequest.samples(forget))
     save(tr, rec, run)
     return patterns(x, "input") | patterns(grads, "stored per-sample gradient")
@@ -161,7 +161,7 @@ def run_safe(run: Path, control: Path) -> dict[str, bytes]:
     tr = fit(model, ds, rec, run)
     x = inputs(ds, FORGET)
     torch.save(x, control / "x.pt")
-    StreamingStrategy(model, rec, ledger=Ledger(run / "ledger.jsonl")).forget(ForgetRequest.samples(FORGET), ds)
+    StreamingUnlearner(model, rec, ledger=Ledger(run / "ledger.jsonl")).forget(ForgetRequest.samples(FORGET), ds)
     save(tr, rec, run)
     return patterns(x, "input")
 
@@ -174,7 +174,9 @@ def run_neggrad(run: Path, control: Path) -> dict[str, bytes]:
     torch.save(x, control / "x.pt")
     logs = CSVLogger(run, name="neggrad_logs")
     inner = {"default_root_dir": run / "neggrad", "logger": logs, "enable_checkpointing": True}
-    strategy = NegGradStrategy(model, rec, epochs=2, lr=0.01, trainer_kwargs=inner, ledger=Ledger(run / "ledger.jsonl"))
+    strategy = NegGradUnlearner(
+        model, rec, epochs=2, lr=0.01, trainer_kwargs=inner, ledger=Ledger(run / "ledger.jsonl")
+    )
     strategy.forget(ForgetRequest.samples(FORGET), ds)
     save(tr, rec, run)
     return patterns(x, "input")

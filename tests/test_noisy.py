@@ -1,4 +1,4 @@
-"""NoisyFinetuneStrategy on a user's own module (Conv-BatchNorm-dropout, dict batches, label smoothing, Adam): the
+"""NoisyFinetuneUnlearner on a user's own module (Conv-BatchNorm-dropout, dict batches, label smoothing, Adam): the
 certificate against the closed form of its bound, the measured distance between the unlearned and a retrained
 start against the deterministic part of the bound, BatchNorm statistics recomputed from the retained data only,
 OS-entropy noise, composition and budget across requests, the convex variant, and bad input."""
@@ -25,7 +25,7 @@ from lightning_unlearn.contract import BatchKeys
 from lightning_unlearn.core.ledger import weights_digest
 from lightning_unlearn.models import SupervisedClassifier
 from lightning_unlearn.privacy.amplification import epsilon as rdp_epsilon
-from lightning_unlearn.strategies.noisy import NoisyFinetuneStrategy
+from lightning_unlearn.unlearners.noisy import NoisyFinetuneUnlearner
 
 KEYS = BatchKeys(input="image")
 EPS, DELTA = 1.0, 1e-5
@@ -91,7 +91,7 @@ OPTIONS = {"steps": 6, "lr": 0.05, "clip": 2.0, "radius": 3.0, "batch_size": 16}
 
 def test_certificate_matches_the_closed_form_and_the_target(trained):
     model, rec, train, initial = copies(trained)
-    s = NoisyFinetuneStrategy(model, rec, train, center=initial, **OPTIONS)
+    s = NoisyFinetuneUnlearner(model, rec, train, center=initial, **OPTIONS)
     before = parameters_to_vector(model.parameters()).detach().clone()
     result = s.forget(ForgetRequest.of_class(1))
     cert = result.certificate
@@ -112,7 +112,7 @@ def test_certificate_matches_the_closed_form_and_the_target(trained):
 
 
 def run_without_noise(model: UserCNN, rec: SampleRecorder, train: Dataset, initial: dict, **kw: Any) -> Tensor:
-    s = NoisyFinetuneStrategy(
+    s = NoisyFinetuneUnlearner(
         model, rec, train, center=initial, noise=False, generator=torch.Generator().manual_seed(5), **kw
     )
     s.forget(ForgetRequest.samples(list(range(0, 64, 8))))
@@ -147,7 +147,7 @@ def test_batchnorm_statistics_come_from_the_retained_data(trained):
     model, rec, train, initial = copies(trained)
     bn = model.features[1]
     bn.running_mean.fill_(1e3)  # statistics that saw the forgotten samples: they must not survive
-    s = NoisyFinetuneStrategy(model, rec, train, center=initial, **OPTIONS)
+    s = NoisyFinetuneUnlearner(model, rec, train, center=initial, **OPTIONS)
     s.forget(ForgetRequest.of_class(2))
     keep = [i for i in range(64) if i % N_CLASSES != 2]
     x = torch.stack([train[i]["image"] for i in keep]).double()
@@ -162,13 +162,13 @@ def test_noise_comes_from_os_entropy_unless_seeded(trained):
     outs = []
     for _ in range(2):
         model, rec, train, initial = copies(trained)
-        NoisyFinetuneStrategy(model, rec, train, center=initial, **OPTIONS).forget(ForgetRequest.of_class(1))
+        NoisyFinetuneUnlearner(model, rec, train, center=initial, **OPTIONS).forget(ForgetRequest.of_class(1))
         outs.append(parameters_to_vector(model.parameters()).detach())
     assert not torch.equal(*outs)
     seeded = []
     for _ in range(2):
         model, rec, train, initial = copies(trained)
-        s = NoisyFinetuneStrategy(model, rec, train, center=initial, seed=3, **OPTIONS)
+        s = NoisyFinetuneUnlearner(model, rec, train, center=initial, seed=3, **OPTIONS)
         with pytest.warns(UserWarning, match="NOT private"):
             result = s.forget(ForgetRequest.of_class(1))
         seeded.append(parameters_to_vector(model.parameters()).detach())
@@ -178,7 +178,7 @@ def test_noise_comes_from_os_entropy_unless_seeded(trained):
 
 def test_releases_compose_and_the_budget_refuses_without_changing_anything(trained):
     model, rec, train, initial = copies(trained)
-    s = NoisyFinetuneStrategy(model, rec, train, center=initial, budget=1.4, **OPTIONS)
+    s = NoisyFinetuneUnlearner(model, rec, train, center=initial, budget=1.4, **OPTIONS)
     first = s.forget(ForgetRequest.samples([0, 1]))
     z = 1 / math.sqrt(2 * first.certificate.bounds["rdp_coefficient"])
     acc = rdp_privacy_accountant.RdpAccountant()
@@ -199,7 +199,7 @@ def test_releases_compose_and_the_budget_refuses_without_changing_anything(train
 
 def test_finetune_epochs_and_model_clipping_run_on_the_users_module(trained):
     model, rec, train, initial = copies(trained)
-    s = NoisyFinetuneStrategy(
+    s = NoisyFinetuneUnlearner(
         model, rec, train, center=initial, finetune_epochs=1, model_radius=4.0, weight_decay=0.1, **OPTIONS
     )
     result = s.forget(ForgetRequest.of_class(3))
@@ -216,7 +216,7 @@ def test_convex_variant_on_a_linear_head():
     quiet_trainer([rec]).fit(model, DataLoader(train, batch_size=40))
     norm = max(float(train[i][0].norm()) for i in range(len(train)))
     lr = 1 / ((norm**2 + 1) / 2 + 0.1)  # 1/M: rho = 1 - lr lambda
-    s = NoisyFinetuneStrategy(model, rec, train, update="convex", weight_decay=0.1, steps=20, lr=lr, radius=5.0)
+    s = NoisyFinetuneUnlearner(model, rec, train, update="convex", weight_decay=0.1, steps=20, lr=lr, radius=5.0)
     cert = s.forget(ForgetRequest.samples([1, 2, 3])).certificate
     assert cert.certified and cert.bounds["shift"] == 0
     assert cert.bounds["rho"] == pytest.approx(1 - lr * 0.1, rel=1e-6)  # the retained inputs' norm: at most all's
@@ -228,19 +228,19 @@ def test_convex_variant_on_a_linear_head():
 def test_bad_options_are_refused_naming_them(trained):
     model, rec, train, initial = copies(trained)
     with pytest.raises(ValueError, match="RDP accountant only"):
-        NoisyFinetuneStrategy(model, rec, train, accountant="pld")
+        NoisyFinetuneUnlearner(model, rec, train, accountant="pld")
     with pytest.raises(ValueError, match="radius"):
-        NoisyFinetuneStrategy(model, rec, train, radius=math.inf)
+        NoisyFinetuneUnlearner(model, rec, train, radius=math.inf)
     with pytest.raises(ValueError, match="closed-form constants need a linear model"):
-        NoisyFinetuneStrategy(model, rec, train, update="convex", weight_decay=0.1)
+        NoisyFinetuneUnlearner(model, rec, train, update="convex", weight_decay=0.1)
     with pytest.raises(ValueError, match="center lacks"):
-        NoisyFinetuneStrategy(model, rec, train, center={})
+        NoisyFinetuneUnlearner(model, rec, train, center={})
     with pytest.raises(ValueError, match="steps"):
-        NoisyFinetuneStrategy(model, rec, train, steps=0)
+        NoisyFinetuneUnlearner(model, rec, train, steps=0)
     with pytest.raises(ValueError, match="own training_step"):
-        NoisyFinetuneStrategy(nn.Linear(3, 2), rec, train, finetune_epochs=1)
+        NoisyFinetuneUnlearner(nn.Linear(3, 2), rec, train, finetune_epochs=1)
     with pytest.raises(ValueError, match="epsilon, delta"):
-        NoisyFinetuneStrategy(model, rec, train, epsilon=None, delta=None)  # type: ignore[arg-type]
+        NoisyFinetuneUnlearner(model, rec, train, epsilon=None, delta=None)  # type: ignore[arg-type]
 
 
 class Counting(UserCNN):
@@ -259,7 +259,7 @@ def test_a_buffer_that_forward_changes_is_refused_and_nothing_changes():
     train = IndexedDataset(Images(32))
     model, rec, initial = fit(train, Counting())
     digest = weights_digest(model)
-    s = NoisyFinetuneStrategy(model, rec, train, center=initial, **OPTIONS)
+    s = NoisyFinetuneUnlearner(model, rec, train, center=initial, **OPTIONS)
     with pytest.raises(ValueError, match=r"buffers \['seen'\] change"):
         s.forget(ForgetRequest.samples([0]))
     assert weights_digest(model) == digest and not bool(rec.catalog.forgotten.any()) and len(s.ledger) == 0

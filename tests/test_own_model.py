@@ -16,21 +16,21 @@ from helpers import N_CLASSES, N_FEATURES, fit_analytic, quiet_trainer, toy_data
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_unlearn import ACUStrategy, ForgetRequest, IndexedDataset, Ledger
+from lightning_unlearn import ACUUnlearner, ForgetRequest, IndexedDataset, Ledger
 from lightning_unlearn.callbacks import SampleRecorder
 from lightning_unlearn.contract import BatchKeys
 from lightning_unlearn.core.ledger import weights_digest
 from lightning_unlearn.models import SupervisedClassifier
-from lightning_unlearn.strategies import (
-    FinetuneStrategy,
-    L1SparseStrategy,
-    NegGradPlusStrategy,
-    NegGradStrategy,
-    RandomLabelStrategy,
-    RBMStrategy,
-    RetrainStrategy,
-    SCRUBStrategy,
-    WoodFisherStrategy,
+from lightning_unlearn.unlearners import (
+    FinetuneUnlearner,
+    L1SparseUnlearner,
+    NegGradPlusUnlearner,
+    NegGradUnlearner,
+    RandomLabelUnlearner,
+    RBMUnlearner,
+    RetrainUnlearner,
+    SCRUBUnlearner,
+    WoodFisherUnlearner,
 )
 
 TRAINED = ("retrain", "finetune", "neggrad", "neggrad_plus", "randomlabel", "rbm", "salun", "scrub", "l1_sparse")
@@ -92,19 +92,19 @@ def strategy(
     """The method ``name`` with 1 epoch and small batches."""
     kw = {"epochs": 1, "batch_size": 16, **kw}
     if name == "retrain":
-        return RetrainStrategy(module, rec, train, initial, batch_size=kw["batch_size"], ledger=kw.get("ledger"))  # type: ignore[arg-type]
+        return RetrainUnlearner(module, rec, train, initial, batch_size=kw["batch_size"], ledger=kw.get("ledger"))  # type: ignore[arg-type]
     if name == "neggrad":
-        return NegGradStrategy(module, rec, **kw)
+        return NegGradUnlearner(module, rec, **kw)
     if name in ("rbm", "salun"):
-        return RBMStrategy(module, rec, train, masking="retain" if name == "rbm" else "forget", **kw)
+        return RBMUnlearner(module, rec, train, masking="retain" if name == "rbm" else "forget", **kw)
     if name == "woodfisher":
-        return WoodFisherStrategy(module, rec, train, batch_size=kw["batch_size"], ledger=kw.get("ledger"))
+        return WoodFisherUnlearner(module, rec, train, batch_size=kw["batch_size"], ledger=kw.get("ledger"))
     return {
-        "finetune": FinetuneStrategy,
-        "neggrad_plus": NegGradPlusStrategy,
-        "randomlabel": RandomLabelStrategy,
-        "scrub": SCRUBStrategy,
-        "l1_sparse": L1SparseStrategy,
+        "finetune": FinetuneUnlearner,
+        "neggrad_plus": NegGradPlusUnlearner,
+        "randomlabel": RandomLabelUnlearner,
+        "scrub": SCRUBUnlearner,
+        "l1_sparse": L1SparseUnlearner,
     }[name](module, rec, train, **kw)
 
 
@@ -175,7 +175,7 @@ def test_plain_module_falls_back_to_cross_entropy_and_sgd():
         SupervisedClassifier(net, lr=0.1), DataLoader(train, batch_size=16, shuffle=True)
     )
     before = clone_state(net)
-    s = FinetuneStrategy(net, rec, train, epochs=1, batch_size=16)
+    s = FinetuneUnlearner(net, rec, train, epochs=1, batch_size=16)
     assert not s.trains_itself and s.lr == 0.1  # the documented default step of plain modules
     s.forget(ForgetRequest.of_class(2))
     assert (
@@ -183,7 +183,7 @@ def test_plain_module_falls_back_to_cross_entropy_and_sgd():
         and net[1].num_batches_tracked > before["1.num_batches_tracked"]
     )
     with pytest.raises(ValueError, match="trains with its own training_step"):
-        FinetuneStrategy(SupervisedClassifier(bn_mlp()), rec, train, momentum=0.9)
+        FinetuneUnlearner(SupervisedClassifier(bn_mlp()), rec, train, momentum=0.9)
 
 
 def test_lr_override_of_a_module_with_a_scheduler_is_refused():
@@ -197,9 +197,9 @@ def test_lr_override_of_a_module_with_a_scheduler_is_refused():
     quiet_trainer([rec]).fit(model, DataLoader(train, batch_size=16))
     before = clone_state(model)
     with pytest.raises(ValueError, match="configures a scheduler: pass lr=None"):
-        FinetuneStrategy(model, rec, train, epochs=1, lr=0.5).forget(ForgetRequest.samples([1]))
+        FinetuneUnlearner(model, rec, train, epochs=1, lr=0.5).forget(ForgetRequest.samples([1]))
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items()) and rec.catalog.n_active == 32
-    FinetuneStrategy(model, rec, train, epochs=1).forget(ForgetRequest.samples([1]))  # its own schedule: fine
+    FinetuneUnlearner(model, rec, train, epochs=1).forget(ForgetRequest.samples([1]))  # its own schedule: fine
     assert rec.catalog.n_active == 31
 
 
@@ -292,7 +292,7 @@ def built(name: str, ledger: Ledger) -> tuple[Any, Dataset, ForgetRequest]:
     if name == "acu":
         train = toy_dataset(48)
         model, rec = fit_analytic([train])
-        return ACUStrategy(model, rec, ledger=ledger), train, ForgetRequest.of_class(2)
+        return ACUUnlearner(model, rec, ledger=ledger), train, ForgetRequest.of_class(2)
     train = toy_dataset(40)
     torch.manual_seed(0)
     model, rec = SupervisedClassifier(bn_mlp(), lr=0.1), SampleRecorder()

@@ -1,5 +1,5 @@
 """Privacy analysis: [AGM] calibration, composition accounting against dp-accounting, secure noise,
-closed-form constants of linear models, and their use by HFStrategy (recipe guard, budget, checkpoints)."""
+closed-form constants of linear models, and their use by HFUnlearner (recipe guard, budget, checkpoints)."""
 
 import copy
 import math
@@ -29,7 +29,7 @@ from lightning_unlearn.privacy import (
     secure_gaussian,
 )
 from lightning_unlearn.privacy import noise as noise_module
-from lightning_unlearn.strategies import HFStrategy
+from lightning_unlearn.unlearners import HFUnlearner
 
 DELTA = 1e-5
 
@@ -197,7 +197,7 @@ def test_module_constants_read_the_linear_head_and_refuse_deep_models():
         module_constants(deep, [ds.dataset.tensors[0]])
 
 
-# -- HFStrategy with bounded constants -----------------------------------------------------------------------
+# -- HFUnlearner with bounded constants -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def bounded():
     ds = blobs(64, seed=0)
@@ -219,7 +219,7 @@ def copy_of(bounded):
 
 def test_bounded_release_is_certified_and_reports_the_composition(bounded):
     model, rec, c = copy_of(bounded)
-    strategy = HFStrategy(model, rec, epsilon=1.0, delta=DELTA, constants=c)
+    strategy = HFUnlearner(model, rec, epsilon=1.0, delta=DELTA, constants=c)
     first = strategy.forget(ForgetRequest.samples([3])).certificate
     second = strategy.forget(ForgetRequest.samples([4])).certificate
     assert first.certified and first.constants == "bounded" and first.recipe == "checked" and not first.seeded
@@ -234,7 +234,7 @@ def test_bounded_release_is_certified_and_reports_the_composition(bounded):
 
 def test_estimated_constants_are_not_certified(bounded):
     model, rec, _ = copy_of(bounded)
-    cert = HFStrategy(model, rec, epsilon=1.0, delta=DELTA).forget(ForgetRequest.samples([3])).certificate
+    cert = HFUnlearner(model, rec, epsilon=1.0, delta=DELTA).forget(ForgetRequest.samples([3])).certificate
     assert cert.constants == "estimated" and not cert.certified and "estimated constants" in str(cert)
 
 
@@ -242,7 +242,7 @@ def test_two_releases_with_the_same_inputs_differ_and_a_seeded_one_reproduces(bo
     outs = []
     for seed in (None, None, 5, 5):
         model, rec, c = copy_of(bounded)
-        cert = HFStrategy(model, rec, constants=c, seed=seed).forget(ForgetRequest.samples([7])).certificate
+        cert = HFUnlearner(model, rec, constants=c, seed=seed).forget(ForgetRequest.samples([7])).certificate
         outs.append((hf.flat_params(model), cert))
     assert not torch.equal(outs[0][0], outs[1][0])
     assert torch.equal(outs[2][0], outs[3][0])
@@ -252,7 +252,7 @@ def test_two_releases_with_the_same_inputs_differ_and_a_seeded_one_reproduces(bo
 def test_recipe_guard_refuses_a_step_size_above_two_over_m_plus_lambda(bounded):
     model, rec, c = copy_of(bounded)
     tight = type(c)(smoothness=c.smoothness * 10, grad_bound=c.grad_bound, strong_convexity=c.strong_convexity)
-    strategy = HFStrategy(model, rec, constants=tight)
+    strategy = HFUnlearner(model, rec, constants=tight)
     before = hf.flat_params(model)
     with pytest.raises(ValueError, match=r"lr = .* exceeds 2/\(M \+ lambda\).*M = .*lambda = 0.5"):
         strategy.forget(ForgetRequest.samples([3]))
@@ -261,7 +261,7 @@ def test_recipe_guard_refuses_a_step_size_above_two_over_m_plus_lambda(bounded):
 
 def test_budget_refusal_changes_nothing(bounded):
     model, rec, c = copy_of(bounded)
-    strategy = HFStrategy(model, rec, epsilon=1.0, delta=DELTA, constants=c, budget=1.2)
+    strategy = HFUnlearner(model, rec, epsilon=1.0, delta=DELTA, constants=c, budget=1.2)
     strategy.forget(ForgetRequest.samples([3]))
     weights, state, n_active = (
         hf.flat_params(model),
@@ -278,16 +278,16 @@ def test_budget_refusal_changes_nothing(bounded):
 def test_accountant_survives_a_checkpoint_and_a_ledger(bounded, tmp_path):
     model, rec, c = copy_of(bounded)
     ledger = Ledger(tmp_path / "ledger.jsonl")
-    strategy = HFStrategy(model, rec, constants=c, ledger=ledger)
+    strategy = HFUnlearner(model, rec, constants=c, ledger=ledger)
     strategy.forget(ForgetRequest.samples([3]))
     strategy.forget(ForgetRequest.samples([4]))
     restored = TrajectoryRecorder(dtype=torch.float64)
     restored.load_state_dict(rec.state_dict())  # what a checkpoint holds
-    again = HFStrategy(copy.deepcopy(model), restored, constants=c)
+    again = HFUnlearner(copy.deepcopy(model), restored, constants=c)
     assert again.accountant.history == strategy.accountant.history and len(again.accountant) == 2
     fresh = TrajectoryRecorder(dtype=torch.float64)
     fresh.load_state_dict({**rec.state_dict(), "privacy": None})  # an older checkpoint: rebuilt from the ledger
-    from_ledger = HFStrategy(copy.deepcopy(model), fresh, constants=c, ledger=Ledger(tmp_path / "ledger.jsonl"))
+    from_ledger = HFUnlearner(copy.deepcopy(model), fresh, constants=c, ledger=Ledger(tmp_path / "ledger.jsonl"))
     assert from_ledger.accountant.history == strategy.accountant.history
 
 
@@ -323,20 +323,20 @@ def fit_checked(max_epochs: int, tolerance: float):
 
 
 def test_continual_certified_release_needs_every_task_solved_to_tolerance():
-    from lightning_unlearn.strategies import GradientCertifiedStrategy
+    from lightning_unlearn.unlearners import GradientCertifiedUnlearner
 
     model, rec, check, c = fit_checked(max_epochs=2, tolerance=1e-6)
     assert max(check.residuals) <= 1e-6  # full-batch L-BFGS solves these tasks
     fresh = lambda: (copy.deepcopy(model), copy.deepcopy(rec))  # noqa: E731
     cert = (
-        GradientCertifiedStrategy(*fresh(), constants=c, optimality=check)
+        GradientCertifiedUnlearner(*fresh(), constants=c, optimality=check)
         .forget(ForgetRequest.of_experience(0))
         .certificate
     )
     assert cert.certified and cert.recipe == "checked" and cert.constants == "bounded"
-    unchecked = GradientCertifiedStrategy(*fresh(), constants=c).forget(ForgetRequest.of_experience(0)).certificate
+    unchecked = GradientCertifiedUnlearner(*fresh(), constants=c).forget(ForgetRequest.of_experience(0)).certificate
     assert unchecked.recipe == "unchecked" and not unchecked.certified
     check.residuals[1] = 1e-3  # as if the second task had stopped early
-    strategy = GradientCertifiedStrategy(*fresh(), constants=c, optimality=check)
+    strategy = GradientCertifiedUnlearner(*fresh(), constants=c, optimality=check)
     with pytest.raises(ValueError, match=r"task 1 was solved to a gradient residual 0.001 > tolerance 1e-06"):
         strategy.forget(ForgetRequest.of_experience(0))

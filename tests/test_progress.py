@@ -22,7 +22,7 @@ from lightning_unlearn.progress import (
     status,
     with_progress_bar,
 )
-from lightning_unlearn.strategies import FinetuneStrategy, RetrainStrategy
+from lightning_unlearn.unlearners import FinetuneUnlearner, RetrainUnlearner
 
 BANNERS = ("GPU available", "TPU available", "`Trainer.fit` stopped", "Tip:")
 
@@ -71,9 +71,9 @@ def test_a_baseline_request_prints_one_status_line_and_no_banner(capfd, lightnin
     model, rec = trained(train)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     if retrain:
-        strategy = RetrainStrategy(model, rec, train, initial, batch_size=32)
+        strategy = RetrainUnlearner(model, rec, train, initial, batch_size=32)
     else:
-        strategy = FinetuneStrategy(model, rec, train, epochs=1, batch_size=32)
+        strategy = FinetuneUnlearner(model, rec, train, epochs=1, batch_size=32)
     capfd.readouterr()
     lightning_lines.clear()
     monkeypatch.setenv(ENV, "0")

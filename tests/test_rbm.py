@@ -15,7 +15,7 @@ from lightning_unlearn.callbacks import SampleRecorder
 from lightning_unlearn.functional.rbm import masked_update, mean_loss_gradient, saliency_mask, trainable_mask
 from lightning_unlearn.metrics import accuracy
 from lightning_unlearn.models import SupervisedClassifier
-from lightning_unlearn.strategies import RBMStrategy
+from lightning_unlearn.unlearners import RBMUnlearner
 
 F64 = torch.float64
 
@@ -180,7 +180,7 @@ def test_rbm_keeps_retained_predictions_where_salun_loses_retain_accuracy():
         assert accuracy(model, retain, N_CLASSES) > 0.95 and accuracy(model, forget, N_CLASSES) > 0.95
         with torch.no_grad():
             logits_before = model(x_retain)
-        strategy = RBMStrategy(model, rec, train, masking=masking, threshold=1e-12, epochs=10, lr=1.0, batch_size=32)
+        strategy = RBMUnlearner(model, rec, train, masking=masking, threshold=1e-12, epochs=10, lr=1.0, batch_size=32)
         out = strategy.forget(ForgetRequest.of_class(3), train)
         with torch.no_grad():
             moved = float((model(x_retain) - logits_before).abs().max())
@@ -200,7 +200,7 @@ def test_frozen_weights_stay_exactly_at_their_original_values():
     model, rec = SupervisedClassifier(net, lr=0.1, momentum=0.9), SampleRecorder()  # the module's own SGD has momentum
     quiet_trainer([rec], max_epochs=3).fit(model, DataLoader(train, batch_size=32, shuffle=True))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    strategy = RBMStrategy(model, rec, train, epochs=2, lr=0.05, batch_size=32)
+    strategy = RBMUnlearner(model, rec, train, epochs=2, lr=0.05, batch_size=32)
     forget = list(range(20))
     trainable = strategy.mask(
         Subset(train, list(range(20, 160))), copy.deepcopy(model)
@@ -222,12 +222,12 @@ def test_bad_input_raises_and_changes_nothing():
     quiet_trainer([rec]).fit(model, DataLoader(train, batch_size=16))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(ValueError, match="masking must be one of"):
-        RBMStrategy(model, rec, train, masking="both")  # type: ignore[arg-type]
+        RBMUnlearner(model, rec, train, masking="both")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="sparsity must lie"):
-        RBMStrategy(model, rec, train, sparsity=1.0)
+        RBMUnlearner(model, rec, train, sparsity=1.0)
     with pytest.raises(ValueError, match="threshold gamma must be positive"):
-        RBMStrategy(model, rec, train, threshold=0.0)
-    strategy = RBMStrategy(model, rec, train, epochs=1)
+        RBMUnlearner(model, rec, train, threshold=0.0)
+    strategy = RBMUnlearner(model, rec, train, epochs=1)
     with pytest.raises(ValueError, match="needs the samples to forget"):
         strategy.forget(ForgetRequest.samples([1, 2]))
     with pytest.raises(ValueError, match="unknown|never learned"):

@@ -24,7 +24,7 @@ from lightning_unlearn.callbacks.convex import SoftmaxHeadRecorder
 from lightning_unlearn.callbacks.slices import SlicedBackbone, sisa_epochs
 from lightning_unlearn.functional import convex
 from lightning_unlearn.models import float64_forward
-from lightning_unlearn.strategies.sliced import SlicedResolveStrategy
+from lightning_unlearn.unlearners.sliced import SlicedResolveUnlearner
 
 L2, RADIUS, N, SEEN = 1e-2, 1e-4, 360, 270  # the backbone learns ids 0..269, the head all 360
 
@@ -189,7 +189,7 @@ def head_on_sliced(data: IndexedDataset, **strategy_kwargs):
     backbone = sliced(data, slices=[torch.arange(k, SEEN, 3) for k in range(3)])
     model, recorder = HeadModel(backbone.module.trunk), SoftmaxHeadRecorder(L2, radius=RADIUS, backbone="trunk")
     quiet_trainer([recorder]).fit(model, DataLoader(data, batch_size=64))
-    return model, recorder, backbone, SlicedResolveStrategy(model, recorder, backbone, **strategy_kwargs)
+    return model, recorder, backbone, SlicedResolveUnlearner(model, recorder, backbone, **strategy_kwargs)
 
 
 def exact_head(recorder: SoftmaxHeadRecorder) -> torch.Tensor:
@@ -262,7 +262,7 @@ def test_bad_request_changes_nothing(tmp_path):
     with torch.no_grad():
         model.trunk[0].weight.add_(1e-3)
     with pytest.raises(ValueError, match="not the SlicedBackbone's trunk"):
-        SlicedResolveStrategy(model, recorder, backbone)
+        SlicedResolveUnlearner(model, recorder, backbone)
 
 
 def contains(t: torch.Tensor, row: torch.Tensor) -> bool:

@@ -16,7 +16,7 @@ from lightning_unlearn.functional import streaming as safe
 from lightning_unlearn.metrics import accuracy
 from lightning_unlearn.models import SupervisedClassifier
 from lightning_unlearn.privacy import analytic_sigma
-from lightning_unlearn.strategies import StreamingStrategy
+from lightning_unlearn.unlearners import StreamingUnlearner
 
 N = 120
 
@@ -107,7 +107,7 @@ def test_a_round_updates_statistics_to_those_of_the_retained_data_without_seeing
     ds, model, rec = copies(fitted)
     forget_ids = torch.tensor([3, 17, 40, 41, 99])
     only_forget = Subset(ds, forget_ids.tolist())  # the strategy is given nothing else
-    StreamingStrategy(model, rec, step_size=0.05).forget(ForgetRequest.samples(forget_ids), only_forget)
+    StreamingUnlearner(model, rec, step_size=0.05).forget(ForgetRequest.samples(forget_ids), only_forget)
     keep = [i for i in range(N) if i not in set(forget_ids.tolist())]
     x, y = tensors(ds, keep)
     direct = direct_grad_sum(at_w0(rec, model), x, y)
@@ -124,7 +124,7 @@ def test_each_round_is_one_normalised_step_of_size_gamma_from_w0(fitted):
     ds, model, rec = copies(fitted)
     w0 = flat(model).clone()
     K, T = 2.5, 20
-    strategy = StreamingStrategy(model, rec, lr_constant=K, expected_rounds=T)
+    strategy = StreamingUnlearner(model, rec, lr_constant=K, expected_rounds=T)
     r1 = strategy.forget(ForgetRequest.samples([0, 1, 2]), ds)
     gamma = math.sqrt(float(w0.norm())) / (K * math.sqrt(T))  # Theorem 2's learning rate, W = ||w_0||
     assert math.isclose(r1.extra["step_size"], gamma, rel_tol=1e-12)
@@ -149,7 +149,7 @@ def test_forgetting_a_class_drops_its_accuracy_and_keeps_the_others(fitted):
     gone = y == 1
     forget, retain = TensorDataset(x[gone], y[gone]), TensorDataset(x[~gone], y[~gone])
     assert accuracy(model, forget, N_CLASSES) > 0.8
-    StreamingStrategy(model, rec, step_size=2.0).forget(ForgetRequest.of_class(1), ds)
+    StreamingUnlearner(model, rec, step_size=2.0).forget(ForgetRequest.of_class(1), ds)
     assert accuracy(model, forget, N_CLASSES) < 0.1  # the pseudo-target gives an emptied class ~0 mass (Eq. (20))
     assert accuracy(model, retain, N_CLASSES) > 0.9
 
@@ -160,8 +160,8 @@ def test_theorem2_noise_is_calibrated_on_twice_the_weight_bound(fitted):
     ds, model, rec = copies(fitted)
     W = float(torch.cat([t.flatten() for t in rec.w0.values()]).norm())
     request = ForgetRequest.samples([7, 8])
-    StreamingStrategy(plain_model, plain_rec, step_size=0.1).forget(request, ds)
-    noisy = StreamingStrategy(model, rec, step_size=0.1, epsilon=eps, delta=delta, seed=3)
+    StreamingUnlearner(plain_model, plain_rec, step_size=0.1).forget(request, ds)
+    noisy = StreamingUnlearner(model, rec, step_size=0.1, epsilon=eps, delta=delta, seed=3)
     cert = noisy.forget(request, ds).certificate
     expected = analytic_sigma(2 * W, eps, delta)  # two models in the ball ||w|| <= W are at most 2W apart
     assert cert.epsilon == eps and cert.delta == delta and cert.seeded and cert.constants == "estimated"
@@ -175,7 +175,7 @@ def test_theorem2_noise_is_calibrated_on_twice_the_weight_bound(fitted):
     assert abs(float(b.std()) / expected - 1) < 0.2  # 163 draws: the sample std is within 20 % w.p. > 0.999
     assert noisy.ledger[0].certificate["sigma"] == cert.sigma
     _, m3, r3 = copies(fitted)
-    given = StreamingStrategy(m3, r3, step_size=0.1, epsilon=eps, delta=delta, weight_bound=2 * W)
+    given = StreamingUnlearner(m3, r3, step_size=0.1, epsilon=eps, delta=delta, weight_bound=2 * W)
     assert given.forget(request, ds).certificate.certified  # a stated W and OS-entropy noise
 
 
@@ -190,8 +190,8 @@ def test_state_survives_a_lightning_checkpoint_and_forgets_the_same(fitted, tmp_
     restored.load_from_checkpoint(tmp_path / "run.ckpt")
     twin = copy.deepcopy(model)
     request = ForgetRequest.samples([10, 11, 12])
-    StreamingStrategy(model, rec, step_size=0.1).forget(request, ds)
-    StreamingStrategy(twin, restored, step_size=0.1).forget(request, ds)
+    StreamingUnlearner(model, rec, step_size=0.1).forget(request, ds)
+    StreamingUnlearner(twin, restored, step_size=0.1).forget(request, ds)
     statistics = [
         {k: v for k, v in r.state_dict().items() if k != "ledger_anchor"} for r in (rec, restored)
     ]  # two ledgers
@@ -215,7 +215,7 @@ def test_a_later_experience_reanchors_and_keeps_the_earlier_gradient_sum():
 
 def test_bad_input_is_refused_and_changes_nothing(fitted):
     ds, model, rec = copies(fitted)
-    strategy = StreamingStrategy(model, rec)
+    strategy = StreamingUnlearner(model, rec)
     before, weights = copy.deepcopy(rec.state_dict()), flat(model).clone()
     x, y = tensors(ds)
     wrong_labels = Subset(blobs(N, seed=5), [0, 1])  # same ids 0, 1 with other labels
@@ -236,7 +236,7 @@ def test_bad_input_is_refused_and_changes_nothing(fitted):
         strategy.forget(ForgetRequest.samples([4, 5]), ds)
     assert len(strategy.ledger) == 1 and rec.rounds == 1
     ds2, model2, rec2 = copies(fitted)
-    strategy2 = StreamingStrategy(model2, rec2)
+    strategy2 = StreamingUnlearner(model2, rec2)
     strategy2.recorder.V = torch.randn(D_IN + 1, 4, dtype=torch.float64)  # as if recorded on other inputs
     with pytest.raises(ValueError, match="features per sample but the recorded projection expects 7"):
         strategy2.forget(ForgetRequest.samples([1]), ds2)
@@ -257,4 +257,4 @@ def test_bad_input_is_refused_and_changes_nothing(fitted):
 def test_bad_options_are_refused(fitted, kwargs, message):
     _, model, rec = fitted
     with pytest.raises(ValueError, match=message):
-        StreamingStrategy(model, rec, **kwargs)
+        StreamingUnlearner(model, rec, **kwargs)

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from lightning_unlearn import ForgetRequest
 from lightning_unlearn.callbacks import StreamingRecorder
-from lightning_unlearn.strategies import StreamingStrategy
+from lightning_unlearn.unlearners import StreamingUnlearner
 
 SMOOTHING = 0.2
 N = 96
@@ -50,7 +50,7 @@ def test_label_smoothed_module_is_unlearned_with_its_own_loss():
     for n, p in model.named_parameters():
         assert torch.allclose(rec.grad_sum[n], p.grad, rtol=1e-10, atol=1e-12), n
     forget = [3, 11, 40]
-    strategy = StreamingStrategy(model, rec, step_size=0.05)
+    strategy = StreamingUnlearner(model, rec, step_size=0.05)
     result = strategy.forget(ForgetRequest.samples(forget), ds)
     keep = torch.tensor([i not in forget for i in range(N)])
     with torch.no_grad():
@@ -69,5 +69,5 @@ def test_outputs_that_are_not_class_logits_are_refused():
     assert rec.counts.device.type == "cpu" and rec.grad_sum["net.weight"].device.type == "cpu"
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     with pytest.raises(ValueError, match=rf"class logits of shape \(1, {N_CLASSES}\).*got \(1, {N_CLASSES + 2}\)"):
-        StreamingStrategy(model, rec, step_size=0.05).forget(ForgetRequest.samples([5]), ds)
+        StreamingUnlearner(model, rec, step_size=0.05).forget(ForgetRequest.samples([5]), ds)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())

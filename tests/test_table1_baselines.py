@@ -19,9 +19,9 @@ from lightning_unlearn.functional.sparse import l1_coefficient, l1_norm
 from lightning_unlearn.functional.woodfisher import influence_direction, woodfisher_inverse_product
 from lightning_unlearn.metrics import accuracy
 from lightning_unlearn.models import SupervisedClassifier
-from lightning_unlearn.strategies.baselines import RetrainStrategy
-from lightning_unlearn.strategies.scrub import SCRUBStrategy
-from lightning_unlearn.strategies.sparse import L1SparseStrategy, WoodFisherStrategy
+from lightning_unlearn.unlearners.baselines import RetrainUnlearner
+from lightning_unlearn.unlearners.scrub import SCRUBUnlearner
+from lightning_unlearn.unlearners.sparse import L1SparseUnlearner, WoodFisherUnlearner
 
 F64_EPS = torch.finfo(torch.float64).eps
 
@@ -105,7 +105,7 @@ def digits() -> dict[str, Any]:
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     quiet_trainer([rec], max_epochs=6).fit(model, DataLoader(train, batch_size=64, shuffle=True))
     retrained, retrained_rec = copy.deepcopy(model), copy.deepcopy(rec)
-    RetrainStrategy(retrained, retrained_rec, train, initial, trainer_kwargs={"max_epochs": 6}, batch_size=64).forget(
+    RetrainUnlearner(retrained, retrained_rec, train, initial, trainer_kwargs={"max_epochs": 6}, batch_size=64).forget(
         ForgetRequest.of_class(FORGET_CLASS)
     )
     return {"train": train, "test": test, "model": model, "rec": rec, "retrained": retrained}
@@ -125,9 +125,9 @@ def scores(module: nn.Module, d: dict[str, Any]) -> dict[str, float]:
 
 
 METHODS = {
-    "scrub": lambda m, r, train: SCRUBStrategy(m, r, train, batch_size=64),
-    "l1_sparse": lambda m, r, train: L1SparseStrategy(m, r, train, batch_size=64),
-    "woodfisher": lambda m, r, train: WoodFisherStrategy(m, r, train),
+    "scrub": lambda m, r, train: SCRUBUnlearner(m, r, train, batch_size=64),
+    "l1_sparse": lambda m, r, train: L1SparseUnlearner(m, r, train, batch_size=64),
+    "woodfisher": lambda m, r, train: WoodFisherUnlearner(m, r, train),
 }
 
 
@@ -166,13 +166,13 @@ def test_scrub_rewinding_returns_the_checkpoint_of_the_chosen_epoch():
     model, rec = toy_model(train)
     request = ForgetRequest.of_class(2)
     rewound, rewound_rec = copy.deepcopy(model), copy.deepcopy(rec)
-    result = SCRUBStrategy(rewound, rewound_rec, train, epochs=3, batch_size=16, rewind_data=held_out).forget(
+    result = SCRUBUnlearner(rewound, rewound_rec, train, epochs=3, batch_size=16, rewind_data=held_out).forget(
         request, train
     )
     chosen = result.extra["rewound_to_epoch"]
     assert 1 <= chosen <= 3 and 0 <= result.extra["rewind_reference_error"] <= 1
     plain = copy.deepcopy(model)
-    SCRUBStrategy(plain, copy.deepcopy(rec), train, epochs=chosen, batch_size=16).forget(request, train)
+    SCRUBUnlearner(plain, copy.deepcopy(rec), train, epochs=chosen, batch_size=16).forget(request, train)
     for k, v in plain.state_dict().items():
         assert torch.equal(rewound.state_dict()[k], v), k
 
@@ -183,33 +183,33 @@ def test_bad_input_raises_and_changes_nothing():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     three_only = Subset(toy_dataset(40, seed=5), [i for i in range(40) if i % N_CLASSES == 3])
     for make, data, match in (
-        (lambda: SCRUBStrategy(model, rec, train), None, "needs the samples to forget"),
-        (lambda: WoodFisherStrategy(model, rec, train), None, "needs the samples to forget"),
-        (lambda: L1SparseStrategy(model, rec, train), train, "does not read forget"),
+        (lambda: SCRUBUnlearner(model, rec, train), None, "needs the samples to forget"),
+        (lambda: WoodFisherUnlearner(model, rec, train), None, "needs the samples to forget"),
+        (lambda: L1SparseUnlearner(model, rec, train), train, "does not read forget"),
         (
-            lambda: SCRUBStrategy(model, rec, train, epochs=1, rewind_data=three_only),
+            lambda: SCRUBUnlearner(model, rec, train, epochs=1, rewind_data=three_only),
             train,
             "no sample of the forgotten",
         ),
-        (lambda: WoodFisherStrategy(model, rec, Subset(train, list(range(60)))), train, "training data lacks"),
+        (lambda: WoodFisherUnlearner(model, rec, Subset(train, list(range(60)))), train, "training data lacks"),
     ):
         with pytest.raises(ValueError, match=match):
             make().forget(ForgetRequest.of_class(2), data)
     with pytest.raises(ValueError, match="no retained samples"):
-        WoodFisherStrategy(model, rec, train).forget(ForgetRequest.samples(range(120)), train)
+        WoodFisherUnlearner(model, rec, train).forget(ForgetRequest.samples(range(120)), train)
     with pytest.raises(ValueError, match="not finite|loss became"):
-        WoodFisherStrategy(model, rec, train, alpha=1e300, dampening=1e-300).forget(ForgetRequest.samples([1]), train)
+        WoodFisherUnlearner(model, rec, train, alpha=1e300, dampening=1e-300).forget(ForgetRequest.samples([1]), train)
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
     assert rec.catalog.n_active == 120
     for make, match in (
-        (lambda: SCRUBStrategy(model, rec, train, epochs=2, msteps=3), "msteps"),
-        (lambda: SCRUBStrategy(model, rec, train, alpha=-1.0), "alpha and gamma"),
-        (lambda: SCRUBStrategy(model, rec, train, temperature=0.0), "temperature"),
-        (lambda: L1SparseStrategy(model, rec, train, gamma=-1e-4), "gamma"),
-        (lambda: L1SparseStrategy(model, rec, train, epochs=2, no_l1_epochs=3), "no_l1_epochs"),
-        (lambda: WoodFisherStrategy(model, rec, train, alpha=0.0), "alpha > 0"),
-        (lambda: WoodFisherStrategy(model, rec, train, n_samples=0), "n_samples >= 1"),
+        (lambda: SCRUBUnlearner(model, rec, train, epochs=2, msteps=3), "msteps"),
+        (lambda: SCRUBUnlearner(model, rec, train, alpha=-1.0), "alpha and gamma"),
+        (lambda: SCRUBUnlearner(model, rec, train, temperature=0.0), "temperature"),
+        (lambda: L1SparseUnlearner(model, rec, train, gamma=-1e-4), "gamma"),
+        (lambda: L1SparseUnlearner(model, rec, train, epochs=2, no_l1_epochs=3), "no_l1_epochs"),
+        (lambda: WoodFisherUnlearner(model, rec, train, alpha=0.0), "alpha > 0"),
+        (lambda: WoodFisherUnlearner(model, rec, train, n_samples=0), "n_samples >= 1"),
     ):
         with pytest.raises(ValueError, match=match):
             make()
@@ -227,15 +227,15 @@ def test_scrub_without_max_steps_or_kl_is_fine_tuning_and_l1_shrinks_the_weights
     """SCRUB with msteps=0 and alpha=0 minimises gamma L on the retained batches only: with gamma=1 it is exactly
     fine-tuning (same seed, same batches; a module without BatchNorm, whose statistics the KL forward would move).
     l1-sparse ends with a smaller ||w||_1 than fine-tuning of the same length."""
-    from lightning_unlearn.strategies import FinetuneStrategy
+    from lightning_unlearn.unlearners import FinetuneUnlearner
 
     train = toy_dataset(120)
     model, rec = plain_mlp_model(train)
     runs = {}
     for name, make in (
-        ("finetune", lambda m, r: FinetuneStrategy(m, r, train, epochs=2, batch_size=16)),
-        ("scrub", lambda m, r: SCRUBStrategy(m, r, train, epochs=2, msteps=0, alpha=0.0, batch_size=16)),
-        ("l1_sparse", lambda m, r: L1SparseStrategy(m, r, train, epochs=2, gamma=1e-2, batch_size=16)),
+        ("finetune", lambda m, r: FinetuneUnlearner(m, r, train, epochs=2, batch_size=16)),
+        ("scrub", lambda m, r: SCRUBUnlearner(m, r, train, epochs=2, msteps=0, alpha=0.0, batch_size=16)),
+        ("l1_sparse", lambda m, r: L1SparseUnlearner(m, r, train, epochs=2, gamma=1e-2, batch_size=16)),
     ):
         m = copy.deepcopy(model)
         s = make(m, copy.deepcopy(rec))

@@ -25,7 +25,7 @@ from lightning_unlearn import (
 )
 from lightning_unlearn.callbacks import TrajectoryRecorder
 from lightning_unlearn.progress import QUIET_TRAINER, quiet_lightning
-from lightning_unlearn.strategies import HFStrategy
+from lightning_unlearn.unlearners import HFUnlearner
 from lightning_unlearn.warnings import UnlearningWarning, warn
 
 
@@ -74,7 +74,7 @@ def test_hf_capacity_warns_once_over_requests(monkeypatch):
     ds = blobs(48, seed=3)
     model, rec = sgd_model(), TrajectoryRecorder(dtype=torch.float64)
     fit_hf(model, ds, rec, epochs=1)
-    strategy = HFStrategy(model, rec, max_deletions=1, seed=0)  # a capacity this test alone uses
+    strategy = HFUnlearner(model, rec, max_deletions=1, seed=0)  # a capacity this test alone uses
 
     def requests():
         for i in range(1, 5):

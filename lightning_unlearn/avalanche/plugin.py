@@ -22,10 +22,10 @@ from lightning_unlearn.avalanche.stream import (
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.data import unpack_batch
 from lightning_unlearn.reporting import result_metrics
-from lightning_unlearn.strategies.base import (
+from lightning_unlearn.unlearners.base import (
     ForgetData,
+    Unlearner,
     UnlearningResult,
-    UnlearningStrategy,
 )
 
 
@@ -36,7 +36,7 @@ class UnlearningPlugin(SupervisedPlugin):
         strategy = Naive(model, optimizer, criterion, plugins=[UnlearningPlugin(recorder, unlearning, requests)])
 
     (``strategy`` here is Avalanche's training strategy, what learns the stream; ``unlearning``
-    is the :class:`UnlearningStrategy` that executes the forget requests.)
+    is the :class:`Unlearner` that executes the forget requests.)
 
     The experiences' datasets carry sample ids as Avalanche's data attribute ``sample_id``
     (:func:`~lightning_unlearn.avalanche.with_sample_ids`,
@@ -44,7 +44,7 @@ class UnlearningPlugin(SupervisedPlugin):
     their items stay ``(x, y, t)``, and so does every mini-batch the strategy and its plugins read
     (:mod:`lightning_unlearn.avalanche.minibatch` carries the ids beside it). Avalanche hooks used:
 
-    * ``before_training``: a certified unlearning strategy's noise-free internal model is restored
+    * ``before_training``: a certified unlearner's noise-free internal model is restored
       (``restore_internal``, also before each experience), forgotten samples leave the replay buffers.
     * ``after_train_dataset_adaptation``: the experience's training data reads its ids in
       ``__getitem__``; replay buffers are purged (before any plugin's ``before_training_exp`` builds a
@@ -89,14 +89,14 @@ class UnlearningPlugin(SupervisedPlugin):
         anchor_batch_size: batch size of a recorder's anchor pass.
 
     Raises:
-        ValueError: requests without an unlearning strategy, one with another recorder, or a certified
+        ValueError: requests without an unlearner, one with another recorder, or a certified
             one lacking its constants (here, before any training).
     """
 
     def __init__(
         self,
         recorder: RecorderCallback,
-        unlearning: UnlearningStrategy | None = None,
+        unlearning: Unlearner | None = None,
         requests: RequestsByExperience | None = None,
         *,
         anchor_batch_size: int = 256,
@@ -105,7 +105,7 @@ class UnlearningPlugin(SupervisedPlugin):
         check_unlearning(unlearning, requests)
         if unlearning is not None and unlearning.recorder is not recorder:
             raise ValueError(
-                f"the unlearning strategy forgets with another recorder than this plugin's {type(recorder).__name__}"
+                f"the unlearner forgets with another recorder than this plugin's {type(recorder).__name__}"
             )
         self.recorder = recorder
         self.unlearning = unlearning
@@ -127,7 +127,7 @@ class UnlearningPlugin(SupervisedPlugin):
         model = strategy.model
         if self.unlearning is not None and self.unlearning.module is not model:
             raise ValueError(
-                "the Avalanche strategy trains another model than the one the unlearning strategy forgets from"
+                "the Avalanche strategy trains another model than the one the unlearner forgets from"
             )
         experience = strategy.experience.dataset
         if not len(experience):
@@ -206,7 +206,7 @@ class UnlearningPlugin(SupervisedPlugin):
         self._purge_replay(strategy)
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _execute(self, strategy: Any, unlearning: UnlearningStrategy, experience: int) -> None:
+    def _execute(self, strategy: Any, unlearning: Unlearner, experience: int) -> None:
         """Run the experience's requests (forget data: the experiences seen so far) and publish each result."""
         data: ForgetData = ConcatDataset(self._seen) if unlearning.reads_data else None
         for request in self.requests.get(experience, ()):

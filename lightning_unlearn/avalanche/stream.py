@@ -21,33 +21,33 @@ from lightning_unlearn.avalanche.experiences import (
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.progress import with_progress_bar
-from lightning_unlearn.strategies.base import (
+from lightning_unlearn.unlearners.base import (
     ForgetData,
+    Unlearner,
     UnlearningResult,
-    UnlearningStrategy,
 )
 
 #: forget requests to execute right after experience ``k`` (its ``current_experience``), by ``k``
 RequestsByExperience = Mapping[int, Sequence[ForgetRequest]]
 
 
-def check_unlearning(unlearning: UnlearningStrategy | None, requests: RequestsByExperience | None) -> None:
-    """Checks that need no training: requests have an unlearning strategy; it has its certificate's constants.
+def check_unlearning(unlearning: Unlearner | None, requests: RequestsByExperience | None) -> None:
+    """Checks that need no training: requests have an unlearner; it has its certificate's constants.
 
     Raises:
-        ValueError: requests without an unlearning strategy, or a certified strategy that could not
-            certify its first request (e.g. :class:`GradientCertifiedStrategy` on a
+        ValueError: requests without an unlearner, or a certified strategy that could not
+            certify its first request (e.g. :class:`GradientCertifiedUnlearner` on a
             :class:`TaskDeltaRecorder` without ``lipschitz=``/``smoothness=``).
     """
     if requests and unlearning is None:
-        raise ValueError("forget requests need an UnlearningStrategy to execute them")
+        raise ValueError("forget requests need an Unlearner to execute them")
     require = getattr(unlearning, "require_constants", None)
     if callable(require):
         require()
 
 
-def restore_internal(unlearning: UnlearningStrategy | None) -> None:
-    """Before an experience: put a certified unlearning strategy's noise-free internal model back into the
+def restore_internal(unlearning: Unlearner | None) -> None:
+    """Before an experience: put a certified unlearner's noise-free internal model back into the
     module ([CCL] Alg. 1-2 continue learning from it, not from the published noisy weights)."""
     restore = getattr(unlearning, "restore_internal", None)
     if callable(restore):
@@ -67,7 +67,7 @@ def fit_stream(
     test_stream: Iterable[Any] | None = None,
     dirpath: str | Path | None = None,
     ckpt_path: str | Path | None = None,
-    unlearning: UnlearningStrategy | None = None,
+    unlearning: Unlearner | None = None,
     requests: RequestsByExperience | None = None,
     after_experience: Callable[[Any, L.Trainer, list[UnlearningResult]], None] | None = None,
 ) -> list[UnlearningResult]:
@@ -81,7 +81,7 @@ def fit_stream(
     request metrics share one increasing step axis. Per experience ``k`` (its ``current_experience``, else
     its position):
 
-    1. a certified unlearning strategy's internal model is restored (:func:`restore_internal`);
+    1. a certified unlearner's internal model is restored (:func:`restore_internal`);
     2. ``Trainer.fit``, validating on ``val_stream[i]`` (the experience at the same position) if given, or
        on a data module's own ``val_dataloader``;
     3. the requests ``requests[k]`` run with ``unlearning`` (forget data: the experiences seen so far), each
@@ -95,7 +95,7 @@ def fit_stream(
     ``ckpt_path`` (one of those checkpoints) resumes the stream: experiences up to the saved one are not
     trained again (their data still counts as seen), and the next ``fit`` restores the module, the
     callbacks' states and the step axis from the checkpoint (Lightning's ``Trainer.fit(ckpt_path=...)``).
-    An unlearning strategy's own state beyond its recorder's is not in the checkpoint.
+    An unlearner's own state beyond its recorder's is not in the checkpoint.
 
     Args:
         module: the LightningModule to train.
@@ -116,8 +116,8 @@ def fit_stream(
         after_experience: called after each experience (and its requests, tests and checkpoint).
 
     Raises:
-        ValueError: requests without an unlearning strategy, one whose recorder is not among the
-            callbacks, a certified unlearning strategy lacking its constants, validation or test data for a
+        ValueError: requests without an unlearner, one whose recorder is not among the
+            callbacks, a certified unlearner lacking its constants, validation or test data for a
             module without ``validation_step``/``test_step``, ``val_stream`` beside data-module experiences,
             a ``ckpt_path`` not saved by ``fit_stream`` (all before any training), or an experience whose
             training data carry no sample ids.
@@ -125,7 +125,7 @@ def fit_stream(
     check_unlearning(unlearning, requests)
     if unlearning is not None and not any(c is unlearning.recorder for c in callbacks):
         raise ValueError(
-            f"the unlearning strategy's {type(unlearning.recorder).__name__} is not among the callbacks: "
+            f"the unlearner's {type(unlearning.recorder).__name__} is not among the callbacks: "
             "it would record nothing"
         )
     for evaluation, hook in ((val_stream, "validation_step"), (test_stream, "test_step")):

@@ -43,7 +43,7 @@ class AnalyticRecorder(FrozenFeatureRecorder):
     Under DDP each rank accumulates the samples it sees and the ranks' sums are added once per
     experience (``gathers_inputs = False``); ids, labels and fingerprints are gathered.
 
-    Forgetting (:class:`~lightning_unlearn.strategies.acu.ACUStrategy`) updates ``T`` in place by a
+    Forgetting (:class:`~lightning_unlearn.unlearners.acu.ACUUnlearner`) updates ``T`` in place by a
     rank-``k`` product and leaves ``R`` and ``Q`` to be brought up to date lazily: reading :attr:`T`,
     :attr:`R` or :attr:`Q` (or :meth:`state_dict`) applies the committed but not yet applied updates in
     place. The forgotten samples' feature rows and one-hot labels wait for that in memory only; nothing

@@ -65,7 +65,7 @@ class RecorderCallback(L.Callback):
         #: ``{"count", "head", "keyed"}`` of the ledger file after the last request: a strategy verifies the ledger
         #: it is given against it before executing anything (a checkpoint carries it)
         self.ledger_anchor: dict[str, Any] | None = None
-        #: every ledger an operator accepted although it did not match the anchor (``UnlearningStrategy.accept_ledger``)
+        #: every ledger an operator accepted although it did not match the anchor (``Unlearner.accept_ledger``)
         self.ledger_overrides: list[dict[str, Any]] = []
         #: ids of committed requests whose rows :meth:`erase_forgotten` has not erased yet (it failed): erased by
         #: :meth:`erase_pending` before the next request, ``redo_pending`` or ``state_dict``
@@ -192,7 +192,7 @@ class RecorderCallback(L.Callback):
 
         The default replaces statistics attributes by the new values in ``change`` (computed out
         of place by the strategy). Recorders whose statistics are updated in place (rows of a
-        store) override it. Called by :meth:`UnlearningStrategy.forget` only, at its commit point, which
+        store) override it. Called by :meth:`Unlearner.forget` only, at its commit point, which
         marks the ids forgotten in the catalog itself (an undoable step of its own). An exception
         part-way (an interrupt included) undoes what was applied before it propagates.
         """

@@ -30,9 +30,10 @@ class SoftmaxHeadRecorder(FrozenFeatureRecorder):
     module without ``features``, that is the flattened input itself), the label and the sample id of every
     learned, not forgotten sample (``n x p`` floats: 4,000 MNIST images on pixels are 25 MB), and the
     noise-free head ``W``. All of it is in :meth:`state_dict`, so checkpoints carry it; forgotten samples'
-    rows are removed at their request's commit and overwritten in memory. **What the unlearning strategies
-    read**: these retained features only, never the data (:class:`~lightning_unlearn.strategies.convex.ResolveStrategy`,
-    :class:`~lightning_unlearn.strategies.convex.CertifiedRemovalStrategy`).
+    rows are removed at their request's commit and overwritten in memory. **What the unlearners
+    read**: these retained features only, never the data
+    (:class:`~lightning_unlearn.unlearners.convex.ResolveUnlearner`,
+    :class:`~lightning_unlearn.unlearners.convex.CertifiedRemovalUnlearner`).
 
     Under DDP each rank computes the features of its own samples; they are gathered once per experience so
     that every rank holds all rows and solves the same problem (rank 0's solution is broadcast).
@@ -44,8 +45,8 @@ class SoftmaxHeadRecorder(FrozenFeatureRecorder):
             solver work. The default keeps the noise of an ``epsilon = 1, delta = 1e-5`` release at std ``7.5e-4``.
         loss_perturbation: the std ``beta`` of [CR]'s loss perturbation ``b ~ N(0, beta^2 I)`` (sum form,
             Sec. 3.2), drawn once at the first fit from the OS entropy source and kept secret in the state;
-            needed by :class:`~lightning_unlearn.strategies.convex.CertifiedRemovalStrategy` only
-            (``CertifiedRemovalStrategy.perturbation_std`` gives it for a target).
+            needed by :class:`~lightning_unlearn.unlearners.convex.CertifiedRemovalUnlearner` only
+            (``CertifiedRemovalUnlearner.perturbation_std`` gives it for a target).
         seed: seed of the loss perturbation (experiments only: whoever knows it can remove ``b``).
         backbone, head, device, fingerprint: see :class:`~lightning_unlearn.callbacks.frozen.FrozenFeatureRecorder`.
         max_newton_steps: Newton iterations allowed per solve before it is refused.

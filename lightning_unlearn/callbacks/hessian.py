@@ -41,7 +41,7 @@ class TaskDeltaRecorder(RecorderCallback):
     and ``Delta-bar_tau``, d each), on the module's device (CPU with ``offload=True``). Recording the
     chain of actual starts and ends makes the corrections between tasks (Eq. (13)'s ``Delta-bar_tau``)
     measurable, whatever was published. Privacy caveat: ``Delta_s`` of deleted tasks must be kept
-    for later requests. Enough for task-level forgetting by :class:`GradientCertifiedStrategy` (which
+    for later requests. Enough for task-level forgetting by :class:`GradientCertifiedUnlearner` (which
     uses only sizes) and as the base of :class:`HessianRecorder`.
 
     Other training loops (Avalanche) call :meth:`read_optimizer` and pass ``regularizer`` explicitly.

@@ -100,7 +100,7 @@ class SlicedBackbone(L.Callback):
     the slices' id lists and the ``S + 1`` module states; never a sample. Forgetting reads the training data again
     (``data``: every retained sample of stages ``j..S``).
 
-    With :class:`~lightning_unlearn.strategies.sliced.SlicedResolveStrategy` the backbone's ``trunk`` feeds the
+    With :class:`~lightning_unlearn.unlearners.sliced.SlicedResolveUnlearner` the backbone's ``trunk`` feeds the
     certified softmax head of a :class:`~lightning_unlearn.callbacks.convex.SoftmaxHeadRecorder`, and a request
     whose samples the backbone saw retrains it (here) before the head is re-solved on the new features.
 

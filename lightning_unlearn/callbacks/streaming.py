@@ -56,12 +56,12 @@ class StreamingRecorder(RecorderCallback):
       the data (``|D_0| grad R_0(w_0)`` of Eq. (12), float64, model in eval mode), plus a copy of
       ``w_0`` and the module buffers. The class statistics at that moment are the ``t = 0``
       reference ``(n_0, mu_0, Sigma_0)`` of Eq. (20)-(24).
-    * :class:`StreamingStrategy` then subtracts each request's samples from these statistics and
+    * :class:`StreamingUnlearner` then subtracts each request's samples from these statistics and
       appends them to the forget buffer (the past forget sets ``F_1..F_t`` Eq. (25) sums over).
 
     Device: the statistics live on the module's device (``offload=True``: on the CPU); the per-batch
     class sums and the anchor pass's gradient sums are computed there (no per-batch transfer), and
-    :class:`StreamingStrategy` computes its rounds on the module's device. The deletion update of the
+    :class:`StreamingUnlearner` computes its rounds on the module's device. The deletion update of the
     class statistics is :func:`safe.remove_samples`.
 
     ``l`` is the prediction loss of Eq. (1) ("e.g. cross-entropy"): ``loss_fn(outputs, targets)``, the
@@ -71,7 +71,7 @@ class StreamingRecorder(RecorderCallback):
     training objective is not part of ``l``; a :class:`ProximalRegularizer` penalty in the module's
     loss is accounted for in that check. SAFE's forgetting term (Eq. (8), (24)-(25)) is not the loss:
     it is a KL between the predictive distributions ``softmax(f(x; w))``, so the module's outputs must
-    be ``num_classes`` class logits whatever its loss (:class:`StreamingStrategy` checks it).
+    be ``num_classes`` class logits whatever its loss (:class:`StreamingUnlearner` checks it).
 
     [interp] Continual learning: every fit re-anchors at its final weights, resets
     the round counter and the forget buffer, and takes the current class statistics as the new
@@ -334,7 +334,7 @@ class StreamingRecorder(RecorderCallback):
         seen.update(ids[keep].tolist())
         return torch.tensor(keep, dtype=torch.long, device=ids.device)
 
-    # -- one round (computed by StreamingStrategy) ----------------------------------------------
+    # -- one round (computed by StreamingUnlearner) ----------------------------------------------
     def round_change(
         self, x: Tensor, y: Tensor, ids: Tensor, grad_sum: dict[str, Tensor], loss_sum: Tensor, surrogate: float
     ) -> dict[str, Any]:

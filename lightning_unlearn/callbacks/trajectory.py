@@ -97,7 +97,7 @@ class TrajectoryRecorder(RecorderCallback):
 
     A request is executed collectively (every rank calls ``forget`` with the same ids):
     :meth:`row_sum` adds each rank's owned vectors of the request and an all-reduce gives every rank the
-    same ``a^{-U}``; :class:`~lightning_unlearn.strategies.hf.HFStrategy` then publishes rank 0's noise on
+    same ``a^{-U}``; :class:`~lightning_unlearn.unlearners.hf.HFUnlearner` then publishes rank 0's noise on
     every rank (:meth:`broadcast_from_rank0`), so all ranks hold the same model. Checkpoints: Lightning saves
     rank 0's callback state only. With ``store="mmap"`` each rank maps its own file, ``path`` suffixed
     ``.rank<r>``, and :meth:`state_dict` (a collective under DDP: Lightning calls it on every rank when it

@@ -149,7 +149,7 @@ class LedgerReport:
 
 
 class Replayable(Protocol):
-    """What :meth:`Ledger.replay` needs of an unlearning strategy (the ledger knows no strategy class)."""
+    """What :meth:`Ledger.replay` needs of an unlearner (the ledger knows no strategy class)."""
 
     ledger: Ledger
 
@@ -384,7 +384,7 @@ class Ledger:
         self._raw, self._checked_key, self._entries = checked, key, on_disk
 
     def append(self, result: UnlearningResult, module: nn.Module, recorder: str | None = None) -> LedgerEntry:
-        """Record an executed request (called by :meth:`UnlearningStrategy.forget` at its commit point).
+        """Record an executed request (called by :meth:`Unlearner.forget` at its commit point).
 
         ``recorder`` (the recorder's ``lineage``) is kept in the entry's ``extra``. All or nothing: if the
         write fails, the file is truncated back (checked) and the entry is not kept.

@@ -51,7 +51,7 @@ from lightning_unlearn.models import (
     ProximalClassifier,
     SupervisedClassifier,
 )
-from lightning_unlearn.strategies.baselines import RetrainStrategy
+from lightning_unlearn.unlearners.baselines import RetrainUnlearner
 from lightning_unlearn.warnings import warn
 
 FAMILIES = ("analytic", "supervised", "linear", "proximal", "convex")
@@ -189,7 +189,7 @@ def retrain_method(
     batch_size: int | None = None,
     family: str = "custom",
 ) -> Method:
-    """A gold standard: :class:`RetrainStrategy` replaying a model's continual recipe on the retained data.
+    """A gold standard: :class:`RetrainUnlearner` replaying a model's continual recipe on the retained data.
 
     ``module(info)`` builds the model (the harness seeds the RNG first, so two builds are equal),
     ``trainer_kwargs(info)`` gives its continual-learning Trainer options and ``refit()`` the
@@ -203,8 +203,8 @@ def retrain_method(
         refits = refit()
         initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
-        def strategy() -> RetrainStrategy:
-            return RetrainStrategy(
+        def strategy() -> RetrainUnlearner:
+            return RetrainUnlearner(
                 model,
                 recorder,
                 info.train,

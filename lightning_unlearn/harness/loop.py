@@ -38,7 +38,7 @@ from lightning_unlearn.metrics import evaluate_unlearning
 from lightning_unlearn.progress import progress as progress_bar
 from lightning_unlearn.progress import quiet_lightning
 from lightning_unlearn.schedule import Schedule, validate_schedule
-from lightning_unlearn.strategies.base import UnlearningStrategy
+from lightning_unlearn.unlearners.base import Unlearner
 
 
 @dataclass
@@ -378,7 +378,7 @@ def _run(method: Method, info: BenchmarkInfo, schedule: Schedule, bar: Any, shad
     return run
 
 
-def _shadow(strategy: UnlearningStrategy, info: BenchmarkInfo, seed: int) -> nn.Module:
+def _shadow(strategy: Unlearner, info: BenchmarkInfo, seed: int) -> nn.Module:
     """An offline-LiRA shadow model: a copy of the gold standard ``strategy`` (after the schedule) forgetting a
     random half of the samples it retains, i.e. its recipe replayed on the other half [interp]. The recorder's last
     Trainer and its DDP strategy (process group, launcher: not copyable) are shared with the copy, not copied."""

@@ -1,4 +1,4 @@
-"""The built-in methods of the registry, each an unlearning strategy class on its model families.
+"""The built-in methods of the registry, each an unlearner class on its model families.
 
 Registered: ``acu``, ``resolve`` and ``certified_removal`` ([CR]; the certified softmax head, on the convex
 family), ``hf``, ``ns``, ``ij``, ``hessian``, ``gradient``, ``safe``, ``rbm``, ``salun``, ``noisy_finetune`` ([CUNN];
@@ -30,26 +30,26 @@ from lightning_unlearn.functional.bounds import linear_head, linear_model_consta
 from lightning_unlearn.functional.newton import hessian_lipschitz_bound
 from lightning_unlearn.harness.registry import MethodSpec, register
 from lightning_unlearn.harness.types import BenchmarkInfo
-from lightning_unlearn.strategies.acu import ACUStrategy
-from lightning_unlearn.strategies.baselines import (
-    FinetuneStrategy,
-    NegGradPlusStrategy,
-    NegGradStrategy,
-    RandomLabelStrategy,
-    RetrainStrategy,
+from lightning_unlearn.unlearners.acu import ACUUnlearner
+from lightning_unlearn.unlearners.baselines import (
+    FinetuneUnlearner,
+    NegGradPlusUnlearner,
+    NegGradUnlearner,
+    RandomLabelUnlearner,
+    RetrainUnlearner,
 )
-from lightning_unlearn.strategies.certified import (
-    GradientCertifiedStrategy,
-    HessianCertifiedStrategy,
+from lightning_unlearn.unlearners.certified import (
+    GradientCertifiedUnlearner,
+    HessianCertifiedUnlearner,
 )
-from lightning_unlearn.strategies.convex import CertifiedRemovalStrategy, ResolveStrategy
-from lightning_unlearn.strategies.hf import HFStrategy
-from lightning_unlearn.strategies.newton import InfinitesimalJackknifeStrategy, NewtonStepStrategy
-from lightning_unlearn.strategies.noisy import NoisyFinetuneStrategy
-from lightning_unlearn.strategies.rbm import RBMStrategy
-from lightning_unlearn.strategies.scrub import SCRUBStrategy
-from lightning_unlearn.strategies.sparse import L1SparseStrategy, WoodFisherStrategy
-from lightning_unlearn.strategies.streaming import StreamingStrategy
+from lightning_unlearn.unlearners.convex import CertifiedRemovalUnlearner, ResolveUnlearner
+from lightning_unlearn.unlearners.hf import HFUnlearner
+from lightning_unlearn.unlearners.newton import InfinitesimalJackknifeUnlearner, NewtonStepUnlearner
+from lightning_unlearn.unlearners.noisy import NoisyFinetuneUnlearner
+from lightning_unlearn.unlearners.rbm import RBMUnlearner
+from lightning_unlearn.unlearners.scrub import SCRUBUnlearner
+from lightning_unlearn.unlearners.sparse import L1SparseUnlearner, WoodFisherUnlearner
+from lightning_unlearn.unlearners.streaming import StreamingUnlearner
 
 
 def certified_label(name: str) -> Any:
@@ -134,7 +134,7 @@ def _softmax_on_module(
 
 
 #: [CR]'s loss perturbation for a residual budget of 0.1 (sum form) at (1, 1e-5)
-_CR_PERTURBATION = CertifiedRemovalStrategy.perturbation_std(0.1, 1.0, 1e-5)
+_CR_PERTURBATION = CertifiedRemovalUnlearner.perturbation_std(0.1, 1.0, 1e-5)
 _SOFTMAX_ON_MODULE = {"l2": 1e-3, "radius": 1e-3, "loss_perturbation": None, "backbone": None, "head": "head"}
 
 
@@ -153,7 +153,7 @@ _NONE = "none (no bound on the distance to retraining)"
 register(
     MethodSpec(
         "acu",
-        ACUStrategy,
+        ACUUnlearner,
         families=("analytic",),
         module_recorder=_analytic_on_module,
         module_recorder_options={"ridge": 1.0, "backbone": None, "head": "head"},
@@ -166,7 +166,7 @@ register(
 register(
     MethodSpec(
         "retrain",
-        RetrainStrategy,
+        RetrainUnlearner,
         managed=frozenset({"fit_callbacks", "trainer_kwargs", "batch_size"}),
         guarantee="exact by construction (the gold standard)",
         assumptions="the initial weights and the retained data are kept",
@@ -176,7 +176,7 @@ register(
 register(
     MethodSpec(
         "finetune",
-        FinetuneStrategy,
+        FinetuneUnlearner,
         guarantee=_NONE,
         assumptions=_TRAINED,
         cost="`epochs` epochs over the retained set per request",
@@ -186,7 +186,7 @@ register(
 register(
     MethodSpec(
         "neggrad",
-        NegGradStrategy,
+        NegGradUnlearner,
         guarantee=_NONE,
         assumptions=_TRAINED + "; the loss is unbounded below (a diverging run stops)",
         cost="`epochs` epochs of gradient ascent over the forget set per request",
@@ -196,7 +196,7 @@ register(
 register(
     MethodSpec(
         "neggrad_plus",
-        NegGradPlusStrategy,
+        NegGradPlusUnlearner,
         guarantee=_NONE,
         assumptions=_TRAINED,
         cost="`epochs` epochs over the retained set, a forget batch beside each retained batch",
@@ -206,7 +206,7 @@ register(
 register(
     MethodSpec(
         "randomlabel",
-        RandomLabelStrategy,
+        RandomLabelUnlearner,
         guarantee=_NONE,
         assumptions=_TRAINED + "; training and forget items of one format",
         cost="`epochs` epochs over the retained set plus the relabelled forget set per request",
@@ -216,7 +216,7 @@ register(
 register(
     MethodSpec(
         "rbm",
-        RBMStrategy,
+        RBMUnlearner,
         fixed={"masking": "retain"},
         guarantee="none ([RBM] Thm. 4.1: keeps the remaining loss at 0 in the linear model)",
         assumptions=_TRAINED + "; weights salient for the retained data stay",
@@ -227,7 +227,7 @@ register(
 register(
     MethodSpec(
         "salun",
-        RBMStrategy,
+        RBMUnlearner,
         fixed={"masking": "forget"},
         guarantee=_NONE,
         assumptions=_TRAINED + "; only weights salient for the forget set train",
@@ -238,7 +238,7 @@ register(
 register(
     MethodSpec(
         "hf",
-        HFStrategy,
+        HFUnlearner,
         families=("linear",),
         recorder=_trajectory,
         recorder_options={"track": None},
@@ -254,14 +254,14 @@ register(
 for _name, _cls, _form, _guarantee, _cost in (
     (
         "ns",
-        NewtonStepStrategy,
+        NewtonStepUnlearner,
         "hessian",
         "(epsilon, delta): a damped Newton step on the retained Hessian plus noise ([HF] Eq. (15), [NS] Alg. 2)",
         "an O(d^3) factorisation per request; recording the dense d x d Hessian (d HVPs over the data)",
     ),
     (
         "ij",
-        InfinitesimalJackknifeStrategy,
+        InfinitesimalJackknifeUnlearner,
         "inverse",
         "(epsilon, delta): an infinitesimal-jackknife step plus noise ([HF] Eq. (16))",
         "O(k d^2) per request; recording the dense d x d inverse Hessian (one O(d^3) inversion)",
@@ -286,7 +286,7 @@ for _name, _cls, _form, _guarantee, _cost in (
 register(
     MethodSpec(
         "hessian",
-        HessianCertifiedStrategy,
+        HessianCertifiedUnlearner,
         families=("proximal",),
         recorder=_hessian,
         recorder_options={"hessian": "auto"},
@@ -302,7 +302,7 @@ register(
 register(
     MethodSpec(
         "gradient",
-        GradientCertifiedStrategy,
+        GradientCertifiedUnlearner,
         families=("proximal",),
         recorder=_hessian,
         recorder_options={"hessian": "auto"},
@@ -318,7 +318,7 @@ register(
 register(
     MethodSpec(
         "safe",
-        StreamingStrategy,
+        StreamingUnlearner,
         families=("supervised", "analytic", "linear", "proximal"),
         recorder=_streaming,
         recorder_options={"num_classes": None},
@@ -332,7 +332,7 @@ register(
 register(
     MethodSpec(
         "scrub",
-        SCRUBStrategy,
+        SCRUBUnlearner,
         guarantee=_NONE + "; SCRUB+R rewinds with held-out rewind_data",
         assumptions=_TRAINED + "; forward returns the logits",
         cost="`epochs` epochs per request: a max-pass over the forget set, a min-pass over the retained set",
@@ -342,7 +342,7 @@ register(
 register(
     MethodSpec(
         "l1_sparse",
-        L1SparseStrategy,
+        L1SparseUnlearner,
         guarantee=_NONE,
         assumptions=_TRAINED,
         cost="`epochs` epochs over the retained set with a decaying L1 penalty per request",
@@ -352,7 +352,7 @@ register(
 register(
     MethodSpec(
         "woodfisher",
-        WoodFisherStrategy,
+        WoodFisherUnlearner,
         guarantee=_NONE,
         assumptions="one influence step w + alpha F^-1 v, F the dampened empirical Fisher of retained gradients",
         cost="gradients over the forget and retained sets and n_samples per-sample gradients, O(n_samples^2 d)",
@@ -362,7 +362,7 @@ register(
 register(
     MethodSpec(
         "resolve",
-        ResolveStrategy,
+        ResolveUnlearner,
         families=("convex",),
         label=certified_label("resolve"),
         module_recorder=_softmax_on_module,
@@ -375,7 +375,7 @@ register(
 register(
     MethodSpec(
         "certified_removal",
-        CertifiedRemovalStrategy,
+        CertifiedRemovalUnlearner,
         families=("convex",),
         settings={"loss_perturbation": _CR_PERTURBATION},
         module_recorder=_softmax_on_module,
@@ -389,7 +389,7 @@ register(
 register(
     MethodSpec(
         "noisy_finetune",
-        NoisyFinetuneStrategy,
+        NoisyFinetuneUnlearner,
         families=("supervised", "linear"),
         label=certified_label("noisy_finetune"),
         managed=frozenset({"center"}),  # the zero vector: the harness keeps no initial weights for it

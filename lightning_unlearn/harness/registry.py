@@ -1,13 +1,13 @@
-"""Method registry: the names the CLI and the harness know, each mapped to an unlearning strategy class.
+"""Method registry: the names the CLI and the harness know, each mapped to an unlearner class.
 
-A :class:`MethodSpec` names a :class:`~lightning_unlearn.strategies.base.UnlearningStrategy`
+A :class:`MethodSpec` names a :class:`~lightning_unlearn.unlearners.base.Unlearner`
 class and the model families it runs on. Its options are the class constructor's keyword-only
 parameters (followed through ``**kwargs`` to its base classes), plus ``family`` and the family's
 settings (:mod:`lightning_unlearn.harness.families`) and the recorder's options it declares;
 an unknown option is a ``ValueError`` listing the valid ones. Adding a method is one spec::
 
-    register(MethodSpec("mine", MyStrategy, families=("supervised",), recorder=lambda info: MyRecorder()))
-    get_method("mine", epsilon=0.5)  # MyStrategy(module, recorder, epsilon=0.5)
+    register(MethodSpec("mine", MyUnlearner, families=("supervised",), recorder=lambda info: MyRecorder()))
+    get_method("mine", epsilon=0.5)  # MyUnlearner(module, recorder, epsilon=0.5)
 
 The harness sets ``ledger``, ``seed`` and ``generator`` itself (runs are reproducible from the
 benchmark's seed), and a ``train=`` dataset (the stream's training set) when the class takes one.
@@ -38,8 +38,8 @@ from lightning_unlearn.harness.families import (
     reference,
 )
 from lightning_unlearn.harness.types import BenchmarkInfo, Built, Method
-from lightning_unlearn.strategies.base import UnlearningStrategy
-from lightning_unlearn.strategies.baselines import RetrainStrategy
+from lightning_unlearn.unlearners.base import Unlearner
+from lightning_unlearn.unlearners.baselines import RetrainUnlearner
 
 #: constructor arguments the harness sets (from the benchmark's seed, its own ledger): never options
 HARNESS_ARGUMENTS = frozenset({"ledger", "seed", "generator"})
@@ -47,16 +47,16 @@ HARNESS_ARGUMENTS = frozenset({"ledger", "seed", "generator"})
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A registered method: an unlearning strategy class on a model family.
+    """A registered method: an unlearner class on a model family.
 
     Args:
         name: the registry name (what the strategy's certificates name as their method).
-        strategy: the :class:`UnlearningStrategy` class; its keyword-only constructor parameters
+        strategy: the :class:`Unlearner` class; its keyword-only constructor parameters
             are the method's options.
         families: the model families it runs on, its default first.
         recorder: ``recorder(info, **recorder_options)`` makes its recorder; ``None``: the family's.
         recorder_options: the options handed to ``recorder``, with their defaults.
-        fixed: strategy options fixed by the name (e.g. ``salun`` is :class:`RBMStrategy` with
+        fixed: strategy options fixed by the name (e.g. ``salun`` is :class:`RBMUnlearner` with
             ``masking="forget"``); they are not options.
         managed: keyword-only parameters set from the family's recipe rather than by the user.
         label: the method's name for a set of strategy options (default: ``name``); a family
@@ -78,7 +78,7 @@ class MethodSpec:
     """
 
     name: str
-    strategy: type[UnlearningStrategy]
+    strategy: type[Unlearner]
     families: tuple[str, ...] = FAMILIES
     recorder: Callable[..., RecorderCallback] | None = None
     recorder_options: Mapping[str, Any] = field(default_factory=dict)
@@ -155,7 +155,7 @@ class MethodSpec:
         settings = {**self.settings, **{k: options.pop(k) for k in list(options) if k in _all_settings()}}
         family_settings(family, settings)  # a setting of another family is an error
         gold = reference(family, **settings)
-        if self.strategy is RetrainStrategy:
+        if self.strategy is RetrainUnlearner:
             return gold
         recorder_options = {
             **self.recorder_options,

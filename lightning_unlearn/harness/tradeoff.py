@@ -54,13 +54,13 @@ from lightning_unlearn.metrics import accuracy, lira_auc, mia_u_auc
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.privacy.recipe import Recipe, propose_recipe
 from lightning_unlearn.progress import QUIET_TRAINER
-from lightning_unlearn.strategies import (
-    CertifiedRemovalStrategy,
-    GradientCertifiedStrategy,
-    HessianCertifiedStrategy,
-    HFStrategy,
-    ResolveStrategy,
-    StreamingStrategy,
+from lightning_unlearn.unlearners import (
+    CertifiedRemovalUnlearner,
+    GradientCertifiedUnlearner,
+    HessianCertifiedUnlearner,
+    HFUnlearner,
+    ResolveUnlearner,
+    StreamingUnlearner,
 )
 
 EPSILONS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 100.0)
@@ -314,7 +314,7 @@ def run_tradeoff(
         for eps in grid:
             if "hf" in methods:
                 m2, r2 = copy.deepcopy(model), copy.deepcopy(rec)
-                hf_strategy = HFStrategy(
+                hf_strategy = HFUnlearner(
                     m2,
                     r2,
                     epsilon=1.0 if eps == math.inf else eps,
@@ -326,7 +326,7 @@ def run_tradeoff(
                 log(_line(rows[-1]))
             if "safe" in methods:
                 m2, sr2 = copy.deepcopy(model), copy.deepcopy(srec)
-                safe_strategy = StreamingStrategy(
+                safe_strategy = StreamingUnlearner(
                     m2,
                     sr2,
                     constants=constants,
@@ -348,7 +348,7 @@ def run_tradeoff(
         rows.append(_row("retrain[lbfgs]", math.inf, retrain, model, retrain_acc, setup))
         constants = linear_model_constants(setup.feature_norm, setup.recipe.l2, init_norm=0.0)
         for eps in grid:
-            for name, cls in (("hessian", HessianCertifiedStrategy), ("gradient", GradientCertifiedStrategy)):
+            for name, cls in (("hessian", HessianCertifiedUnlearner), ("gradient", GradientCertifiedUnlearner)):
                 if name not in methods:
                     continue
                 m2, hr2 = copy.deepcopy(model), copy.deepcopy(hrec)
@@ -382,16 +382,16 @@ def _head_rows(
     for eps in grid:
         if "resolve" in methods:
             m2, r2 = copy.deepcopy(model), copy.deepcopy(recorder)
-            strategy: Any = ResolveStrategy(
+            strategy: Any = ResolveUnlearner(
                 m2, r2, epsilon=1.0 if eps == math.inf else eps, delta=setup.delta, noise=eps != math.inf
             )
             rows.append(_row("resolve", eps, m2, model, retrain_acc, setup, _requests(setup, strategy)))
             log(_line(rows[-1]))
         if "certified_removal" in methods and eps != math.inf:
-            beta = CertifiedRemovalStrategy.perturbation_std(CR_BUDGET, eps, setup.delta)
+            beta = CertifiedRemovalUnlearner.perturbation_std(CR_BUDGET, eps, setup.delta)
             m2, r2 = setup.fit_head(loss_perturbation=beta)
             before = copy.deepcopy(m2)  # its own trained model: the perturbed objective's
-            strategy = CertifiedRemovalStrategy(m2, r2, epsilon=eps, delta=setup.delta)
+            strategy = CertifiedRemovalUnlearner(m2, r2, epsilon=eps, delta=setup.delta)
             rows.append(_row("certified_removal", eps, m2, before, retrain_acc, setup, _requests(setup, strategy)))
             log(_line(rows[-1]))
     return rows

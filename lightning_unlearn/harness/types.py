@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lightning_unlearn.core.catalog import SampleCatalog
 from lightning_unlearn.data import IndexedDataset, unpack_batch
-from lightning_unlearn.strategies.base import UnlearningStrategy
+from lightning_unlearn.unlearners.base import Unlearner
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ class Built:
 
     module: L.LightningModule
     callbacks: list[L.Callback]
-    strategy: Callable[[], UnlearningStrategy]
+    strategy: Callable[[], Unlearner]
     trainer_kwargs: dict[str, Any] = field(default_factory=dict)
     batch_size: int | None = None
 

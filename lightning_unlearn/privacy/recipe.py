@@ -5,7 +5,7 @@ For each candidate ridge ``l2`` the closed-form constants (:func:`linear_model_c
 Lemma 3 allows). For the planned training (``epochs`` of ``ceil(n / batch_size)`` constant-rate
 steps) the per-sample bound is evaluated for a sample met in the last batch of every epoch (its
 worst case), summed over ``n_deletions`` deleted samples, and turned into the analytic Gaussian
-sigma for ``(epsilon, delta)``. The bound is :class:`HFStrategy`'s default, the contraction bound
+sigma for ``(epsilon, delta)``. The bound is :class:`HFUnlearner`'s default, the contraction bound
 [derived] (``bound="contraction"``: :func:`~lightning_unlearn.functional.bounds.sgd_bound`, its
 triangle form ``D_T + A_T``, linear in the deletions), or the sum form of Eq. (56)
 (``bound="paper"``, :func:`hf.per_sample_bound`).

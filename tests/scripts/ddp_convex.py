@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, __file__.rsplit("/", 1)[0] + "/..")
 from helpers import N_CLASSES, N_FEATURES, toy_dataset
 
-from lightning_unlearn import ForgetRequest, ResolveStrategy, SoftmaxHeadRecorder
+from lightning_unlearn import ForgetRequest, ResolveUnlearner, SoftmaxHeadRecorder
 
 warnings.filterwarnings("ignore")
 
@@ -54,7 +54,7 @@ def main(out: str, devices: int) -> None:
     )
     trainer.fit(model, DataLoader(ds, batch_size=16, shuffle=True))
     fitted = recorder.state_dict()
-    result = ResolveStrategy(model, recorder).forget(ForgetRequest.samples([0, 5, 202]))
+    result = ResolveUnlearner(model, recorder).forget(ForgetRequest.samples([0, 5, 202]))
     torch.save(
         {
             "fitted": fitted,

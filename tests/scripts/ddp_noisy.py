@@ -17,7 +17,7 @@ from test_noisy import KEYS, Images, UserCNN
 
 from lightning_unlearn import ForgetRequest, IndexedDataset
 from lightning_unlearn.callbacks import SampleRecorder
-from lightning_unlearn.strategies.noisy import NoisyFinetuneStrategy
+from lightning_unlearn.unlearners.noisy import NoisyFinetuneUnlearner
 
 warnings.filterwarnings("ignore")
 
@@ -39,7 +39,7 @@ def main(out: str, devices: int) -> None:
         enable_model_summary=False,
     )
     trainer.fit(model, DataLoader(train, batch_size=16, shuffle=True))
-    strategy = NoisyFinetuneStrategy(model, recorder, train, center=initial, steps=3, batch_size=16, radius=2.0)
+    strategy = NoisyFinetuneUnlearner(model, recorder, train, center=initial, steps=3, batch_size=16, radius=2.0)
     result = strategy.forget(ForgetRequest.of_class(1))
     torch.save(
         {

@@ -16,7 +16,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0] + "/..")
 from test_sliced import L2, RADIUS, HeadModel, digits, sliced
 
 from lightning_unlearn import ForgetRequest, SoftmaxHeadRecorder
-from lightning_unlearn.strategies.sliced import SlicedResolveStrategy
+from lightning_unlearn.unlearners.sliced import SlicedResolveUnlearner
 
 warnings.filterwarnings("ignore")
 
@@ -40,7 +40,7 @@ def main(out: str, devices: int) -> None:
     )
     trainer.fit(model, DataLoader(data, batch_size=32))
     forgotten = int(backbone.slice_ids[1][0])
-    result = SlicedResolveStrategy(model, recorder, backbone).forget(ForgetRequest.samples([forgotten]), data=data)
+    result = SlicedResolveUnlearner(model, recorder, backbone).forget(ForgetRequest.samples([forgotten]), data=data)
     torch.save(
         {
             "forgotten": forgotten,

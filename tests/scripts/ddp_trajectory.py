@@ -27,7 +27,7 @@ from lightning_unlearn.callbacks import (  # noqa: E402
     TrajectoryRecorder,
 )
 from lightning_unlearn.functional import hf  # noqa: E402
-from lightning_unlearn.strategies import HFStrategy  # noqa: E402
+from lightning_unlearn.unlearners import HFUnlearner  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -95,10 +95,10 @@ def main(out: str, devices: int) -> None:
     traj_state = {k: traj.state_dict()[k] for k in ("row_ids", "lrs", "batch_sizes", "occ_rows", "occ_steps")}
     # an HF request executed by every rank: without noise (compared with one process), then with noise drawn
     # from OS entropy (every rank must publish the same model)
-    strategy = HFStrategy(model, traj, noise=False, max_deletions=10)
+    strategy = HFUnlearner(model, traj, noise=False, max_deletions=10)
     clean = strategy.forget(ForgetRequest.samples([3, 50, 77]))
     published_clean = hf.flat_params(model)
-    noised = HFStrategy(model, traj, sigma_override=0.01, max_deletions=10).forget(ForgetRequest.samples([10]))
+    noised = HFUnlearner(model, traj, sigma_override=0.01, max_deletions=10).forget(ForgetRequest.samples([10]))
     published_noised = hf.flat_params(model)
     hess = HessianRecorder()
     hess_rows = count_rows(hess)

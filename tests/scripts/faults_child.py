@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import fit_analytic, toy_dataset  # noqa: E402
 from helpers_faults import METHODS, SEEDED, data, fitted, requests, same, save, snapshot, strategy  # noqa: E402
 
-import lightning_unlearn.strategies.base as base  # noqa: E402
-from lightning_unlearn import ACUStrategy, ForgetRequest, Ledger  # noqa: E402
+import lightning_unlearn.unlearners.base as base  # noqa: E402
+from lightning_unlearn import ACUUnlearner, ForgetRequest, Ledger  # noqa: E402
 
 warnings.filterwarnings("ignore", message=SEEDED)  # the SAFE run's release is seeded on purpose
 STAGES = (
@@ -54,7 +54,7 @@ def kill() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def arm(stage: str, s: base.UnlearningStrategy) -> None:
+def arm(stage: str, s: base.Unlearner) -> None:
     """Make this process kill itself when the request reaches ``stage``."""
     if stage == "compute":
         compute = s._compute
@@ -116,7 +116,7 @@ def full_tmpfs(workdir: Path, mount: Path) -> dict[str, object]:
     ids = big.ids.tolist()
     model, rec = fit_analytic([big])
     path = mount / "ledger.jsonl"
-    s = ACUStrategy(model, rec, Ledger(path))
+    s = ACUUnlearner(model, rec, Ledger(path))
     s.forget(ForgetRequest.samples(ids[:4]), big)
     save(workdir / "tmpfs.ckpt", model, rec)
     shutil.copy(path, workdir / "tmpfs_base.jsonl")

@@ -18,8 +18,8 @@ from lightning_unlearn.functional import certified as cl
 from lightning_unlearn.functional import hf
 from lightning_unlearn.functional.bounds import ModelConstants, forgetting_chain, newton_chain
 from lightning_unlearn.modes import eval_mode
-from lightning_unlearn.strategies.base import ForgetData, UnlearningUpdate, replace_attributes, swap_weights
-from lightning_unlearn.strategies.release import ReleasingStrategy
+from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate, replace_attributes, swap_weights
+from lightning_unlearn.unlearners.release import ReleasingUnlearner
 from lightning_unlearn.warnings import warn
 
 #: the sensitivities the [CCL] strategies calibrate their noise on
@@ -31,7 +31,7 @@ def _is_linear(module: nn.Module) -> bool:
     return len(layers) == 1 and isinstance(layers[0], nn.Linear)
 
 
-class _ContinualCertified(ReleasingStrategy):
+class _ContinualCertified(ReleasingUnlearner):
     """Shared parts: task status of a request, Assumption 2.1 constants, publishing with noise.
 
     The internal (noise-free) model is :meth:`clean_parameters`; the module receives
@@ -51,7 +51,7 @@ class _ContinualCertified(ReleasingStrategy):
     certificate is vacuous or heuristic and a warning says so. ``noise=False`` or a fixed
     ``sigma_override`` give an uncertified certificate (``epsilon=None``), the bound terms still
     reported. Noise, accounting, ``budget`` and ``seed``:
-    :class:`~lightning_unlearn.strategies.release.ReleasingStrategy` (analytic Gaussian mechanism, [AGM];
+    :class:`~lightning_unlearn.unlearners.release.ReleasingUnlearner` (analytic Gaussian mechanism, [AGM];
     OS-entropy noise, composed total in every certificate).
 
     Sensitivity: ``bound="contraction"`` (default) [derived], the strong-convexity argument on the chain of
@@ -371,7 +371,7 @@ class _ContinualCertified(ReleasingStrategy):
         )
 
 
-class GradientCertifiedStrategy(_ContinualCertified):
+class GradientCertifiedUnlearner(_ContinualCertified):
     """[CCL] Alg. 1 (natural forgetting, the gradient-based adaptation): weights unchanged, noise only.
 
     Stores nothing beyond the catalog and task sizes. ``sigma`` is the analytic Gaussian mechanism's
@@ -403,7 +403,7 @@ class GradientCertifiedStrategy(_ContinualCertified):
         return update
 
 
-class HessianCertifiedStrategy(_ContinualCertified):
+class HessianCertifiedUnlearner(_ContinualCertified):
     """[CCL] Alg. 2: the Newton-style correction of the corrected Eq. (13), then noise.
 
     The correction runs the linearised error recursion over all recorded tasks
@@ -423,7 +423,7 @@ class HessianCertifiedStrategy(_ContinualCertified):
         self, module: nn.Module, recorder: HessianRecorder, ledger: Ledger | None = None, **kwargs: Any
     ) -> None:
         if not isinstance(recorder, HessianRecorder):
-            raise ValueError(f"HessianCertifiedStrategy needs a HessianRecorder, got {type(recorder).__name__}")
+            raise ValueError(f"HessianCertifiedUnlearner needs a HessianRecorder, got {type(recorder).__name__}")
         super().__init__(module, recorder, ledger, **kwargs)
         self.recorder: HessianRecorder = recorder
 

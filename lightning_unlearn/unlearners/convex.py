@@ -17,8 +17,8 @@ from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.functional import convex
 from lightning_unlearn.functional.certified import uncertified_note
 from lightning_unlearn.privacy.analysis import check_privacy_parameters, gaussian_sigma
-from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, UnlearningUpdate
-from lightning_unlearn.strategies.release import ReleasingStrategy
+from lightning_unlearn.unlearners.base import ForgetData, Unlearner, UnlearningUpdate
+from lightning_unlearn.unlearners.release import ReleasingUnlearner
 
 
 def assumptions(recorder: SoftmaxHeadRecorder, gradient_norm: float, bound: float) -> list[str]:
@@ -43,7 +43,7 @@ def feature_assumption(recorder: SoftmaxHeadRecorder) -> str:
     )
 
 
-class ResolveStrategy(ReleasingStrategy):
+class ResolveUnlearner(ReleasingUnlearner):
     """Forget by re-solving the head on the retained features, warm started, to a certified distance; release it
     with Gaussian noise calibrated on that distance ([derived], ``docs/certified_head.md``).
 
@@ -59,9 +59,9 @@ class ResolveStrategy(ReleasingStrategy):
     Reads the recorder's retained features only; cost: a few Newton steps of Hessian-vector products over them.
 
     Args:
-        module, recorder, ledger: see :class:`~lightning_unlearn.strategies.base.UnlearningStrategy`.
+        module, recorder, ledger: see :class:`~lightning_unlearn.unlearners.base.Unlearner`.
         epsilon, delta, noise, sigma_override, seed, budget, accountant: see
-            :class:`~lightning_unlearn.strategies.release.ReleasingStrategy`.
+            :class:`~lightning_unlearn.unlearners.release.ReleasingUnlearner`.
     """
 
     method = "resolve"
@@ -137,7 +137,7 @@ class ResolveStrategy(ReleasingStrategy):
         )
 
 
-class CertifiedRemovalStrategy(UnlearningStrategy):
+class CertifiedRemovalUnlearner(Unlearner):
     """Newton removal with loss perturbation ([CR], Guo, Goldstein, Hannun, van der Maaten, ICML 2020), with the
     gradient residual computed exactly instead of bounded.
 
@@ -156,7 +156,7 @@ class CertifiedRemovalStrategy(UnlearningStrategy):
     certificate says so. The budget must exceed what the recorder's solver leaves (``n l2 radius``).
 
     Args:
-        module, recorder, ledger: see :class:`~lightning_unlearn.strategies.base.UnlearningStrategy`.
+        module, recorder, ledger: see :class:`~lightning_unlearn.unlearners.base.Unlearner`.
         epsilon, delta: the per-release target; with the recorder's ``loss_perturbation`` they fix the budget.
 
     Raises:
@@ -179,7 +179,7 @@ class CertifiedRemovalStrategy(UnlearningStrategy):
         if recorder.loss_perturbation is None:
             raise ValueError(
                 "certified_removal needs a head trained with loss perturbation: "
-                "SoftmaxHeadRecorder(loss_perturbation=CertifiedRemovalStrategy.perturbation_std(...))"
+                "SoftmaxHeadRecorder(loss_perturbation=CertifiedRemovalUnlearner.perturbation_std(...))"
             )
         self.recorder: SoftmaxHeadRecorder = recorder
         self.epsilon, self.delta = float(epsilon), float(delta)
@@ -245,7 +245,7 @@ class CertifiedRemovalStrategy(UnlearningStrategy):
 
 def residual_budget(perturbation_std: float, epsilon: float, delta: float) -> float:
     """The largest gradient residual ``epsilon'`` that ``b ~ N(0, beta^2 I)`` masks at (epsilon, delta): the inverse
-    of :meth:`CertifiedRemovalStrategy.perturbation_std` (both [CR] Theorem 3's condition and [AGM]'s hold)."""
+    of :meth:`CertifiedRemovalUnlearner.perturbation_std` (both [CR] Theorem 3's condition and [AGM]'s hold)."""
     unit = max(_c(delta) / epsilon, gaussian_sigma(1.0, epsilon, delta))
     return perturbation_std / unit
 

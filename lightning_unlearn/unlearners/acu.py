@@ -1,4 +1,4 @@
-"""`ACUStrategy`: exact continual unlearning of an analytic head [ACU]."""
+"""`ACUUnlearner`: exact continual unlearning of an analytic head [ACU]."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from lightning_unlearn.callbacks.analytic import AnalyticRecorder, require_stati
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.functional import acu
-from lightning_unlearn.strategies.base import (
+from lightning_unlearn.unlearners.base import (
     ForgetData,
-    UnlearningStrategy,
+    Unlearner,
     UnlearningUpdate,
 )
 
 
-class ACUStrategy(UnlearningStrategy):
+class ACUUnlearner(Unlearner):
     """Exact forgetting by the recursive Woodbury update of eq. (5) and eq. (6), or a re-solve for large requests.
 
     Needs only the samples to forget (their features and labels), never the retained data.

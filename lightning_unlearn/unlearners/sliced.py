@@ -16,12 +16,12 @@ from lightning_unlearn.callbacks.slices import SlicedBackbone, SliceRetrain, Sli
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.core.result import UnlearningResult
 from lightning_unlearn.functional import convex
-from lightning_unlearn.strategies.base import ForgetData, UnlearningUpdate
-from lightning_unlearn.strategies.convex import ResolveStrategy, feature_assumption
+from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate
+from lightning_unlearn.unlearners.convex import ResolveUnlearner, feature_assumption
 
 
-class SlicedResolveStrategy(ResolveStrategy):
-    """:class:`~lightning_unlearn.strategies.convex.ResolveStrategy` on the features of a backbone trained by a
+class SlicedResolveUnlearner(ResolveUnlearner):
+    """:class:`~lightning_unlearn.unlearners.convex.ResolveUnlearner` on the features of a backbone trained by a
     :class:`~lightning_unlearn.callbacks.slices.SlicedBackbone`: the backbone may have seen the samples to forget.
 
     A request whose ids the backbone never trained on (none in its slices) is a plain ``resolve`` request. A request
@@ -48,7 +48,7 @@ class SlicedResolveStrategy(ResolveStrategy):
 
     Args:
         module, recorder, ledger, epsilon, delta, noise, sigma_override, seed, budget, accountant: see
-            :class:`~lightning_unlearn.strategies.convex.ResolveStrategy`; the recorder names the module's backbone
+            :class:`~lightning_unlearn.unlearners.convex.ResolveUnlearner`; the recorder names the module's backbone
             (``SoftmaxHeadRecorder(backbone="trunk")``).
         backbone: the trained :class:`SlicedBackbone` whose ``trunk`` is the module's backbone (equal weights, checked
             here and before every request).
@@ -196,7 +196,7 @@ class SlicedResolveStrategy(ResolveStrategy):
         return update
 
     def _commit(self, result: UnlearningResult, update: UnlearningUpdate) -> Exception | None:
-        """The commit of :class:`UnlearningStrategy`; once it is done, the backbone states that saw the forgotten
+        """The commit of :class:`Unlearner`; once it is done, the backbone states that saw the forgotten
         samples are overwritten."""
         before = self.sliced.stages
         unerased = super()._commit(result, update)

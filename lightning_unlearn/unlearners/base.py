@@ -1,13 +1,13 @@
-"""`UnlearningStrategy`: the one interface every unlearning method implements.
+"""`Unlearner`: the one interface every unlearning method implements.
 
 Every method follows one contract, with one commit point, in the order of a database's write-ahead
 log (the ledger entry is the durable record; everything after it is derived from it):
 
 1. ``forget`` checks the ledger file against the recorder's anchor (the checkpoint's ``ledger_anchor``:
    a dropped, emptied, deleted, rewritten or replaced ledger is a :class:`LedgerError` before anything
-   runs; :meth:`UnlearningStrategy.accept_ledger` is the operator's logged override), erases what an
+   runs; :meth:`Unlearner.accept_ledger` is the operator's logged override), erases what an
    earlier request left unerased, and checks the request and the data (nothing changes on a bad input);
-2. the method's :meth:`UnlearningStrategy._compute` computes everything (new weights, the
+2. the method's :meth:`Unlearner._compute` computes everything (new weights, the
    recorder's statistics change, its own state, the certificate) and touches nothing;
 3. ``forget`` commits with Ctrl-C held until it is done
    (:func:`~lightning_unlearn.core.interrupts.deferred_interrupts`); each step hands over its undo before
@@ -30,7 +30,7 @@ log (the ledger entry is the durable record; everything after it is derived from
 A ledger on disk can be ahead of the state it is used with: a process stopped between the ledger
 write and the next checkpoint, and the run resumed from that earlier checkpoint. The module and the
 statistics then still hold samples the ledger says are forgotten. ``forget`` refuses new requests
-until :meth:`UnlearningStrategy.redo_pending` has executed those entries again.
+until :meth:`Unlearner.redo_pending` has executed those entries again.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ __all__ = [
     "ErasurePendingError",
     "ForgetData",
     "UnlearningResult",
-    "UnlearningStrategy",
+    "Unlearner",
     "UnlearningUpdate",
     "replace_attributes",
     "swap_weights",
@@ -160,7 +160,7 @@ def replace_attributes(obj: object, values: Mapping[str, Any]) -> Undo:
     return undo
 
 
-class UnlearningStrategy(ABC):
+class Unlearner(ABC):
     """Executes forget requests on a module in place, between experiences.
 
     ``forget`` resolves the request against the recorder's catalog (unknown ids, ids already
@@ -171,10 +171,10 @@ class UnlearningStrategy(ABC):
     Subclasses set :attr:`method` (the registry name), :attr:`reads_data` and
     :attr:`needs_forget_data`, and implement :meth:`_compute`.
 
-    Terms: in this library "strategy" alone means an unlearning strategy (this class). Lightning's
+    Terms: in this library "strategy" alone means an unlearner (this class). Lightning's
     ``Trainer(strategy=...)``/``trainer.strategy`` (how training is distributed, e.g. DDP) is
     called the *Lightning strategy*, and Avalanche's ``Naive``/``EWC``/``Replay`` (how a stream
-    is learned) an *Avalanche strategy*; arguments holding an unlearning strategy next to either
+    is learned) an *Avalanche strategy*; arguments holding an unlearner next to either
     are named ``unlearning``.
     """
 

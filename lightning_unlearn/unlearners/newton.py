@@ -1,4 +1,4 @@
-"""`NewtonStepStrategy` ([NS]) and `InfinitesimalJackknifeStrategy` ([IJ]): [HF]'s Hessian-based baselines."""
+"""`NewtonStepUnlearner` ([NS]) and `InfinitesimalJackknifeUnlearner` ([IJ]): [HF]'s Hessian-based baselines."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ from lightning_unlearn.functional import newton as nt
 from lightning_unlearn.functional.bounds import ModelConstants
 from lightning_unlearn.functional.certified import uncertified_note
 from lightning_unlearn.modes import eval_mode
-from lightning_unlearn.strategies.base import ForgetData, UnlearningUpdate
-from lightning_unlearn.strategies.release import ReleasingStrategy
+from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate
+from lightning_unlearn.unlearners.release import ReleasingUnlearner
 from lightning_unlearn.warnings import warn
 
 
-class _SecondOrderStrategy(ReleasingStrategy):
+class _SecondOrderUnlearner(ReleasingUnlearner):
     """What [NS] and [IJ] share: every request recomputes the step from the trained model ``w`` for ALL the
     samples forgotten so far (``U``, ``m`` of them; [NS] Alg. 2 takes every deletion at once), then publishes
-    ``internal + N(0, sigma^2 I)`` through :class:`~lightning_unlearn.strategies.release.ReleasingStrategy`
+    ``internal + N(0, sigma^2 I)`` through :class:`~lightning_unlearn.unlearners.release.ReleasingUnlearner`
     (analytic Gaussian mechanism, [AGM], on the bound ``gamma`` of :mod:`lightning_unlearn.functional.newton`;
     [NS]'s classical ``gamma sqrt(2 ln(1.25/delta))/epsilon`` is reported as ``sigma_classical``; every release
     accounted). Needs the samples to forget (``data``): their gradients at ``w``.
@@ -46,7 +46,7 @@ class _SecondOrderStrategy(ReleasingStrategy):
         recorder: the :class:`HessianSumRecorder` that watched the fit.
         ledger: where executed requests are recorded.
         epsilon, delta, noise, sigma_override, seed, budget, accountant: the release
-            (:class:`~lightning_unlearn.strategies.release.ReleasingStrategy`).
+            (:class:`~lightning_unlearn.unlearners.release.ReleasingUnlearner`).
         constants, hessian_lipschitz: [NS]'s constants (see above).
 
     Raises:
@@ -215,7 +215,7 @@ class _SecondOrderStrategy(ReleasingStrategy):
         )
 
 
-class NewtonStepStrategy(_SecondOrderStrategy):
+class NewtonStepUnlearner(_SecondOrderUnlearner):
     """[NS]: the damped Newton step of [HF] Eq. (15) on the retained samples' Hessian, then noise ([NS] Alg. 2).
 
     Per request the forgotten samples' Hessians at ``w`` are subtracted from the recorder's sum (the recorder
@@ -226,7 +226,7 @@ class NewtonStepStrategy(_SecondOrderStrategy):
     previous request's step (``O(d^2)`` per iteration; a factorisation, ``O(d^3)``, without it:
     :func:`~lightning_unlearn.functional.newton.newton_step`). ``extra["cg_iterations"]`` reports the
     iterations (0: factorised). Noise: :func:`~lightning_unlearn.functional.newton.newton_sensitivity`. See
-    :class:`_SecondOrderStrategy`.
+    :class:`_SecondOrderUnlearner`.
     """
 
     method = "ns"
@@ -265,10 +265,10 @@ class NewtonStepStrategy(_SecondOrderStrategy):
         return update
 
 
-class InfinitesimalJackknifeStrategy(_SecondOrderStrategy):
+class InfinitesimalJackknifeUnlearner(_SecondOrderUnlearner):
     """[IJ]: ``w + 1/n (1/n sum_i H_i + c I)^{-1} G`` ([HF] Eq. (16)) with the recorder's precomputed inverse, then
     noise (:func:`~lightning_unlearn.functional.newton.jackknife_sensitivity`, [derived]). ``O(d^2)`` per request.
-    See :class:`_SecondOrderStrategy`.
+    See :class:`_SecondOrderUnlearner`.
     """
 
     method = "ij"

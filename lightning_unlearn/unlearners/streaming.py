@@ -1,4 +1,4 @@
-"""`StreamingStrategy`: SAFE streaming unlearning ([SAFE], Algorithm 1), one request per round."""
+"""`StreamingUnlearner`: SAFE streaming unlearning ([SAFE], Algorithm 1), one request per round."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from lightning_unlearn.functional import streaming as safe
 from lightning_unlearn.functional.bounds import ModelConstants
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.privacy import gaussian_noise
-from lightning_unlearn.strategies.base import ForgetData, UnlearningUpdate
-from lightning_unlearn.strategies.release import Publication, ReleasingStrategy
+from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate
+from lightning_unlearn.unlearners.release import Publication, ReleasingUnlearner
 
 _SCOPES = ("all", "current")
 #: the sensitivities of a calibrated release: the contraction one when its inputs are given ("auto"), or either
@@ -24,7 +24,7 @@ BOUNDS = ("auto", "contraction", "paper")
 _DIRECTIONS = ("model_to_target", "target_to_model")
 
 
-class StreamingStrategy(ReleasingStrategy):
+class StreamingUnlearner(ReleasingUnlearner):
     """SAFE ([SAFE] Algorithm 1): each request is one round ``t``; the model becomes one step from ``w_0``.
 
     Needs only the samples to forget (``data`` of :meth:`forget`) and the
@@ -40,7 +40,7 @@ class StreamingStrategy(ReleasingStrategy):
        ``lambda * mean d_KL(f(x; w), target)`` (Eq. (25)-(26); line 8).
     4. ``g_t = grad R^ret + grad R~^fg`` and ``w_t = w_0 - gamma g_t/||g_t|| - b_t`` (Eq. (27); lines 9-11),
        with ``b_t ~ N(0, noise_std^2 I)`` over the trainable parameters (with ``epsilon``, the calibrated
-       release of :class:`~lightning_unlearn.strategies.release.ReleasingStrategy` adds ``-b_t``, the same law).
+       release of :class:`~lightning_unlearn.unlearners.release.ReleasingUnlearner` adds ``-b_t``, the same law).
 
     The step always starts at ``w_0`` (not at ``w_{t-1}``); module buffers (BN statistics) are
     reset to their ``w_0`` values. Gradients are taken in eval mode.
@@ -124,7 +124,7 @@ class StreamingStrategy(ReleasingStrategy):
         bound: str = "auto",
     ) -> None:
         if not isinstance(recorder, StreamingRecorder):
-            raise TypeError(f"StreamingStrategy needs a StreamingRecorder, got {type(recorder).__name__}")
+            raise TypeError(f"StreamingUnlearner needs a StreamingRecorder, got {type(recorder).__name__}")
         if (
             forget_weight < 0
             or lr_constant <= 0
@@ -133,30 +133,30 @@ class StreamingStrategy(ReleasingStrategy):
             or (step_size is not None and step_size <= 0)
         ):
             raise ValueError(
-                "StreamingStrategy needs forget_weight >= 0, lr_constant > 0, expected_rounds >= 1, noise_std >= 0, "
+                "StreamingUnlearner needs forget_weight >= 0, lr_constant > 0, expected_rounds >= 1, noise_std >= 0, "
                 "step_size > 0; "
                 f"got {forget_weight}, {lr_constant}, {expected_rounds}, {noise_std}, {step_size}"
             )
         if (epsilon is None) != (delta is None):
             raise ValueError(
-                f"StreamingStrategy takes epsilon and delta together (Theorem 2(iii)); got epsilon={epsilon}, "
+                f"StreamingUnlearner takes epsilon and delta together (Theorem 2(iii)); got epsilon={epsilon}, "
                 f"delta={delta}"
             )
         if epsilon is not None and delta is not None and not (0 < epsilon < float("inf") and 0 < delta < 1):
             raise ValueError(
-                f"StreamingStrategy needs epsilon > 0 (finite) and delta in (0, 1); got {epsilon}, {delta}"
+                f"StreamingUnlearner needs epsilon > 0 (finite) and delta in (0, 1); got {epsilon}, {delta}"
             )
         if epsilon is not None and noise_std > 0:
             raise ValueError(
-                "StreamingStrategy: epsilon calibrates the noise by Theorem 2(iii); do not also give noise_std"
+                "StreamingUnlearner: epsilon calibrates the noise by Theorem 2(iii); do not also give noise_std"
             )
         if weight_bound is not None and not weight_bound > 0:
-            raise ValueError(f"StreamingStrategy weight_bound W must be positive, got {weight_bound}")
+            raise ValueError(f"StreamingUnlearner weight_bound W must be positive, got {weight_bound}")
         if bound not in BOUNDS:
-            raise ValueError(f"StreamingStrategy bound must be one of {BOUNDS}, got {bound!r}")
+            raise ValueError(f"StreamingUnlearner bound must be one of {BOUNDS}, got {bound!r}")
         if bound == "contraction" and (constants is None or trajectory is None):
             raise ValueError(
-                "StreamingStrategy bound='contraction' needs constants= (Assumption 1) and trajectory= (the "
+                "StreamingUnlearner bound='contraction' needs constants= (Assumption 1) and trajectory= (the "
                 "TrajectoryRecorder of the same SGD fits)"
             )
         if forget_scope not in _SCOPES or kl_direction not in _DIRECTIONS:

@@ -1,4 +1,4 @@
-"""`HFStrategy`: Hessian-free online certified unlearning ([HF] Algorithm 1 Stage III)."""
+"""`HFUnlearner`: Hessian-free online certified unlearning ([HF] Algorithm 1 Stage III)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from lightning_unlearn.functional import bounds as cb
 from lightning_unlearn.functional import hf
 from lightning_unlearn.functional.bounds import ModelConstants
 from lightning_unlearn.functional.certified import uncertified_note
-from lightning_unlearn.strategies.base import ForgetData, UnlearningUpdate
-from lightning_unlearn.strategies.release import ReleasingStrategy
+from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate
+from lightning_unlearn.unlearners.release import ReleasingUnlearner
 from lightning_unlearn.warnings import warn
 
-#: the sensitivities :class:`HFStrategy` calibrates its noise on
+#: the sensitivities :class:`HFUnlearner` calibrates its noise on
 BOUNDS = ("contraction", "paper")
 
 
@@ -98,7 +98,7 @@ class TrajectoryTerms:
 class DeletionBound:
     """The running sum form of Eq. (56): the per-sample bound terms summed over every sample deleted so far.
 
-    Part of :class:`HFStrategy`'s state (committed and rolled back with each request); valid for the
+    Part of :class:`HFUnlearner`'s state (committed and rolled back with each request); valid for the
     ``terms`` it was summed under and while ``deleted`` equals the recorder's count of deleted rows.
     """
 
@@ -114,7 +114,7 @@ class DeletionBound:
         return DeletionBound(self.terms, self.deleted + m, taylor, self.mismatch + self.terms.mismatch(rows))
 
 
-class HFStrategy(ReleasingStrategy):
+class HFUnlearner(ReleasingUnlearner):
     """Forget samples by vector addition ``w_bar = w + sum_{u in U} a^{-u}`` (Alg. 1 line 13, Theorem 1), then noise.
 
     Works per request in a stream (online: each request adds its vectors to the noise-free
@@ -165,7 +165,7 @@ class HFStrategy(ReleasingStrategy):
         recorder: the :class:`TrajectoryRecorder` that watched the fit.
         ledger: where executed requests are recorded.
         epsilon, delta, noise, sigma_override, seed, budget, accountant: the release
-            (:class:`~lightning_unlearn.strategies.release.ReleasingStrategy`).
+            (:class:`~lightning_unlearn.unlearners.release.ReleasingUnlearner`).
         constants, strong_convexity, smoothness, grad_bound: Assumption 1's constants (see above).
         capacity, max_deletions: the deletion capacity check (see above).
         bound: ``"contraction"`` or ``"paper"`` (see above).

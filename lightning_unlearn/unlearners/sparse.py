@@ -1,11 +1,11 @@
 """The two unlearning methods of [Sparse]'s comparisons that ACU's Table 1 lists: l1-sparse fine-tuning and
 WoodFisher influence unlearning (the authors' ``FT_prune`` and ``wfisher``, github.com/OPTML-Group/Unlearn-Sparse).
 
-* :class:`L1SparseStrategy` fine-tunes a copy of the module on the retained data with an L1 penalty
+* :class:`L1SparseUnlearner` fine-tunes a copy of the module on the retained data with an L1 penalty
   whose coefficient decays linearly over the epochs (``unlearn/FT.py``, ``FT_l1``), through the
   module's own loss and optimizer like every training-based method
-  (:mod:`lightning_unlearn.strategies.baselines`).
-* :class:`WoodFisherStrategy` trains nothing: one influence-function step ``w <- w + alpha F^{-1} v``
+  (:mod:`lightning_unlearn.unlearners.baselines`).
+* :class:`WoodFisherUnlearner` trains nothing: one influence-function step ``w <- w + alpha F^{-1} v``
   with the WoodFisher inverse of the retained data's empirical Fisher (``unlearn/Wfisher.py``).
 
 The math lives in :mod:`lightning_unlearn.functional.sparse` and :mod:`lightning_unlearn.functional.woodfisher`.
@@ -29,11 +29,11 @@ from lightning_unlearn.functional.rbm import mean_loss_gradient
 from lightning_unlearn.functional.sparse import l1_coefficient, l1_norm
 from lightning_unlearn.functional.woodfisher import influence_direction, woodfisher_inverse_product
 from lightning_unlearn.modes import eval_mode
-from lightning_unlearn.strategies.base import ForgetData, UnlearningUpdate
-from lightning_unlearn.strategies.baselines import Batch, EpochCounter, _Trained, rows
+from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate
+from lightning_unlearn.unlearners.baselines import Batch, EpochCounter, _Trained, rows
 
 
-class L1SparseStrategy(_Trained):
+class L1SparseUnlearner(_Trained):
     """l1-sparse unlearning ([Sparse]): fine-tune on the retained set, minimising ``L(batch) + gamma_e ||w||_1``.
 
     ``gamma_e = gamma (1 - e / (epochs - no_l1_epochs))`` in epoch ``e`` (0-based) and 0 in the last
@@ -43,7 +43,7 @@ class L1SparseStrategy(_Trained):
     ``gamma = 5e-4`` [interp], ``no_l1_epochs = 0`` (the authors' README runs 10 epochs at lr 0.01 with
     momentum 0.9 and leaves ``gamma`` to the user; scripts running their code use 1e-4; the penalty's
     gradient ``gamma sign(w)`` does not depend on the data size); plain modules SGD at lr 0.1 like
-    :class:`~lightning_unlearn.strategies.baselines.FinetuneStrategy`. Uncertified.
+    :class:`~lightning_unlearn.unlearners.baselines.FinetuneUnlearner`. Uncertified.
 
     Args:
         module: the model to unlearn, changed in place.
@@ -53,7 +53,7 @@ class L1SparseStrategy(_Trained):
         gamma: the initial L1 coefficient (the authors' ``--alpha``).
         no_l1_epochs: final epochs without the penalty.
         kwargs: ``lr``, ``momentum``, ``batch_size``, ``loss_fn``, ``seed``, ``trainer_kwargs``, ``ledger``
-            (see :mod:`lightning_unlearn.strategies.baselines`).
+            (see :mod:`lightning_unlearn.unlearners.baselines`).
 
     Raises:
         ValueError: ``gamma < 0`` or ``no_l1_epochs`` outside ``[0, epochs]``.
@@ -89,7 +89,7 @@ class L1SparseStrategy(_Trained):
         return {"n_retained": len(retained), "gamma": self.gamma}
 
 
-class WoodFisherStrategy(_Trained):
+class WoodFisherUnlearner(_Trained):
     """WoodFisher influence unlearning ([WoodFisher], as [Sparse]'s code uses it): ``w <- w + alpha F^{-1} v``.
 
     One request computes, on a copy of the module in eval mode [the authors' ``model.eval()``] and
@@ -122,7 +122,7 @@ class WoodFisherStrategy(_Trained):
         alpha: the step (the authors' ``--alpha``).
         dampening: ``lambda`` of the Fisher (the authors' recursion starts from the identity: 1).
         n_samples: retained samples whose gradients build the Fisher (the authors' 1000).
-        batch_size, loss_fn, seed, ledger: see :mod:`lightning_unlearn.strategies.baselines`.
+        batch_size, loss_fn, seed, ledger: see :mod:`lightning_unlearn.unlearners.baselines`.
 
     Raises:
         ValueError: ``alpha <= 0``, ``dampening <= 0`` or ``n_samples < 1``.

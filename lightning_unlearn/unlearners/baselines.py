@@ -1,7 +1,7 @@
-"""Baseline unlearning strategies: retraining from scratch, fine-tuning, NegGrad, NegGrad+, random labels.
+"""Baseline unlearners: retraining from scratch, fine-tuning, NegGrad, NegGrad+, random labels.
 
 These are the methods users compare against ([ACU] Section 4.1 and App. E.3). Except for
-:class:`RetrainStrategy` (the gold standard, exact by construction) they are uncertified
+:class:`RetrainUnlearner` (the gold standard, exact by construction) they are uncertified
 heuristics: their :class:`Certificate` has ``exact=False`` and no ``epsilon``.
 
 **How they train** (the contract of :mod:`lightning_unlearn.contract`). Each request trains a
@@ -72,7 +72,7 @@ from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.modes import eval_mode, module_device
 from lightning_unlearn.progress import QUIET_TRAINER, quiet_lightning, status
-from lightning_unlearn.strategies.base import ForgetData, UnlearningStrategy, UnlearningUpdate
+from lightning_unlearn.unlearners.base import ForgetData, Unlearner, UnlearningUpdate
 
 Batch = Any
 #: the module's loss on one batch (with its index), ``L(batch)`` of the module docstring
@@ -195,7 +195,7 @@ class _Prefix(Dataset):
         return tuple(self.dataset[i])[: self.n]
 
 
-class _Trained(UnlearningStrategy):
+class _Trained(Unlearner):
     """Shared machinery: hyperparameters, the retained and forget sets, the objective and one seeded fit per request."""
 
     def __init__(
@@ -350,7 +350,7 @@ class _Trained(UnlearningStrategy):
         raise NotImplementedError
 
 
-class FinetuneStrategy(_Trained):
+class FinetuneUnlearner(_Trained):
     """Fine-tune on the retained set so that catastrophic forgetting erodes the forget set ([ACU] App. E.3).
 
     Needs the retained data: pass the training data (yielding ``(x, y, sample_id, ...)`` or dicts)
@@ -370,7 +370,7 @@ class FinetuneStrategy(_Trained):
         return {"n_retained": len(retained)}
 
 
-class NegGradStrategy(_Trained):
+class NegGradUnlearner(_Trained):
     """Gradient ascent on the forget set: minimise ``-L`` on the samples to forget ([ACU] App. E.3).
 
     Needs only the samples to forget (``data`` of :meth:`forget`), never the retained data.
@@ -394,7 +394,7 @@ class NegGradStrategy(_Trained):
         return {}
 
 
-class NegGradPlusStrategy(_Trained):
+class NegGradPlusUnlearner(_Trained):
     """NegGrad+ ([SCRUB]): ``alpha L_retain - (1 - alpha) L_forget``.
 
     Each step takes one retained and one forget mini-batch (the forget loader cycles; an epoch
@@ -434,7 +434,7 @@ class NegGradPlusStrategy(_Trained):
         return {"n_retained": len(retained), "alpha": self.alpha}
 
 
-class RandomLabelStrategy(_Trained):
+class RandomLabelUnlearner(_Trained):
     """Train on the retained set plus the forget set relabelled at random ([ACU] App. E.3).
 
     Every sample to forget gets a uniformly drawn *wrong* label (seeded), and the module is
@@ -476,7 +476,7 @@ class RandomLabelStrategy(_Trained):
         return {"n_retained": len(retained)}
 
 
-class RetrainStrategy(UnlearningStrategy):
+class RetrainUnlearner(Unlearner):
     """The gold standard: reset the module to its initial weights and retrain on the retained data.
 
     Needs the retained data: pass the training data (yielding ``(x, y, sample_id, ...)``) as

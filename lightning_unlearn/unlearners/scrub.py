@@ -10,7 +10,7 @@ eval mode. Each epoch ``e`` of a request is
 2. one pass over the retained set of *min-steps*, minimising ``gamma L(batch) + alpha d(x_r; w^o, w^u)``,
 
 with one optimizer (the module's own, or SGD for plain modules: see
-:mod:`lightning_unlearn.strategies.baselines`), as the authors do. ``L`` is the module's own training
+:mod:`lightning_unlearn.unlearners.baselines`), as the authors do. ``L`` is the module's own training
 loss. The math lives in :mod:`lightning_unlearn.functional.scrub`.
 """
 
@@ -29,8 +29,8 @@ from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.contract import BatchKeys, unpack_batch
 from lightning_unlearn.functional.scrub import distill_kl, rewind_index
 from lightning_unlearn.modes import eval_mode
-from lightning_unlearn.strategies.base import ForgetData
-from lightning_unlearn.strategies.baselines import Batch, EpochCounter, _Trained, norms_in_eval, trained_weights
+from lightning_unlearn.unlearners.base import ForgetData
+from lightning_unlearn.unlearners.baselines import Batch, EpochCounter, _Trained, norms_in_eval, trained_weights
 
 
 class _Alternating:
@@ -80,7 +80,7 @@ class _Checkpoints(L.Callback):
         self.errors.append(self.forget_error())
 
 
-class SCRUBStrategy(_Trained):
+class SCRUBUnlearner(_Trained):
     """SCRUB ([SCRUB]): alternate max-steps on the forget set and min-steps on the retained set (see the module
     docstring); optionally SCRUB+R's rewinding.
 
@@ -112,7 +112,7 @@ class SCRUBStrategy(_Trained):
             student's), and the request returns the epoch checkpoint whose forget-set error is
             closest to it. ``None`` (default): the final student, as plain SCRUB.
         kwargs: ``lr``, ``momentum``, ``batch_size``, ``loss_fn``, ``seed``, ``trainer_kwargs``, ``ledger``
-            (see :mod:`lightning_unlearn.strategies.baselines`).
+            (see :mod:`lightning_unlearn.unlearners.baselines`).
 
     Raises:
         ValueError: ``msteps`` outside ``[0, epochs]``, ``alpha`` or ``gamma`` negative, ``temperature <= 0``.

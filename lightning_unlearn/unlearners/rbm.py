@@ -11,7 +11,7 @@
    the result is exactly Eq. (10) (RBM) or Eq. (7) (SalUn).
 
 ``L`` is the module's own training loss (or ``loss_fn`` for modules without their own
-``training_step``), as for every training-based method (:mod:`lightning_unlearn.strategies.baselines`).
+``training_step``), as for every training-based method (:mod:`lightning_unlearn.unlearners.baselines`).
 The math lives in :mod:`lightning_unlearn.functional.rbm`.
 """
 
@@ -37,8 +37,8 @@ from lightning_unlearn.functional.rbm import (
     trainable_mask,
 )
 from lightning_unlearn.modes import eval_mode
-from lightning_unlearn.strategies.base import ForgetData
-from lightning_unlearn.strategies.baselines import Batch, _Trained, rows
+from lightning_unlearn.unlearners.base import ForgetData
+from lightning_unlearn.unlearners.baselines import Batch, _Trained, rows
 
 
 class MaskProjection(L.Callback):
@@ -62,7 +62,7 @@ class MaskProjection(L.Callback):
                     p.copy_(masked_update(self.original[name], p, self.trainable[name].to(p.device)))
 
 
-class RBMStrategy(_Trained):
+class RBMUnlearner(_Trained):
     """Fine-tuning restricted by a weight-saliency mask ([RBM] Eqs. (6)-(10)).
 
     ``masking="retain"`` is RBM: weights salient for the *retained* data (``|grad L(w; D_r)|``
@@ -74,7 +74,7 @@ class RBMStrategy(_Trained):
     Both train Eq. (8): ``L(D_f, random wrong labels) + alpha L(D_r)``, each step one forget and
     one retained mini-batch (the forget loader cycles; an epoch is one pass over the retained
     set). ``L`` is the module's own training loss and optimizer if it trains itself, else mean
-    ``loss_fn`` by SGD (see :mod:`lightning_unlearn.strategies.baselines`). Needs the retained
+    ``loss_fn`` by SGD (see :mod:`lightning_unlearn.unlearners.baselines`). Needs the retained
     data (``train``, yielding ``(x, y, sample_id, ...)`` or dicts) and the samples to forget
     (``data`` of :meth:`forget`). Defaults follow Section 5.2: 10 epochs, sparsity 50%, and for
     plain modules SGD at lr 0.02 (RBM) or 0.013 (SalUn); ``alpha = 1`` [interp] (the paper does not
@@ -94,7 +94,7 @@ class RBMStrategy(_Trained):
         epochs, lr: fine-tuning length and step; ``lr=None`` keeps the module's own optimizer's
             rate, or takes the paper's per-masking SGD rate for plain modules.
         kwargs: ``momentum``, ``batch_size``, ``loss_fn``, ``seed``, ``trainer_kwargs``, ``ledger``
-            (see :mod:`lightning_unlearn.strategies.baselines`).
+            (see :mod:`lightning_unlearn.unlearners.baselines`).
 
     Raises:
         ValueError: an unknown masking, a saliency level out of range, or ``alpha < 0``.

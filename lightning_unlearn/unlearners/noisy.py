@@ -1,4 +1,4 @@
-"""`NoisyFinetuneStrategy`: certified forgetting by noisy fine-tuning on the retained data ([CUNN], [LU]).
+"""`NoisyFinetuneUnlearner`: certified forgetting by noisy fine-tuning on the retained data ([CUNN], [LU]).
 
 A request copies the module, projects its trainable parameters onto a ball of radius ``radius`` (``C0``) around a
 fixed centre, runs ``steps`` noisy steps on the retained data and publishes the result; the privacy analysis is
@@ -56,9 +56,9 @@ from lightning_unlearn.privacy.accountant import PrivacyAccountant, Release
 from lightning_unlearn.privacy.amplification import Amplification, NoisySteps, calibrate_sigma, rdp_coefficient
 from lightning_unlearn.privacy.noise import secure_gaussian
 from lightning_unlearn.progress import QUIET_TRAINER, quiet_lightning, status
-from lightning_unlearn.strategies.base import ForgetData, UnlearningUpdate
-from lightning_unlearn.strategies.baselines import id_rows, norms_in_eval, trained_weights
-from lightning_unlearn.strategies.release import ReleasingStrategy, all_finite
+from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate
+from lightning_unlearn.unlearners.baselines import id_rows, norms_in_eval, trained_weights
+from lightning_unlearn.unlearners.release import ReleasingUnlearner, all_finite
 from lightning_unlearn.warnings import warn
 
 UPDATES = ("clip_gradient", "convex")
@@ -67,11 +67,11 @@ _BATCH_NORMS = (nn.modules.batchnorm._BatchNorm,)
 _INSIDE = 4
 
 
-class NoisyFinetuneStrategy(ReleasingStrategy):
+class NoisyFinetuneUnlearner(ReleasingUnlearner):
     """Forget by noisy fine-tuning on the retained data from a projected start (module docstring; [CUNN], [PABI]).
 
     Args:
-        module, recorder, ledger: see :class:`~lightning_unlearn.strategies.base.UnlearningStrategy` (any recorder:
+        module, recorder, ledger: see :class:`~lightning_unlearn.unlearners.base.Unlearner` (any recorder:
             only its catalog is read).
         train: the training data (``(x, y, sample_id, ...)`` items or dicts); the retained set is every learned,
             not yet forgotten sample of it outside the request.
@@ -92,7 +92,7 @@ class NoisyFinetuneStrategy(ReleasingStrategy):
         loss_fn: per-sample loss for a module that does not train itself (default cross-entropy).
         generator: orders the retained batches and seeds dropout (not secret: the bound holds for every draw).
         epsilon, delta, noise, sigma_override, seed, budget: see
-            :class:`~lightning_unlearn.strategies.release.ReleasingStrategy` (``seed`` seeds the noise: not private).
+            :class:`~lightning_unlearn.unlearners.release.ReleasingUnlearner` (``seed`` seeds the noise: not private).
         accountant: ``"rdp"`` only: the amplification bound is a Renyi-DP bound.
 
     Raises:

@@ -1,10 +1,10 @@
-"""`ReleasingStrategy`: the options, accounting and publishing shared by the strategies that publish a noised model.
+"""`ReleasingUnlearner`: the options, accounting and publishing shared by the strategies that publish a noised model.
 
 [HF], both [CCL] methods and [SAFE] (with ``epsilon``) end a request the same way: a noise-free
 internal model within an L2 ``sensitivity`` of retraining is published as ``internal + N(0, sigma^2 I)``
 with ``sigma`` from the analytic Gaussian mechanism ([AGM]), the release is accounted and checked
 against the budget (:func:`~lightning_unlearn.privacy.plan_release`). This base class owns those
-options, their validation, the accountant and that one step, :meth:`ReleasingStrategy._release`.
+options, their validation, the accountant and that one step, :meth:`ReleasingUnlearner._release`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.privacy import PlannedRelease, normalise_budget, plan_release
 from lightning_unlearn.privacy.analysis import check_privacy_parameters
-from lightning_unlearn.strategies.base import UnlearningStrategy
+from lightning_unlearn.unlearners.base import Unlearner
 
 
 def all_finite(t: Tensor) -> bool:
@@ -77,8 +77,8 @@ class Publication:
         }
 
 
-class ReleasingStrategy(UnlearningStrategy):
-    """An :class:`UnlearningStrategy` that publishes ``internal + N(0, sigma^2 I)`` ([AGM]) and accounts every release.
+class ReleasingUnlearner(Unlearner):
+    """An :class:`Unlearner` that publishes ``internal + N(0, sigma^2 I)`` ([AGM]) and accounts every release.
 
     Noise comes from the OS entropy source (``seed`` for experiments only: the certificate is then
     marked seeded, not private). Every release is recorded in :attr:`accountant` (restored from the
@@ -86,7 +86,7 @@ class ReleasingStrategy(UnlearningStrategy):
     would exceed ``budget`` is refused (nothing changes).
 
     Args:
-        module, recorder, ledger: as for :class:`UnlearningStrategy`.
+        module, recorder, ledger: as for :class:`Unlearner`.
         epsilon, delta: the per-release target; ``None`` for both when the strategy makes no
             certified release (then :meth:`_release` is unavailable and :attr:`accountant` is ``None``).
         noise: add noise at all (``False``: the certificate is not certified, bounds still reported).
