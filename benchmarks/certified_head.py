@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from lightning_unlearn import ForgetRequest, IndexedDataset
 from lightning_unlearn.callbacks.convex import SoftmaxHeadRecorder
+from lightning_unlearn.data import sample_ids_of
 from lightning_unlearn.functional import convex
 from lightning_unlearn.harness.datasets import MNIST5k
 from lightning_unlearn.progress import QUIET_TRAINER
@@ -117,7 +118,7 @@ def scenarios(ids: list[int], quick: bool) -> dict[str, list[list[int]]]:
 
 
 def run(setting: str, make, data, test, quick: bool) -> list[dict]:
-    ids = [int(data[i][2]) for i in range(len(data))]
+    ids = sample_ids_of(data).tolist()  # known by position: no image is read
     rows = []
     for scenario, requests in scenarios(ids, quick).items():
         for method in ("resolve", "resolve[noise=off]", "certified_removal"):
@@ -197,9 +198,9 @@ def main() -> None:
 
     rows = run("features", frozen_cnn, stream, test, args.quick)
     # the same architecture trained end to end on the public split and the retained images of the last scenario
-    forgotten = {i for request in scenarios([int(stream[i][2]) for i in range(len(stream))], args.quick)[
+    forgotten = {i for request in scenarios(sample_ids_of(stream).tolist(), args.quick)[
         rows[-1]["requests"]] for i in request}  # fmt: skip
-    retained = Subset(data, [i for i in range(len(data)) if int(data[i][2]) not in forgotten])
+    retained = Subset(data, [p for p, i in enumerate(sample_ids_of(data).tolist()) if i not in forgotten])
     cnn = train_cnn(retained, epochs=10, seed=0)
     print(f"cnn retrain (end to end, public + retained of {rows[-1]['requests']}): test {accuracy(cnn, test):.2f}%")
 

@@ -95,15 +95,20 @@ class UserResNetHead(UserResNet):
         self.net.fc.requires_grad_(True)
 
 
+def frozen_trunk() -> nn.Module:
+    """resnet18 without its last layer (512 features), frozen: the backbone under a head a recorder solves."""
+    net = torchvision.models.resnet18(num_classes=10)
+    net.fc = nn.Identity()
+    return net.requires_grad_(False)
+
+
 class UserAnalytic(AnalyticHeadModule):
     """A frozen resnet18 trunk with an analytic head ([ACU]): the recorder solves the head (AnalyticHeadModule
     supplies the warning-free training step and optimizer of a module nothing trains by gradients)."""
 
     def __init__(self) -> None:
         super().__init__()
-        net = torchvision.models.resnet18(num_classes=10)
-        net.fc = nn.Identity()
-        self.trunk = net.requires_grad_(False)
+        self.trunk = frozen_trunk()
         self.head = AnalyticHead(512, 10, expansion_dim=2048)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -115,9 +120,7 @@ class UserConvex(L.LightningModule):
 
     def __init__(self) -> None:
         super().__init__()
-        net = torchvision.models.resnet18(num_classes=10)
-        net.fc = nn.Identity()
-        self.trunk = net.requires_grad_(False)
+        self.trunk = frozen_trunk()
         self.head = nn.Linear(512, 10)
         self.automatic_optimization = False
 
