@@ -70,7 +70,7 @@ from lightning_unlearn.contract import (
 )
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
-from lightning_unlearn.modes import eval_mode, module_device
+from lightning_unlearn.modes import eval_mode, module_device, module_input
 from lightning_unlearn.progress import QUIET_TRAINER, quiet_lightning, status
 from lightning_unlearn.unlearners.base import ForgetData, Unlearner, UnlearningUpdate
 
@@ -268,7 +268,7 @@ class _Trained(Unlearner):
         """The samples to forget, each with a uniformly drawn *wrong* label ``y' != y`` (seeded per request)."""
         x = unpack_batch(default_collate([forget[0]]), self.recorder.batch_keys)[0]
         with torch.no_grad(), eval_mode(self.module):
-            n_classes = int(self.module(x.to(module_device(self.module))).shape[-1])
+            n_classes = int(self.module(module_input(self.module, x)).shape[-1])
         if n_classes < 2:
             raise ValueError(f"{self.method} needs at least 2 classes to draw a wrong label")
         g = torch.Generator().manual_seed(self.seed + len(self.history))
