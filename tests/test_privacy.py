@@ -29,6 +29,7 @@ from lightning_unlearn.privacy import (
     secure_gaussian,
 )
 from lightning_unlearn.privacy import noise as noise_module
+from lightning_unlearn.privacy.analysis import gaussian_epsilon
 from lightning_unlearn.unlearners import HFUnlearner
 
 DELTA = 1e-5
@@ -62,6 +63,19 @@ def test_classical_formula_is_valid_but_looser_for_epsilon_at_most_one(epsilon):
     classical, analytic = classical_sigma(1.0, epsilon, DELTA), analytic_sigma(1.0, epsilon, DELTA)
     assert hockey_stick_delta(classical, 1.0, epsilon) <= DELTA
     assert analytic < classical
+
+
+@pytest.mark.parametrize("mu", [1e3, 1e6, 2e6, 1e10, 1e100])
+def test_gaussian_epsilon_of_a_tiny_noise_is_finite_and_about_mu_squared_over_two(mu):
+    """A release whose noise is far below its sensitivity (an uncertified sigma_override): the accountant's epsilon
+    is about mu^2/2 (the privacy loss's mean; its std mu is small beside it), never below the exact one, instead
+    of an overflow."""
+    z = stats.norm.isf(DELTA)
+    epsilon = gaussian_epsilon(mu, DELTA)
+    assert mu * mu / 2 <= epsilon <= mu * mu / 2 + mu * z * (1 + 1e-9)  # the tail bound is an upper bound
+    if mu <= 1e6:  # bisection on the exact condition, which float64 still resolves here
+        assert gaussian_delta(1.0, mu, epsilon) <= DELTA < gaussian_delta(1.0, mu, epsilon - mu)
+    assert gaussian_epsilon(1e160, DELTA) == math.inf  # beyond the float range
 
 
 def test_classical_formula_fails_for_large_epsilon():

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from scipy.special import log_ndtr
+from scipy.special import log_ndtr, ndtri
 
 
 def check_privacy_parameters(epsilon: float, delta: float) -> None:
@@ -44,9 +44,11 @@ def gaussian_delta(sigma: float, sensitivity: float, epsilon: float) -> float:
     if sigma <= 0:
         return 1.0
     a, b = sensitivity / (2 * sigma), epsilon * sigma / sensitivity
-    first = math.exp(log_ndtr(a - b))
-    second = math.exp(epsilon + log_ndtr(-a - b))
-    return max(first - second, 0.0)
+    log_first = log_ndtr(a - b)
+    # e^eps Phi(-a-b) <= Phi(a-b) exactly (delta >= 0): the bound keeps the rounding of a huge epsilon plus a huge
+    # negative log_ndtr (their exact sum is <= log_first <= 0) from overflowing exp
+    log_second = min(epsilon + log_ndtr(-a - b), log_first)
+    return max(math.exp(log_first) - math.exp(log_second), 0.0)
 
 
 def classical_sigma(sensitivity: float, epsilon: float, delta: float) -> float:
@@ -90,14 +92,20 @@ def gaussian_epsilon(mu: float, delta: float, rel_tol: float = 1e-12) -> float:
     precision ``rel_tol``, returning the upper end (never below the true epsilon). ``0`` when ``delta`` already
     covers ``epsilon = 0``, ``inf`` for ``mu = inf`` (a release without noise).
 
+    Above ``mu = 1e6`` (noise far below the sensitivity, e.g. an uncertified ``sigma_override``) the condition's two
+    terms cancel beyond float precision, and the privacy loss's tail bound is returned instead: the loss is
+    ``N(mu^2/2, mu^2)``, and ``delta(epsilon) <= P(loss > epsilon)`` gives the valid
+    ``epsilon = mu^2/2 + mu Phi^{-1}(1 - delta)``, within a relative ``2 Phi^{-1}(1 - delta) / mu < 1e-5`` of the
+    exact one [derived]; ``inf`` where that exceeds the float range.
+
     Raises:
         ValueError: ``mu < 0`` or ``delta`` outside (0, 1).
     """
     check_privacy_parameters(1.0, delta)
     if not mu >= 0:
         raise ValueError(f"mu = Delta/sigma must be >= 0, got {mu}")
-    if math.isinf(mu):
-        return math.inf
+    if mu > 1e6:
+        return mu * mu / 2 + mu * float(ndtri(1 - delta))  # inf beyond the float range
     if gaussian_delta(1.0, mu, 0.0) <= delta:
         return 0.0
     lo, hi = 0.0, max(1.0, mu * mu)
