@@ -40,6 +40,7 @@ _EXPORTS = {
         "LedgerEntry",
         "LedgerError",
         "LedgerReport",
+        "ReleaseRefused",
         "SampleCatalog",
         "UnlearningResult",
     ),
@@ -119,6 +120,7 @@ __all__ = [
     "RandomLabelUnlearner",
     "RBMUnlearner",
     "RecorderCallback",
+    "ReleaseRefused",
     "ResolveUnlearner",
     "RetrainUnlearner",
     "SampleCatalog",
@@ -164,6 +166,7 @@ if TYPE_CHECKING:
         LedgerEntry,
         LedgerError,
         LedgerReport,
+        ReleaseRefused,
         SampleCatalog,
         UnlearningResult,
     )

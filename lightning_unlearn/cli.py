@@ -466,7 +466,14 @@ def tradeoff(cfg: Namespace) -> str:
 
 
 def reproduce(cfg: Namespace) -> str:
-    """Run a reproduction config and return its tables (or the list of configs)."""
+    """Run a reproduction config and return its tables (or the list of configs); the rows whose method refused a
+    certified release are listed at the end (the run went on without them).
+
+    Raises:
+        SystemExit: status 143 after SIGTERM, with one line on stderr saying how to continue (``--resume``).
+    """
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
     from lightning_unlearn.harness.papers import get_config, list_configs
     from lightning_unlearn.harness.repro import is_global_zero, run_config
 
@@ -477,21 +484,39 @@ def reproduce(cfg: Namespace) -> str:
     # one line per request for 20% of the samples deleted one at a time; the guarantee column keeps the verdict
     warnings.filterwarnings("ignore", ".*HF deletion capacity exceeded.*")
     config = get_config(cfg.experiment)
-    result = run_config(
-        config,
-        root=cfg.root,
-        smoke=cfg.smoke,
-        out=cfg.out,
-        seed=cfg.seed,
-        trainer_kwargs=trainer_kwargs(cfg.trainer),
-        setups=[cfg.setups] if isinstance(cfg.setups, str) else cfg.setups,
-        resume=cfg.resume,
-        progress=cfg.progress,
-    )
+    try:
+        result = run_config(
+            config,
+            root=cfg.root,
+            smoke=cfg.smoke,
+            out=cfg.out,
+            seed=cfg.seed,
+            trainer_kwargs=trainer_kwargs(cfg.trainer),
+            setups=[cfg.setups] if isinstance(cfg.setups, str) else cfg.setups,
+            resume=cfg.resume,
+            progress=cfg.progress,
+        )
+    except SIGTERMException:
+        if is_global_zero():
+            kept = (
+                f"the finished rows are in {cfg.out}: run the same command with --resume to finish"
+                if cfg.out is not None
+                else "nothing was kept (no --out): give --out to keep each row as it finishes, then --resume"
+            )
+            print(f"\n{config.name}: stopped by SIGTERM; {kept}", file=sys.stderr, flush=True)
+        raise SystemExit(143) from None
     text = "\n\n".join(result.tables)
     if is_global_zero():  # every rank of a multi-device launch runs this command; one prints
         print(text, flush=True)
         print(f"\n{config.name}: {result.seconds:.1f} s" + (f"; wrote {cfg.out}" if cfg.out is not None else ""))
+        if result.refused:
+            print(
+                f"{len(result.refused)} row(s) refused a certified release (an assumption of its guarantee fails; "
+                "the table shows why, the run went on):",
+                *(f"  {line}" for line in result.refused),
+                sep="\n",
+                flush=True,
+            )
     return text
 
 

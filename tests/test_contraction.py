@@ -11,7 +11,7 @@ import torch
 from helpers_certified import blobs, fit_hf, proximal_model, sgd_model, trainer, without
 from torch.utils.data import DataLoader
 
-from lightning_unlearn import ForgetRequest
+from lightning_unlearn import ForgetRequest, ReleaseRefused
 from lightning_unlearn.callbacks import HessianRecorder, StreamingRecorder, TaskOptimality, TrajectoryRecorder
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.functional import hf
@@ -180,7 +180,8 @@ def test_hf_step_size_above_the_condition_is_refused_and_the_recipe_named():
     fit_hf(model, ds, rec, epochs=1)
     c = linear_model_constants(12.0, 0.1)  # a larger feature norm: 2/(M + lambda) = 0.02751 < lr = 0.1
     weights = hf.flat_params(model)
-    with pytest.raises(ValueError, match=r"refuses a certified release: step size lr = 0.1 exceeds .* lr <= 0.02751 "):
+    refusal = r"refuses a certified release: step size lr = 0.1 exceeds .* lr <= 0.02751 "
+    with pytest.raises(ReleaseRefused, match=refusal):
         HFUnlearner(model, rec, constants=c).forget(ForgetRequest.samples([1]))
     assert torch.equal(hf.flat_params(model), weights) and not bool(rec.catalog.forgotten.any())
     with pytest.warns(UserWarning, match="not certified"):

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from lightning_unlearn import ForgetRequest, IndexedDataset
+from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseRefused
 from lightning_unlearn.callbacks import SampleRecorder
 from lightning_unlearn.contract import BatchKeys
 from lightning_unlearn.core.ledger import weights_digest
@@ -186,7 +186,7 @@ def test_releases_compose_and_the_budget_refuses_without_changing_anything(train
     two = acc.get_epsilon(DELTA)
     assert two > 1.4  # so the second release must be refused
     digest, forgotten, entries = weights_digest(model), rec.catalog.forgotten.clone(), len(s.ledger)
-    with pytest.raises(ValueError, match="privacy budget exceeded"):
+    with pytest.raises(ReleaseRefused, match="privacy budget exceeded"):
         s.forget(ForgetRequest.samples([2]))
     assert weights_digest(model) == digest and torch.equal(rec.catalog.forgotten, forgotten)
     assert len(s.ledger) == entries and len(s.accountant) == 1

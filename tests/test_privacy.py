@@ -15,7 +15,7 @@ from scipy import integrate, stats
 from torch import nn
 from torch.func import grad, hessian, vmap
 
-from lightning_unlearn import ForgetRequest, Ledger
+from lightning_unlearn import ForgetRequest, Ledger, ReleaseRefused
 from lightning_unlearn.callbacks import TrajectoryRecorder
 from lightning_unlearn.functional import hf
 from lightning_unlearn.functional.bounds import linear_model_constants, module_constants
@@ -282,7 +282,7 @@ def test_budget_refusal_changes_nothing(bounded):
         copy.deepcopy(rec.state_dict()),
         len(strategy.catalog.active_ids()),
     )
-    with pytest.raises(ValueError, match="privacy budget exceeded"):
+    with pytest.raises(ReleaseRefused, match="privacy budget exceeded"):
         strategy.forget(ForgetRequest.samples([4]))  # two releases at epsilon = 1 compose to about 1.4 > 1.2
     assert torch.equal(hf.flat_params(model), weights) and len(strategy.catalog.active_ids()) == n_active
     assert len(strategy.accountant) == 1 and len(strategy.ledger) == 1

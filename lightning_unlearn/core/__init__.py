@@ -3,6 +3,7 @@
 from lightning_unlearn.core.catalog import SampleCatalog
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger, LedgerEntry, LedgerError, LedgerReport
+from lightning_unlearn.core.refusal import ReleaseRefused
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.core.result import UnlearningResult
 
@@ -13,6 +14,7 @@ __all__ = [
     "LedgerEntry",
     "LedgerError",
     "LedgerReport",
+    "ReleaseRefused",
     "SampleCatalog",
     "UnlearningResult",
 ]

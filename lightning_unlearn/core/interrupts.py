@@ -1,35 +1,72 @@
-"""Hold Ctrl-C (SIGINT) across a critical section, as a database holds it across a commit."""
+"""Signals across a long job: hold Ctrl-C (SIGINT) and SIGTERM across a critical section, as a database holds them
+across a commit (:func:`deferred_interrupts`), and stop a job promptly on SIGTERM (:func:`stop_on_sigterm`)."""
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
 
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+#: the signals :func:`deferred_interrupts` holds: Ctrl-C, and the polite stop of ``kill``, ``timeout`` and schedulers
+HELD = (signal.SIGINT, signal.SIGTERM)
+
 
 @contextmanager
-def deferred_interrupts() -> Iterator[None]:
-    """Run the block with SIGINT held: a Ctrl-C that arrives inside it is re-raised with the handler that was
-    in place (``KeyboardInterrupt`` by default) once the block has finished, never part-way through it.
+def deferred_interrupts(signals: Sequence[signal.Signals] = HELD) -> Iterator[None]:
+    """Run the block with ``signals`` held: one that arrives inside it is delivered again, to the handler that was
+    in place (``KeyboardInterrupt`` for SIGINT by default; for SIGTERM the process's, e.g. :func:`stop_on_sigterm`'s,
+    or the default that ends the process), once the block has finished, never part-way through it.
 
-    Only the main thread receives signals in Python; elsewhere (and where SIGINT's handler was installed
-    outside Python, so it could not be put back) the block runs as it is. Exceptions raised by the block
+    Only the main thread receives signals in Python; elsewhere the block runs as it is, and a signal whose handler
+    was installed outside Python (so that it could not be put back) is not held. Exceptions raised by the block
     itself (including a ``KeyboardInterrupt`` it raises) propagate as usual.
     """
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    mine = [s for s in signals if signal.getsignal(s) is not None]
     received: list[int] = []
 
     def hold(signum: int, frame: FrameType | None) -> None:
         received.append(signum)
 
-    previous = signal.signal(signal.SIGINT, hold)
+    previous = {s: signal.signal(s, hold) for s in mine}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if received:
-            signal.raise_signal(signal.SIGINT)  # delivered now, to the handler the program had
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for signum in dict.fromkeys(received):
+            signal.raise_signal(signum)  # delivered now, to the handler the program had
+
+
+@contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """Run the block with SIGTERM raising Lightning's ``SIGTERMException`` at once, with exit status 143 (128 + 15,
+    what a shell reports for a process SIGTERM ended); the handler that was in place is restored afterwards.
+
+    Lightning's own handling (``trainer.received_sigterm``, Lightning 2.x's ``_SignalConnector``) is installed
+    only while a fit runs: it sets the flag, then its loops raise ``SIGTERMException`` at the end of the training
+    step or epoch, a ``SystemExit`` without a code, so a process that does not catch it ends with status 0 as if it
+    had finished; outside fits (requests, metrics) SIGTERM's default ends the process with nothing said. A fit
+    composes the handler it finds with its own, so inside a fit Lightning's notifier runs first (it stops the
+    launcher's other ranks), then this one raises: Lightning's ``on_exception`` hooks and teardown run as for its own
+    ``SIGTERMException``. Blocks under :func:`deferred_interrupts` finish first. In a thread other than the main
+    one (which receives no signals) nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise SIGTERMException(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from lightning_unlearn.core.refusal import ReleaseRefused
 from lightning_unlearn.privacy.analysis import check_privacy_parameters, gaussian_epsilon
 
 MECHANISMS = ("pld", "rdp")
@@ -123,13 +124,14 @@ class PrivacyAccountant:
         }
 
     def check_budget(self, budget: tuple[float, float] | None) -> None:
-        """``ValueError`` if the total epsilon at the budget's delta exceeds the budget's epsilon."""
+        """:class:`~lightning_unlearn.core.refusal.ReleaseRefused` (a ``ValueError``) if the total epsilon at the
+        budget's delta exceeds the budget's epsilon."""
         if budget is None:
             return
         eps_budget, delta = budget
         spent = self.get_epsilon(delta)
         if spent > eps_budget:
-            raise ValueError(
+            raise ReleaseRefused(
                 f"privacy budget exceeded: this release would bring the total to epsilon = {spent:.4g} at delta = "
                 f"{delta:g} "
                 f"after {len(self)} releases, over the budget epsilon = {eps_budget:g}; nothing was changed"

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_unlearn.core.refusal import ReleaseRefused
 from lightning_unlearn.privacy.accountant import PrivacyAccountant, Release
 from lightning_unlearn.privacy.analysis import classical_sigma, gaussian_sigma
 from lightning_unlearn.privacy.noise import gaussian_noise
@@ -77,12 +78,13 @@ def plan_release(
     :mod:`lightning_unlearn.privacy.noise`).
 
     Raises:
-        ValueError: the release would exceed ``budget`` (``(epsilon, delta)`` of the composition
-            of all releases), or bad parameters. Nothing is drawn or recorded.
+        ReleaseRefused: (a ``ValueError``) the release would exceed ``budget`` (``(epsilon, delta)`` of the
+            composition of all releases), or its sensitivity is infinite. Nothing is drawn or recorded.
+        ValueError: bad parameters. Nothing is drawn or recorded.
     """
     finite = math.isfinite(sensitivity)
     if not finite and noise and sigma_override is None:
-        raise ValueError("an infinite sensitivity cannot be calibrated: no (epsilon, delta) release is possible")
+        raise ReleaseRefused("an infinite sensitivity cannot be calibrated: no (epsilon, delta) release is possible")
     formula = calibrated_sigma(sensitivity, epsilon, delta) if finite else math.inf
     std = (formula if sigma_override is None else float(sigma_override)) if noise else 0.0
     release = Release(sigma=std, sensitivity=float(sensitivity), epsilon=epsilon, delta=delta)

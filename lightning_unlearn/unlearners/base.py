@@ -9,7 +9,7 @@ log (the ledger entry is the durable record; everything after it is derived from
    earlier request left unerased, and checks the request and the data (nothing changes on a bad input);
 2. the method's :meth:`Unlearner._compute` computes everything (new weights, the
    recorder's statistics change, its own state, the certificate) and touches nothing;
-3. ``forget`` commits with Ctrl-C held until it is done
+3. ``forget`` commits with Ctrl-C and SIGTERM held until it is done
    (:func:`~lightning_unlearn.core.interrupts.deferred_interrupts`); each step hands over its undo before
    (the catalog) or as (the others) it changes anything: the catalog marks the ids forgotten, the recorder
    applies the statistics change (:meth:`RecorderCallback.apply_forget`, the only way a strategy writes
@@ -214,6 +214,8 @@ class Unlearner(ABC):
             ValueError: the request names nothing learned, or samples already forgotten; the
                 method needs ``data`` and none was given, or reads none and some was given; the
                 data's labels or inputs differ from what was learned. Nothing is changed.
+            ReleaseRefused: (a ``ValueError``) a certified release whose assumptions fail, or that would exceed
+                the privacy budget, naming why. Nothing is changed.
             LedgerError: the ledger file does not match the recorder's anchor (:meth:`check_ledger`), or it
                 records requests whose samples this state still holds (see :meth:`pending`); nothing is changed.
             OSError: rows an earlier request left unerased still cannot be erased; nothing is changed.

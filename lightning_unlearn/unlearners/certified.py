@@ -14,6 +14,7 @@ from lightning_unlearn.callbacks.hessian import HessianRecorder, TaskDeltaRecord
 from lightning_unlearn.callbacks.optimality import TaskOptimality
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
+from lightning_unlearn.core.refusal import ReleaseRefused
 from lightning_unlearn.functional import certified as cl
 from lightning_unlearn.functional import hf
 from lightning_unlearn.functional.bounds import ModelConstants, forgetting_chain, newton_chain
@@ -342,7 +343,7 @@ class _ContinualCertified(ReleasingUnlearner):
         checks = [self.recipe_problem()] + (self.bound_problems(status, bc) if self.bound == "contraction" else [])
         problems = [p for p in checks if p is not None]
         if problems and self.certified_release:
-            raise ValueError(f"{self.method} refuses a certified release: {'; '.join(problems)}")
+            raise ReleaseRefused(f"{self.method} refuses a certified release: {'; '.join(problems)}")
         bounds = self._bounds(status, c)
         published = self._release(bounds["sensitivity"], internal)
         bounds = {

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
+from lightning_unlearn.core.refusal import ReleaseRefused
 from lightning_unlearn.functional import bounds as cb
 from lightning_unlearn.functional import hf
 from lightning_unlearn.functional.bounds import ModelConstants
@@ -363,7 +364,7 @@ class HFUnlearner(ReleasingUnlearner):
                 "the ball where the constants hold (e.g. training continued from a noised model)"
             )
         if problems and self.certified_release:
-            raise ValueError(f"HF refuses a certified release: {'; '.join(problems)}")
+            raise ReleaseRefused(f"HF refuses a certified release: {'; '.join(problems)}")
         if problems:
             warn(f"HF recipe outside the theorem ({'; '.join(problems)}); the release is not certified", stacklevel=5)
         released_before = self.released_before()

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from lightning_unlearn.callbacks.newton import HessianSumRecorder
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
+from lightning_unlearn.core.refusal import ReleaseRefused
 from lightning_unlearn.functional import hf
 from lightning_unlearn.functional import newton as nt
 from lightning_unlearn.functional.bounds import ModelConstants
@@ -166,7 +167,7 @@ class _SecondOrderUnlearner(ReleasingUnlearner):
         finite = math.isfinite(bounds["sensitivity"])
         if not finite and self.certified_release:
             why = "hessian_lipschitz is not given" if self.hessian_lipschitz is None else "; ".join(problems)
-            raise ValueError(
+            raise ReleaseRefused(
                 f"{self.method} noise bound is infinite ({why or f'lambda = {c.strong_convexity:g}'}): no certified "
                 "release; pass hessian_lipschitz= and train a strongly convex loss (l2 > 0), or use noise=False or "
                 "sigma_override"

@@ -9,6 +9,7 @@ from lightning_unlearn.callbacks.streaming import StreamingRecorder
 from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
+from lightning_unlearn.core.refusal import ReleaseRefused
 from lightning_unlearn.data import select_by_ids
 from lightning_unlearn.functional import bounds as cb
 from lightning_unlearn.functional import streaming as safe
@@ -296,7 +297,7 @@ class StreamingUnlearner(ReleasingUnlearner):
         traj, c = self._contraction_inputs()
         problems = self.contraction_problems(traj, c)
         if problems and self.certified_release:
-            raise ValueError(f"{self.method} refuses a certified release: {'; '.join(problems)}")
+            raise ReleaseRefused(f"{self.method} refuses a certified release: {'; '.join(problems)}")
         forgotten = torch.cat([self.recorder.forget_ids, ids.cpu()]).tolist()
         untracked = [i for i in forgotten if i not in traj.row_of]
         if untracked:

@@ -93,6 +93,29 @@ def comparison_rows(
     return out
 
 
+def refused_row(
+    config: ReproConfig, setup: Setup, label: str, name: str, paper_row: str, reason: str, tag: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The row of a method that refused a certified release: the paper's numbers, ours NaN (shown blank), the
+    refusal's first line in ``refused`` and, as ``refused: <reason>``, in ``guarantee``; ``tag``: its seed and
+    recipe digest."""
+    first = reason.strip().splitlines()[0] if reason.strip() else "refused"
+    paper = setup.paper.get((label, paper_row), {})
+    row: dict[str, Any] = {
+        "setup": setup.label,
+        "requests": label,
+        "method": name,
+        "paper_row": paper_row,
+        "reference": False,
+        "guarantee": f"refused: {first}",
+    }
+    row.update({key: math.nan for key in ("retain_acc", "forget_acc", "test_acc")})
+    for column in config.columns:
+        row[column] = math.nan
+        row[f"paper {column}"] = paper.get(column, math.nan)
+    return {**row, **tag, "refused": first}
+
+
 def _end_pair(
     rows: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any]], name: str, ref: str
 ) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:

@@ -2,10 +2,12 @@
 ``--resume`` skips them.
 
 A row is one method of one setup's request set (:class:`Unit`): its harness rows, its reference's, the schedule it
-ran and the exact recipe that made it. Its key is ``(setup, request set, paper row)``; its ``digest`` hashes
-the recipe (the scale without its other request sets, the request set, the method entry and its scale options,
-the seed, the Trainer arguments and the LiRA shadow count), so a row whose recipe changed is run again, never
-reused. Files live in ``<out>/<setup>/rows/<request set>--<paper row>.json`` and are replaced atomically.
+ran and the exact recipe that made it; or, when the method refused a certified release
+(:class:`~lightning_unlearn.core.refusal.ReleaseRefused`), the refusal's message and no harness rows of its own: a
+finished row all the same, which ``--resume`` skips like any other. Its key is ``(setup, request set, paper row)``;
+its ``digest`` hashes the recipe (the scale without its other request sets, the request set, the method entry and
+its scale options, the seed, the Trainer arguments and the LiRA shadow count), so a row whose recipe changed is run
+again, never reused. Files live in ``<out>/<setup>/rows/<request set>--<paper row>.json`` and are replaced atomically.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ def digest(data: Mapping[str, Any]) -> str:
 
 @dataclass
 class Unit:
-    """One finished row: a method of a setup's request set, its harness rows and its reference's."""
+    """One finished row: a method of a setup's request set, its harness rows and its reference's (``refused``: the
+    message of the certified release the method refused; then ``rows`` and ``end_rows`` are empty)."""
 
     setup: str
     requests: str
@@ -71,6 +74,7 @@ class Unit:
     reference_rows: list[dict[str, Any]]
     end_reference_rows: list[dict[str, Any]]
     seconds: float
+    refused: str | None = None
 
     @property
     def key(self) -> Key:

@@ -16,6 +16,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_unlearn.core.interrupts import deferred_interrupts, stop_on_sigterm
+from lightning_unlearn.core.refusal import ReleaseRefused
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.harness.loop import (
     ReferenceRun,
@@ -28,7 +30,7 @@ from lightning_unlearn.harness.loop import (
 from lightning_unlearn.harness.registry import available_methods
 from lightning_unlearn.harness.report import Report
 from lightning_unlearn.harness.repro import journal
-from lightning_unlearn.harness.repro.columns import comparison_rows
+from lightning_unlearn.harness.repro.columns import comparison_rows, refused_row
 from lightning_unlearn.harness.repro.data import build_info
 from lightning_unlearn.harness.repro.figures import plot_lambda_sweep
 from lightning_unlearn.harness.repro.files import dump_config
@@ -117,6 +119,13 @@ def run_config(
     :func:`~lightning_unlearn.progress.progress_enabled`) a bar per setup counts its rows and a bar per method
     its learning steps and requests.
 
+    A method that refuses a certified release (:class:`~lightning_unlearn.core.refusal.ReleaseRefused`: an
+    assumption of its guarantee fails under the recipe) makes a refused row, written and resumed as any other: no
+    numbers, ``refused: <reason>`` in its guarantee (:attr:`ReproResult.refused` lists them), and the run goes on.
+    Any other error stops the run, the rows finished so far on disk. So does SIGTERM (``kill``, ``timeout``, a
+    batch scheduler), at once, inside a fit or not (:func:`~lightning_unlearn.core.interrupts.stop_on_sigterm`),
+    except while a row's files are written, which finish first.
+
     Args:
         config: what to run.
         root: the directory holding the datasets' files; without it a setup runs its ``bundled`` scale (the
@@ -138,6 +147,8 @@ def run_config(
     Raises:
         ValueError: an unknown setup label, dataset, model or method option, ``resume`` without ``out``, or
             (full scale, no ``root``) a chosen setup that has no ``bundled`` scale.
+        SIGTERMException: (Lightning's, a ``SystemExit`` with status 143) SIGTERM arrived; the finished rows are
+            on disk for ``resume``.
     """
     start = time.perf_counter()
     kwargs = dict(trainer_kwargs or {})
@@ -180,14 +191,16 @@ def run_config(
     results: list[SetupResult] = []
     tables: list[str] = []
     paths: list[Path] = []
-    for setup, scale in plan:
-        result = run.setup(setup, scale, results)
-        results.append(result)
-        tables += [format_comparison(config, result, label) for label in result.reports]
-        if run.out is not None and writer:
-            t0 = time.perf_counter()
-            paths += write_setup(config, result, run.out / slug(setup.label))
-            log(f"[{config.name}] {setup.label}: wrote outputs ({time.perf_counter() - t0:.1f} s)")
+    with stop_on_sigterm():
+        for setup, scale in plan:
+            result = run.setup(setup, scale, results)
+            results.append(result)
+            tables += [format_comparison(config, result, label) for label in result.labels]
+            if run.out is not None and writer:
+                t0 = time.perf_counter()
+                with deferred_interrupts():
+                    paths += write_setup(config, result, run.out / slug(setup.label))
+                log(f"[{config.name}] {setup.label}: wrote outputs ({time.perf_counter() - t0:.1f} s)")
     elapsed = time.perf_counter() - start
     if run.out is not None and writer:
         paths.append(run.write_summary(results, elapsed))
@@ -291,7 +304,8 @@ class _Run:
                     continue
                 unit = units.get((requests.label, entry.paper_row))
                 if unit is not None:
-                    self.log(f"[{name}] {setup.label} {requests.label} {entry.paper_row}: finished before (resumed)")
+                    done = "refused" if unit.refused is not None else "finished"
+                    self.log(f"[{name}] {setup.label} {requests.label} {entry.paper_row}: {done} before (resumed)")
                 else:
                     assert info is not None and schedule is not None  # noqa: S101 (built above when a row runs)
                     recipe = recipes[(requests.label, entry.paper_row)]
@@ -302,8 +316,9 @@ class _Run:
                 seconds[requests.label] = seconds.get(requests.label, 0.0) + unit.seconds
                 result = _result(config, setup, scale, keys, units, seconds)
                 if self.out is not None and self.writer:
-                    write_setup(config, result, self.out / slug(setup.label), figures=False)
-                    self.write_summary([*before, result], time.perf_counter() - self.start)
+                    with deferred_interrupts():  # the CSVs and summary whole, then a SIGTERM or Ctrl-C stops
+                        write_setup(config, result, self.out / slug(setup.label), figures=False)
+                        self.write_summary([*before, result], time.perf_counter() - self.start)
         bar.close()
         return _result(config, setup, scale, keys, units, seconds)
 
@@ -331,16 +346,22 @@ class _Run:
         if reference.name not in refs:
             steps += learn + (1 if last else len(schedule)) + shadows
         bar = progress(desc=entry.paper_row, total=steps, unit="step", enabled=self.progress)
-        if reference.name not in refs:
-            runner = run_reference_last if last else run_reference
-            refs[reference.name] = runner(reference, info, schedule, bar, shadows)
-        ref = refs[reference.name]
+        rows: list[dict[str, Any]] = []
         end_rows: list[dict[str, Any]] = []
-        if last:
-            rows = run_method_last(method, ref, info, schedule, bar)
-        else:
-            rows, end_rows = run_method(method, ref, info, schedule, bar)
+        refused = None
+        try:
+            if reference.name not in refs:
+                runner = run_reference_last if last else run_reference
+                refs[reference.name] = runner(reference, info, schedule, bar, shadows)
+            ref = refs[reference.name]
+            if last:
+                rows = run_method_last(method, ref, info, schedule, bar)
+            else:
+                rows, end_rows = run_method(method, ref, info, schedule, bar)
+        except ReleaseRefused as err:  # a finished row: the method's answer under this recipe (other errors stop)
+            refused, rows, end_rows = str(err), [], []
         bar.close()
+        ref_run = refs.get(reference.name)
         digest = journal.digest(recipe)
         tag = {"paper_row": entry.paper_row, "seed": self.seed, "recipe": digest}
         unit = journal.Unit(
@@ -353,20 +374,23 @@ class _Run:
             schedule=dataclasses.asdict(schedule),
             rows=[{**r, **tag} for r in rows],
             end_rows=[{**r, **tag} for r in end_rows],
-            reference_rows=ref.rows,
-            end_reference_rows=ref.end_rows,
+            reference_rows=ref_run.rows if ref_run is not None else [],
+            end_reference_rows=ref_run.end_rows if ref_run is not None else [],
             seconds=time.perf_counter() - t0,
+            refused=refused,
         )
         if self.out is not None and self.writer:
-            journal.save(self.out, unit)
+            with deferred_interrupts():  # a SIGTERM or Ctrl-C now stops the run once the row is on disk
+                journal.save(self.out, unit)
         self.ran.append(unit.seconds)
         left = self.total - self.finished - 1
         eta = f"; {left} row(s) left, ~{_duration(left * sum(self.ran) / len(self.ran))}" if left else ""
-        removed = sum(int(r["n_removed"]) for r in rows)
-        self.log(
-            f"[{self.config.name}] {setup.label} {requests.label} {entry.paper_row}: {len(schedule)} request(s) of "
-            f"{removed} samples in all ({unit.seconds:.1f} s){eta}"
-        )
+        at = f"[{self.config.name}] {setup.label} {requests.label} {entry.paper_row}"
+        if refused is not None:
+            self.log(f"{at}: refused ({unit.seconds:.1f} s): {refused.strip().splitlines()[0]}{eta}")
+        else:
+            removed = sum(int(r["n_removed"]) for r in rows)
+            self.log(f"{at}: {len(schedule)} request(s) of {removed} samples in all ({unit.seconds:.1f} s){eta}")
         return unit
 
     def write_summary(self, results: Sequence[SetupResult], seconds: float) -> Path:
@@ -395,14 +419,23 @@ def _result(
     units: Mapping[tuple[str, str], journal.Unit],
     seconds: dict[str, float],
 ) -> SetupResult:
-    """A setup's result from its finished rows (in the order they run; a request set with none is left out)."""
+    """A setup's result from its finished rows, in the order they run (a request set with none is left out; one whose
+    methods all refused has their refused rows and no report), each request set's references last."""
     reports: dict[str, Report] = {}
     for requests in scale.requests:
         done = [units[(r.label, e.paper_row)] for r, e in keys if r is requests and (r.label, e.paper_row) in units]
-        if done:
-            reports[requests.label] = _report(done)
-    paper_rows = {u.method: u.paper_row for u in units.values()}
+        ran = [u for u in done if u.refused is None]
+        if ran:
+            reports[requests.label] = _report(ran)
+    paper_rows = {u.method: u.paper_row for u in units.values() if u.refused is None}
     rows = comparison_rows(config, setup, reports, paper_rows)
+    for u in units.values():
+        if u.refused is not None:
+            tag = {"seed": u.recipe["seed"], "recipe": u.digest}
+            rows.append(refused_row(config, setup, u.requests, u.method, u.paper_row, u.refused, tag))
+    order = {(r.label, e.paper_row): i for i, (r, e) in enumerate(keys)}
+    sets = [r.label for r in scale.requests]
+    rows.sort(key=lambda r: (sets.index(r["requests"]), r["reference"], order.get((r["requests"], r["paper_row"]), 0)))
     return SetupResult(setup, scale, reports, rows, dict(seconds))
 
 

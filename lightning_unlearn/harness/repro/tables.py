@@ -17,13 +17,19 @@ if TYPE_CHECKING:
 
 @dataclass
 class SetupResult:
-    """One setup's reports (by request label), table rows and wall times (by phase)."""
+    """One setup's reports (by request label), table rows and wall times (by phase). A request set whose every
+    method refused has rows (the refused ones) but no report."""
 
     setup: Setup
     scale: Scale
     reports: dict[str, Report]
     rows: list[dict[str, Any]]
     seconds: dict[str, float]
+
+    @property
+    def labels(self) -> list[str]:
+        """The request sets with a row, in the order they ran: one table each."""
+        return list(dict.fromkeys(r["requests"] for r in self.rows))
 
 
 @dataclass
@@ -36,6 +42,21 @@ class ReproResult:
     tables: list[str]
     paths: list[Path]
     seconds: float
+
+    @property
+    def refused(self) -> list[str]:
+        """``<setup> <request set> <paper row>: <reason>`` for every row whose method refused a certified release."""
+        return [
+            f"{s.setup.label} {r['requests']} {r['paper_row']}: {r['refused']}"
+            for s in self.setups
+            for r in s.rows
+            if r.get("refused")
+        ]
+
+
+def _number(value: float) -> str:
+    """An accuracy in %, blank when there is none (a refused row)."""
+    return "" if math.isnan(value) else f"{value:.2f}"
 
 
 def _cell(ours: float, paper: float) -> str:
@@ -51,9 +72,7 @@ def format_comparison(config: ReproConfig, result: SetupResult, label: str) -> s
     body = [
         [
             f"{r['method']} [{r['paper_row']}]",
-            f"{r['retain_acc']:.2f}",
-            f"{r['forget_acc']:.2f}",
-            f"{r['test_acc']:.2f}",
+            *(_number(r[key]) for key in ("retain_acc", "forget_acc", "test_acc")),
             *(_cell(r[c], r[f"paper {c}"]) for c in config.columns),
             r["guarantee"],
         ]
@@ -62,14 +81,14 @@ def format_comparison(config: ReproConfig, result: SetupResult, label: str) -> s
     ]
     title = (
         f"{config.paper} {config.table}, {result.setup.label}, {label} ({result.scale.dataset}, {result.scale.model}): "
-        f"ours (paper); {_reading(config, result.reports[label])}"
+        f"ours (paper); {_reading(config, result.reports.get(label))}"
     )
     return format_table(head, body, title=title)
 
 
-def _reading(config: ReproConfig, report: Report) -> str:
+def _reading(config: ReproConfig, report: Report | None) -> str:
     """How a table's columns read the requests (``mean over the requests``, ``at the end of the stream``, ...)."""
-    if config.aggregate == "last" and report.end_rows:
+    if config.aggregate == "last" and report is not None and report.end_rows:
         n = report.end_rows[0]["after_request"]
         return f"at the end of the stream, tasks learned after the last of {n} requests (time: their total)"
     return f"{config.aggregate} over the requests"
@@ -95,15 +114,13 @@ def summary_markdown(
     if seed is not None:
         parts += ["", f"Seed {seed}; the exact recipe is `recipe.yaml` (each row's digest: `paper_vs_ours.csv`)."]
     for res in results:
-        for label in res.reports:
+        for label in res.labels:
             head = ["method", "paper row", "retain%", "forget%", "test%", *config.columns, "guarantee"]
             body = [
                 [
                     r["method"],
                     r["paper_row"],
-                    f"{r['retain_acc']:.2f}",
-                    f"{r['forget_acc']:.2f}",
-                    f"{r['test_acc']:.2f}",
+                    *(_number(r[key]) for key in ("retain_acc", "forget_acc", "test_acc")),
                     *(_cell(r[c], r[f"paper {c}"]) for c in config.columns),
                     r["guarantee"],
                 ]
@@ -115,7 +132,7 @@ def summary_markdown(
                 f"## {res.setup.label}, {label}",
                 "",
                 f"{res.scale.dataset}, {res.scale.model}; paper numbers: {res.setup.source}; columns "
-                f"{_reading(config, res.reports[label])}; run time {res.seconds[label]:.1f} s "
+                f"{_reading(config, res.reports.get(label))}; run time {res.seconds[label]:.1f} s "
                 f"(data {res.seconds['data']:.1f} s)",
                 "",
                 _markdown(head, body),

@@ -1,0 +1,92 @@
+"""SIGTERM (``kill``, ``timeout``, a batch scheduler) stops ``reproduce`` at once, inside a Lightning fit or not:
+exit status 143, the finished rows kept, one line saying how to resume; ``--resume`` then finishes the table."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from helpers_repro import tiny_config
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch.utils.data import DataLoader, TensorDataset
+
+import lightning_unlearn
+from lightning_unlearn.cli import main
+from lightning_unlearn.core.interrupts import deferred_interrupts, stop_on_sigterm
+
+ROWS = [
+    "{name: hf, paper_row: A, options: {noise: false, l2: 0.5, lr_margin: 0.9}}",
+    "{name: hf, paper_row: B, options: {noise: false, l2: 0.25, lr_margin: 0.9, bound: paper}}",
+]
+
+
+class _Steps(L.LightningModule):
+    """A linear model whose training step sends this process SIGTERM at step ``at`` and counts the steps run."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.layer, self.at, self.steps = torch.nn.Linear(2, 1), at, 0
+
+    def training_step(self, batch, batch_idx):
+        self.steps += 1
+        if self.steps == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return self.layer(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_sigterm_inside_a_fit_stops_it_at_once_with_status_143():
+    """Lightning alone would finish the step and raise its ``SIGTERMException`` without a status (0)."""
+    model = _Steps(at=3)
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SIGTERMException) as stop, stop_on_sigterm():
+        trainer.fit(model, DataLoader(TensorDataset(torch.ones(100, 2)), batch_size=1))
+    assert stop.value.code == 143 and model.steps == 3  # not the 100 steps of the epoch
+    assert trainer.received_sigterm  # Lightning's own notifier ran first (it stops a launcher's other ranks)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_held_block_finishes_before_sigterm_stops():
+    done = []
+    with pytest.raises(SIGTERMException), stop_on_sigterm():
+        with deferred_interrupts():
+            os.kill(os.getpid(), signal.SIGTERM)
+            done.append("written")  # a row's files: written whole
+        done.append("after")
+    assert done == ["written"]
+
+
+def test_sigterm_stops_a_run_that_resume_then_finishes(tmp_path, capsys):
+    config = tiny_config(tmp_path / "tiny.yaml", ROWS, epochs=3)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(Path(lightning_unlearn.__file__).parents[1])}
+    command = [sys.executable, "-m", "lightning_unlearn", "reproduce", str(config), "--smoke", "--out", str(out)]
+    run = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = out / "LR" / "rows" / "K_2--A.json"
+    deadline = time.monotonic() + 120
+    while not first.exists() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert first.exists(), run.communicate()[1][-2000:]
+    run.send_signal(signal.SIGTERM)  # row B is running: its retrain, its fit or its requests
+    stdout, stderr = run.communicate(timeout=60)
+    assert run.returncode == 143, stderr[-2000:]
+    assert stderr.rstrip().splitlines()[-1] == (
+        f"tiny: stopped by SIGTERM; the finished rows are in {out}: run the same command with --resume to finish"
+    )
+    assert sorted(p.name for p in first.parent.iterdir()) == ["K_2--A.json"]  # A kept, nothing of B
+    assert "Partial: 1 of 2 rows" in (out / "summary.md").read_text() and stdout == ""
+
+    assert main([*command[3:], "--resume"]) == 0  # in this process: the same command, resumed
+    resumed = capsys.readouterr().err
+    assert "LR K=2 A: finished before (resumed)" in resumed and "LR K=2 B: 2 request(s)" in resumed
+    table = (out / "summary.md").read_text()
+    assert "| hf[noise=off] | A |" in table and "| hf[noise=off,bound=paper] | B |" in table
+    assert "Partial" not in table
