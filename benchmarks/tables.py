@@ -24,6 +24,7 @@ import os
 import platform
 import resource
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -76,10 +77,30 @@ def machine() -> str:
 
 
 def run(cmd: Sequence[str]) -> tuple[int, float, float]:
-    """Exit code, wall seconds and CPU seconds (user + system) of ``cmd`` and the processes it waited for."""
+    """Exit code, wall seconds and CPU seconds (user + system) of ``cmd`` and the processes it waited for.
+
+    A SIGTERM sent to this process (``kill``) goes on to ``cmd``, which stops at once keeping its finished rows
+    (``reproduce`` exits 143); this process waits for it and records the invocation as any other. A ``cmd`` ended
+    by a signal ``n`` has exit code ``128 + n``, as a shell reports it."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    code = subprocess.call(list(cmd))
+    children: list[subprocess.Popen[bytes]] = []
+    received: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        received.append(signum)
+        for child in children:
+            child.send_signal(signum)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        children.append(subprocess.Popen(list(cmd)))
+        if received:  # arrived while the child was being started
+            children[0].send_signal(received[0])
+        code = children[0].wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    code = 128 - code if code < 0 else code
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -146,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     record(out, {"date_utc": date, "command": shown, "exit": str(code), "wall_s": f"{wall:.0f}",
                  "cpu_s": f"{cpu:.0f}", "machine": machine()})  # fmt: skip
     print(f"{shown}: exit {code}, wall {wall:.0f} s, CPU {cpu:.0f} s; wrote {write_readme(out, ns.config)}")
+    if code == 128 + signal.SIGTERM:
+        print("stopped by SIGTERM: run this script again as it was run to continue (it resumes, keeping every row)")
     return code
 
 

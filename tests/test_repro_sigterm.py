@@ -1,10 +1,12 @@
 """SIGTERM (``kill``, ``timeout``, a batch scheduler) stops ``reproduce`` at once, inside a Lightning fit or not:
 exit status 143, the finished rows kept, one line saying how to resume; ``--resume`` then finishes the table."""
 
+import importlib.util
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -90,3 +92,39 @@ def test_sigterm_stops_a_run_that_resume_then_finishes(tmp_path, capsys):
     table = (out / "summary.md").read_text()
     assert "| hf[noise=off] | A |" in table and "| hf[noise=off,bound=paper] | B |" in table
     assert "Partial" not in table
+
+
+def _tables_script():
+    """``benchmarks/tables.py`` as a module (a script, not part of the package)."""
+    path = Path(__file__).parents[1] / "benchmarks" / "tables.py"
+    spec = importlib.util.spec_from_file_location("tables_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_tables_script_passes_sigterm_on_to_its_run_and_records_its_status(tmp_path):
+    """``kill`` of ``benchmarks/tables.py`` reaches the ``reproduce`` it runs (which stops keeping its rows), and
+    the script records the status the child ended with (here a child that exits 7 on SIGTERM)."""
+    ready = tmp_path / "ready"
+    child = (
+        "import pathlib, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))\n"
+        f"pathlib.Path({str(ready)!r}).touch()\n"
+        "time.sleep(120)\n"
+    )
+
+    def kill_when_ready():
+        while not ready.exists():
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)  # to the script (this process), not to the child
+
+    before = signal.getsignal(signal.SIGTERM)
+    killer = threading.Thread(target=kill_when_ready)
+    killer.start()
+    code, wall, cpu = _tables_script().run([sys.executable, "-c", child])
+    killer.join()
+    assert code == 7 and signal.getsignal(signal.SIGTERM) is before
+    # a child ended by a signal: its status as a shell reports it (128 + n)
+    killed = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    assert _tables_script().run([sys.executable, "-c", killed])[0] == 128 + signal.SIGKILL

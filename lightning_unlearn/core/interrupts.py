@@ -55,14 +55,19 @@ def stop_on_sigterm() -> Iterator[None]:
     had finished; outside fits (requests, metrics) SIGTERM's default ends the process with nothing said. A fit
     composes the handler it finds with its own, so inside a fit Lightning's notifier runs first (it stops the
     launcher's other ranks), then this one raises: Lightning's ``on_exception`` hooks and teardown run as for its own
-    ``SIGTERMException``. Blocks under :func:`deferred_interrupts` finish first. In a thread other than the main
-    one (which receives no signals) nothing changes.
+    ``SIGTERMException``. Blocks under :func:`deferred_interrupts` finish first. A second SIGTERM while the block
+    unwinds (``timeout`` and schedulers signal the whole process group, a wrapper may forward it too) changes
+    nothing. In a thread other than the main one (which receives no signals) nothing changes.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    stopping: list[int] = []
 
     def stop(signum: int, frame: FrameType | None) -> None:
+        if stopping:  # already stopping: the first one's exception is on its way out
+            return
+        stopping.append(signum)
         raise SIGTERMException(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, stop)
