@@ -70,7 +70,7 @@ def test_mnist_setups_run_the_papers_protocol_on_mnist5k_without_root():
         for setup in CONFIGS[name].setups:
             if setup.label in labels:  # the paper's recipe, only the data differs
                 expected = replace(setup.full, dataset="mnist-5k", requests=setup.bundled.requests)
-                if name == "safe-table1":  # and SAFE's epochs, scaled to 10 minutes, plus a K=10 row (its notes say why)
+                if name == "safe-table1":  # fewer epochs (10 minutes) and a K=10 row (its notes say why)
                     expected = replace(expected, epochs=5, only=None)
                 assert setup.bundled == expected
     config = get_config("hf-table2")
