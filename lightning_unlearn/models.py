@@ -7,12 +7,15 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor, nn
 from torch.func import functional_call
 
 from lightning_unlearn.contract import attached_trainer
+from lightning_unlearn.functional.newton_cg import NewtonCGResult, newton_cg
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.regularization import ProximalRegularizer
+from lightning_unlearn.warnings import warn
 
 
 class RandomExpansion(nn.Module):
@@ -233,8 +236,15 @@ class ProximalClassifier(SupervisedClassifier):
     :attr:`regularizer` (``in_loss=True``, ``ridge=l2``; L-BFGS has no weight decay), which the module
     hands to the Trainer through ``configure_callbacks``: it anchors at the start of every fresh fit
     (``w_0 = 0`` for the first task). [CCL] assumes each task is solved exactly:
-    ``optimizer="lbfgs"`` with full-batch loaders does that for convex models. Under another loop
-    (Avalanche), pass :attr:`regularizer` to the strategy's plugins.
+    ``optimizer="lbfgs"`` with full-batch loaders comes close for convex models; L-BFGS stops when the
+    objective's value no longer changes, which in float32 can be well above a certificate's tolerance on an
+    ill-conditioned task. ``newton_tolerance`` finishes every epoch with Newton-CG on the epoch's objective
+    (:func:`~lightning_unlearn.functional.newton_cg.newton_cg`: the training loss over all the epoch's batches,
+    weighted by their sizes, module in eval mode) until its gradient norm is at most ``newton_tolerance``; the
+    outcome is :attr:`newton_results` (one per epoch; a run that stops above the tolerance warns). Under DDP
+    each rank finishes on its own loader: use it with full-batch, unsharded loaders (``use_distributed_sampler=
+    False``), where every rank holds the whole task. Under another loop (Avalanche), pass :attr:`regularizer`
+    to the strategy's plugins.
 
     Args:
         net: maps inputs to logits.
@@ -243,6 +253,7 @@ class ProximalClassifier(SupervisedClassifier):
         reg_lambda: [CCL]'s ``lambda`` (> 0).
         optimizer: ``"sgd"`` or ``"lbfgs"``.
         lbfgs_iters: L-BFGS iterations per training step.
+        newton_tolerance: the gradient norm the Newton-CG finish reaches after each epoch (``None``: none).
     """
 
     def __init__(
@@ -253,6 +264,7 @@ class ProximalClassifier(SupervisedClassifier):
         reg_lambda: float = 1.0,
         optimizer: str = "sgd",
         lbfgs_iters: int = 200,
+        newton_tolerance: float | None = None,
     ) -> None:
         super().__init__(net, lr=lr, l2=l2, momentum=0.0)
         self.save_hyperparameters(ignore=["net", "momentum"])  # drops the base class's momentum (not an argument here)
@@ -260,7 +272,11 @@ class ProximalClassifier(SupervisedClassifier):
             raise ValueError(f"ProximalClassifier reg_lambda must be positive, got {reg_lambda}")
         if optimizer not in ("sgd", "lbfgs"):
             raise ValueError(f"optimizer must be 'sgd' or 'lbfgs', got {optimizer!r}")
+        if newton_tolerance is not None and not newton_tolerance > 0:
+            raise ValueError(f"ProximalClassifier newton_tolerance must be positive, got {newton_tolerance}")
         self.reg_lambda, self.optimizer_name, self.lbfgs_iters = float(reg_lambda), optimizer, lbfgs_iters
+        self.newton_tolerance = newton_tolerance
+        self.newton_results: list[NewtonCGResult] = []
         self.regularizer = ProximalRegularizer(reg_lambda, in_loss=True, ridge=l2)
 
     def configure_callbacks(self) -> list[L.Callback]:
@@ -299,6 +315,35 @@ class ProximalClassifier(SupervisedClassifier):
             value = loss.detach()
             loss = loss + (trainer.strategy.reduce(value, reduce_op="mean") - value)
         return loss
+
+    def on_train_epoch_end(self) -> None:
+        """The Newton-CG finish of the epoch's objective (``newton_tolerance``, see the class docstring)."""
+        trainer = attached_trainer(self)
+        if self.newton_tolerance is None or trainer is None:
+            return
+        batches = []
+        for batch in trainer.train_dataloader:  # type: ignore[union-attr]
+            batch = trainer.precision_plugin.convert_input(batch)
+            batch = move_data_to_device(batch, self.device)
+            batches.append((batch[0], batch[1]))
+        n = sum(len(y) for _, y in batches)
+        if not n:
+            return
+
+        def objective() -> Tensor:
+            return sum(self.objective(x, y) * (len(y) / n) for x, y in batches)  # type: ignore[return-value]
+
+        params = [p for p in self.parameters() if p.requires_grad]
+        with eval_mode(self):
+            result = newton_cg(objective, params, self.newton_tolerance)
+        self.newton_results.append(result)
+        if not result.converged:
+            warn(
+                f"ProximalClassifier: the Newton-CG finish stopped at a gradient norm {result.residual:.3g} > "
+                f"newton_tolerance {self.newton_tolerance:g} after {result.steps} steps (no step decreased the "
+                "objective further: float rounding, or a non-convex network)",
+                cause=("Newton-CG finish above tolerance", type(self).__name__, self.newton_tolerance),
+            )
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.parameters() if p.requires_grad]

@@ -20,6 +20,10 @@ from lightning_unlearn.warnings import warn
 
 #: power iterations for the largest |eigenvalue| of a dense task Hessian (the recorder's estimated smoothness M)
 POWER_ITERS = 100
+#: Lanczos steps for the largest eigenvalue of a factored task Hessian
+LANCZOS_STEPS = 32
+#: the forms a :class:`HessianRecorder` stores a task Hessian in
+KINDS = ("auto", "exact", "factored", "diagonal", "lowrank")
 
 
 def _clone(H: Any) -> Any:
@@ -212,11 +216,16 @@ class HessianRecorder(TaskDeltaRecorder):
     ridge ``mu``, not Eq. (1)'s regulariser), evaluated at the task's solution, module in eval mode.
 
     ``hessian="exact"`` stores the dense ``d x d`` matrix (``d**2`` floats per task: use up to
-    ~1e4 parameters); ``"diagonal"`` stores a Hutchinson estimate ``mean_k z_k * (H z_k)`` with
+    ~1e4 parameters); ``"factored"`` stores the same matrix as ``{"factor": F, "ridge": mu, "top": ...}`` with
+    ``H_i = F^T F + mu I`` (``F``: ``n_i K x d``, the Gauss-Newton factor of :func:`nt.gauss_newton_factor` over
+    ``sqrt(n_i)``, ``K`` the module's outputs), exact when the module's output is affine in its parameters (a
+    linear head: checked by a probe; ``ValueError`` otherwise), ``n_i K d`` floats per task and solved by
+    :func:`cl.factored_solver`; ``"diagonal"`` stores a Hutchinson estimate ``mean_k z_k * (H z_k)`` with
     ``n_probes`` Rademacher probes, clamped below at ``l2`` [approximation, not in the paper;
     ``d`` floats per task]; ``"lowrank"`` stores the top ``rank`` eigenpairs from Lanczos on HVPs,
     the complement given curvature ``l2`` [approximation, not in the paper; ``rank * d`` floats];
-    ``"auto"`` picks exact up to ``max_exact_dim`` parameters, diagonal above. The estimators and
+    ``"auto"`` picks factored when the module is affine in its parameters and ``n_i K < d`` (the factor is smaller
+    than the matrix), else exact up to ``max_exact_dim`` parameters, diagonal above. The estimators and
     inverse solvers are :func:`cl.dense_hessian`, :func:`cl.hutchinson_diagonal`, :func:`cl.lanczos`
     and :func:`cl.inverse_solver`; this callback only records.
     The task's samples are held (on the module's device, CPU with ``offload``) only until the end of
@@ -235,7 +244,7 @@ class HessianRecorder(TaskDeltaRecorder):
     gradients (``store_sample_gradients``) gathered once so that every rank holds them all.
 
     Args:
-        hessian: ``"auto"``, ``"exact"``, ``"diagonal"`` or ``"lowrank"``.
+        hessian: ``"auto"``, ``"exact"``, ``"factored"``, ``"diagonal"`` or ``"lowrank"``.
         max_exact_dim: largest ``d`` for which ``"auto"`` stores the dense Hessian.
         n_probes: Hutchinson probes (``"diagonal"``).
         rank: Lanczos steps (``"lowrank"``).
@@ -261,8 +270,8 @@ class HessianRecorder(TaskDeltaRecorder):
         offload: bool = False,
     ) -> None:
         super().__init__(loss_fn, regularizer, offload)
-        if hessian not in ("auto", "exact", "diagonal", "lowrank"):
-            raise ValueError(f"hessian must be 'auto', 'exact', 'diagonal' or 'lowrank', got {hessian!r}")
+        if hessian not in KINDS:
+            raise ValueError(f"hessian must be one of {KINDS}, got {hessian!r}")
         self.hessian, self.max_exact_dim, self.n_probes, self.rank = hessian, max_exact_dim, n_probes, rank
         self.store_sample_gradients, self.chunk_size, self.seed = store_sample_gradients, chunk_size, seed
         self.hessians: list[Any] = []  # (d, d), (d,) diagonal, or {"values": (k,), "vectors": (d, k)}
@@ -311,14 +320,31 @@ class HessianRecorder(TaskDeltaRecorder):
         n = int(sum(t.numel() for t in self._staged_ids))  # over all ranks
         share = len(x) / n  # this rank's weight n_r / n in the mean Hessian
         loss, d = self.module_loss(module), theta.numel()
-        kind = self.hessian if self.hessian != "auto" else "exact" if d <= self.max_exact_dim else "diagonal"
         g = torch.Generator().manual_seed(self.seed + len(self.hessians))  # the same probes on every rank
-        status(f"HessianRecorder: task {self._fit_experience}: {kind} Hessian over {n} samples, {d} parameters")
+        H: Any
         with eval_mode(module):  # the Hessian of a per-sample loss: BatchNorm statistics fixed
-            if kind == "exact":
+            factor = self._factor(module, loss, theta, x, y, n)
+            if self.hessian == "auto" and self.max_over_ranks(0.0 if factor is not None else 1.0) > 0:
+                factor = None  # some rank's module is not affine: every rank stores the same form
+            kind = self.hessian if self.hessian != "auto" else "exact" if d <= self.max_exact_dim else "diagonal"
+            kind = "factored" if factor is not None else kind
+            status(f"HessianRecorder: task {self._fit_experience}: {kind} Hessian over {n} samples, {d} parameters")
+            if factor is not None:
+                F = self.gather_over_ranks(factor)  # every rank's rows: F^T F sums their Gauss-Newton terms
+
+                def apply_factored(v: Tensor) -> Tensor:
+                    return torch.addmv(v, F.T, F @ v, beta=float(l2))
+
+                # the top of the spectrum by Lanczos (a lower bound, converging much faster than the
+                # power iteration: LANCZOS_STEPS products instead of POWER_ITERS)
+                values, _ = cl.lanczos(apply_factored, d, min(LANCZOS_STEPS, d), theta.dtype, g, theta.device)
+                top = float(values.max())
+                f64 = torch.float64  # the scalars exactly (float32 would round l2 = 0.05)
+                H = {"factor": F, "ridge": torch.tensor(float(l2), dtype=f64), "top": torch.tensor(top, dtype=f64)}
+            elif kind == "exact":
                 # the mean over this rank's rows, by the Gauss-Newton product when the module is affine in theta
                 # (NewtonRecorder's; ~7x fewer flops than d HVPs for a linear softmax), else by HVPs
-                H: Any = nt.hessian_sum(loss, theta, x, y, self.chunk_size).div_(max(len(x), 1))
+                H = nt.hessian_sum(loss, theta, x, y, self.chunk_size).div_(max(len(x), 1))
                 H = self.sum_over_ranks(H * share)
                 # |lambda_max| by power iteration, O(d^2) per step as NewtonRecorder's; never above the true value
                 # (a full eigvalsh is O(d^3): over 10 minutes per task at d = 7,850, MNIST's linear model, here)
@@ -368,6 +394,38 @@ class HessianRecorder(TaskDeltaRecorder):
         self.lipschitz = max(self.lipschitz, grad_max)
         self.smoothness = max(self.smoothness, top)
         self.sample_grads.update(grads)
+
+    def _factor(
+        self, module: nn.Module, loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, n: int
+    ) -> Tensor | None:
+        """This rank's rows of the task's factor ``F`` (``H_i = F^T F + mu I``) when the Hessian is stored
+        factored (``"factored"``, or ``"auto"`` with ``n K < d``), else ``None``; one probe of the module's
+        affinity (:func:`nt.gauss_newton_factor`) per chunk of ``chunk_size`` samples.
+
+        Raises:
+            ValueError: ``hessian="factored"`` on a module whose output is not affine in its parameters (or whose
+                loss is not convex in the outputs).
+        """
+        if self.hessian not in ("auto", "factored"):
+            return None
+        d = theta.numel()
+        outputs = int(module(x[:1]).numel()) if len(x) else 0
+        if self.hessian == "auto" and not n * outputs < d:
+            return None
+        step = self.chunk_size or max(len(x), 1)
+        parts = []
+        for k in range(0, len(x), step):
+            part = nt.gauss_newton_factor(loss, theta, x[k : k + step], y[k : k + step])
+            if part is None:
+                if self.hessian == "auto":
+                    return None
+                raise ValueError(
+                    "HessianRecorder(hessian='factored') needs a module whose output is affine in its trainable "
+                    "parameters (e.g. a linear head on a frozen backbone) and a loss convex in the outputs: use "
+                    "'exact', 'diagonal' or 'lowrank'"
+                )
+            parts.append(part)
+        return torch.cat(parts).div_(n**0.5) if parts else theta.new_zeros(0, d)
 
     def require_fitted(self) -> None:
         super().require_fitted()

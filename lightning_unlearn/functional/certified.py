@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from lightning_unlearn.functional import hf
+from lightning_unlearn.functional.newton import conjugate_gradients
 
 
 # -- notes shared by the noise-adding strategies ------------------------------------------------
@@ -224,10 +225,61 @@ def hutchinson_diagonal(
     return (Z * apply_h(Z)).mean(0).clamp_min(floor)
 
 
+def is_exact(H: Tensor | dict[str, Tensor]) -> bool:
+    """Whether a recorded Hessian is the task's exact mean Hessian: dense ``(d, d)`` or factored (``{"factor",
+    "ridge", "top"}``, :func:`factored_solver`); a diagonal or low-rank record is an approximation."""
+    return "factor" in H if isinstance(H, dict) else H.ndim == 2
+
+
+#: conjugate-gradient iterations after which :func:`factored_solver` solves directly (Woodbury)
+FACTORED_CG_ITERATIONS = 300
+
+
+def factored_solver(factor: Tensor, ridge: float, top: float, lam: float) -> Callable[[Tensor], Tensor]:
+    """``v -> (F^T F + c I)^{-1} v``, ``c = ridge + lambda``, for a Hessian stored factored, ``H = F^T F + ridge I``
+    (``F``: ``r x d``, :func:`~lightning_unlearn.functional.newton.gauss_newton_factor` scaled by ``1/sqrt(n)``).
+
+    Conjugate gradients on ``v -> F^T (F v) + c v`` (two ``O(r d)`` products per iteration), from 0, to
+    :func:`~lightning_unlearn.functional.newton.conjugate_gradients`' stopping rule ``||b - A x|| <= sqrt(d) eps
+    ||A|| ||x||`` (the accuracy of a dense solve; ``||A|| <= top + lambda``, ``top`` the largest eigenvalue of ``H``);
+    the condition number is at most ``(top + lambda) / c``, so few iterations. If CG has not met the rule in
+    :data:`FACTORED_CG_ITERATIONS`, the Woodbury identity ``(1/c) (v - F^T (c I + F F^T)^{-1} F v)`` with a Cholesky
+    factor of the ``r x r`` matrix (``O(r^2 d)``, once per solver). [derived]
+    """
+    c = ridge + lam
+    cache: list[Tensor] = []
+
+    def woodbury(v: Tensor) -> Tensor:
+        F = factor.to(v)
+        if not cache:
+            gram = F @ F.T
+            gram.diagonal().add_(c)
+            cache.append(torch.linalg.cholesky(gram))
+        inner = torch.cholesky_solve((F @ v).reshape(-1, 1), cache[0]).reshape(-1)
+        return (v - F.T @ inner) / c
+
+    def solve(v: Tensor) -> Tensor:
+        F = factor.to(v)
+        x, _, converged = conjugate_gradients(
+            lambda u: torch.addmv(u, F.T, F @ u, beta=c),
+            v,
+            lambda r: r / c,
+            torch.zeros_like(v),
+            top + lam,
+            FACTORED_CG_ITERATIONS,
+        )
+        return x if converged else woodbury(v)
+
+    return solve
+
+
 def inverse_solver(H: Tensor | dict[str, Tensor], floor: float, lam: float) -> Callable[[Tensor], Tensor]:
     """A function applying ``(H + lambda I)^{-1}`` (the operator of Eq. (13)) for a recorded Hessian:
-    Cholesky for a dense ``(d, d)`` matrix, elementwise for a diagonal ``(d,)``, and :func:`lowrank_inverse`
-    for ``{"values", "vectors"}`` (complement curvature ``floor``)."""
+    Cholesky for a dense ``(d, d)`` matrix, elementwise for a diagonal ``(d,)``, :func:`factored_solver` for
+    ``{"factor", "ridge", "top"}`` and :func:`lowrank_inverse` for ``{"values", "vectors"}`` (complement curvature
+    ``floor``)."""
+    if isinstance(H, dict) and "factor" in H:
+        return factored_solver(H["factor"], float(H["ridge"]), float(H["top"]), lam)
     if isinstance(H, dict):
         return lowrank_inverse(H["values"], H["vectors"], floor, lam)
     if H.ndim == 1:

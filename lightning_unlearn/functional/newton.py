@@ -130,6 +130,28 @@ def gauss_newton_sum(loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -
     return H
 
 
+def gauss_newton_factor(loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -> Tensor | None:
+    """``F`` (``k K x d``) with ``F^T F + k l2 I`` the Hessian sum over the ``k`` rows of ``x``, if the module's output
+    is affine in ``theta`` (:func:`_gauss_newton_factors`) and every ``S_u`` is positive semi-definite (a convex
+    ``loss_fn`` in the outputs, e.g. cross-entropy: ``S = diag(p) - p p^T``), else ``None``. [derived]
+
+    Rows ``diag(sqrt(s_u)) V_u^T J_u`` per sample from ``S_u = V_u diag(s_u) V_u^T`` (``eigh``), so ``F^T F =
+    sum_u J_u^T S_u J_u``: the Hessian of rank ``<= k K`` stored in ``k K d`` numbers instead of ``d^2``, applied by
+    two products. An eigenvalue below ``-AFFINE_PROBE_ULPS eps max|s_u|`` (beyond rounding) means ``S_u`` is
+    indefinite: ``None``; smaller negative ones are rounding and set to 0.
+    """
+    factors = _gauss_newton_factors(loss, theta, x, y)
+    if factors is None:
+        return None
+    J, S = factors
+    values, vectors = torch.linalg.eigh(S)  # (k, K), (k, K, K)
+    floor = AFFINE_PROBE_ULPS * torch.finfo(S.dtype).eps * values.abs().amax(-1, keepdim=True)
+    if bool((values < -floor).any()):
+        return None
+    root = vectors * values.clamp_min(0).sqrt().unsqueeze(-2)  # S_u = root root^T
+    return torch.bmm(root.mT, J).reshape(-1, theta.numel())
+
+
 def hessian_sum(
     loss: hf.ModuleLoss,
     theta: Tensor,
@@ -242,7 +264,7 @@ class NewtonSolve:
 MAX_CG_ITERATIONS = 100
 
 
-def _cg(
+def conjugate_gradients(
     apply: Callable[[Tensor], Tensor],
     b: Tensor,
     precondition: Callable[[Tensor], Tensor],
@@ -301,9 +323,10 @@ def newton_step(
     the shift but costs ``~9 d^3`` (minutes at d = 7,850), and a rank-``K`` factor per forgotten sample would keep
     its input. For a convex loss ``P - A`` is the forgotten samples' damped Hessians, so ``P^{-1} A`` has its
     spectrum in ``(0, 1]``, at ``1 - m/n`` in directions only the ridge and damping reach (lower where the
-    forgotten samples hold most of the data's curvature): a few iterations reach the stopping rule of :func:`_cg`,
-    the accuracy of a dense solve. Without a preconditioner, or if CG meets non-positive curvature or does not
-    converge in :data:`MAX_CG_ITERATIONS`, the damped matrix is factorised (:func:`solve_damped`, ``O(d^3)``).
+    forgotten samples hold most of the data's curvature): a few iterations reach the stopping rule of
+    :func:`conjugate_gradients`, the accuracy of a dense solve. Without a preconditioner, or if CG meets
+    non-positive curvature or does not converge in :data:`MAX_CG_ITERATIONS`, the damped matrix is factorised
+    (:func:`solve_damped`, ``O(d^3)``).
 
     Args:
         retained_hessian_sum: ``sum_i H_i - sum_{u in U} H_u`` at the trained model (``d x d``).
@@ -328,7 +351,7 @@ def newton_step(
             norm = float(torch.linalg.matrix_norm(retained_hessian_sum, ord=math.inf))
         scale = norm + abs(shift)
         x0 = torch.zeros_like(G) if start is None else start.to(G)
-        x, iterations, converged = _cg(
+        x, iterations, converged = conjugate_gradients(
             lambda v: torch.addmv(v, retained_hessian_sum, v, beta=shift),
             G,
             lambda r: M @ r,

@@ -25,8 +25,8 @@ from scratch on the retained data (:func:`reference`).
   and ``loss_perturbation`` ([CR]'s ``beta``; ``None``: none).
 * ``"proximal"``: the same model with [CCL]'s regulariser ``(lambda/2)||theta - theta_{t-1}||^2``
   (:class:`ProximalClassifier`), for the certified continual-learning methods; each task is solved
-  by full-batch L-BFGS, as [CCL] assumes (exact solutions); its retrain replays the recipe.
-  Settings: ``l2`` and ``reg_lambda``.
+  by full-batch L-BFGS finished by Newton-CG to a gradient norm of :data:`NEWTON_TOLERANCE`, as [CCL] assumes
+  (exact solutions); its retrain replays the recipe. Settings: ``l2`` and ``reg_lambda``.
 """
 
 from __future__ import annotations
@@ -66,6 +66,9 @@ SETTINGS: dict[str, dict[str, Any]] = {
 }
 #: the proximal family's batch (larger than any experience: one batch per experience) and L-BFGS steps per task
 FULL_BATCH, LBFGS_STEPS = 1 << 30, 2
+#: the gradient norm the proximal family's Newton-CG finish reaches on every task: a tenth of the certified [CCL]
+#: methods' task tolerance (harness.methods.TASK_TOLERANCE, 1e-3), a margin for the check's own float rounding
+NEWTON_TOLERANCE = 1e-4
 
 
 @dataclass
@@ -147,7 +150,9 @@ def _module(info: BenchmarkInfo, family: str, s: Mapping[str, Any]) -> L.Lightni
         return SupervisedClassifier(net, lr=info.lr)
     if family == "linear":
         return SupervisedClassifier(net, lr=_linear_lr(info, net, s), l2=s["l2"])
-    return ProximalClassifier(net, lr=1.0, l2=s["l2"], reg_lambda=s["reg_lambda"], optimizer="lbfgs")
+    return ProximalClassifier(
+        net, lr=1.0, l2=s["l2"], reg_lambda=s["reg_lambda"], optimizer="lbfgs", newton_tolerance=NEWTON_TOLERANCE
+    )
 
 
 def _linear_lr(info: BenchmarkInfo, net: nn.Module, s: Mapping[str, Any]) -> float:

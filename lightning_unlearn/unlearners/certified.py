@@ -433,12 +433,13 @@ class HessianCertifiedUnlearner(_ContinualCertified):
 
     def bound_problems(self, status: list[cl.TaskStatus], c: ModelConstants) -> list[str | None]:
         """The base checks, and the recorded Hessians' spectra within ``[mu, M]`` (the transports' first-order
-        error; checked for diagonal and low-rank approximations, exact by the constants' proof otherwise)."""
+        error; checked for diagonal and low-rank approximations, exact by the constants' proof otherwise: dense or
+        factored)."""
         rec, M = self.recorder, c.smoothness
         tops = [
             float(H["values"].max()) if isinstance(H, dict) else float(H.max())
             for H in rec.hessians
-            if isinstance(H, dict) or H.ndim == 1
+            if not cl.is_exact(H)
         ]
         bad = [v for v in tops if v > M * (1 + 1e-9)]
         spectrum = f"a recorded Hessian approximation has curvature {bad[0]:.4g} > M = {M:.4g}" if bad else None
@@ -448,7 +449,7 @@ class HessianCertifiedUnlearner(_ContinualCertified):
         """[derived] :func:`~lightning_unlearn.functional.bounds.newton_chain`; its second-order form needs the exact
         task Hessians (an approximate one keeps the first order, valid while its spectrum lies in ``[mu, M]``)."""
         rec = self.recorder
-        if any(not isinstance(H, Tensor) or H.ndim != 2 for H in rec.hessians):
+        if not all(cl.is_exact(H) for H in rec.hessians):
             c = replace(c, hessian_lipschitz=None)
         return newton_chain(*self._chain(status), c, float(rec.reg_lambda or 0.0), self.tolerance())
 
