@@ -8,8 +8,8 @@ Table 1, ``scrub`` ([SCRUB]), ``l1_sparse`` and ``woodfisher`` ([Sparse]). The b
 family (default: analytic, [ACU]'s protocol; their defaults are [ACU] App. E.3's);
 [HF] (option ``track``: the sample ids its recorder keeps vectors for) and its Hessian-based baselines [NS] and
 [IJ] on the linear family, [CCL]'s Hessian and gradient methods on the proximal family (with a
-:class:`HessianRecorder`, whose estimates are their Lipschitz and smoothness constants), [SAFE] on the supervised
-family by default.
+:class:`HessianRecorder` and a :class:`TaskDeltaRecorder`: Alg. 1 needs no Hessian; both certify with closed-form
+constants), [SAFE] on the supervised family by default.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from lightning_unlearn.callbacks.analytic import AnalyticRecorder
 from lightning_unlearn.callbacks.convex import SoftmaxHeadRecorder
-from lightning_unlearn.callbacks.hessian import HessianRecorder
+from lightning_unlearn.callbacks.hessian import HessianRecorder, TaskDeltaRecorder
 from lightning_unlearn.callbacks.newton import MAX_BYTES, HessianSumRecorder
 from lightning_unlearn.callbacks.optimality import TaskOptimality
 from lightning_unlearn.callbacks.streaming import StreamingRecorder
@@ -77,6 +77,10 @@ def _trajectory(info: BenchmarkInfo, track: Collection[int] | None) -> Trajector
 
 def _hessian(info: BenchmarkInfo, hessian: str) -> HessianRecorder:
     return HessianRecorder(hessian=hessian)
+
+
+def _task_deltas(info: BenchmarkInfo) -> TaskDeltaRecorder:
+    return TaskDeltaRecorder()
 
 
 #: largest gradient residual of a proximal task's solution accepted for a certified [CCL] release
@@ -304,8 +308,7 @@ register(
         "gradient",
         GradientCertifiedUnlearner,
         families=("proximal",),
-        recorder=_hessian,
-        recorder_options={"hessian": "auto"},
+        recorder=_task_deltas,
         label=certified_label("gradient"),
         context=_closed_form_checked,
         managed=frozenset({"constants", "optimality"}),
