@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import uuid
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar, cast
@@ -358,10 +359,10 @@ class RecorderCallback(L.Callback):
         if self._strategy is None:
             return t
         device = self._strategy.root_device
-        sizes = self._strategy.all_gather(torch.tensor(len(t), device=device)).tolist()
+        sizes = _all_gather(self._strategy.all_gather, torch.tensor(len(t), device=device)).tolist()
         padded = t.new_zeros(max(sizes), *t.shape[1:]).to(device)
         padded[: len(t)] = t
-        parts = self._strategy.all_gather(padded)
+        parts = _all_gather(self._strategy.all_gather, padded)
         return torch.cat([part[:n] for part, n in zip(parts, sizes)]).to(t.device)
 
     def broadcast_from_rank0(self, t: Tensor) -> Tensor:
@@ -491,8 +492,22 @@ def _resumable(loaders: Any) -> bool:
     return all(callable(getattr(d, "state_dict", None)) and callable(getattr(d, "load_state_dict", None)) for d in flat)
 
 
+#: torch 2.14 deprecates ``torch.distributed.nn.functional.all_gather`` (a FutureWarning at every call), which
+#: Lightning 2.6.6, the newest, calls in every ``strategy.all_gather`` and ``LightningModule.all_gather``: nothing a
+#: user of this library can change
+_ALL_GATHER_DEPRECATED = r"torch\.distributed\.nn\.functional\.all_gather is deprecated"
+
+
+def _all_gather(gather: Callable[[Tensor], Any], t: Tensor) -> Any:
+    """``gather(t)`` (Lightning's ``all_gather`` of a strategy or module) without torch's deprecation warning about
+    the function Lightning calls (:data:`_ALL_GATHER_DEPRECATED`; every other warning passes)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_ALL_GATHER_DEPRECATED, category=FutureWarning)
+        return gather(t)
+
+
 def _gather(module: L.LightningModule, t: Tensor) -> Tensor:
-    g = cast(Tensor, module.all_gather(t))  # all_gather returns a tensor for a tensor
+    g = cast(Tensor, _all_gather(module.all_gather, t))  # all_gather returns a tensor for a tensor
     return g.flatten(0, 1)
 
 
