@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import logging
+import signal
 import sys
 import textwrap
 import warnings
@@ -46,7 +47,9 @@ from typing import Any, Literal
 import lightning as L
 from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, DefaultHelpFormatter, Namespace
 from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from lightning_unlearn.core.interrupts import stop_on_sigterm
 from lightning_unlearn.harness.datasets import ACU_BASE_FRACTION, BENCHMARKS, DatasetNotFoundError
 from lightning_unlearn.harness.models import MODELS
 from lightning_unlearn.harness.registry import available_methods, method_spec, trainer_options, with_trainer
@@ -472,8 +475,6 @@ def reproduce(cfg: Namespace) -> str:
     Raises:
         SystemExit: status 143 after SIGTERM, with one line on stderr saying how to continue (``--resume``).
     """
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
-
     from lightning_unlearn.harness.papers import get_config, list_configs
     from lightning_unlearn.harness.repro import is_global_zero, run_config
 
@@ -504,7 +505,7 @@ def reproduce(cfg: Namespace) -> str:
                 else "nothing was kept (no --out): give --out to keep each row as it finishes, then --resume"
             )
             print(f"\n{config.name}: stopped by SIGTERM; {kept}", file=sys.stderr, flush=True)
-        raise SystemExit(143) from None
+        raise SystemExit(128 + signal.SIGTERM) from None
     text = "\n\n".join(result.tables)
     if is_global_zero():  # every rank of a multi-device launch runs this command; one prints
         print(text, flush=True)
@@ -619,9 +620,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         for noise in _NOISE:
             warnings.filterwarnings("ignore", noise)
         logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-        _RUN[command](parser.instantiate(cfg)[command])
+        with stop_on_sigterm():  # status 143, not Lightning's 0 for a fit it stopped (reproduce says how to resume)
+            _RUN[command](parser.instantiate(cfg)[command])
     except (ValueError, DatasetNotFoundError) as err:
         parser.error(str(err))
+    except SIGTERMException:
+        from lightning_unlearn.harness.repro import is_global_zero
+
+        if is_global_zero():
+            print(f"\n{command}: stopped by SIGTERM", file=sys.stderr, flush=True)
+        return 128 + signal.SIGTERM
     return 0
 
 

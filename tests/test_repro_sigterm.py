@@ -18,6 +18,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_unlearn
+from lightning_unlearn import cli
 from lightning_unlearn.cli import main
 from lightning_unlearn.core.interrupts import deferred_interrupts, stop_on_sigterm
 
@@ -128,3 +129,16 @@ def test_the_tables_script_passes_sigterm_on_to_its_run_and_records_its_status(t
     # a child ended by a signal: its status as a shell reports it (128 + n)
     killed = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     assert _tables_script().run([sys.executable, "-c", killed])[0] == 128 + signal.SIGKILL
+
+
+def test_any_command_stopped_by_sigterm_exits_143_saying_so(monkeypatch, capsys):
+    def stopped(cfg):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # not reached: the handler raises at once
+        return ""
+
+    monkeypatch.setitem(cli._RUN, "compare", stopped)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["compare", "--methods", "[retrain]"]) == 143
+    assert capsys.readouterr().err == "\ncompare: stopped by SIGTERM\n"
+    assert signal.getsignal(signal.SIGTERM) is before
