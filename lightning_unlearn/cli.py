@@ -49,7 +49,7 @@ from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, DefaultH
 from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from lightning_unlearn.core.interrupts import stop_on_sigterm
+from lightning_unlearn.core.interrupts import noting_ctrl_c, stop_on_sigterm
 from lightning_unlearn.harness.datasets import ACU_BASE_FRACTION, BENCHMARKS, DatasetNotFoundError
 from lightning_unlearn.harness.models import MODELS
 from lightning_unlearn.harness.registry import available_methods, method_spec, trainer_options, with_trainer
@@ -473,7 +473,8 @@ def reproduce(cfg: Namespace) -> str:
     certified release are listed at the end (the run went on without them).
 
     Raises:
-        SystemExit: status 143 after SIGTERM, with one line on stderr saying how to continue (``--resume``).
+        SystemExit: status 143 after SIGTERM, 130 after Ctrl-C, with one line on stderr saying how to continue
+            (``--resume``).
     """
     from lightning_unlearn.harness.papers import get_config, list_configs
     from lightning_unlearn.harness.repro import is_global_zero, run_config
@@ -485,27 +486,34 @@ def reproduce(cfg: Namespace) -> str:
     # one line per request for 20% of the samples deleted one at a time; the guarantee column keeps the verdict
     warnings.filterwarnings("ignore", ".*HF deletion capacity exceeded.*")
     config = get_config(cfg.experiment)
-    try:
-        result = run_config(
-            config,
-            root=cfg.root,
-            smoke=cfg.smoke,
-            out=cfg.out,
-            seed=cfg.seed,
-            trainer_kwargs=trainer_kwargs(cfg.trainer),
-            setups=[cfg.setups] if isinstance(cfg.setups, str) else cfg.setups,
-            resume=cfg.resume,
-            progress=cfg.progress,
-        )
-    except SIGTERMException:
-        if is_global_zero():
-            kept = (
-                f"the finished rows are in {cfg.out}: run the same command with --resume to finish"
-                if cfg.out is not None
-                else "nothing was kept (no --out): give --out to keep each row as it finishes, then --resume"
+    kept = (
+        f"the finished rows are in {cfg.out}: run the same command with --resume to finish"
+        if cfg.out is not None
+        else "nothing was kept (no --out): give --out to keep each row as it finishes, then --resume"
+    )
+    with noting_ctrl_c() as ctrl_c:
+        try:
+            result = run_config(
+                config,
+                root=cfg.root,
+                smoke=cfg.smoke,
+                out=cfg.out,
+                seed=cfg.seed,
+                trainer_kwargs=trainer_kwargs(cfg.trainer),
+                setups=[cfg.setups] if isinstance(cfg.setups, str) else cfg.setups,
+                resume=cfg.resume,
+                progress=cfg.progress,
             )
-            print(f"\n{config.name}: stopped by SIGTERM; {kept}", file=sys.stderr, flush=True)
-        raise SystemExit(128 + signal.SIGTERM) from None
+        except SIGTERMException:
+            if is_global_zero():
+                print(f"\n{config.name}: stopped by SIGTERM; {kept}", file=sys.stderr, flush=True)
+            raise SystemExit(128 + signal.SIGTERM) from None
+        except (KeyboardInterrupt, SystemExit):  # Lightning turns a Ctrl-C inside a fit into sys.exit(1)
+            if not ctrl_c:
+                raise
+            if is_global_zero():
+                print(f"\n{config.name}: stopped by Ctrl-C; {kept}", file=sys.stderr, flush=True)
+            raise SystemExit(128 + signal.SIGINT) from None
     text = "\n\n".join(result.tables)
     if is_global_zero():  # every rank of a multi-device launch runs this command; one prints
         print(text, flush=True)

@@ -1,5 +1,6 @@
 """SIGTERM (``kill``, ``timeout``, a batch scheduler) stops ``reproduce`` at once, inside a Lightning fit or not:
-exit status 143, the finished rows kept, one line saying how to resume; ``--resume`` then finishes the table."""
+exit status 143, the finished rows kept, one line saying how to resume; ``--resume`` then finishes the table. A
+Ctrl-C says the same, with status 130."""
 
 import importlib.util
 import os
@@ -29,16 +30,17 @@ ROWS = [
 
 
 class _Steps(L.LightningModule):
-    """A linear model whose training step sends this process SIGTERM at step ``at`` and counts the steps run."""
+    """A linear model whose training step sends this process a signal (``send``, SIGTERM) at step ``at`` and counts
+    the steps run."""
 
     def __init__(self, at: int) -> None:
         super().__init__()
-        self.layer, self.at, self.steps = torch.nn.Linear(2, 1), at, 0
+        self.layer, self.at, self.steps, self.send = torch.nn.Linear(2, 1), at, 0, signal.SIGTERM
 
     def training_step(self, batch, batch_idx):
         self.steps += 1
         if self.steps == self.at:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), self.send)
         return self.layer(batch[0]).pow(2).mean()
 
     def configure_optimizers(self):
@@ -142,3 +144,25 @@ def test_any_command_stopped_by_sigterm_exits_143_saying_so(monkeypatch, capsys)
     assert main(["compare", "--methods", "[retrain]"]) == 143
     assert capsys.readouterr().err == "\ncompare: stopped by SIGTERM\n"
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_ctrl_c_inside_a_fit_stops_reproduce_with_status_130_saying_how_to_resume(tmp_path, monkeypatch, capsys):
+    """Lightning turns a Ctrl-C inside a fit into ``sys.exit(1)`` and says so at INFO level only (silent here):
+    the command says it stopped and how to resume, with the status a shell gives a Ctrl-C (130)."""
+
+    def interrupted_fit(*args, **kwargs):
+        model = _Steps(at=3)
+        model.send = signal.SIGINT
+        L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False).fit(
+            model, DataLoader(TensorDataset(torch.ones(100, 2)), batch_size=1)
+        )
+
+    monkeypatch.setattr("lightning_unlearn.harness.repro.run.run_config", interrupted_fit)
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(SystemExit) as stop:
+        main(["reproduce", "hf-table2", "--smoke", "--out", str(tmp_path)])
+    assert stop.value.code == 130 and signal.getsignal(signal.SIGINT) is before
+    assert capsys.readouterr().err.endswith(
+        f"hf-table2: stopped by Ctrl-C; the finished rows are in {tmp_path}: run the same command with --resume to "
+        "finish\n"
+    )

@@ -1,5 +1,6 @@
 """Signals across a long job: hold Ctrl-C (SIGINT) and SIGTERM across a critical section, as a database holds them
-across a commit (:func:`deferred_interrupts`), and stop a job promptly on SIGTERM (:func:`stop_on_sigterm`)."""
+across a commit (:func:`deferred_interrupts`), stop a job promptly on SIGTERM (:func:`stop_on_sigterm`), and tell
+a Ctrl-C from other ways a job ends (:func:`noting_ctrl_c`)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,32 @@ def stop_on_sigterm() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def noting_ctrl_c() -> Iterator[list[int]]:
+    """Run the block with each Ctrl-C (SIGINT) noted in the list it yields, then handled by the handler that was in
+    place (Python's raises ``KeyboardInterrupt``), which is restored afterwards.
+
+    Inside a fit Lightning turns the ``KeyboardInterrupt`` into ``sys.exit(1)`` after its ``on_exception`` hooks
+    and teardown (saying so at INFO level only), and ignores SIGINT from then on: the list tells the caller that the
+    ``SystemExit`` it sees was a Ctrl-C. In a thread other than the main one, or where SIGINT's handler is not a
+    Python function (ignored, the default, or installed outside Python), the block runs as it is and the list
+    stays empty.
+    """
+    noted: list[int] = []
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield noted
+        return
+    handler = previous
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        noted.append(signum)
+        handler(signum, frame)
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, previous)
