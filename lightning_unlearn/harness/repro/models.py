@@ -1,4 +1,4 @@
-"""The classifiers a scale names: ``linear``, ``mlp``, ``cnn2``, ``cnn2fc``, or one of
+"""The classifiers a scale names: ``linear``, ``mlp``, ``cnn2``, ``cnn2fc``, ``cnn-mnist``, or one of
 :mod:`lightning_unlearn.harness.models`."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from torch import Tensor, nn
 
 #: models a scale may name besides :data:`lightning_unlearn.harness.models.MODELS` (``linear``: the raw inputs
-#: are the features; ``mlp``, ``cnn2`` and ``cnn2fc`` take a width)
-MODELS = ("linear", "mlp", "cnn2", "cnn2fc")
+#: are the features; ``mlp``, ``cnn2``, ``cnn2fc`` and ``cnn-mnist`` take a width)
+MODELS = ("linear", "mlp", "cnn2", "cnn2fc", "cnn-mnist")
 #: ``cnn2fc``'s fully connected layers after the flattened feature map (its authors' code: 256 and 128 units)
 CNN2FC_HIDDEN = (256, 128)
 
@@ -39,7 +39,11 @@ def classifier(model: str, num_classes: int, in_shape: Sequence[int], width: int
     experiments (CaMU's and LAF's ``CNN``) [interp]: two 5x5 conv blocks (padding 2) of ``width`` and
     ``2 * width`` channels, each ReLU then 2x2 max-pooling, the map flattened into linear layers of
     :data:`CNN2FC_HIDDEN` (256, 128) units (no activation between them, as in that code), then ``fc``
-    (``width`` 16 is that code's; mnist-5k, one epoch at the same recipe: 90%). Any other name is
+    (``width`` 16 is that code's; mnist-5k, one epoch at the same recipe: 90%). ``cnn-mnist``: [HF]'s "simple
+    CNN" (its code's ``CNNMnist``): two 5x5 convolutions of ``width`` and ``2 * width`` channels, each max-pooled
+    by 2 then ReLU, a hidden layer of ``5 * width`` units (ReLU) and ``fc``; ``width`` 10 on 28x28 MNIST is its
+    d = 21,840 parameters ([interp]: without its two dropout layers, which HF's recursion does not model). Any
+    other name is
     :func:`~lightning_unlearn.harness.models.build_model`'s (``lenet``, ...; ``resnet18`` with the CIFAR stem on
     images up to 64 pixels a side, with torchvision's ImageNet stem on larger ones: LFW's 224, CelebA's 128 [interp]).
 
@@ -58,6 +62,22 @@ def classifier(model: str, num_classes: int, in_shape: Sequence[int], width: int
     if model == "mlp":
         net = nn.Sequential(nn.Flatten(), nn.Linear(d, 2 * width), nn.ReLU(), nn.Linear(2 * width, width), nn.ReLU())
         return Classifier(net, nn.Linear(width, num_classes))
+    if model == "cnn-mnist":
+        side = [((n - 4) // 2 - 4) // 2 for n in in_shape[1:]]
+        if min(side, default=0) < 1:
+            raise ValueError(f"cnn-mnist needs images of at least 16 pixels a side, got {tuple(in_shape)}")
+        net = nn.Sequential(
+            nn.Conv2d(in_shape[0], width, 5),
+            nn.MaxPool2d(2),
+            nn.ReLU(),
+            nn.Conv2d(width, 2 * width, 5),
+            nn.MaxPool2d(2),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(2 * width * math.prod(side), 5 * width),
+            nn.ReLU(),
+        )
+        return Classifier(net, nn.Linear(5 * width, num_classes))
     if model == "cnn2fc":
         h1, h2 = CNN2FC_HIDDEN
         net = nn.Sequential(
