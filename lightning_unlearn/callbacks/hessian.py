@@ -238,7 +238,8 @@ class HessianRecorder(TaskDeltaRecorder):
     DDP: each rank holds only the inputs of its own batches (a sample repeated by ``DistributedSampler``
     padding is held by the first rank), and ``H_i`` is the sum over ranks of ``n_r H_r / n_i`` (``H_r`` the mean
     Hessian of rank ``r``'s ``n_r`` samples), added in one all-reduce at the end of the experience (``d^2``
-    floats for ``"exact"``, ``n_probes d`` for ``"diagonal"``: the probes are drawn alike on every rank and
+    floats for ``"exact"``; ``"factored"`` gathers every rank's factor rows, ``n_i K d`` floats; ``n_probes d`` for
+    ``"diagonal"``: the probes are drawn alike on every rank and
     their products added before the clamp; ``"lowrank"`` adds each Lanczos step's HVP, ``rank`` all-reduces
     of ``d`` floats). The gradient sum is added likewise, the maxima (L, M) taken over ranks, and stored sample
     gradients (``store_sample_gradients``) gathered once so that every rank holds them all.
