@@ -1,9 +1,13 @@
 """HF recording ([HF] Eq. (10)): the per-step kernel, BatchNorm in training mode, float16 storage."""
 
+import copy
+import gc
+import weakref
+
 import lightning as L
 import pytest
 import torch
-from helpers_certified import D_IN, N_CLASSES, blobs, fit_hf, trainer, user_model
+from helpers_certified import D_IN, N_CLASSES, blobs, fit_hf, sgd_model, trainer, user_model
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -152,3 +156,28 @@ def test_float16_rows_stay_within_the_derived_rounding_bound_of_float32_rows(tmp
     assert bool((error <= tol).all()), (error / tol).max()
     assert float(error.max()) > 0  # float16 storage did round
     r16.close()
+
+
+def test_a_recorder_holds_its_trainer_weakly_so_copies_share_it_and_discarded_ones_free_at_once():
+    """The Trainer holds its callbacks: a recorder holding it strongly made a reference cycle (its tensors freed only
+    when the cycle collector ran: a harness loop of dense-Hessian rows grew to 13 GB) and copy.deepcopy copied the
+    whole Trainer with it."""
+    from lightning_unlearn import ForgetRequest
+    from lightning_unlearn.unlearners import HFUnlearner
+
+    model, rec = sgd_model(), TrajectoryRecorder(torch.float64)
+    fit_hf(model, blobs(24, seed=5), rec, epochs=1, batch_size=8)
+    assert rec.trainer is not None and rec.trainer is model.trainer  # alive while the module keeps it
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        copied = copy.deepcopy(rec)
+        assert copied.trainer is rec.trainer  # shared, not copied
+        unlearner = HFUnlearner(copy.deepcopy(model), copied, noise=False)
+        unlearner.forget(ForgetRequest.samples([3]))
+        alive = weakref.ref(copied)
+        del unlearner, copied
+        assert alive() is None  # freed by reference counting, with the cycle collector off
+    finally:
+        if enabled:
+            gc.enable()

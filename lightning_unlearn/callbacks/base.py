@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import uuid
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar, cast
@@ -76,8 +77,8 @@ class RecorderCallback(L.Callback):
         #: a random id of this recorder's run, kept in checkpoints; the ledger entries of its requests carry it
         self.lineage = uuid.uuid4().hex
         self.experience: int | None = None
-        #: the Trainer of the last Lightning fit: executed requests are logged to its loggers
-        self.trainer: L.Trainer | None = None
+        # the Trainer of the last Lightning fit, held weakly (:attr:`trainer`)
+        self._trainer_ref: weakref.ref[L.Trainer] | None = None
         self._fit_experience = 0
         self._first_epoch = 0
         self._staged_ids: list[Tensor] = []
@@ -90,6 +91,14 @@ class RecorderCallback(L.Callback):
         self._fitting = False  # inside a Lightning fit: state_dict carries the running fit
         self._resume: dict[str, Any] | None = None  # the running fit of a restored state, until on_train_start
         self._loader_state_saved = False  # the restored checkpoint holds the training loader's position
+
+    @property
+    def trainer(self) -> L.Trainer | None:
+        """The Trainer of the last Lightning fit while the user keeps it (executed requests are logged to its
+        loggers), else ``None``. Held weakly: the Trainer holds this callback, so a strong reference would make a
+        cycle that keeps a discarded recorder's tensors alive until the cycle collector runs, and
+        ``copy.deepcopy`` of the recorder would copy the whole Trainer (module, loaders, callbacks) with it."""
+        return None if self._trainer_ref is None else self._trainer_ref()
 
     # -- framework-neutral API (also used by the Avalanche plugin) -------------------------------
     def begin_experience(self, module: torch.nn.Module) -> None:
@@ -237,7 +246,7 @@ class RecorderCallback(L.Callback):
         self._loader_state_saved = bool((fit_loop.get("state_dict") or {}).get("combined_loader"))
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.trainer = trainer
+        self._trainer_ref = weakref.ref(trainer)
         self.global_rank, self.world_size = trainer.global_rank, trainer.world_size
         self._strategy = trainer.strategy if trainer.world_size > 1 else None
         resume, self._resume = self._resume, None

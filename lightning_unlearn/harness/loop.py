@@ -29,6 +29,7 @@ from torch import nn
 from torch.utils.data import Subset
 
 from lightning_unlearn.callbacks.base import RecorderCallback
+from lightning_unlearn.contract import attached_trainer
 from lightning_unlearn.core.catalog import SampleCatalog
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.harness.plot import write_report
@@ -383,7 +384,9 @@ def _shadow(strategy: Unlearner, info: BenchmarkInfo, seed: int) -> nn.Module:
     random half of the samples it retains, i.e. its recipe replayed on the other half [interp]. The recorder's last
     Trainer and its DDP strategy (process group, launcher: not copyable) are shared with the copy, not copied."""
     rec = strategy.recorder
-    work = copy.deepcopy(strategy, {id(o): o for o in (rec.trainer, rec._strategy) if o is not None})
+    module = strategy.module
+    trainer = attached_trainer(module) if isinstance(module, L.LightningModule) else None
+    work = copy.deepcopy(strategy, {id(o): o for o in (rec.trainer, trainer, rec._strategy) if o is not None})
     active = work.catalog.active_ids().sort().values  # the catalog's order is the learning order (DDP interleaves)
     half = active[torch.randperm(len(active), generator=torch.Generator().manual_seed(seed))[: len(active) // 2]]
     work.forget(ForgetRequest.samples(half), info.train if work.reads_data else None)
