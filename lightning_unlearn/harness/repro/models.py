@@ -36,10 +36,11 @@ def classifier(model: str, num_classes: int, in_shape: Sequence[int], width: int
     keeps which local patterns occur but not where: on MNIST it learns slowly and stays weak (mnist-5k, one epoch
     of SGD at lr 0.05, batch 32: 14% test accuracy), and it is not the papers' layout, which flattens the map.
     ``cnn2fc``: [SAFE]'s "two-layer CNN" for MNIST and Fashion-MNIST, read from its authors' code for the same
-    experiments (CaMU's and LAF's ``CNN``) [interp]: two 5x5 conv blocks (padding 2) of ``width`` and
-    ``2 * width`` channels, each ReLU then 2x2 max-pooling, the map flattened into linear layers of
-    :data:`CNN2FC_HIDDEN` (256, 128) units (no activation between them, as in that code), then ``fc``
-    (``width`` 16 is that code's; mnist-5k, one epoch at the same recipe: 90%). ``cnn-mnist``: [HF]'s "simple
+    experiments (``CNN`` of github.com/ShaofeiShen768/CaMU, ``CaMU/Model.py``, and of ``ShaofeiShen768/LAF``,
+    ``Model.py``) [interp]: two 5x5 conv blocks (padding 2) of ``width`` and ``2 * width`` channels, each ReLU then
+    2x2 max-pooling, the map flattened into linear layers of :data:`CNN2FC_HIDDEN` (256, 128) units (no activation
+    between them, as in that code), then ``fc`` (``width`` 16 is that code's; mnist-5k, one epoch at the same
+    recipe: 90%). ``cnn-mnist``: [HF]'s "simple
     CNN" (its code's ``CNNMnist``): two 5x5 convolutions of ``width`` and ``2 * width`` channels, each max-pooled
     by 2 then ReLU, a hidden layer of ``5 * width`` units (ReLU) and ``fc``; ``width`` 10 on 28x28 MNIST is its
     d = 21,840 parameters ([interp]: without its two dropout layers, which HF's recursion does not model). Any

@@ -425,6 +425,7 @@ def _result(
 ) -> SetupResult:
     """A setup's result from its finished rows, in the order they run (a request set with none is left out; one whose
     methods all refused has their refused rows and no report), each request set's references last."""
+    units = _distinct_methods(units)
     reports: dict[str, Report] = {}
     for requests in scale.requests:
         done = [units[(r.label, e.paper_row)] for r, e in keys if r is requests and (r.label, e.paper_row) in units]
@@ -441,6 +442,35 @@ def _result(
     sets = [r.label for r in scale.requests]
     rows.sort(key=lambda r: (sets.index(r["requests"]), r["reference"], order.get((r["requests"], r["paper_row"]), 0)))
     return SetupResult(setup, scale, reports, rows, dict(seconds))
+
+
+def _distinct_methods(units: Mapping[tuple[str, str], journal.Unit]) -> dict[tuple[str, str], journal.Unit]:
+    """``units`` with each method named once per request set in the tables: two paper rows that run one method at two
+    settings (e.g. SAFE at two ``lr_constant``) are told apart by the options in which they differ,
+    ``safe[lr_constant=2.5]`` and ``safe[lr_constant=10]`` (or by their paper row when only the scale differs)."""
+    groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for key, unit in units.items():
+        groups.setdefault((unit.requests, unit.method), []).append(key)
+    out = dict(units)
+    for (_, method), keys in groups.items():
+        if len(keys) < 2:
+            continue
+        options = [{**units[k].recipe["entry"]["options"], **units[k].recipe["scale_options"]} for k in keys]
+        differ = sorted({o for opts in options for o in opts if len({repr(p.get(o)) for p in options}) > 1})
+        for key, opts in zip(keys, options, strict=True):
+            unit = units[key]
+            name = (
+                f"{method}[{','.join(f'{o}={opts.get(o)}' for o in differ)}]"
+                if differ
+                else f"{method} ({unit.paper_row})"
+            )
+            out[key] = replace(
+                unit,
+                method=name,
+                rows=[{**r, "method": name} for r in unit.rows],
+                end_rows=[{**r, "method": name} for r in unit.end_rows],
+            )
+    return out
 
 
 def _report(units: Sequence[journal.Unit]) -> Report:
