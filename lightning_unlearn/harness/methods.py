@@ -299,7 +299,10 @@ register(
         managed=frozenset({"constants", "optimality"}),
         guarantee="(epsilon, delta): a Newton correction over the task chain plus noise on gamma^H ([CCL] Alg. 2)",
         assumptions=_CCL,
-        cost="a solve with each recorded task Hessian per request (O(d^3) exact); recording a Hessian per task",
+        cost=(
+            "a solve with each recorded task Hessian per request (dense: O(d^3); factored, a linear head: conjugate "
+            "gradients, O(n_i K d) per iteration); recording a Hessian per task"
+        ),
         paper="CCL",
     )
 )
