@@ -40,13 +40,12 @@ def classifier(model: str, num_classes: int, in_shape: Sequence[int], width: int
     ``Model.py``) [interp]: two 5x5 conv blocks (padding 2) of ``width`` and ``2 * width`` channels, each ReLU then
     2x2 max-pooling, the map flattened into linear layers of :data:`CNN2FC_HIDDEN` (256, 128) units (no activation
     between them, as in that code), then ``fc`` (``width`` 16 is that code's; mnist-5k, one epoch at the same
-    recipe: 90%). ``cnn-mnist``: [HF]'s "simple
-    CNN" (its code's ``CNNMnist``): two 5x5 convolutions of ``width`` and ``2 * width`` channels, each max-pooled
-    by 2 then ReLU, a hidden layer of ``5 * width`` units (ReLU) and ``fc``; ``width`` 10 on 28x28 MNIST is its
-    d = 21,840 parameters ([interp]: without its two dropout layers, which HF's recursion does not model). Any
-    other name is
-    :func:`~lightning_unlearn.harness.models.build_model`'s (``lenet``, ...; ``resnet18`` with the CIFAR stem on
-    images up to 64 pixels a side, with torchvision's ImageNet stem on larger ones: LFW's 224, CelebA's 128 [interp]).
+    recipe: 90%). ``cnn-mnist``: [HF]'s "simple CNN" (its code's ``CNNMnist``): two 5x5 convolutions of ``width``
+    and ``2 * width`` channels, each max-pooled by 2 then ReLU, a hidden layer of ``5 * width`` units (ReLU) and
+    ``fc``; ``width`` 10 on 28x28 MNIST is its d = 21,840 parameters ([interp]: without its two dropout layers, which
+    HF's recursion does not model). Any other name is :func:`~lightning_unlearn.harness.models.build_model`'s
+    (``lenet``, ...; ``resnet18`` with the CIFAR stem on images up to 64 pixels a side, with torchvision's ImageNet
+    stem on larger ones: LFW's 224, CelebA's 128 [interp]).
 
     Raises:
         ValueError: an unknown model name.
