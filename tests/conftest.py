@@ -16,19 +16,21 @@ import threading  # noqa: E402
 
 import pytest  # noqa: E402
 
-#: the signals tests send to their own process, and their handlers when the session (or this xdist worker) started
+#: the signals tests send to their own process, and the handlers every test starts with: Python's own Ctrl-C
+#: handler (a process started in the background by a shell, e.g. `make test &`, inherits SIGINT ignored, and Python
+#: then leaves it ignored), and SIGTERM's handler when the session (or this xdist worker) started
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
-_SESSION_HANDLERS = {s: signal.getsignal(s) for s in _SIGNALS}
+_START_HANDLERS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.getsignal(signal.SIGTERM)}
 
 
 @pytest.fixture(autouse=True)
-def _session_signal_handlers():
-    """Every test starts with the session's SIGINT and SIGTERM handlers, unblocked, whatever an earlier test in the
-    process left (Lightning, for one, sets SIGINT to ``SIG_IGN`` when a ``KeyboardInterrupt`` ends a fit and never
-    restores it). Once in `make test`, both tests that send a real Ctrl-C to their own process failed in one xdist
-    worker ("DID NOT RAISE"), as they do after a test that leaves SIGINT ignored; each passes alone."""
+def _start_signal_handlers():
+    """Every test starts with :data:`_START_HANDLERS`, SIGINT and SIGTERM unblocked, whatever the shell or an earlier
+    test left (Lightning, for one, sets SIGINT to ``SIG_IGN`` when a ``KeyboardInterrupt`` ends a fit and never
+    restores it): the tests that send a real Ctrl-C to their own process failed ("DID NOT RAISE") when `make test`
+    ran in the background, where SIGINT is inherited ignored."""
     if threading.current_thread() is threading.main_thread():
-        for s, handler in _SESSION_HANDLERS.items():
+        for s, handler in _START_HANDLERS.items():
             if handler is not None and signal.getsignal(s) is not handler:
                 signal.signal(s, handler)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
