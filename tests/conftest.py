@@ -1,6 +1,10 @@
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -10,11 +14,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     import torch
 
     torch.set_num_threads(1)
-
-import signal  # noqa: E402
-import threading  # noqa: E402
-
-import pytest  # noqa: E402
 
 #: the signals tests send to their own process, and the handlers every test starts with: Python's own Ctrl-C
 #: handler (a process started in the background by a shell, e.g. `make test &`, inherits SIGINT ignored, and Python

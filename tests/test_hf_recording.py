@@ -11,9 +11,10 @@ from helpers_certified import D_IN, N_CLASSES, blobs, fit_hf, sgd_model, trainer
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_unlearn import IndexedDataset
+from lightning_unlearn import ForgetRequest, IndexedDataset
 from lightning_unlearn.callbacks import TrajectoryRecorder
 from lightning_unlearn.functional import hf
+from lightning_unlearn.unlearners import HFUnlearner
 from lightning_unlearn.warnings import UnlearningWarning
 
 
@@ -162,9 +163,6 @@ def test_a_recorder_holds_its_trainer_weakly_so_copies_share_it_and_discarded_on
     """The Trainer holds its callbacks: a recorder holding it strongly made a reference cycle (its tensors freed only
     when the cycle collector ran: a harness loop of dense-Hessian rows grew to 13 GB) and copy.deepcopy copied the
     whole Trainer with it."""
-    from lightning_unlearn import ForgetRequest
-    from lightning_unlearn.unlearners import HFUnlearner
-
     model, rec = sgd_model(), TrajectoryRecorder(torch.float64)
     fit_hf(model, blobs(24, seed=5), rec, epochs=1, batch_size=8)
     assert rec.trainer is not None and rec.trainer is model.trainer  # alive while the module keeps it
