@@ -93,6 +93,19 @@ def comparison_rows(
     return out
 
 
+def _head(setup: Setup, label: str, name: str, paper_row: str, *, reference: bool, guarantee: str) -> dict[str, Any]:
+    """The columns that name a table row: its setup, request set, method, paper row, whether it is a reference,
+    and its guarantee."""
+    return {
+        "setup": setup.label,
+        "requests": label,
+        "method": name,
+        "paper_row": paper_row,
+        "reference": reference,
+        "guarantee": guarantee,
+    }
+
+
 def refused_row(
     config: ReproConfig, setup: Setup, label: str, name: str, paper_row: str, reason: str, tag: Mapping[str, Any]
 ) -> dict[str, Any]:
@@ -101,14 +114,7 @@ def refused_row(
     recipe digest."""
     first = reason.strip().splitlines()[0] if reason.strip() else "refused"
     paper = setup.paper.get((label, paper_row), {})
-    row: dict[str, Any] = {
-        "setup": setup.label,
-        "requests": label,
-        "method": name,
-        "paper_row": paper_row,
-        "reference": False,
-        "guarantee": f"refused: {first}",
-    }
+    row = _head(setup, label, name, paper_row, reference=False, guarantee=f"refused: {first}")
     row.update({key: math.nan for key in ("retain_acc", "forget_acc", "test_acc")})
     for column in config.columns:
         row[column] = math.nan
@@ -138,14 +144,8 @@ def _row(
     is_reference: bool,
 ) -> dict[str, Any]:
     paper = setup.paper.get((label, paper_row), {})
-    row: dict[str, Any] = {
-        "setup": setup.label,
-        "requests": label,
-        "method": name,
-        "paper_row": paper_row,
-        "reference": is_reference,
-        "guarantee": "/".join(sorted({str(r["certificate"]) for r in rows})),
-    }
+    guarantee = "/".join(sorted({str(r["certificate"]) for r in rows}))
+    row = _head(setup, label, name, paper_row, reference=is_reference, guarantee=guarantee)
     at_end = end if config.aggregate == "last" else None
     for key in ("retain_acc", "forget_acc", "test_acc"):
         values = [float(r[key]) for r in rows]
