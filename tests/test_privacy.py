@@ -192,8 +192,10 @@ def test_closed_form_bounds_dominate_exact_per_sample_hessians_and_gradients(bin
         worst_m, least = max(worst_m, float(eig.max())), min(least, float(eig.min()))
         worst_g = max(worst_g, float(G.norm(dim=1).max()))
         theta = theta - eta * G.mean(0)
-    # exact per-sample extremes (float64 eigvalsh: accurate to ~1e-12 relative) within the closed-form bounds
-    assert worst_m <= c.smoothness and least >= l2 * (1 - 1e-9)
+    # exact per-sample extremes within the closed-form bounds, up to eigvalsh's backward error (dim * eps * ||H||):
+    # at theta = 0 a sigmoid's Hessian attains the bound exactly, so the computed maximum may sit above it by that
+    eig_error = dim * torch.finfo(torch.float64).eps * worst_m
+    assert worst_m <= c.smoothness + eig_error and least >= l2 - eig_error
     assert worst_g <= c.grad_bound
     assert float(theta.norm()) <= (c.grad_bound - c.grad_bound / 2) / l2 + 1e-9  # ||theta|| <= L_CE / l2
     # and not vacuous: the curvature bound is within a factor 3 of what training met

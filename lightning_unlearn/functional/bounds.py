@@ -130,10 +130,11 @@ def linear_model_constants(
         raise ValueError(f"norms must be >= 0, got feature_norm={feature_norm}, init_norm={init_norm}")
     r2 = feature_norm**2 + (1.0 if bias else 0.0)
     curvature, lipschitz = (r2 / 4, math.sqrt(r2)) if binary else (r2 / 2, math.sqrt(2 * r2))
-    theta = max(init_norm, lipschitz / l2)
+    lipschitz = round_up(lipschitz)
+    theta = max(init_norm, round_up(lipschitz / l2))
     return ModelConstants(
-        smoothness=curvature + l2,
-        grad_bound=lipschitz + l2 * theta,
+        smoothness=round_up(curvature + l2),  # attained: a sigmoid's Hessian at z = 0 is exactly r2/4 + l2
+        grad_bound=round_up(lipschitz + l2 * theta),
         strong_convexity=l2,
         kind="bounded",
         loss_lipschitz=lipschitz,
@@ -166,19 +167,29 @@ def linear_head(module: nn.Module) -> tuple[nn.Module, nn.Linear]:
     return seq[:-1], trainable[0]
 
 
+def round_up(bound: float, operations: int = 4) -> float:
+    """``bound`` raised past the rounding of the ``operations`` float64 operations that computed it (each off by at
+    most half an ulp, relative ``2^-53``): a bound the data can attain stays an upper bound once computed."""
+    return bound * (1 + (operations + 1) * _EPS64)
+
+
+_EPS64 = 2.0**-52
+
+
 @torch.no_grad()
 def max_feature_norm(features: nn.Module, inputs: Iterable[Tensor]) -> float:
-    """``max ||features(x)||`` over the batches of inputs ``inputs`` (float64; the feature map in eval mode)."""
-    was_training, best = features.training, 0.0
+    """``max ||features(x)||`` over the batches of inputs ``inputs`` (float64; the feature map in eval mode), raised
+    past the rounding of a float64 norm of ``p`` features (:func:`round_up` of ``p + 2`` operations)."""
+    was_training, best, width = features.training, 0.0, 0
     features.eval()
     try:
         for x in inputs:
             phi = features(x).reshape(len(x), -1).double()
             if len(phi):
-                best = max(best, float(phi.norm(dim=1).max()))
+                best, width = max(best, float(phi.norm(dim=1).max())), phi.shape[1]
     finally:
         features.train(was_training)
-    return best
+    return round_up(best, width + 2)
 
 
 def module_constants(

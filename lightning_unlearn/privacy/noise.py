@@ -29,12 +29,21 @@ from lightning_unlearn.warnings import warn
 def secure_bytes(n: int) -> bytearray:
     """``n`` bytes of the ChaCha20 keystream under a fresh key and nonce from ``os.urandom`` (discarded).
 
-    The keystream is written in place over ``n`` zero bytes (``update_into`` with the same buffer in and out, which
-    OpenSSL's EVP interface allows for a stream cipher): 7x faster at 16 MB than ``update``, whose new ``bytes`` had
-    to be copied again into a writable buffer."""
+    The keystream is the encryption of zeros, written chunk by chunk into one preallocated buffer
+    (``update_into`` from a reused block of zeros into a slice of the result): as fast as encrypting in place, and
+    within ``update_into``'s contract on every ``cryptography`` release (from 51.0 it refuses an output that
+    overlaps its input, which an in-place call did)."""
     buffer = bytearray(n)
-    Cipher(algorithms.ChaCha20(os.urandom(32), os.urandom(16)), mode=None).encryptor().update_into(buffer, buffer)
+    encryptor = Cipher(algorithms.ChaCha20(os.urandom(32), os.urandom(16)), mode=None).encryptor()
+    zeros, view = bytes(min(n, _CHUNK)), memoryview(buffer)
+    for start in range(0, n, _CHUNK):
+        stop = min(start + _CHUNK, n)
+        encryptor.update_into(zeros[: stop - start], view[start:stop])
     return buffer
+
+
+#: bytes of keystream per ``update_into`` call of :func:`secure_bytes` (1 MiB: the block of zeros stays in cache)
+_CHUNK = 1 << 20
 
 
 def _secure_uniform(n: int) -> Tensor:
