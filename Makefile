@@ -1,17 +1,28 @@
 # The two commands of the README:
-#   make demo   create .venv, install, run the end-to-end demo
-#   make test   create .venv if needed, install, lint (ruff), type-check (mypy), check the import layers
-#               (import-linter), build the docs site with warnings as errors (mkdocs), run the test suite
+#   make demo   create .venv from the lock file, run the end-to-end demo
+#   make test   create .venv from the lock file if it is missing or older than the lock, lint (ruff), type-check
+#               (mypy), check the import layers (import-linter), build the docs site with warnings as errors (mkdocs),
+#               run the doctests and the test suite
+# And for maintainers (not part of CI):
+#   make lock         re-resolve requirements.lock (every transitive pin with its hashes) to the newest versions the
+#                     ranges in pyproject.toml allow, with torch/torchvision pinned by constraints.txt
+#   make test-latest  the same checks in .venv-latest, installed from the ranges (not the lock), plus secure_bytes on the
+#                     newest release of every major version of cryptography the range allows: drift seen before users see it
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+LOCK   := requirements.lock
+PIP    := -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test bench clean
+.PHONY: demo test lock test-latest bench clean
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[harness,test,docs]"
+# A new lock rebuilds the venv from scratch (--clear), so nothing of an older lock survives in it.
+$(STAMP): $(LOCK) pyproject.toml
+	$(PYTHON) -m venv --clear $(VENV)
+	$(PY) $(PIP) --require-hashes --no-deps -r $(LOCK)
+	$(PY) $(PIP) --no-deps --no-build-isolation -e .
+	$(PY) -m pip check
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -19,15 +30,33 @@ demo: $(STAMP)
 
 # NO_MKDOCS_2_WARNING: mkdocs-material prints a banner about its own end of life (2027) on every build; this is the
 # switch it documents. The build's own warnings stay errors (strict).
+define checks
+	$(1)/bin/ruff check .
+	$(1)/bin/python -m mypy
+	$(1)/bin/lint-imports
+	NO_MKDOCS_2_WARNING=1 $(1)/bin/mkdocs build --strict
+	$(1)/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
+endef
+
 test: $(STAMP)
-	$(VENV)/bin/ruff check .
-	$(PY) -m mypy
-	$(VENV)/bin/lint-imports
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
+	$(call checks,$(VENV))
+
+lock:
+	$(PYTHON) -m venv .venv-tools
+	.venv-tools/bin/python $(PIP) "pip-tools>=7.6,<8"
+	.venv-tools/bin/pip-compile --quiet --upgrade --generate-hashes --allow-unsafe --strip-extras \
+		--no-emit-index-url --no-emit-find-links -c constraints.txt \
+		--extra harness --extra test --extra docs -o $(LOCK) pyproject.toml
+
+test-latest:
+	$(PYTHON) -m venv --clear .venv-latest
+	.venv-latest/bin/python $(PIP) --upgrade --upgrade-strategy eager -c constraints.txt -e ".[harness,test,docs]"
+	.venv-latest/bin/python -m pip check
+	$(call checks,.venv-latest)
+	.venv-latest/bin/python tests/scripts/cryptography_majors.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/acu.py
 
 clean:
-	rm -rf $(VENV) outputs lightning_logs
+	rm -rf $(VENV) .venv-latest .venv-tools outputs lightning_logs

@@ -155,10 +155,12 @@ def test_secure_noise_is_standard_normal_and_never_repeats(dtype):
 
 
 def test_secure_bytes_are_the_chacha20_keystream_of_the_os_key(monkeypatch):
-    """Written in place over zeros, the bytes are RFC 8439's keystream for the key and nonce os.urandom gave."""
+    """Encrypted from zeros chunk by chunk (24 whole chunks and a partial one here), the bytes are RFC 8439's keystream
+    for the key and nonce os.urandom gave."""
     key, nonce = bytes(range(32)), bytes(range(100, 116))
     given = iter([key, nonce])
     monkeypatch.setattr(noise_module.os, "urandom", lambda n: next(given))
+    monkeypatch.setattr(noise_module, "_CHUNK", 4096)
     keystream = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor().update(bytes(100_003))
     assert noise_module.secure_bytes(100_003) == keystream
 
