@@ -1,9 +1,11 @@
 """An existing Avalanche script gains recording and exact forgetting with one plugin.
 
-Real data, no download: scikit-learn's handwritten digits, 5 class-incremental experiences. A small
-MLP pre-trained on a disjoint split is the frozen backbone of an ACU analytic head; Avalanche's own
-``Naive`` strategy learns the stream, with ``UnlearningPlugin`` recording the head's statistics and
-executing two forget requests between experiences. Avalanche's ``EvaluationPlugin`` receives each
+Real data, no download: scikit-learn's handwritten digits, 5 class-incremental experiences. Your own
+module: a small batch-norm MLP pre-trained on a disjoint split is its frozen ``trunk``, and an ACU analytic
+head its ``head`` (an ``AnalyticHeadModule``). Avalanche's own ``Naive`` strategy learns the stream with
+its usual optimizer and loss, with ``UnlearningPlugin`` recording the head's statistics and executing two
+forget requests between experiences (it keeps the trunk in eval mode, so its batch-norm statistics do not
+move, and no optimizer step touches the solved head). Avalanche's ``EvaluationPlugin`` receives each
 request's metrics (``unlearn/removed``, ``unlearn/exact``, ...) next to its accuracy metrics, and its
 ``TextLogger`` prints them.
 
@@ -17,17 +19,19 @@ import warnings
 
 import lightning as L
 import torch
+from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn import (
     ACUUnlearner,
-    AnalyticClassifier,
+    AnalyticHead,
+    AnalyticHeadModule,
     AnalyticRecorder,
     ForgetRequest,
 )
 from lightning_unlearn.avalanche import UnlearningPlugin, benchmark_with_sample_ids
 from lightning_unlearn.harness.digits import digits_splits
-from lightning_unlearn.models import SupervisedClassifier, mlp_backbone
+from lightning_unlearn.models import SupervisedClassifier
 from lightning_unlearn.progress import progress_bar
 
 # Avalanche imports qpsolvers for GEM, and qpsolvers warns "no QP solver found" when none is installed: this script
@@ -42,16 +46,28 @@ with warnings.catch_warnings():
     from avalanche.training.plugins import EvaluationPlugin
 
 
-def pretrained_backbone(x: torch.Tensor, y: torch.Tensor) -> torch.nn.Module:
+def pretrained_backbone(x: Tensor, y: Tensor) -> nn.Module:
     L.seed_everything(0, verbose=False)
-    backbone = mlp_backbone(64, 128, 64)
-    net = torch.nn.Sequential(backbone, torch.nn.Linear(64, 10))
+    backbone = nn.Sequential(nn.Linear(64, 128), nn.BatchNorm1d(128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU())
+    net = nn.Sequential(backbone, nn.Linear(64, 10))
     # progress_bar(): Lightning's bar on a terminal, one line at the end of the fit in a pipe or a file
     trainer = L.Trainer(
         max_epochs=30, logger=False, enable_checkpointing=False, enable_model_summary=False, callbacks=[progress_bar()]
     )
     trainer.fit(SupervisedClassifier(net, lr=0.1), DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True))
     return backbone
+
+
+class DigitsNet(AnalyticHeadModule):
+    """Your own module: the frozen pre-trained trunk and an analytic head on its output."""
+
+    def __init__(self, trunk: nn.Module) -> None:
+        super().__init__()
+        self.trunk = trunk.requires_grad_(False)
+        self.head = AnalyticHead(64, 10, expansion_dim=512)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.trunk(x))
 
 
 def main() -> None:
@@ -61,20 +77,20 @@ def main() -> None:
     bm = benchmark_with_sample_ids(TensorDataset(x, y), TensorDataset(xt, yt), 5, seed=0)
     order = [c for experience in bm.train_stream for c in sorted(experience.classes_in_this_experience)]
 
-    model = AnalyticClassifier(pretrained_backbone(*splits["base"]), 64, 10, expansion_dim=512)
-    recorder = AnalyticRecorder(ridge=1.0)
+    model = DigitsNet(pretrained_backbone(*splits["base"]))
+    recorder = AnalyticRecorder(ridge=1.0, backbone="trunk", head="head")
     requests = {
         1: [ForgetRequest.samples(torch.nonzero(y == order[0]).flatten()[:8])],  # a user deletes 8 records
         3: [ForgetRequest.of_class(order[2])],  # a class is withdrawn
     }
     plugin = UnlearningPlugin(recorder, ACUUnlearner(model, recorder), requests)
 
-    # the Avalanche script as it was, plus plugins=[plugin]; the head is solved in closed form (lr=0)
+    # the Avalanche script as it was, plus plugins=[plugin]
     evaluator = EvaluationPlugin(accuracy_metrics(experience=True, stream=True), loggers=[TextLogger(sys.stdout)])
     strategy = Naive(
         model=model,
-        optimizer=torch.optim.SGD(model.head.parameters(), lr=0.0),
-        criterion=torch.nn.CrossEntropyLoss(),
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
+        criterion=nn.CrossEntropyLoss(),
         train_mb_size=64,
         train_epochs=1,
         plugins=[plugin],

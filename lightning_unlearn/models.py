@@ -159,7 +159,7 @@ class AnalyticClassifier(L.LightningModule):
         self.expansion = RandomExpansion(backbone_dim, expansion_dim, seed) if expansion_dim else nn.Identity()
         d_F = expansion_dim or backbone_dim
         # the head is the learned parameter; it is solved in closed form, never by an optimizer
-        # (it keeps requires_grad so that DDP and Avalanche's loops accept the module)
+        # (it keeps requires_grad so that DDP accepts the module)
         self.head = nn.Linear(d_F, num_classes, bias=False, dtype=torch.float64)
         nn.init.zeros_(self.head.weight)
         self.num_classes = num_classes

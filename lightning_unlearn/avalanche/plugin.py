@@ -8,8 +8,9 @@ from typing import Any
 import torch
 from avalanche.core import SupervisedPlugin
 from avalanche.evaluation.metric_results import MetricValue
-from torch import Tensor
+from torch import Tensor, nn
 from torch.utils.data import ConcatDataset, DataLoader, Dataset
+from torch.utils.hooks import RemovableHandle
 
 from lightning_unlearn.avalanche.benchmarks import items_with_ids
 from lightning_unlearn.avalanche.minibatch import REPLAYED, IdsOffTheBatch, ids_in_items
@@ -20,6 +21,7 @@ from lightning_unlearn.avalanche.stream import (
     restore_internal,
 )
 from lightning_unlearn.callbacks.base import RecorderCallback
+from lightning_unlearn.callbacks.frozen import FrozenFeatureRecorder
 from lightning_unlearn.data import unpack_batch
 from lightning_unlearn.reporting import result_metrics
 from lightning_unlearn.unlearners.base import (
@@ -45,7 +47,8 @@ class UnlearningPlugin(SupervisedPlugin):
     (:mod:`lightning_unlearn.avalanche.minibatch` carries the ids beside it). Avalanche hooks used:
 
     * ``before_training``: a certified unlearner's noise-free internal model is restored
-      (``restore_internal``, also before each experience), forgotten samples leave the replay buffers.
+      (``restore_internal``, also before each experience), forgotten samples leave the replay buffers; for a
+      recorder that solves a head, the model gets a forward pre-hook and a forward hook (see below).
     * ``after_train_dataset_adaptation``: the experience's training data reads its ids in
       ``__getitem__``; replay buffers are purged (before any plugin's ``before_training_exp`` builds a
       loader over them, whatever the plugin order).
@@ -55,8 +58,8 @@ class UnlearningPlugin(SupervisedPlugin):
       ids off each batch.
     * ``before_training_iteration``: the batch's inputs, labels and ids are kept (DER then prepends
       replayed rows to ``mbatch``: they are not the experience's samples).
-    * ``before_update`` (``w_t``, before the optimizer step): a per-step recorder
-      (:class:`TrajectoryRecorder`, anything with ``before_step``) runs its recursion.
+    * ``before_update`` (``w_t``, before the optimizer step): a solved head's gradients are dropped (see below);
+      a per-step recorder (:class:`TrajectoryRecorder`, anything with ``before_step``) runs its recursion.
     * ``after_training_iteration``: other recorders record the experience's samples of the batch (first
       epoch only unless they record every epoch); replayed rows are not recorded again, and a batch
       holding a forgotten sample of the experience is refused.
@@ -68,7 +71,7 @@ class UnlearningPlugin(SupervisedPlugin):
       in the same hook), and forgotten samples leave the replay buffers (a ``DER`` buffer with their
       stored logits; :mod:`lightning_unlearn.avalanche.replay`).
     * ``after_training``: the replay buffers again (a ``ReplayPlugin`` listed after this one fills its
-      buffer in its own ``after_training_exp``).
+      buffer in its own ``after_training_exp``); the model's hooks of ``before_training`` are removed.
 
     List it before other plugins that read mini-batches in ``before_training_iteration`` (it keeps the
     batch there before the strategy changes it). DER's stored logits of retained samples were computed by
@@ -78,9 +81,21 @@ class UnlearningPlugin(SupervisedPlugin):
     The Avalanche strategy's criterion and optimizer must be the loss the recorder assumes (see
     :mod:`lightning_unlearn.contract`: e.g. for :class:`ProximalClassifier` and the [CCL] recorders,
     ``lambda out, y: cross_entropy(out, y) + model.regularizer.penalty(model)``; for HF, cross-entropy and
-    ``SGD(weight_decay=l2)``). With an
-    :class:`AnalyticRecorder`, the closed-form head it writes replaces whatever the optimizer did
-    to ``model.head``; give the Avalanche strategy an optimizer over ``model.head.parameters()`` with ``lr=0``.
+    ``SGD(weight_decay=l2)``).
+
+    A recorder that solves a head on a frozen backbone (:class:`AnalyticRecorder`, :class:`SoftmaxHeadRecorder`;
+    e.g. an :class:`AnalyticHeadModule`, or your own module with a batch-norm ``trunk``) works with the strategy's
+    usual optimizer and criterion:
+
+    * Avalanche puts the whole model in train mode (at each ``train``; EWC's importance pass and DER's logits pass
+      again), which would update the frozen backbone's batch-norm statistics. The modules the recorder requires
+      unchanged (its ``backbone``; without one, every module outside the head) are put in eval mode when training
+      starts, by a forward pre-hook on the model before each of its forward passes while the strategy trains
+      (whoever calls it: GEM's and A-GEM's memory passes too), and after training; they stay in eval mode.
+    * The head is the recorder's closed-form solution: no optimizer step moves it (its gradients are dropped before
+      each step). When no parameter of the model takes a gradient (an :class:`AnalyticHead`), the model's output
+      is handed on, while it trains with gradients enabled, as a leaf that takes one (the same values): the
+      strategy's backward (and EWC's importance pass) reaches no parameter, and its optimizer step changes nothing.
 
     Args:
         recorder: the recorder (also the ``unlearning`` strategy's recorder).
@@ -117,11 +132,20 @@ class UnlearningPlugin(SupervisedPlugin):
         self._width = 0  # columns of a training batch with its ids
         self._loader: IdsOffTheBatch | None = None
         self._batch: tuple[Tensor, Tensor, Tensor] | None = None
+        self._fixed: list[nn.Module] = []  # kept in eval mode (a frozen backbone)
+        self._solved: list[Tensor] = []  # written by the recorder only (a solved head's parameters)
+        self._hooks: list[RemovableHandle] = []
 
     # -- Avalanche hooks -------------------------------------------------------------------------
     def before_training(self, strategy: Any, **kwargs: Any) -> None:
         restore_internal(self.unlearning)  # before any plugin's before_training_exp (e.g. one anchoring a regulariser)
         self._purge_replay(strategy)
+        self._remove_hooks()  # those left by a train() that raised
+        model = strategy.model
+        self._fixed, self._solved = _solved_head(self.recorder, model)
+        self._fix_modes()
+        if isinstance(self.recorder, FrozenFeatureRecorder):
+            self._hooks = [model.register_forward_pre_hook(self._fix_modes), model.register_forward_hook(_leaf_output)]
 
     def after_train_dataset_adaptation(self, strategy: Any, **kwargs: Any) -> None:
         model = strategy.model
@@ -168,6 +192,8 @@ class UnlearningPlugin(SupervisedPlugin):
         self._batch = strategy.mb_x, strategy.mb_y, ids
 
     def before_update(self, strategy: Any, **kwargs: Any) -> None:
+        for p in self._solved:
+            p.grad = None  # the optimizer skips it (no step, momentum or weight decay)
         if not self._per_step:
             return
         x, y, ids = self._current()
@@ -204,8 +230,20 @@ class UnlearningPlugin(SupervisedPlugin):
 
     def after_training(self, strategy: Any, **kwargs: Any) -> None:
         self._purge_replay(strategy)
+        self._remove_hooks()
+        self._fix_modes()  # after EWC's importance pass and DER's logits pass put the model in train mode
 
     # -- helpers ---------------------------------------------------------------------------------
+    def _fix_modes(self, *hook_args: Any) -> None:
+        """The modules the recorder requires unchanged in eval mode (also a forward pre-hook: ``hook_args``)."""
+        for module in self._fixed:
+            module.eval()
+
+    def _remove_hooks(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
     def _execute(self, strategy: Any, unlearning: Unlearner, experience: int) -> None:
         """Run the experience's requests (forget data: the experiences seen so far) and publish each result."""
         data: ForgetData = ConcatDataset(self._seen) if unlearning.reads_data else None
@@ -244,6 +282,38 @@ class UnlearningPlugin(SupervisedPlugin):
         """Remove forgotten samples from the exemplar buffers of the Avalanche strategy and its plugins."""
         if int(self.recorder.catalog.forgotten.sum()):
             drop_forgotten([strategy, *strategy.plugins], lambda ids: self._forgotten(ids).cpu())
+
+
+def _solved_head(recorder: RecorderCallback, model: nn.Module) -> tuple[list[nn.Module], list[Tensor]]:
+    """For a recorder that solves a head on a frozen backbone (a :class:`FrozenFeatureRecorder`): the modules whose
+    parameters and buffers it requires unchanged (its ``backbone``; without one, every module outside the head), and
+    the head's parameters, which only the recorder writes. Nothing for other recorders.
+
+    Raises:
+        ValueError: the model lacks the recorder's head or backbone.
+    """
+    if not isinstance(recorder, FrozenFeatureRecorder):
+        return [], []
+    head = recorder.head_of(model)
+    if recorder.backbone is not None:
+        fixed = [recorder.backbone_of(model)]
+    else:
+        fixed = [m for m in model.modules() if not any(sub is head for sub in m.modules())]
+    return fixed, [p for p in (head.weight, head.bias) if p is not None]
+
+
+def _leaf_output(module: nn.Module, args: Any, output: Any) -> Tensor | None:
+    """Forward hook: with gradients enabled, the floating output of a model of which no parameter takes a gradient,
+    detached as a leaf that takes one (the same tensor's values); other outputs unchanged (``None``)."""
+    if (
+        isinstance(output, Tensor)
+        and output.is_floating_point()
+        and torch.is_grad_enabled()
+        and not output.requires_grad
+        and not any(p.requires_grad for p in module.parameters())
+    ):
+        return output.detach().requires_grad_()
+    return None
 
 
 def _device(model: torch.nn.Module) -> torch.device:
