@@ -60,6 +60,11 @@ def test_the_nav_names_only_pages_that_exist():
     assert [page for page in NAV if not (DOCS / page).is_file()] == []
 
 
+def test_every_page_is_in_the_nav():
+    pages = sorted(str(path.relative_to(DOCS)) for path in DOCS.rglob("*.md") if "_hooks" not in path.parts)
+    assert [page for page in pages if page not in NAV] == []
+
+
 @pytest.mark.slow
 def test_the_getting_started_example_runs(tmp_path, monkeypatch, capsys):
     (code,) = re.findall(r"```python\n(.*?)```", (DOCS / "getting-started.md").read_text(), flags=re.S)
