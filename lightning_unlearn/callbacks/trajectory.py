@@ -65,7 +65,7 @@ class TrajectoryRecorder(RecorderCallback):
     (``O(#steps * |B|)`` integers). ``store="mmap"`` keeps the vectors in a memory-mapped file of
     ``capacity`` rows (:class:`~lightning_unlearn.store.RowStore`: created new, never over an existing
     file or a symlink, locked while the recorder uses it, deleted rows overwritten with zeros); its
-    checkpoints reference the file and an XXH3 digest of its rows instead of copying them, so they
+    checkpoints reference the file and a BLAKE3 digest of its rows instead of copying them, so they
     restore only with the file as it was when they were saved (:meth:`close` releases the file);
     ``track`` restricts the vectors to a forgettable subset (user-level deletion, [HF] App. B.1).
 
@@ -101,7 +101,7 @@ class TrajectoryRecorder(RecorderCallback):
     every rank (:meth:`broadcast_from_rank0`), so all ranks hold the same model. Checkpoints: Lightning saves
     rank 0's callback state only. With ``store="mmap"`` each rank maps its own file, ``path`` suffixed
     ``.rank<r>``, and :meth:`state_dict` (a collective under DDP: Lightning calls it on every rank when it
-    saves) gathers every rank's file reference and XXH3 digest into the state, so a DDP run of the same
+    saves) gathers every rank's file reference and BLAKE3 digest into the state, so a DDP run of the same
     world size restores it, each rank reopening its own file under its digest. With ``store="memory"`` the
     other ranks' vectors cannot be in the checkpoint: :meth:`load_state_dict` refuses such a state, naming
     ``store="mmap"``.

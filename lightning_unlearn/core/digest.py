@@ -4,7 +4,7 @@ An entry pins which weights a request published with ``"blake3:<hex>"`` (256 bit
 dtypes, shapes and bytes of every tensor of the module's ``state_dict`` (sorted by name). BLAKE3 is
 a cryptographic hash (collision- and preimage-resistant), so a forger cannot publish other weights
 under a recorded digest. It was chosen over SHA-256 and BLAKE2b by measurement on a resnet18's
-44.6 MiB (``benchmarks/digest.py``, table in the README): 3 to 6 times faster than SHA-256 on one
+44.6 MiB (``benchmarks/digest.py``, table in docs/benchmarks.md): 3 to 6 times faster than SHA-256 on one
 thread here, so a request pays a few hundredths of a second for it at 11M parameters. Entries
 written before (a bare 32-hex-digit digest) used XXH3-128, which is fast but not collision-resistant:
 they are still read and compared (:func:`digest_matches`), and :func:`digest_algorithm` names them so
