@@ -91,6 +91,11 @@ def test_an_executed_entry_appended_again_with_its_chain_rehashed_is_refused(che
     append_forged(path, 1, None if key is None else key.encode(), extra={**s.ledger[1].extra, "redo_of": 0})
     with pytest.raises(LedgerError, match="entry 2 says it redoes entry 0, which is not the same request"):
         Ledger(path).verify()
+    s.ledger = Ledger(path)  # (the open one read the first copy, and refuses a file rewritten since)
+    s.rollback_ledger("entry 2 repeats entry 1")  # the way out: the record is chained and hashed with the key
+    assert path.read_bytes().startswith(anchored) and Ledger(path)[2].keyed == (key is not None)
+    s.forget(ForgetRequest.samples([30]), DATA)
+    assert Ledger(path).verify(s.recorder.ledger_anchor).count == 4
 
 
 def test_a_copy_disguised_as_a_redo_is_listed_after_the_anchor_and_refused(checkpoint, tmp_path):
@@ -103,7 +108,7 @@ def test_a_copy_disguised_as_a_redo_is_listed_after_the_anchor_and_refused(check
     append_forged(path, 1, extra={**s.ledger[1].extra, "redo_of": 1})
     report = Ledger(path).verify(s.recorder.ledger_anchor)
     assert [e.seq for e in report.beyond_anchor] == [2]
-    refused(s, path, r"entry 2 \(acu samples\[2\]\(2, 3\), .* forgets sample ids \[2, 3\] this state has already")
+    refused(s, path, r"entry 2 \(acu samples\[2\]\(2, 3\), .* forgets sample ids \[2, 3\] this state does not hold")
 
 
 def test_verify_lists_the_entries_after_the_anchor(checkpoint, tmp_path):
@@ -174,13 +179,14 @@ def test_a_rollback_cuts_after_the_anchor_atomically_and_is_recorded(checkpoint,
     append_forged(path, 1)
     append_forged(path, 0, extra={"recorder": "c" * 32})
     cut = [LedgerEntry.from_json(line) for line in path.read_text().splitlines()[2:]]
+    path.chmod(0o600)  # an audit file readable by its owner only stays so
     before = snapshot(s)
     with pytest.raises(ValueError, match="reason"):
         s.rollback_ledger(" ")
     with caplog.at_level(logging.WARNING, logger="lightning_unlearn.ledger"):
         record = s.rollback_ledger("entries appended by hand on 2026-12-01")
     assert "cutting entries [2, 3]" in caplog.text and "entries appended by hand on 2026-12-01" in caplog.text
-    assert path.read_bytes() == anchored + record.to_line()
+    assert path.read_bytes() == anchored + record.to_line() and path.stat().st_mode & 0o777 == 0o600
     assert record.seq == 2 and record.method == ROLLBACK and record.removed_ids == []
     assert record.extra["rolled_back_to"] == {"count": 2, "head": s.ledger[1].hash}
     assert record.extra["reason"] == "entries appended by hand on 2026-12-01"

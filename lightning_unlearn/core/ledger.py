@@ -20,13 +20,14 @@ were the rollback itself to fail, the next open names the torn last line. A last
 its newline is an append cut short (never acknowledged): it is refused by number, and
 ``Ledger(path, recover=True)`` truncates it.
 
-What an anchor holds is fixed; the entries after it were written since the state it came from was saved, and
-:meth:`Ledger.verify` lists them in its report (:attr:`LedgerReport.beyond_anchor`); an unlearner refuses to run
-until each is this run's stopped request (``redo_pending`` executes it) or the operator has confirmed them
-(``accept_ledger``) or rolled them back (:meth:`Ledger.rollback`). A ledger shared by several runs at once is
-opened with ``shared=True``: the other runs' entries are then theirs to write. A chain rehashed consistently can
-still repeat an execution: :meth:`Ledger.verify` refuses an entry that forgets samples an earlier entry of the same
-run (its ``lineage``) forgot, unless it is that entry's redo (``redo_of``, the same request, method and ids).
+The anchor pins the entries up to it. The entries after it were written since the state it came from was saved:
+:meth:`Ledger.verify` lists them in its report (:attr:`LedgerReport.beyond_anchor`), and an unlearner refuses to
+run until each is a stopped request of its own run (``redo_pending`` executes it again) or the operator has
+confirmed them (``accept_ledger``) or rolled them back (:meth:`Ledger.rollback`). In a ledger opened with
+``shared=True`` (written by several runs at once) the entries of other runs are accepted. A chain rehashed
+consistently can still repeat an execution: :meth:`Ledger.verify` refuses an entry that forgets samples an earlier
+entry of the same run (its ``lineage``) forgot, unless it is that entry's redo (``redo_of``: the same request,
+method and ids).
 
 A rollback is itself an entry, never a silent cut: the file is rewritten to the anchored entries' bytes followed by
 one ``ledger-rollback`` entry that names the anchor, the operator's reason, and each entry cut (number, hash,
@@ -284,15 +285,20 @@ def _append_line(path: Path, line: bytes) -> None:
 
 
 def _replace_file(path: Path, content: bytes) -> None:
-    """Replace the file at ``path`` by ``content`` atomically and durably: written whole and ``fsync``-ed beside it,
-    renamed over it (``os.replace``), and the directory ``fsync``-ed. Before the rename any failure removes the new
-    file and leaves the old one as it was; after it, a failed directory ``fsync`` only warns (the rename is done;
-    were it lost in a crash, the old file would be back, and refused again against the anchor)."""
+    """Replace the file at ``path`` (a symlink's target) by ``content`` atomically and durably, its permission bits
+    kept: written whole and ``fsync``-ed beside it, renamed over it (``os.replace``), and the directory ``fsync``-ed.
+    Before the rename any failure removes the new file and leaves the old one as it was; after it, a failed directory
+    ``fsync`` only warns (the rename is done; were it lost in a crash, the old file would be back, and refused again
+    against the anchor)."""
+    path = Path(os.path.realpath(path))
     new = path.with_name(path.name + ".rollback")
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    mode = os.stat(path).st_mode & 0o777
     try:
-        fd = os.open(new, flags | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        fd = os.open(new, flags | getattr(os, "O_NOFOLLOW", 0), mode)
         try:
+            if hasattr(os, "fchmod"):
+                os.fchmod(fd, mode)  # the mode the umask took from os.open's
             _write_all(fd, content, new)
         finally:
             os.close(fd)
@@ -536,8 +542,7 @@ class Ledger:
         any entry; ``extra`` holds the anchor, ``reason``, ``recorder`` and, for each entry cut, its number, hash,
         lineage, method, timestamp, request and privacy release, never its removed ids; its weights digest is
         ``module``'s), written beside the file, ``fsync``-ed and renamed over it (see the module docstring).
-        :meth:`Unlearner.rollback_ledger <lightning_unlearn.unlearners.base.Unlearner.rollback_ledger>` calls it
-        with the recorder's anchor and logs it.
+        ``Unlearner.rollback_ledger`` calls it with the recorder's anchor and logs it.
 
         Returns:
             the entries cut (the record of the cut is now the last entry).

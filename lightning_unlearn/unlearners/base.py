@@ -296,8 +296,8 @@ class Unlearner(ABC):
             done = [i for i in e.removed_ids if i not in live]
             if done:
                 raise LedgerError(
-                    f"{where} forgets sample ids {done[:10]} this state has already forgotten: not a request of this "
-                    f"run it has yet to execute (a repeated execution?); {remedy}"
+                    f"{where} forgets sample ids {done[:10]} this state does not hold (already forgotten, or never "
+                    f"learned): not a request of this run it has yet to execute (a repeated execution?); {remedy}"
                 )
 
     def accept_ledger(self, reason: str) -> LedgerReport:
@@ -395,12 +395,12 @@ class Unlearner(ABC):
         """Cut the ledger's entries after the recorder's anchor: the operator's alternative to :meth:`redo_pending`
         and :meth:`accept_ledger` for entries that should not be there (a repeated execution, another run's).
 
-        :meth:`Ledger.rollback <lightning_unlearn.core.ledger.Ledger.rollback>` replaces them, atomically and
-        durably, by one entry recording the cut (each entry's number, hash, lineage, method, timestamp, request and
-        release; ``reason``; the weights this state holds); the recorder's anchor moves onto it, and the rollback
-        is logged (``lightning_unlearn.ledger``, WARNING). A cut entry of this run and method whose samples this
-        state still holds (a stopped run's request, :meth:`pending`) may have been published: its release stays
-        counted in the accountant; to execute its request, submit it again.
+        :meth:`Ledger.rollback` replaces them, atomically and durably, by one entry recording the cut (each entry's
+        number, hash, lineage, method, timestamp, request and release; ``reason``; the digest of the weights this
+        state holds); the recorder's anchor moves onto it, and the rollback is logged (``lightning_unlearn.ledger``,
+        WARNING). A cut entry of this run and method whose samples this state still holds (a stopped run's request,
+        :meth:`pending`) may have been published: its release stays counted in the accountant; to execute its
+        request, submit it again.
 
         Returns:
             the entry recording the rollback.
