@@ -68,7 +68,7 @@ def refused(s: Unlearner, path: Path, match: str) -> None:
 def test_an_executed_entry_appended_again_with_its_chain_rehashed_is_refused(checkpoint, tmp_path, monkeypatch, key):
     """The copy of entry 1 as entry 2, chained and hashed consistently (unkeyed, or by whoever holds the key), opens
     as a ledger but fails verify (with or without the anchor), forget and accept_ledger, naming both entries; the
-    copy disguised as a redo of another entry fails verify too."""
+    copy disguised as a redo of another entry fails verify too; rollback_ledger cuts it, and requests go on."""
     if key is not None:
         monkeypatch.setenv(KEY_ENV, key)
     path = tmp_path / "ledger.jsonl"
