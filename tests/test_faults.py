@@ -491,7 +491,8 @@ def _tamper(path: Path, how: str, run: Path) -> None:
         path.unlink()
     elif how == "middle entry edited, chain rehashed":
         entries = [json.loads(line) for line in lines]
-        entries[1]["removed_ids"] = [3]  # (an id this state has forgotten: accepted, it leaves nothing pending)
+        entries[1]["timestamp"] = "2026-01-01T00:00:00+00:00"  # backdated (removed ids another entry forgot would
+        # repeat an execution, which is never accepted: tests/test_misuse_ledger.py)
         _write(path, _rehash(entries))
     elif how == "another run's ledger":
         shutil.copy(run / "other.jsonl", path)

@@ -157,7 +157,7 @@ def test_two_writers_on_one_file_continue_one_chain(tmp_path):
     strategies = []
     for _ in range(2):
         model, rec = fit_analytic([data])
-        strategies.append(ACUUnlearner(model, rec, Ledger(path)))
+        strategies.append(ACUUnlearner(model, rec, Ledger(path, shared=True)))  # two runs, one file
     for i in range(10):
         for k, s in enumerate(strategies):
             s.forget(ForgetRequest.samples([2 * i + k]), data)
@@ -174,7 +174,7 @@ def test_concurrent_processes_append_without_corruption(tmp_path):
         "from lightning_unlearn import ACUUnlearner, ForgetRequest, Ledger\n"
         "data = toy_dataset(60)\n"
         "model, rec = fit_analytic([data])\n"
-        "s = ACUUnlearner(model, rec, Ledger(sys.argv[1]))\n"
+        "s = ACUUnlearner(model, rec, Ledger(sys.argv[1], shared=True))\n"
         "k = int(sys.argv[2])\n"
         "for i in range(10):\n"
         "    s.forget(ForgetRequest.samples([2 * i + k]), data)\n"

@@ -20,6 +20,20 @@ were the rollback itself to fail, the next open names the torn last line. A last
 its newline is an append cut short (never acknowledged): it is refused by number, and
 ``Ledger(path, recover=True)`` truncates it.
 
+The anchor pins the entries up to it. The entries after it were written since the state it came from was saved:
+:meth:`Ledger.verify` lists them in its report (:attr:`LedgerReport.beyond_anchor`), and an unlearner refuses to
+run until each is a stopped request of its own run (``redo_pending`` executes it again) or the operator has
+confirmed them (``accept_ledger``) or rolled them back (:meth:`Ledger.rollback`). In a ledger opened with
+``shared=True`` (written by several runs at once) the entries of other runs are accepted. A chain rehashed
+consistently can still repeat an execution: :meth:`Ledger.verify` refuses an entry that forgets samples an earlier
+entry of the same run (its ``lineage``) forgot, unless it is that entry's redo (``redo_of``: the same request,
+method and ids).
+
+A rollback is itself an entry, never a silent cut: the file is rewritten to the anchored entries' bytes followed by
+one ``ledger-rollback`` entry that names the anchor, the operator's reason, and each entry cut (number, hash,
+lineage, method, timestamp, request, privacy release; not its removed ids), then ``fsync``-ed and renamed over the
+ledger (``os.replace``, then an ``fsync`` of the directory): a crash leaves the old file or the new one.
+
 ``weights_digest`` (:mod:`lightning_unlearn.core.digest`) is BLAKE3 over the module's
 ``state_dict`` after the request.
 """
@@ -31,11 +45,12 @@ import hashlib
 import hmac
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from filelock import FileLock
@@ -49,20 +64,27 @@ from lightning_unlearn.core.result import UnlearningResult
 from lightning_unlearn.warnings import warn
 
 __all__ = [
+    "EMPTY_ANCHOR",
     "KEY_ENV",
     "Ledger",
     "LedgerEntry",
     "LedgerError",
     "LedgerReport",
+    "ROLLBACK",
     "weights_digest",
 ]
 
 _GENESIS = "0" * 64
 KEY_ENV = "LIGHTNING_UNLEARN_LEDGER_KEY"
+#: the anchor of a recorder that has executed no request on a ledger file (every entry is after it)
+EMPTY_ANCHOR: Mapping[str, Any] = MappingProxyType({"count": 0, "head": _GENESIS})
+#: the ``method`` of the entry that records a rollback (:meth:`Ledger.rollback`)
+ROLLBACK = "ledger-rollback"
 
 
 class LedgerError(ValueError):
-    """A ledger that fails its checks: corrupt, torn, truncated, replaced, downgraded, or of another method."""
+    """A ledger that fails its checks: corrupt, torn, truncated, replaced, downgraded, of another method or run, or
+    repeating an execution."""
 
 
 def _ledger_key() -> bytes | None:
@@ -104,6 +126,25 @@ class LedgerEntry:
         return ForgetRequest.from_dict(self.request)
 
     @property
+    def lineage(self) -> str | None:
+        """The ``lineage`` of the recorder whose run wrote the entry (``None``: written without one)."""
+        recorder = self.extra.get("recorder")
+        return recorder if isinstance(recorder, str) else None
+
+    @property
+    def is_rollback(self) -> bool:
+        """Whether the entry records a rollback (:meth:`Ledger.rollback`) rather than an executed request."""
+        return self.method == ROLLBACK
+
+    def summary(self) -> str:
+        """Which entry, what, by which run and when, in one line (for reports and errors)."""
+        try:
+            what = "rollback" if self.is_rollback else f"{self.method} {self.forget_request}"
+        except (KeyError, TypeError, ValueError):  # a request no ForgetRequest reads (a forged entry): shown as is
+            what = f"{self.method} {self.request!r}"
+        return f"entry {self.seq} ({what}, lineage {self.lineage}, {self.timestamp})"
+
+    @property
     def cert(self) -> Certificate:
         return Certificate.from_dict(self.certificate)
 
@@ -131,6 +172,8 @@ class LedgerReport:
         anchor: the checkpoint anchor the ledger was checked against (``None``: the chain alone).
         legacy_digests: entries whose weights digest is XXH3-128 (written before BLAKE3 was used): their
             weights are pinned against accidents, not against a forger who can find collisions.
+        beyond_anchor: the entries after the anchor (written since the state it came from was saved), each with
+            its number, request, lineage and timestamp (:meth:`LedgerEntry.summary`); empty without an anchor.
     """
 
     path: str | None
@@ -139,13 +182,17 @@ class LedgerReport:
     keyed: bool
     anchor: dict[str, Any] | None
     legacy_digests: int
+    beyond_anchor: tuple[LedgerEntry, ...] = ()
 
     def __str__(self) -> str:
         where = self.path or "(memory)"
         against = "" if self.anchor is None else f", consistent with the anchor of {int(self.anchor['count'])} entries"
         legacy = f"; {self.legacy_digests} entries with XXH3-128 weights digests" if self.legacy_digests else ""
         kind = "HMAC-SHA256" if self.keyed else "SHA-256"
-        return f"ledger {where}: {self.count} entries, {kind} chain intact, head {self.head[:16]}{against}{legacy}"
+        beyond = "".join(f"; after the anchor: {e.summary()}" for e in self.beyond_anchor)
+        return (
+            f"ledger {where}: {self.count} entries, {kind} chain intact, head {self.head[:16]}{against}{legacy}{beyond}"
+        )
 
 
 class Replayable(Protocol):
@@ -203,6 +250,17 @@ def _truncate(fd: int, size: int, where: Path) -> None:
         pass  # see the docstring: the cut is checked; its durability is what recovery covers
 
 
+def _write_all(fd: int, data: bytes, path: Path) -> None:
+    """``os.write`` until every byte of ``data`` is written, then ``os.fsync`` (``OSError`` on no progress)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.EIO, f"write to {path} made no progress")
+        view = view[written:]
+    os.fsync(fd)
+
+
 def _append_line(path: Path, line: bytes) -> None:
     """Append ``line`` durably (write loop, fsync; the directory fsynced when the file is new); on any failure
     (``ENOSPC``, ``EFBIG``, an interrupt) truncate back to the former size, fsynced and checked, and re-raise."""
@@ -218,18 +276,50 @@ def _append_line(path: Path, line: bytes) -> None:
         try:
             if created:
                 _fsync_directory(path.parent)
-            view = memoryview(line)
-            while view:
-                written = os.write(fd, view)
-                if written <= 0:
-                    raise OSError(errno.EIO, f"write to {path} made no progress")
-                view = view[written:]
-            os.fsync(fd)
+            _write_all(fd, line, path)
         except BaseException:
             _truncate(fd, size, path)
             raise
     finally:
         os.close(fd)
+
+
+def _replace_file(path: Path, content: bytes) -> None:
+    """Replace the file at ``path`` (a symlink's target) by ``content`` atomically and durably, its permission bits
+    kept: written whole and ``fsync``-ed beside it, renamed over it (``os.replace``), and the directory ``fsync``-ed.
+    Before the rename any failure removes the new file and leaves the old one as it was; after it, a failed directory
+    ``fsync`` only warns (the rename is done; were it lost in a crash, the old file would be back, and refused again
+    against the anchor)."""
+    path = Path(os.path.realpath(path))
+    new = path.with_name(path.name + ".rollback")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    mode = os.stat(path).st_mode & 0o777
+    try:
+        fd = os.open(new, flags | getattr(os, "O_NOFOLLOW", 0), mode)
+        try:
+            if hasattr(os, "fchmod"):
+                os.fchmod(fd, mode)  # the mode the umask took from os.open's
+            _write_all(fd, content, new)
+        finally:
+            os.close(fd)
+        os.replace(new, path)
+    except BaseException:
+        new.unlink(missing_ok=True)
+        raise
+    try:
+        _fsync_directory(path.parent)
+    except OSError as err:
+        warn(f"ledger {path}: rewritten, but the fsync of its directory failed ({err}): a crash may undo the rewrite")
+
+
+def _offset_after(raw: bytes, count: int) -> int:
+    """The byte offset in ``raw`` just after its ``count``-th entry (blank lines are no entries)."""
+    offset = seen = 0
+    while seen < count:
+        end = raw.index(b"\n", offset) + 1
+        seen += bool(raw[offset:end].strip())
+        offset = end
+    return offset
 
 
 class Ledger:
@@ -244,14 +334,24 @@ class Ledger:
     path the ledger lives in memory: it records nothing durable, and a strategy neither checks it
     against nor writes it into its recorder's anchor.
 
+    Args:
+        path: the JSON-lines file (``None``: in memory).
+        recover: truncate a torn last line instead of refusing it.
+        shared: several runs write this file at once (each its own requests): an unlearner accepts the entries of
+            other runs (lineages) written after its recorder's anchor instead of refusing them.
+
     Raises:
         LedgerError: the file's chain is broken, keyed without the key (or unkeyed with it), or its last
             line is torn (and ``recover`` is off).
     """
 
-    def __init__(self, path: str | Path | None = None, recover: bool = False) -> None:
+    def __init__(self, path: str | Path | None = None, recover: bool = False, shared: bool = False) -> None:
         self.path = Path(path) if path is not None else None
+        self.shared = shared
         self._entries: list[LedgerEntry] = []
+        # the executions checked by verify (_check_executions): the first _indexed entries, by (lineage, sample id)
+        self._indexed = 0
+        self._executed: dict[tuple[str, int], int] = {}
         # what was checked: the file's bytes as last read or written (the writing rank), and the number of leading
         # entries whose chain was checked under _checked_key; a later check reads the file again but parses and
         # hashes only what follows those bytes, so a request's cost does not grow with the ledger
@@ -405,10 +505,8 @@ class Ledger:
         return entry
 
     def _append(self, result: UnlearningResult, module: nn.Module, recorder: str | None) -> LedgerEntry:
-        key = _ledger_key()
-        body = LedgerEntry(
-            seq=len(self._entries),
-            timestamp=datetime.now(timezone.utc).isoformat(),
+        entry = self._sealed(
+            len(self._entries),
             method=result.certificate.method,
             request=result.request.to_dict(),
             removed_ids=result.removed_ids.tolist(),
@@ -419,62 +517,186 @@ class Ledger:
                 **{k: v for k, v in result.extra.items() if isinstance(v, (int, float, str, bool))},
                 **({} if recorder is None else {"recorder": recorder}),
             },
-            keyed=key is not None,
-            prev_hash=self._entries[-1].hash if self._entries else _GENESIS,
         )
-        entry = replace(body, hash=body.computed_hash(key))
         self._entries.append(entry)
         return entry
 
-    # -- auditing --------------------------------------------------------------------------------
-    def verify(self, anchor: dict[str, Any] | None = None) -> LedgerReport:
-        """Check the chain, and against ``anchor`` (a recorder's ``ledger_anchor`` from a checkpoint).
+    def _sealed(self, seq: int, **body: Any) -> LedgerEntry:
+        """The entry ``seq`` with ``body``, timestamped now and chained to entry ``seq - 1`` (hashed with the key)."""
+        key = _ledger_key()
+        entry = LedgerEntry(
+            seq=seq,
+            timestamp=datetime.now(timezone.utc).isoformat(),
+            keyed=key is not None,
+            prev_hash=self._entries[seq - 1].hash if seq else _GENESIS,
+            **body,
+        )
+        return replace(entry, hash=entry.computed_hash(key))
 
-        A ledger with a file re-reads it first (on the writing rank): what is checked is the file as it is
-        now, and it must still hold every entry this ``Ledger`` read or wrote.
+    def rollback(
+        self, anchor: Mapping[str, Any], reason: str, module: nn.Module, recorder: str | None = None
+    ) -> list[LedgerEntry]:
+        """Cut the entries after ``anchor`` and record the cut in their place, atomically and durably.
+
+        The file becomes the anchored entries' own bytes and one ``ledger-rollback`` entry (chained and hashed as
+        any entry; ``extra`` holds the anchor, ``reason``, ``recorder`` and, for each entry cut, its number, hash,
+        lineage, method, timestamp, request and privacy release, never its removed ids; its weights digest is
+        ``module``'s), written beside the file, ``fsync``-ed and renamed over it (see the module docstring).
+        ``Unlearner.rollback_ledger`` calls it with the recorder's anchor and logs it.
 
         Returns:
-            a :class:`LedgerReport`: the verified count and head, whether the chain was keyed, the anchor.
+            the entries cut (the record of the cut is now the last entry).
+
+        Raises:
+            ValueError: no reason given, the ledger is in memory, or it has no entry after ``anchor``.
+            LedgerError: the chain is broken, or the ledger does not hold ``anchor`` (see :meth:`verify`).
+        """
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValueError("a ledger rollback needs the operator's reason (a non-empty string), which is recorded")
+        if self.path is None:
+            raise ValueError("an in-memory ledger is never checked against an anchor: nothing to roll back")
+        with self._current():
+            count = self._check_anchor(anchor)
+            cut = self._entries[count:]
+            if not cut:
+                raise ValueError(f"ledger {self.path} has no entry after the anchor of {count} entries: nothing to cut")
+            record = self._sealed(
+                count,
+                method=ROLLBACK,
+                request={},
+                removed_ids=[],
+                wall_time_s=0.0,
+                certificate={},
+                weights_digest=weights_digest(module),
+                extra={
+                    "rolled_back_to": {"count": count, "head": self._entries[count - 1].hash if count else _GENESIS},
+                    "reason": reason,
+                    "cut": [
+                        {
+                            "seq": e.seq,
+                            "hash": e.hash,
+                            "lineage": e.lineage,
+                            "method": e.method,
+                            "timestamp": e.timestamp,
+                            "request": e.request,
+                            "release": e.certificate.get("accounting", {}).get("release"),
+                        }
+                        for e in cut
+                    ],
+                    **({} if recorder is None else {"recorder": recorder}),
+                },
+            )
+            if self._writes():
+                assert self.path is not None
+                raw = self._raw[: _offset_after(self._raw, count)] + record.to_line()
+                _replace_file(self.path, raw)
+                self._raw = raw
+            self._entries = [*self._entries[:count], record]
+            self._checked = min(self._checked, count)
+            self._indexed, self._executed = 0, {}
+        return cut
+
+    # -- auditing --------------------------------------------------------------------------------
+    @contextmanager
+    def _current(self) -> Iterator[None]:
+        """Hold the entries as they are now: the file re-read and adopted under its lock (the writing rank, which
+        keeps the lock until the block ends), or the entries appended in memory since the last check checked."""
+        if self._writes():
+            with self._locked():
+                self._sync()
+                yield
+            return
+        key = _ledger_key()  # the entries checked before are this ledger's own (it only appends)
+        self._check_chain(self._entries, self._checked if key == self._checked_key else 0)
+        self._checked, self._checked_key = len(self._entries), key
+        yield
+
+    def _check_anchor(self, anchor: Mapping[str, Any]) -> int:
+        """The anchor's entry count, after checking the ledger holds it (see :meth:`verify`)."""
+        where = self.path or "(memory)"
+        count, head = int(anchor["count"]), str(anchor["head"])
+        if anchor.get("keyed") and _ledger_key() is None:
+            raise LedgerError(
+                f"the checkpoint's anchor of ledger {where} was made with an HMAC-keyed chain: set {KEY_ENV}"
+            )
+        if len(self._entries) < count:
+            raise LedgerError(
+                f"ledger {where} has {len(self._entries)} entries but the checkpoint anchors {count}: truncated or "
+                "replaced (entries dropped, the file emptied or deleted, or another ledger in its place)"
+            )
+        if count and self._entries[count - 1].hash != head:
+            raise LedgerError(
+                f"ledger {where} entry {count - 1} differs from the checkpoint's anchor (hash "
+                f"{self._entries[count - 1].hash[:16]} here, {head[:16]} anchored): rewritten or replaced "
+                "(another run's ledger?)"
+            )
+        return count
+
+    def _check_executions(self) -> None:
+        """``LedgerError`` naming the first entry not checked yet that repeats an execution of its run: it forgets
+        sample ids an earlier entry of the same lineage forgot, and is not that entry's redo (``redo_of``, the same
+        request, method and ids), or is a rollback record that does not fit its place. Entries without a lineage
+        (written without a recorder) are not compared."""
+        where = self.path or "(memory)"
+
+        def execution(e: LedgerEntry) -> tuple[Any, ...]:
+            return e.lineage, e.method, e.request, e.removed_ids
+
+        for e in self._entries[self._indexed :]:
+            if e.is_rollback:
+                if e.removed_ids or e.extra.get("rolled_back_to") != {"count": e.seq, "head": e.prev_hash}:
+                    raise LedgerError(f"ledger {where} entry {e.seq} is a rollback record that does not fit its place")
+            elif "redo_of" in e.extra:
+                redo = e.extra["redo_of"]
+                original = self._entries[redo] if type(redo) is int and 0 <= redo < e.seq else None
+                if original is None or execution(original) != execution(e):
+                    raise LedgerError(
+                        f"ledger {where} entry {e.seq} says it redoes entry {redo}, which is not the same request of "
+                        "the same run (lineage, method, request and removed ids)"
+                    )
+            elif e.lineage is not None:
+                again = [i for i in e.removed_ids if (e.lineage, i) in self._executed]
+                if again:
+                    raise LedgerError(
+                        f"ledger {where} entry {e.seq} forgets sample ids {again[:10]} that entry "
+                        f"{self._executed[e.lineage, again[0]]} of the same run (lineage {e.lineage}) already forgot: "
+                        "a repeated execution (an entry appended again, its chain rehashed?); "
+                        "Unlearner.rollback_ledger cuts the entries after a recorder's anchor"
+                    )
+                self._executed.update(((e.lineage, i), e.seq) for i in e.removed_ids)
+            self._indexed += 1
+
+    def verify(self, anchor: Mapping[str, Any] | None = None) -> LedgerReport:
+        """Check the chain and that no entry repeats an execution, and against ``anchor`` (a recorder's
+        ``ledger_anchor`` from a checkpoint; :data:`EMPTY_ANCHOR` for one that executed nothing on this file).
+
+        A ledger with a file re-reads it first (on the writing rank): what is checked is the file as it is
+        now, and it must still hold every entry this ``Ledger`` read or wrote. The entries after the anchor are
+        not refused here: the report lists them (an unlearner refuses them, see the module docstring).
+
+        Returns:
+            a :class:`LedgerReport`: the verified count and head, whether the chain was keyed, the anchor, the
+            entries after it.
 
         Raises:
             LedgerError: an entry was edited, dropped or reordered; keyed entries without the key, or unkeyed
                 ones with it; the file lost entries this ledger holds; the ledger has fewer entries than
                 the anchor (truncated, emptied, deleted or replaced) or another entry at the anchor's
                 position (rewritten, or another run's ledger); the anchor was made with the HMAC key and it
-                is not set.
+                is not set; an entry forgets samples an earlier entry of its run forgot (not as its redo).
         """
-        if self._writes():
-            with self._locked():
-                self._sync()
-        else:  # the entries checked before are this ledger's own (it only appends): the new ones are checked
-            key = _ledger_key()
-            self._check_chain(self._entries, self._checked if key == self._checked_key else 0)
-            self._checked, self._checked_key = len(self._entries), key
-        where = self.path or "(memory)"
-        if anchor is not None:
-            count, head = int(anchor["count"]), str(anchor["head"])
-            if anchor.get("keyed") and _ledger_key() is None:
-                raise LedgerError(
-                    f"the checkpoint's anchor of ledger {where} was made with an HMAC-keyed chain: set {KEY_ENV}"
-                )
-            if len(self._entries) < count:
-                raise LedgerError(
-                    f"ledger {where} has {len(self._entries)} entries but the checkpoint anchors {count}: truncated or "
-                    "replaced (entries dropped, the file emptied or deleted, or another ledger in its place)"
-                )
-            if count and self._entries[count - 1].hash != head:
-                raise LedgerError(
-                    f"ledger {where} entry {count - 1} differs from the checkpoint's anchor (hash "
-                    f"{self._entries[count - 1].hash[:16]} here, {head[:16]} anchored): rewritten or replaced "
-                    "(another run's ledger?)"
-                )
+        with self._current():
+            count = None if anchor is None else self._check_anchor(anchor)
+            self._check_executions()
+            entries = tuple(self._entries)
         return LedgerReport(
             path=None if self.path is None else str(self.path),
-            count=len(self._entries),
-            head=self.anchor()["head"],
+            count=len(entries),
+            head=entries[-1].hash if entries else _GENESIS,
             keyed=_ledger_key() is not None,
             anchor=None if anchor is None else dict(anchor),
-            legacy_digests=sum(digest_algorithm(e.weights_digest) == LEGACY for e in self._entries),
+            legacy_digests=sum(digest_algorithm(e.weights_digest) == LEGACY for e in entries),
+            beyond_anchor=() if count is None else entries[count:],
         )
 
     def replay(self, strategy: Replayable, data: Any = None) -> list[tuple[LedgerEntry, bool]]:
@@ -494,6 +716,8 @@ class Ledger:
         try:
             out = []
             for e in self._entries:
+                if e.is_rollback:  # a record of entries cut, which executed nothing
+                    continue
                 if e.method != strategy.method:
                     raise LedgerError(f"ledger entry {e.seq} was executed by {e.method!r}, not by {strategy.method!r}")
                 result = strategy.forget(e.forget_request, data if strategy.reads_data else None)

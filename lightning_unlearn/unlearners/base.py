@@ -4,9 +4,11 @@ Every method follows one contract, with one commit point, in the order of a data
 log (the ledger entry is the durable record; everything after it is derived from it):
 
 1. ``forget`` checks the ledger file against the recorder's anchor (the checkpoint's ``ledger_anchor``:
-   a dropped, emptied, deleted, rewritten or replaced ledger is a :class:`LedgerError` before anything
-   runs; :meth:`Unlearner.accept_ledger` is the operator's logged override), erases what an
-   earlier request left unerased, and checks the request and the data (nothing changes on a bad input);
+   a dropped, emptied, deleted, rewritten or replaced ledger, an entry repeating an execution, or an entry
+   after the anchor that is not this run's to redo is a :class:`LedgerError` before anything runs;
+   :meth:`Unlearner.accept_ledger` and :meth:`Unlearner.rollback_ledger` are the operator's logged ways out),
+   erases what an earlier request left unerased, and checks the request and the data (nothing changes on a
+   bad input);
 2. the method's :meth:`Unlearner._compute` computes everything (new weights, the
    recorder's statistics change, its own state, the certificate) and touches nothing;
 3. ``forget`` commits with Ctrl-C and SIGTERM held until it is done
@@ -30,7 +32,11 @@ log (the ledger entry is the durable record; everything after it is derived from
 A ledger on disk can be ahead of the state it is used with: a process stopped between the ledger
 write and the next checkpoint, and the run resumed from that earlier checkpoint. The module and the
 statistics then still hold samples the ledger says are forgotten. ``forget`` refuses new requests
-until :meth:`Unlearner.redo_pending` has executed those entries again.
+until :meth:`Unlearner.redo_pending` has executed those entries again. Any other entry after the anchor
+is refused, naming it, until the operator confirms it (:meth:`Unlearner.accept_ledger`) or cuts it
+(:meth:`Unlearner.rollback_ledger`): an entry of another run (``lineage``: another run's ledger, or a
+recorder given another run's state), unless the ledger is ``shared``, and an entry of this run whose samples
+this state has already forgotten (a repeated execution).
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.core.catalog import SampleCatalog
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.interrupts import deferred_interrupts
-from lightning_unlearn.core.ledger import Ledger, LedgerEntry, LedgerError, LedgerReport
+from lightning_unlearn.core.ledger import EMPTY_ANCHOR, Ledger, LedgerEntry, LedgerError, LedgerReport
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.core.result import UnlearningResult
 from lightning_unlearn.data import select_by_ids
@@ -216,8 +222,9 @@ class Unlearner(ABC):
                 data's labels or inputs differ from what was learned. Nothing is changed.
             ReleaseRefused: (a ``ValueError``) a certified release whose assumptions fail, or that would exceed
                 the privacy budget, naming why. Nothing is changed.
-            LedgerError: the ledger file does not match the recorder's anchor (:meth:`check_ledger`), or it
-                records requests whose samples this state still holds (see :meth:`pending`); nothing is changed.
+            LedgerError: the ledger file does not match the recorder's anchor or holds entries after it that are
+                not this run's to redo (:meth:`check_ledger`), or it records requests whose samples this state still
+                holds (see :meth:`pending`); nothing is changed.
             OSError: rows an earlier request left unerased still cannot be erased; nothing is changed.
             ErasurePendingError: the request was executed and recorded, but erasing its rows failed (see the
                 module docstring); its ``result`` is the executed request's.
@@ -241,7 +248,8 @@ class Unlearner(ABC):
 
     def check_ledger(self) -> LedgerReport | None:
         """Verify the ledger file against the recorder's anchor (the ``ledger_anchor`` of the checkpoint it was
-        restored from, or of its last request); under DDP every rank takes part and all refuse together.
+        restored from, or of its last request; a recorder without one executed nothing on a ledger file: every
+        entry is after its anchor); under DDP every rank takes part and all refuse together.
 
         Returns:
             the :class:`~lightning_unlearn.core.ledger.LedgerReport`, or ``None`` for an in-memory ledger (it
@@ -249,32 +257,62 @@ class Unlearner(ABC):
 
         Raises:
             LedgerError: naming the mismatch: the file lost anchored entries (dropped, emptied, deleted), holds
-                another entry where the anchor's head should be (rewritten, or another run's ledger), or its
-                chain is broken or downgraded. :meth:`accept_ledger` overrides a mismatch an operator can explain.
+                another entry where the anchor's head should be (rewritten, or another run's ledger), its
+                chain is broken or downgraded, an entry repeats an execution of its run, or an entry after the
+                anchor is another run's (the ledger not ``shared``) or forgets samples this state has already
+                forgotten. :meth:`accept_ledger` overrides a mismatch an operator can explain;
+                :meth:`rollback_ledger` cuts the entries after the anchor.
         """
         if self.ledger.path is None:
             return None
         report: LedgerReport | None = None
         failure: LedgerError | None = None
         try:
-            report = self.ledger.verify(self.recorder.ledger_anchor)
+            report = self.ledger.verify(self.recorder.ledger_anchor or EMPTY_ANCHOR)
+            self._check_beyond_anchor(report)
         except LedgerError as err:
             failure = err
         if self.recorder.max_over_ranks(float(failure is not None)) > 0:
             raise failure if failure is not None else LedgerError("the ledger check failed on another rank")
         return report
 
-    def accept_ledger(self, reason: str) -> LedgerReport:
-        """Adopt this strategy's ledger file although it does not match the recorder's anchor: the operator's
-        override, for a mismatch they can explain (a ledger restored from a backup, a new ledger for a resumed run).
+    def _check_beyond_anchor(self, report: LedgerReport) -> None:
+        """``LedgerError`` naming the first entry after the anchor that is neither this run's to redo (its samples
+        all still learned here: :meth:`pending`) nor a rollback record of this run, nor, in a ``shared`` ledger,
+        another run's."""
+        lineage, count = self.recorder.lineage, report.count - len(report.beyond_anchor)
+        remedy = "accept_ledger(reason) adopts the entries after the anchor, rollback_ledger(reason) cuts them"
+        for e in report.beyond_anchor:
+            where = f"ledger {report.path} {e.summary()}, written after the recorder's anchor ({count} entries),"
+            if e.lineage != lineage:
+                if self.ledger.shared:
+                    continue
+                raise LedgerError(
+                    f"{where} is another run's (this recorder's lineage is {lineage}: another run's ledger, or this "
+                    "recorder restored from another run's state; a ledger written by several runs at once is opened "
+                    f"with Ledger(path, shared=True)); {remedy}"
+                )
+            live = set(self.catalog.live(e.removed_ids))
+            done = [i for i in e.removed_ids if i not in live]
+            if done:
+                raise LedgerError(
+                    f"{where} forgets sample ids {done[:10]} this state does not hold (already forgotten, or never "
+                    f"learned): not a request of this run it has yet to execute (a repeated execution?); {remedy}"
+                )
 
-        The ledger's own chain must still be intact (that is never overridden). The override is logged (the
-        ``lightning_unlearn.ledger`` logger, at WARNING) and kept in the recorder's state (``ledger_overrides``,
-        so in every later checkpoint): when, which file, the anchor replaced, the one adopted, and ``reason``.
+    def accept_ledger(self, reason: str) -> LedgerReport:
+        """Adopt this strategy's ledger file although it does not match the recorder's anchor, or holds entries after
+        it that are not this run's to redo: the operator's override, for a mismatch they can explain (a ledger
+        restored from a backup, a new ledger for a resumed run, another run's entries known to be right).
+
+        The ledger's own chain must still be intact and no entry may repeat an execution (that is never overridden:
+        :meth:`rollback_ledger` cuts such an entry). The override is logged (the ``lightning_unlearn.ledger``
+        logger, at WARNING) and kept in the recorder's state (``ledger_overrides``, so in every later checkpoint):
+        when, which file, the anchor replaced, the one adopted, and ``reason``.
 
         Raises:
             ValueError: no reason given, or the ledger is in memory (nothing to accept).
-            LedgerError: the ledger's chain is broken or downgraded.
+            LedgerError: the ledger's chain is broken or downgraded, or an entry repeats an execution of its run.
         """
         if not isinstance(reason, str) or not reason.strip():
             raise ValueError("accept_ledger needs the operator's reason (a non-empty string), which is logged and kept")
@@ -302,11 +340,14 @@ class Unlearner(ABC):
 
     def pending(self) -> list[LedgerEntry]:
         """The ledger's entries of this recorder's run (its ``lineage``) whose samples this state still holds
-        (learned, not forgotten): executed after the checkpoint the module and recorder were restored from."""
+        (learned, not forgotten): executed after the checkpoint the module and recorder were restored from. A redo
+        of such an entry (a run stopped again before its next checkpoint) is the same request, not listed again."""
         if not len(self.ledger):
             return []
         lineage = self.recorder.lineage
-        return [e for e in self.ledger if e.extra.get("recorder") == lineage and self.catalog.live(e.removed_ids)]
+        ours = [e for e in self.ledger if e.lineage == lineage and self.catalog.live(e.removed_ids)]
+        seqs = {e.seq for e in ours}
+        return [e for e in ours if e.extra.get("redo_of") not in seqs]
 
     def redo_pending(self, data: ForgetData = None) -> list[UnlearningResult]:
         """Execute the :meth:`pending` entries again, in order, each appended to the ledger anew with
@@ -339,9 +380,8 @@ class Unlearner(ABC):
             if len(self.catalog.live(entry.removed_ids)) != len(entry.removed_ids):
                 raise LedgerError(f"ledger entry {entry.seq}'s samples are only partly forgotten in this state")
             ids = torch.tensor(entry.removed_ids, dtype=torch.long)
-            accountant, stopped = self.accountant, entry.certificate.get("accounting", {}).get("release")
-            if accountant is not None and stopped is not None:
-                self.accountant = accountant.with_release(Release(**stopped))  # committed with the redo
+            accountant = self.accountant
+            self.accountant = self._with_release_of(entry)  # committed with the redo
             counted = self.accountant
             try:
                 done.append(self._execute(entry.forget_request, ids, data, {"redo_of": entry.seq}))
@@ -350,6 +390,53 @@ class Unlearner(ABC):
                     self.accountant = accountant
                 raise
         return done
+
+    def rollback_ledger(self, reason: str) -> LedgerEntry:
+        """Cut the ledger's entries after the recorder's anchor: the operator's alternative to :meth:`redo_pending`
+        and :meth:`accept_ledger` for entries that should not be there (a repeated execution, another run's).
+
+        :meth:`Ledger.rollback` replaces them, atomically and durably, by one entry recording the cut (each entry's
+        number, hash, lineage, method, timestamp, request and release; ``reason``; the digest of the weights this
+        state holds); the recorder's anchor moves onto it, and the rollback is logged (``lightning_unlearn.ledger``,
+        WARNING). A cut entry of this run and method whose samples this state still holds (a stopped run's request,
+        :meth:`pending`) may have been published: its release stays counted in the accountant; to execute its
+        request, submit it again.
+
+        Returns:
+            the entry recording the rollback.
+
+        Raises:
+            ValueError: no reason given, the ledger is in memory, or it has no entry after the anchor.
+            LedgerError: the ledger's chain is broken, or it does not hold the recorder's anchor (truncated or
+                replaced: :meth:`accept_ledger` is the way out then).
+        """
+        anchor = self.recorder.ledger_anchor or EMPTY_ANCHOR
+        with deferred_interrupts():  # the file, the anchor and the accountant change together
+            cut = self.ledger.rollback(anchor, reason, self.module, recorder=self.recorder.lineage)
+            record, self.recorder.ledger_anchor = self.ledger[-1], self.ledger.anchor()
+            for entry in cut:
+                stopped = entry.lineage == self.recorder.lineage and entry.method == self.method
+                if stopped and len(self.catalog.live(entry.removed_ids)) == len(entry.removed_ids):
+                    self.accountant = self._with_release_of(entry)
+            self.mirror_accountant()
+        _log.warning(
+            "ledger %s rolled back by the operator to the recorder's anchor of %d entries, cutting entries %s "
+            "(lineages %s), recorded as entry %d: %s",
+            self.ledger.path,
+            int(anchor["count"]),
+            [e.seq for e in cut],
+            sorted({str(e.lineage) for e in cut}),
+            record.seq,
+            reason,
+        )
+        return record
+
+    def _with_release_of(self, entry: LedgerEntry) -> PrivacyAccountant | None:
+        """This strategy's accountant with ``entry``'s release (read from its certificate) counted too."""
+        release = entry.certificate.get("accounting", {}).get("release")
+        if self.accountant is None or release is None:
+            return self.accountant
+        return self.accountant.with_release(Release(**release))
 
     def _check_data(self, data: ForgetData) -> None:
         """``ValueError`` if ``data`` is missing for a method that needs it, given to a method that reads
