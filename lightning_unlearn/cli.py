@@ -55,9 +55,11 @@ from lightning_unlearn.harness.models import MODELS
 from lightning_unlearn.harness.registry import available_methods, method_spec, trainer_options, with_trainer
 from lightning_unlearn.harness.types import BenchmarkInfo, Method
 
-#: every registered method, the exact and certified ones first
+#: ``compare``'s methods unless ``--methods`` names others (``resolve`` among them: the certified method the README
+#: recommends); ``lightning-unlearn methods`` lists every registered one
 DEFAULT_METHODS = [
     "acu",
+    "resolve",
     "hf",
     "hessian",
     "gradient",

@@ -1,6 +1,7 @@
 """`lightning-unlearn` CLI: jsonargparse options and configs, the listing from the registry, the compare table,
 the user's own module and data by class path, and errors that name the bad argument (exit 2, no traceback)."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import pytest
 import yaml
 from helpers_own import FITS
 
-from lightning_unlearn.cli import build_parser, main, method_options
+from lightning_unlearn.cli import build_parser, list_methods, main, method_options
 from lightning_unlearn.harness import MethodSpec, get_method, method_spec, registry
 from lightning_unlearn.unlearners import FinetuneUnlearner
 
@@ -18,6 +19,12 @@ pytestmark = pytest.mark.slow
 
 QUICK = ["compare", "--experiences", "2", "--pretrain_epochs", "1", "--epochs", "1", "--progress", "false"]
 QUICK += ["--shadows", "2"]
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "methods"
+
+
+@pytest.fixture(scope="module")
+def parser():
+    return build_parser()
 
 
 def test_methods_lists_every_registered_method_from_its_spec(capsys, monkeypatch):
@@ -211,3 +218,24 @@ def test_reproduce_setups_takes_one_label_or_a_list():
         "MNIST LR",
         "MNIST CNN",
     ]
+
+
+def test_compare_runs_resolve_by_default(parser):
+    methods = parser.parse_args(["compare"]).compare.methods
+    assert "resolve" in methods and set(methods) <= set(registry.available_methods())
+
+
+def test_every_method_named_in_the_docs_is_registered_and_described(parser):
+    index = (DOCS / "index.md").read_text()
+    rows = re.findall(r"^\| \[[^\]]+\]\((\w+)\.md\) \(([^)]*)\) \|", index, flags=re.MULTILINE)
+    assert sorted(page for page, _ in rows) == sorted(p.stem for p in DOCS.glob("*.md") if p.stem != "index")
+    names = [label.strip("`") for _, label in rows if re.fullmatch(r"`\w+`", label)]
+    assert sorted(names) == registry.available_methods()  # each registered method documented, each name registered
+    for page, label in rows:
+        text = (DOCS / f"{page}.md").read_text()
+        if label == "not in the registry":  # a library class outside the registry says so on its page too
+            assert "not in the harness registry" in text, page
+            continue
+        name = label.strip("`")
+        assert page == name and text.splitlines()[0].endswith(f"(`{name}`)"), page
+        assert list_methods(parser.parse_args(["methods", name]).methods.name).startswith(f"{name}: ")
