@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import logging
+import re
 import signal
 import sys
 import textwrap
@@ -98,8 +99,48 @@ _NOISE = (
 )
 
 
-def _command(description: str) -> ArgumentParser:
-    parser = ArgumentParser(description=description)
+#: a reST role, ``:func:`~a.b.c``` or ``:class:`title <a.b>```: its ``~`` and its text
+_ROLE = re.compile(r":(?:[A-Za-z][\w+-]*:)+`(~?)([^`]+)`")
+
+
+def _role_text(match: re.Match[str]) -> str:
+    tilde, text = match.groups()
+    titled = re.fullmatch(r"(.+?)\s*<[^<>]+>", text, flags=re.DOTALL)
+    if titled is not None:
+        return titled[1]
+    return text.rsplit(".", 1)[-1] if tilde else text
+
+
+def plain_text(text: str) -> str:
+    """``text`` (a docstring's reST) as plain text for a terminal: a role shows its target (``~`` its last name, a
+    titled one its title), an inline literal or interpreted text its content, and a paragraph's closing ``::`` one
+    colon."""
+    text = _ROLE.sub(_role_text, text)
+    text = re.sub(r"``(.+?)``", r"\1", text, flags=re.DOTALL)
+    text = re.sub(r"`([^`]+)`", r"\1", text)
+    return re.sub(r"(\S)::(?=\s|$)", r"\1:", text)
+
+
+class _Formatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """jsonargparse's help in plain text (:func:`plain_text`: the descriptions and the options' help come from
+    docstrings, ours and Lightning's), the description printed as written (the examples keep their lines)."""
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(plain_text(text))
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return plain_text(super()._expand_help(action))
+
+
+class _Parser(ArgumentParser):
+    """jsonargparse's parser with plain-text help (:class:`_Formatter`), a class's ``--*.help`` too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"formatter_class": _Formatter, **kwargs})
+
+
+def _command(description: str) -> _Parser:
+    parser = _Parser(description=description)
     parser.add_argument(
         "--config", action=ActionConfigFile, help="a YAML file of this command's options (see --print_config)"
     )
@@ -126,15 +167,11 @@ def _add_method_options(parser: ArgumentParser) -> None:
             )
 
 
-class _Formatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """jsonargparse's help, the description printed as written (the examples keep their lines)."""
-
-
-def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="lightning-unlearn", description=__doc__, formatter_class=_Formatter)
+def build_parser() -> _Parser:
+    parser = _Parser(prog="lightning-unlearn", description=__doc__)
     commands = parser.add_subcommands(dest="command")
 
-    listing = ArgumentParser(description="The registered methods: guarantee, needs, cost and options.")
+    listing = _Parser(description="The registered methods: guarantee, needs, cost and options.")
     listing.add_argument("name", nargs="?", default=None, help="one method: its options with types and defaults")
     commands.add_subcommand("methods", listing, help="list the registered methods (methods NAME: its details)")
 

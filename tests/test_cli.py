@@ -11,7 +11,7 @@ import pytest
 import yaml
 from helpers_own import FITS
 
-from lightning_unlearn.cli import build_parser, list_methods, main, method_options
+from lightning_unlearn.cli import build_parser, list_methods, main, method_options, plain_text
 from lightning_unlearn.harness import MethodSpec, get_method, method_spec, registry
 from lightning_unlearn.unlearners import FinetuneUnlearner
 
@@ -218,6 +218,44 @@ def test_reproduce_setups_takes_one_label_or_a_list():
         "MNIST LR",
         "MNIST CNN",
     ]
+
+
+@pytest.mark.parametrize(
+    ("rest", "text"),
+    [
+        (":func:`~lightning_unlearn.harness.own.compare_with_retrain`", "compare_with_retrain"),
+        (":mod:`lightning_unlearn.harness.tradeoff`", "lightning_unlearn.harness.tradeoff"),
+        (":class:`the head <lightning_unlearn.AnalyticHead>` learns", "the head learns"),
+        (":py:meth:`~.MethodSpec.option_list`", "option_list"),
+        ("If :paramref:`~lightning.pytorch.trainer.trainer.Trainer.deterministic` is", "If deterministic is"),
+        ("``--data x --root DIR\n--model y`` a benchmark", "--data x --root DIR\n--model y a benchmark"),
+        ("``x`` and ``'32-true'``, `s3://bucket/path`", "x and '32-true', s3://bucket/path"),
+        ("and DataModule::\n\n    lightning-unlearn methods", "and DataModule:\n\n    lightning-unlearn methods"),
+        ("plain: a, b -- [acu,hf] 50% done", "plain: a, b -- [acu,hf] 50% done"),
+    ],
+)
+def test_plain_text_shows_rest_roles_and_literals_as_their_text(rest, text):
+    assert plain_text(rest) == text
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (["--help"], "(lightning_unlearn.harness.own.compare_with_retrain). tradeoff prints"),
+        (["compare", "--help"], "If deterministic is set to True, this will default to False"),  # Lightning's docstring
+        (["tradeoff", "--help"], "Default: os.getcwd(). Can be remote file paths such as s3://mybucket/path"),
+        (["reproduce", "--help"], 'or "auto" for automatic selection'),
+        (["methods", "--help"], "one method: its options with types and defaults"),
+        (["compare", "--trainer.logger.help", "CSVLogger"], "Defaults to 'lightning_logs'. If name is None"),
+    ],
+)
+def test_help_is_plain_text(capsys, argv, shown):
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "`" not in out and re.search(r":[a-z]+:", out) is None, out
+    assert shown in " ".join(out.split())  # the wrapping undone
 
 
 def test_compare_runs_resolve_by_default(parser):
