@@ -148,12 +148,15 @@ def test_compare_your_module_and_datamodule_by_class_path_with_trainer_options_i
     "extra, message",
     [
         (["--methods", "[acu,sisa]"], "unknown method 'sisa'; registered methods:"),
-        (["--methods", "acu,hf"], 'Parser key "methods"'),
+        (["--methods", "[acu,hf"], 'Parser key "methods"'),  # a broken YAML list; acu,hf is a list (test below)
+        (["--methods", "acu,sisa"], "unknown method 'sisa'; registered methods:"),
         (["--methods", "[acu]", "--method.acu.ridge", "abc"], 'Parser key "method.acu.ridge"'),
         (["--methods", "[acu]", "--method.finetune.epochs", "2"], "is set, but 'finetune' is not among --methods"),
         (["--methods", "[finetune]", "--method.finetune.epocs", "2"], "unrecognized arguments: --method.finetune.epoc"),
         (["--requests", "[0]"], "Not of type PositiveInt: 0"),
+        (["--requests", "5,0"], "Not of type PositiveInt: 0"),
         (["--methods", "[acu]", "--kinds", "[users]"], "Got value: users"),
+        (["--methods", "acu", "--kinds", "users"], "Got value: users"),
         (["--methods", "[acu]", "--root", "/tmp"], "--root: only for a --data benchmark from files"),
         (["--methods", "[acu]", "--data", "split-cifar10"], "--data split-cifar10 reads its files from --root DIR"),
         (["--methods", "[acu]", "--trainer.precision", "17"], 'Parser key "trainer.precision"'),
@@ -256,6 +259,50 @@ def test_help_is_plain_text(capsys, argv, shown):
     out = capsys.readouterr().out
     assert "`" not in out and re.search(r":[a-z]+:", out) is None, out
     assert shown in " ".join(out.split())  # the wrapping undone
+
+
+@pytest.mark.parametrize(
+    ("argv", "key", "value"),
+    [
+        (["compare", "--methods", "acu"], "methods", ["acu"]),
+        (["compare", "--methods", "acu,hf"], "methods", ["acu", "hf"]),
+        (["compare", "--methods", "[acu,hf]"], "methods", ["acu", "hf"]),
+        (["compare", "--methods=acu,hf"], "methods", ["acu", "hf"]),
+        (["compare", "--methods", "acu", "--methods+", "hf,rbm"], "methods", ["acu", "hf", "rbm"]),
+        (["compare", "--requests", "5"], "requests", [5]),
+        (["compare", "--requests", "5,25"], "requests", [5, 25]),
+        (["compare", "--kinds", "class,experience"], "kinds", ["class", "experience"]),
+        (["compare", "--method.hf.track", "3"], "method.hf.track", [3]),
+        (["compare", "--method.hf.track", "3,4"], "method.hf.track", [3, 4]),
+        (["compare", "--method.hf.track", "null"], "method.hf.track", None),
+        (["tradeoff", "--epsilons", "1"], "epsilons", [1.0]),
+        (["tradeoff", "--epsilons", "0.5,1"], "epsilons", [0.5, 1.0]),
+        (["tradeoff", "--epsilons", "[0.5,1]"], "epsilons", [0.5, 1.0]),
+        (["tradeoff", "--methods", "resolve"], "methods", ["resolve"]),
+        # a union with other types keeps jsonargparse's reading: "1" (Lightning: one device), not [1] (device 1)
+        (["compare", "--trainer.devices", "1"], "trainer.devices", "1"),
+        (["reproduce", "hf-table2", "--setups", "MNIST LR"], "setups", "MNIST LR"),
+    ],
+)
+def test_list_options_take_one_item_items_separated_by_commas_or_a_yaml_list(parser, argv, key, value):
+    assert parser.parse_args(argv)[argv[0]][key] == value
+
+
+def test_every_list_option_of_every_command_takes_bare_items(capsys, parser):
+    checked = set()
+    for name in ("compare", "tradeoff", "reproduce"):
+        with pytest.raises(SystemExit):
+            main([name, "--print_config"])
+        for key, default in yaml.safe_load(capsys.readouterr().out).items():
+            if not isinstance(default, list) or not default:
+                continue
+            items = default[:2]
+            text = ",".join(str(item) for item in items)
+            for value, expected in ((str(items[0]), items[:1]), (text, items), (f"[{text}]", items)):
+                assert parser.parse_args([name, f"--{key}", value])[name][key] == expected, (name, key, value)
+            checked.add(f"{name} --{key}")
+    assert {"compare --methods", "compare --requests", "compare --kinds"} <= checked
+    assert {"tradeoff --epsilons", "tradeoff --methods"} <= checked
 
 
 def test_compare_runs_resolve_by_default(parser):
