@@ -6,16 +6,17 @@ override it) and ``--print_config`` prints the command's whole configuration, a 
 ``--method.NAME.OPTION`` sets an option of a registered method (``lightning-unlearn methods NAME`` lists them
 with their types and defaults), ``--trainer.OPTION`` (accelerator, devices, precision, logger, ...) reaches
 every Lightning fit of the run, and ``--model``/``--data`` take a class path (``class_path``/``init_args``)
-to a user's own LightningModule (or a function returning one) and LightningDataModule::
+to a user's own LightningModule (or a function returning one) and LightningDataModule. A list option takes one
+item (``acu``), several separated by commas (``acu,hf``) or a YAML list (``[acu,hf]``)::
 
     lightning-unlearn methods
     lightning-unlearn methods hf
-    lightning-unlearn compare --methods [acu,hf,hessian,rbm,finetune,neggrad,retrain] --requests [5,25]
-    lightning-unlearn compare --data split-cifar10 --root ~/data --model resnet18 --methods [acu,finetune]
-    lightning-unlearn compare --methods [hf] --method.hf.epsilon 0.5 --trainer.accelerator gpu --trainer.devices 1
-    lightning-unlearn compare --model my_pkg.MyModule --model.width 64 --data my_pkg.MyData --methods [finetune]
+    lightning-unlearn compare --methods acu,resolve,hf,hessian,rbm,finetune,neggrad,retrain --requests 5,25
+    lightning-unlearn compare --data split-cifar10 --root ~/data --model resnet18 --methods acu,finetune
+    lightning-unlearn compare --methods hf --method.hf.epsilon 0.5 --trainer.accelerator gpu --trainer.devices 1
+    lightning-unlearn compare --model my_pkg.MyModule --model.width 64 --data my_pkg.MyData --methods finetune
     lightning-unlearn compare --print_config > run.yaml && lightning-unlearn compare --config run.yaml
-    lightning-unlearn tradeoff --epsilons [0.1,1,10] --out results/
+    lightning-unlearn tradeoff --epsilons 0.1,1,10 --out results/
     lightning-unlearn reproduce acu-table1 --smoke --out results/acu
     lightning-unlearn reproduce safe-table1 --root /data --trainer.accelerator gpu --trainer.devices 1 --out out/
 
@@ -36,15 +37,19 @@ from __future__ import annotations
 import argparse
 import inspect
 import logging
+import re
 import signal
 import sys
 import textwrap
+import types
+import typing
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
+import yaml
 from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, DefaultHelpFormatter, Namespace
 from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -55,9 +60,11 @@ from lightning_unlearn.harness.models import MODELS
 from lightning_unlearn.harness.registry import available_methods, method_spec, trainer_options, with_trainer
 from lightning_unlearn.harness.types import BenchmarkInfo, Method
 
-#: every registered method, the exact and certified ones first
+#: ``compare``'s methods unless ``--methods`` names others (``resolve`` among them: the certified method the README
+#: recommends); ``lightning-unlearn methods`` lists every registered one
 DEFAULT_METHODS = [
     "acu",
+    "resolve",
     "hf",
     "hessian",
     "gradient",
@@ -96,8 +103,98 @@ _NOISE = (
 )
 
 
-def _command(description: str) -> ArgumentParser:
-    parser = ArgumentParser(description=description)
+#: a reST role, ``:func:`~a.b.c``` or ``:class:`title <a.b>```: its ``~`` and its text
+_ROLE = re.compile(r":(?:[A-Za-z][\w+-]*:)+`(~?)([^`]+)`")
+
+
+def _role_text(match: re.Match[str]) -> str:
+    tilde, text = match.groups()
+    titled = re.fullmatch(r"(.+?)\s*<[^<>]+>", text, flags=re.DOTALL)
+    if titled is not None:
+        return titled[1]
+    return text.rsplit(".", 1)[-1] if tilde else text
+
+
+def plain_text(text: str) -> str:
+    """``text`` (a docstring's reST) as plain text for a terminal: a role shows its target (``~`` its last name, a
+    titled one its title), an inline literal or interpreted text its content, and a paragraph's closing ``::`` one
+    colon."""
+    text = _ROLE.sub(_role_text, text)
+    text = re.sub(r"``(.+?)``", r"\1", text, flags=re.DOTALL)
+    text = re.sub(r"`([^`]+)`", r"\1", text)
+    return re.sub(r"(\S)::(?=\s|$)", r"\1:", text)
+
+
+class _Formatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """jsonargparse's help in plain text (:func:`plain_text`: the descriptions and the options' help come from
+    docstrings, ours and Lightning's), the description printed as written (the examples keep their lines)."""
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(plain_text(text))
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return plain_text(super()._expand_help(action))
+
+
+class _Parser(ArgumentParser):
+    """jsonargparse's parser whose list options (``list[X]``, ``Collection[X]``, optional or not) also take bare items,
+    as typed in a shell: ``--methods acu`` and ``--methods acu,hf`` read as ``[acu]`` and ``[acu,hf]``, ``--epsilons
+    0.5,1`` as ``[0.5,1]``; a YAML list (``[acu,hf]``) or ``null`` is read as always. It reads the options it adds
+    itself and those of its :attr:`commands`; a class's options (``--trainer.*``) keep jsonargparse's reading. Its help
+    is plain text (:class:`_Formatter`), a class's ``--*.help`` too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"formatter_class": _Formatter, **kwargs})
+        self.list_options: set[str] = set()  # the flags of this parser's list options
+        self.commands: dict[str, _Parser] = {}  # its subcommands' parsers by name: it reads their list options
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> Any:
+        if _is_list(kwargs.get("type")):
+            self.list_options.update(args)
+        return super().add_argument(*args, **kwargs)
+
+    def parse_args(  # type: ignore[override]  # jsonargparse's signature, which overrides argparse's so too
+        self, args: Sequence[str] | None = None, namespace: Namespace | None = None, **kwargs: Any
+    ) -> Namespace:
+        """:meth:`ArgumentParser.parse_args`, the bare items of a list option read as a list."""
+        return super().parse_args(self.as_lists(sys.argv[1:] if args is None else args), namespace, **kwargs)
+
+    def as_lists(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` with every value of a list option of this parser or of the subcommand named in it as a YAML
+        list (``--methods acu,hf`` -> ``--methods [acu,hf]``)."""
+        out = list(argv)
+        for i, token in enumerate(out):
+            if token in self.commands:
+                return out[:i] + [token] + self.commands[token].as_lists(out[i + 1 :])
+            flag, equals, value = token.partition("=")
+            if flag.removesuffix("+") not in self.list_options:
+                continue
+            if equals:
+                out[i] = f"{flag}={_as_list(value)}"
+            elif i + 1 < len(out):
+                out[i + 1] = _as_list(out[i + 1])
+        return out
+
+
+def _as_list(value: str) -> str:
+    """``value`` as YAML list: ``acu,hf`` -> ``[acu,hf]``; a list, ``null`` or what YAML cannot read stays."""
+    try:
+        loaded = yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+    return value if loaded is None or isinstance(loaded, list) else f"[{value}]"
+
+
+def _is_list(hint: Any) -> bool:
+    """Whether ``hint`` is a list type (``list[X]``, ``Sequence[X]``, ``Collection[X]``), optional or not."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        return len(options) == 1 and _is_list(options[0])
+    return typing.get_origin(hint) in (list, Sequence, Collection)
+
+
+def _command(description: str) -> _Parser:
+    parser = _Parser(description=description)
     parser.add_argument(
         "--config", action=ActionConfigFile, help="a YAML file of this command's options (see --print_config)"
     )
@@ -124,21 +221,17 @@ def _add_method_options(parser: ArgumentParser) -> None:
             )
 
 
-class _Formatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """jsonargparse's help, the description printed as written (the examples keep their lines)."""
-
-
-def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="lightning-unlearn", description=__doc__, formatter_class=_Formatter)
+def build_parser() -> _Parser:
+    parser = _Parser(prog="lightning-unlearn", description=__doc__)
     commands = parser.add_subcommands(dest="command")
 
-    listing = ArgumentParser(description="The registered methods: guarantee, needs, cost and options.")
+    listing = _Parser(description="The registered methods: guarantee, needs, cost and options.")
     listing.add_argument("name", nargs="?", default=None, help="one method: its options with types and defaults")
     commands.add_subcommand("methods", listing, help="list the registered methods (methods NAME: its details)")
 
     c = _command("Run the evaluation harness and print the Table 1 gaps to retraining, per K.")
-    c.add_argument("--methods", type=list[str], default=DEFAULT_METHODS, help="registered names, e.g. [acu,hf]")
-    c.add_argument("--requests", type=list[PositiveInt], default=[5], help="K, the number of forget requests: [5,25]")
+    c.add_argument("--methods", type=list[str], default=DEFAULT_METHODS, help="registered names: acu,hf")
+    c.add_argument("--requests", type=list[PositiveInt], default=[5], help="K, the number of forget requests: 5,25")
     c.add_argument(
         "--kinds",
         type=list[Literal["samples", "class", "experience"]],
@@ -254,6 +347,7 @@ def build_parser() -> ArgumentParser:
     r.add_argument("--progress", type=bool | None, default=None, help="progress bars (default: when stderr is a TTY)")
     _add_trainer(r)
     commands.add_subcommand("reproduce", r, help="a seed paper's table under its protocol, ours next to the paper's")
+    parser.commands.update(methods=listing, compare=c, tradeoff=t, reproduce=r)
     return parser
 
 
@@ -600,8 +694,6 @@ def _reproduction_config_as_options(argv: Sequence[str]) -> str | None:
     reads the command's options (``--print_config``), as in every command; the reproduction config is positional."""
     if not argv or argv[0] != "reproduce":
         return None
-    import yaml
-
     for flag, path in zip(argv, argv[1:]):
         if flag == "--config" and Path(path).is_file():
             loaded = yaml.safe_load(Path(path).read_text())

@@ -1,6 +1,7 @@
 """`lightning-unlearn` CLI: jsonargparse options and configs, the listing from the registry, the compare table,
 the user's own module and data by class path, and errors that name the bad argument (exit 2, no traceback)."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import pytest
 import yaml
 from helpers_own import FITS
 
-from lightning_unlearn.cli import build_parser, main, method_options
+from lightning_unlearn.cli import build_parser, list_methods, main, method_options, plain_text
 from lightning_unlearn.harness import MethodSpec, get_method, method_spec, registry
 from lightning_unlearn.unlearners import FinetuneUnlearner
 
@@ -18,6 +19,12 @@ pytestmark = pytest.mark.slow
 
 QUICK = ["compare", "--experiences", "2", "--pretrain_epochs", "1", "--epochs", "1", "--progress", "false"]
 QUICK += ["--shadows", "2"]
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "methods"
+
+
+@pytest.fixture(scope="module")
+def parser():
+    return build_parser()
 
 
 def test_methods_lists_every_registered_method_from_its_spec(capsys, monkeypatch):
@@ -141,12 +148,15 @@ def test_compare_your_module_and_datamodule_by_class_path_with_trainer_options_i
     "extra, message",
     [
         (["--methods", "[acu,sisa]"], "unknown method 'sisa'; registered methods:"),
-        (["--methods", "acu,hf"], 'Parser key "methods"'),
+        (["--methods", "[acu,hf"], 'Parser key "methods"'),  # a broken YAML list; acu,hf is a list (test below)
+        (["--methods", "acu,sisa"], "unknown method 'sisa'; registered methods:"),
         (["--methods", "[acu]", "--method.acu.ridge", "abc"], 'Parser key "method.acu.ridge"'),
         (["--methods", "[acu]", "--method.finetune.epochs", "2"], "is set, but 'finetune' is not among --methods"),
         (["--methods", "[finetune]", "--method.finetune.epocs", "2"], "unrecognized arguments: --method.finetune.epoc"),
         (["--requests", "[0]"], "Not of type PositiveInt: 0"),
+        (["--requests", "5,0"], "Not of type PositiveInt: 0"),
         (["--methods", "[acu]", "--kinds", "[users]"], "Got value: users"),
+        (["--methods", "acu", "--kinds", "users"], "Got value: users"),
         (["--methods", "[acu]", "--root", "/tmp"], "--root: only for a --data benchmark from files"),
         (["--methods", "[acu]", "--data", "split-cifar10"], "--data split-cifar10 reads its files from --root DIR"),
         (["--methods", "[acu]", "--trainer.precision", "17"], 'Parser key "trainer.precision"'),
@@ -211,3 +221,106 @@ def test_reproduce_setups_takes_one_label_or_a_list():
         "MNIST LR",
         "MNIST CNN",
     ]
+
+
+@pytest.mark.parametrize(
+    ("rest", "text"),
+    [
+        (":func:`~lightning_unlearn.harness.own.compare_with_retrain`", "compare_with_retrain"),
+        (":mod:`lightning_unlearn.harness.tradeoff`", "lightning_unlearn.harness.tradeoff"),
+        (":class:`the head <lightning_unlearn.AnalyticHead>` learns", "the head learns"),
+        (":py:meth:`~.MethodSpec.option_list`", "option_list"),
+        ("If :paramref:`~lightning.pytorch.trainer.trainer.Trainer.deterministic` is", "If deterministic is"),
+        ("``--data x --root DIR\n--model y`` a benchmark", "--data x --root DIR\n--model y a benchmark"),
+        ("``x`` and ``'32-true'``, `s3://bucket/path`", "x and '32-true', s3://bucket/path"),
+        ("and DataModule::\n\n    lightning-unlearn methods", "and DataModule:\n\n    lightning-unlearn methods"),
+        ("plain: a, b -- [acu,hf] 50% done", "plain: a, b -- [acu,hf] 50% done"),
+    ],
+)
+def test_plain_text_shows_rest_roles_and_literals_as_their_text(rest, text):
+    assert plain_text(rest) == text
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (["--help"], "(lightning_unlearn.harness.own.compare_with_retrain). tradeoff prints"),
+        (["compare", "--help"], "If deterministic is set to True, this will default to False"),  # Lightning's docstring
+        (["tradeoff", "--help"], "Default: os.getcwd(). Can be remote file paths such as s3://mybucket/path"),
+        (["reproduce", "--help"], 'or "auto" for automatic selection'),
+        (["methods", "--help"], "one method: its options with types and defaults"),
+        (["compare", "--trainer.logger.help", "CSVLogger"], "Defaults to 'lightning_logs'. If name is None"),
+    ],
+)
+def test_help_is_plain_text(capsys, argv, shown):
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "`" not in out and re.search(r":[a-z]+:", out) is None, out
+    assert shown in " ".join(out.split())  # the wrapping undone
+
+
+@pytest.mark.parametrize(
+    ("argv", "key", "value"),
+    [
+        (["compare", "--methods", "acu"], "methods", ["acu"]),
+        (["compare", "--methods", "acu,hf"], "methods", ["acu", "hf"]),
+        (["compare", "--methods", "[acu,hf]"], "methods", ["acu", "hf"]),
+        (["compare", "--methods=acu,hf"], "methods", ["acu", "hf"]),
+        (["compare", "--methods", "acu", "--methods+", "hf,rbm"], "methods", ["acu", "hf", "rbm"]),
+        (["compare", "--requests", "5"], "requests", [5]),
+        (["compare", "--requests", "5,25"], "requests", [5, 25]),
+        (["compare", "--kinds", "class,experience"], "kinds", ["class", "experience"]),
+        (["compare", "--method.hf.track", "3"], "method.hf.track", [3]),
+        (["compare", "--method.hf.track", "3,4"], "method.hf.track", [3, 4]),
+        (["compare", "--method.hf.track", "null"], "method.hf.track", None),
+        (["tradeoff", "--epsilons", "1"], "epsilons", [1.0]),
+        (["tradeoff", "--epsilons", "0.5,1"], "epsilons", [0.5, 1.0]),
+        (["tradeoff", "--epsilons", "[0.5,1]"], "epsilons", [0.5, 1.0]),
+        (["tradeoff", "--methods", "resolve"], "methods", ["resolve"]),
+        # a union with other types keeps jsonargparse's reading: "1" (Lightning: one device), not [1] (device 1)
+        (["compare", "--trainer.devices", "1"], "trainer.devices", "1"),
+        (["reproduce", "hf-table2", "--setups", "MNIST LR"], "setups", "MNIST LR"),
+    ],
+)
+def test_list_options_take_one_item_items_separated_by_commas_or_a_yaml_list(parser, argv, key, value):
+    assert parser.parse_args(argv)[argv[0]][key] == value
+
+
+def test_every_list_option_of_every_command_takes_bare_items(capsys, parser):
+    checked = set()
+    for name in ("compare", "tradeoff", "reproduce"):
+        with pytest.raises(SystemExit):
+            main([name, "--print_config"])
+        for key, default in yaml.safe_load(capsys.readouterr().out).items():
+            if not isinstance(default, list) or not default:
+                continue
+            items = default[:2]
+            text = ",".join(str(item) for item in items)
+            for value, expected in ((str(items[0]), items[:1]), (text, items), (f"[{text}]", items)):
+                assert parser.parse_args([name, f"--{key}", value])[name][key] == expected, (name, key, value)
+            checked.add(f"{name} --{key}")
+    assert {"compare --methods", "compare --requests", "compare --kinds"} <= checked
+    assert {"tradeoff --epsilons", "tradeoff --methods"} <= checked
+
+
+def test_compare_runs_resolve_by_default(parser):
+    methods = parser.parse_args(["compare"]).compare.methods
+    assert "resolve" in methods and set(methods) <= set(registry.available_methods())
+
+
+def test_every_method_named_in_the_docs_is_registered_and_described(parser):
+    index = (DOCS / "index.md").read_text()
+    rows = re.findall(r"^\| \[[^\]]+\]\((\w+)\.md\) \(([^)]*)\) \|", index, flags=re.MULTILINE)
+    assert sorted(page for page, _ in rows) == sorted(p.stem for p in DOCS.glob("*.md") if p.stem != "index")
+    names = [label.strip("`") for _, label in rows if re.fullmatch(r"`\w+`", label)]
+    assert sorted(names) == registry.available_methods()  # each registered method documented, each name registered
+    for page, label in rows:
+        text = (DOCS / f"{page}.md").read_text()
+        if label == "not in the registry":  # a library class outside the registry says so on its page too
+            assert "not in the harness registry" in text, page
+            continue
+        name = label.strip("`")
+        assert page == name and text.splitlines()[0].endswith(f"(`{name}`)"), page
+        assert list_methods(parser.parse_args(["methods", name]).methods.name).startswith(f"{name}: ")
