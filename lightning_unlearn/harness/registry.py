@@ -284,14 +284,13 @@ def keyword_parameters(cls: type) -> dict[str, tuple[inspect.Parameter, Any]]:
     the trained baselines' ``default_lr``), so it is not counted.
     """
     out: dict[str, tuple[inspect.Parameter, Any]] = {}
-    derived = True
+    derived, release = True, default_release(cls)
     for klass in cls.__mro__:
         if "__init__" not in vars(klass):
             continue
         init = vars(klass)["__init__"]
         params = inspect.signature(init).parameters.values()
         hints = typing.get_type_hints(init)  # resolved: the modules annotate lazily
-        release = default_release(cls)
         for p in params:
             if p.name == "release" and release is not None:
                 for name, entry in release_parameters(release).items():
