@@ -39,7 +39,7 @@ from own_model import UserResNet, fake_data
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_unlearn import ForgetRequest, IndexedDataset
+from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig
 from lightning_unlearn.callbacks import HessianRecorder, TaskDeltaRecorder, TrajectoryRecorder
 from lightning_unlearn.functional import hf
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
@@ -164,8 +164,16 @@ def resnet18_row(samples: int, epochs: int, tracked: int, batch: int = 64) -> No
         theta.add_(row)
         additions.append(perf_counter() - start)
     addition = min(additions)
-    plain_request = HFUnlearner(model, rec32, noise=False).forget(ForgetRequest.samples([forget])).wall_time_s
-    noised = HFUnlearner(model, rec32, sigma_override=0.01).forget(ForgetRequest.samples([second])).wall_time_s
+    plain_request = (
+        HFUnlearner(model, rec32, release=ReleaseConfig(noise=False))
+        .forget(ForgetRequest.samples([forget]))
+        .wall_time_s
+    )
+    noised = (
+        HFUnlearner(model, rec32, release=ReleaseConfig(sigma_override=0.01))
+        .forget(ForgetRequest.samples([second]))
+        .wall_time_s
+    )
     d, steps = theta.numel(), rec32.n_steps
     per_vector_step = (fit32 - plain) / (tracked * steps)
     paper_step = float(PAPER["precomputation runtime (s)"]) / PAPER_STEPS
@@ -244,12 +252,12 @@ def mlp_rows() -> None:
     lowrank, prox = HessianRecorder(hessian="lowrank", rank=16, chunk_size=1000), proximal()
     lowrank_fit = timed_fit(prox, ds, [lowrank])
     recorded_newton = (
-        HessianCertifiedUnlearner(prox, lowrank, epsilon=1.0, delta=1e-5)
+        HessianCertifiedUnlearner(prox, lowrank, release=ReleaseConfig(epsilon=1.0, delta=1e-5))
         .forget(ForgetRequest.samples([20]), data=ds)
         .wall_time_s
     )
 
-    strategy = HFUnlearner(model, traj, epsilon=1.0, delta=1e-5)
+    strategy = HFUnlearner(model, traj, release=ReleaseConfig(epsilon=1.0, delta=1e-5))
     times = [strategy.forget(ForgetRequest.samples([u])).wall_time_s for u in range(10)]
     hf_request = sorted(times)[len(times) // 2]
     newton = newton_step(sgd(), x, y, [20])

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
-from lightning_unlearn import ForgetRequest, IndexedDataset
+from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig
 from lightning_unlearn.callbacks.convex import SoftmaxHeadRecorder
 from lightning_unlearn.data import sample_ids_of
 from lightning_unlearn.functional import convex
@@ -132,7 +132,9 @@ def run(setting: str, make, data, test, quick: bool) -> list[dict]:
             if method == "certified_removal":
                 strategy = CertifiedRemovalUnlearner(model, recorder, epsilon=EPSILON, delta=DELTA)
             else:
-                strategy = ResolveUnlearner(model, recorder, epsilon=EPSILON, delta=DELTA, noise=method == "resolve")
+                strategy = ResolveUnlearner(
+                    model, recorder, release=ReleaseConfig(epsilon=EPSILON, delta=DELTA, noise=method == "resolve")
+                )
             times = []
             for request in requests:
                 start = time.perf_counter()

@@ -36,7 +36,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from lightning_unlearn import ForgetRequest, Ledger
+from lightning_unlearn import ForgetRequest, Ledger, ReleaseConfig
 from lightning_unlearn.callbacks import TrajectoryRecorder
 from lightning_unlearn.core import ledger as ledger_module
 from lightning_unlearn.core.digest import weights_digest
@@ -93,7 +93,15 @@ def measure(d: int, requests: int, noise: bool, folder: Path) -> dict[str, float
     """Median CPU ms of our request, its ``Ledger.append`` and each part of the floor; ``*_wall``: wall ms."""
     module, recorder = synthetic(d, requests)
     ledger = Ledger(folder / f"ledger-{d}-{noise}.jsonl")
-    strategy = HFUnlearner(module, recorder, ledger, smoothness=1.0, grad_bound=1.0, max_deletions=10**9, noise=noise)
+    strategy = HFUnlearner(
+        module,
+        recorder,
+        ledger,
+        smoothness=1.0,
+        grad_bound=1.0,
+        max_deletions=10**9,
+        release=ReleaseConfig(noise=noise),
+    )
     in_append: list[float] = []
     append = ledger.append
 

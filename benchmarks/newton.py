@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_unlearn import ForgetRequest, IndexedDataset
+from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig
 from lightning_unlearn.callbacks import HessianSumRecorder
 from lightning_unlearn.functional import hf
 from lightning_unlearn.functional import newton as nt
@@ -104,7 +104,7 @@ def main() -> None:
     d = theta.numel()
     ids = torch.randperm(N_TRAIN, generator=torch.Generator().manual_seed(2))[: args.requests].tolist()
 
-    ns = NewtonStepUnlearner(model, recorders["hessian"], noise=False)
+    ns = NewtonStepUnlearner(model, recorders["hessian"], release=ReleaseConfig(noise=False))
     ns_times, iterations = [], []
     x_all, y_all = data.dataset.tensors
     loss = recorders["hessian"].module_loss(model)
@@ -142,7 +142,7 @@ def main() -> None:
     t_matvec = timed(lambda: rec.matrix @ v, 9)
 
     model.load_state_dict(trained)
-    ij = InfinitesimalJackknifeUnlearner(model, recorders["inverse"], noise=False)
+    ij = InfinitesimalJackknifeUnlearner(model, recorders["inverse"], release=ReleaseConfig(noise=False))
     ij_times = [timed(lambda i=i: ij.forget(ForgetRequest.samples([i]), data=data), 1) for i in ids]
 
     ms = 1e3

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector
 from torch.utils.data import DataLoader, Subset
 
-from lightning_unlearn import ForgetRequest, IndexedDataset
+from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig
 from lightning_unlearn.callbacks import SampleRecorder
 from lightning_unlearn.harness.datasets import MNIST5k
 from lightning_unlearn.progress import QUIET_TRAINER, quiet_lightning
@@ -190,9 +190,8 @@ def run(name: str, fraction: float, epochs: int, seed: int = 0) -> list[Curve]:
     for config in configurations(distance, lr):
         label = config.pop("label")
         work, rec = copy.deepcopy(model), copy.deepcopy(recorder)
-        strategy = NoisyFinetuneUnlearner(
-            work, rec, train, center=initial, batch_size=BATCH, epsilon=EPSILON, delta=DELTA, **config
-        )
+        release = ReleaseConfig(epsilon=EPSILON, delta=DELTA, accountant="rdp")
+        strategy = NoisyFinetuneUnlearner(work, rec, train, center=initial, batch_size=BATCH, release=release, **config)
         result = strategy.forget(ForgetRequest.samples(forget.tolist()))
         assert result.certificate.certified, result.certificate
         curve = Curve(label, sigma=float(result.certificate.sigma or 0.0), radius=config["radius"])

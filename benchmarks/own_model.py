@@ -39,6 +39,7 @@ from lightning_unlearn import (
     HFUnlearner,
     IndexedDataset,
     RBMUnlearner,
+    ReleaseConfig,
     StreamingRecorder,
     StreamingUnlearner,
     TaskDeltaRecorder,
@@ -213,14 +214,16 @@ def build_all(
     reference = fit(UserResNet(), data, args.epochs, [])
     t = fit(model, data, args.epochs, [rec, ProximalRegularizer(reg_lambda=1.0)])
     rows.append(("TaskDeltaRecorder", t, reference, state_bytes(rec)))
-    gradient = GradientCertifiedUnlearner(model, rec, lipschitz=1.0, smoothness=1.0, noise=False)
+    gradient = GradientCertifiedUnlearner(model, rec, lipschitz=1.0, smoothness=1.0, release=ReleaseConfig(noise=False))
     methods.append(("gradient", lambda: gradient.forget(FORGET)))
     if args.hessian:  # Hutchinson probes over the whole task at 11M parameters: tens of minutes on 2 CPU cores
         model, rec = UserResNet(), HessianRecorder(hessian="diagonal", n_probes=2, chunk_size=16)
         callbacks = [rec, ProximalRegularizer(reg_lambda=1.0)]
         reference = fit(UserResNet(), data, args.epochs, [])
         rows.append(("HessianRecorder (diag)", fit(model, data, args.epochs, callbacks), reference, state_bytes(rec)))
-        hessian = HessianCertifiedUnlearner(model, rec, lipschitz=1.0, smoothness=1.0, noise=False)
+        hessian = HessianCertifiedUnlearner(
+            model, rec, lipschitz=1.0, smoothness=1.0, release=ReleaseConfig(noise=False)
+        )
         methods.append(("hessian", lambda: hessian.forget(FORGET, data)))
 
     # [HF]: the user's BatchNorm in training mode, vectors for `track` samples
@@ -229,7 +232,7 @@ def build_all(
     reference = fit(UserResNet(), data, args.epochs, [])
     t = fit(model, data, args.epochs, [rec])
     rows.append((f"TrajectoryRecorder ({args.track} tracked)", t, reference, state_bytes(rec)))
-    hf = HFUnlearner(model, rec, noise=False)
+    hf = HFUnlearner(model, rec, release=ReleaseConfig(noise=False))
     methods.append(("hf", lambda: hf.forget(ForgetRequest.samples(tracked))))
 
     # [NS], [IJ]: the dense Hessian of the last layer (d = 5,130) at the trained model, in eval mode
@@ -238,7 +241,7 @@ def build_all(
         reference = fit(UserResNetHead(), data, args.epochs, [])
         t = fit(model, data, args.epochs, [rec])
         rows.append((f"HessianSumRecorder ({form}, fc)", t, reference, state_bytes(rec)))
-        strategy = cls(model, rec, noise=False)
+        strategy = cls(model, rec, release=ReleaseConfig(noise=False))
         methods.append((name, lambda s=strategy: s.forget(FORGET, data)))
 
     # [ACU]: frozen trunk + analytic head

@@ -33,7 +33,7 @@ from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from hf_request import synthetic
 
-from lightning_unlearn import ForgetRequest, Ledger
+from lightning_unlearn import ForgetRequest, Ledger, ReleaseConfig
 from lightning_unlearn.privacy import analytic_sigma, secure_gaussian
 from lightning_unlearn.privacy.release import calibrated_sigma
 from lightning_unlearn.unlearners import HFUnlearner
@@ -86,12 +86,10 @@ def run(d: int, requests: int, folder: Path) -> dict[str, float]:
             module,
             recorder,
             Ledger(folder / f"{name}-{d}.jsonl"),
-            epsilon=EPSILON,
-            delta=DELTA,
             smoothness=1.0,
             grad_bound=1.0,
             max_deletions=10**9,
-            noise=noise,
+            release=ReleaseConfig(epsilon=EPSILON, delta=DELTA, noise=noise),
         )
         forget = strategy.forget
         times[name] = [cpu_seconds(lambda i=i, f=forget: f(ForgetRequest.samples([i]))) for i in range(requests)]

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Subset
 
-from lightning_unlearn import ForgetRequest, IndexedDataset
+from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig
 from lightning_unlearn.callbacks import SlicedBackbone, SoftmaxHeadRecorder
 from lightning_unlearn.callbacks.slices import sisa_epochs
 from lightning_unlearn.harness.datasets import MNIST5k
@@ -227,7 +227,7 @@ def main() -> None:
     def build_a() -> tuple[HeadModel, SoftmaxHeadRecorder, Unlearner]:
         model, recorder = copy.deepcopy(saved_a[0]), SoftmaxHeadRecorder(args.l2, backbone="trunk")
         recorder.load_state_dict(saved_a[1])
-        return model, recorder, ResolveUnlearner(model, recorder, epsilon=EPSILON, delta=DELTA)
+        return model, recorder, ResolveUnlearner(model, recorder, release=ReleaseConfig(epsilon=EPSILON, delta=DELTA))
 
     # (b) the backbone trained by slices on all 4,000, the certified head on all 4,000
     epochs = sisa_epochs(args.epochs, args.slices)
@@ -248,7 +248,11 @@ def main() -> None:
         recorder.load_state_dict(saved_b[1])
         backbone = SlicedBackbone(UserCNN(), slices=args.slices, epochs=epochs, trunk="trunk", batch_size=BATCH)
         backbone.load_state_dict(saved_b[2])
-        return model, recorder, SlicedResolveUnlearner(model, recorder, backbone, epsilon=EPSILON, delta=DELTA)
+        return (
+            model,
+            recorder,
+            SlicedResolveUnlearner(model, recorder, backbone, release=ReleaseConfig(epsilon=EPSILON, delta=DELTA)),
+        )
 
     outcomes, references = [], []
     for name, ids in forget.items():

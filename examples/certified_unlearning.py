@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.utils.data import Subset, TensorDataset
 
-from lightning_unlearn import ForgetRequest, IndexedDataset
+from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig
 from lightning_unlearn.avalanche import benchmark_with_sample_ids, fit_stream
 from lightning_unlearn.callbacks import HessianRecorder, TrajectoryRecorder
 from lightning_unlearn.functional import hf
@@ -125,7 +125,7 @@ def main() -> None:
     )
     w = hf.flat_params(model).clone()
     original = with_params(model, w)
-    strategy = HFUnlearner(model, recorder, epsilon=EPS, delta=DELTA)
+    strategy = HFUnlearner(model, recorder, release=ReleaseConfig(epsilon=EPS, delta=DELTA))
     requests = train_ids[
         torch.randperm(len(train_ids), generator=torch.Generator().manual_seed(1))[:N_REQUESTS]
     ].tolist()
@@ -158,7 +158,7 @@ def main() -> None:
     )
     original = with_params(model, hf.flat_params(model))
     forget_exp = 1
-    hessian = HessianCertifiedUnlearner(model, recorder, epsilon=EPS, delta=DELTA)
+    hessian = HessianCertifiedUnlearner(model, recorder, release=ReleaseConfig(epsilon=EPS, delta=DELTA))
     result = hessian.forget(ForgetRequest.of_experience(forget_exp))
     reference = proximal()
     fit_stream(

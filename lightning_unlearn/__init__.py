@@ -56,6 +56,7 @@ _EXPORTS = {
         "RandomExpansion",
         "SupervisedClassifier",
     ),
+    "privacy": ("ReleaseConfig",),
     "unlearners": (
         "ACUUnlearner",
         "CertifiedRemovalUnlearner",
@@ -120,6 +121,7 @@ __all__ = [
     "RandomLabelUnlearner",
     "RBMUnlearner",
     "RecorderCallback",
+    "ReleaseConfig",
     "ReleaseRefused",
     "ResolveUnlearner",
     "RetrainUnlearner",
@@ -179,6 +181,7 @@ if TYPE_CHECKING:
         RandomExpansion,
         SupervisedClassifier,
     )
+    from lightning_unlearn.privacy import ReleaseConfig
     from lightning_unlearn.unlearners import (
         ACUUnlearner,
         CertifiedRemovalUnlearner,

@@ -17,12 +17,12 @@ from helpers_certified import N_CLASSES, blobs, trainer
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_unlearn import AnalyticRecorder, ForgetRequest, Ledger, StreamingRecorder
+from lightning_unlearn import AnalyticRecorder, ForgetRequest, Ledger, ReleaseConfig, StreamingRecorder
 from lightning_unlearn.models import SupervisedClassifier
 from lightning_unlearn.unlearners import ACUUnlearner, StreamingUnlearner, Unlearner
 
 METHODS = ("acu", "safe")
-SAFE_RELEASE = {"epsilon": 1.0, "delta": 1e-5, "weight_bound": 50.0, "seed": 3}
+SAFE_RELEASE = ReleaseConfig(epsilon=1.0, delta=1e-5, seed=3)
 #: the message of the one warning these runs provoke on purpose (the seeded release)
 SEEDED = "certified noise seeded"
 
@@ -55,7 +55,7 @@ def fitted(method: str) -> tuple[nn.Module, Any]:
 def strategy(method: str, model: nn.Module, rec: Any, ledger: Ledger) -> Unlearner:
     if method == "acu":
         return ACUUnlearner(model, rec, ledger)
-    return StreamingUnlearner(model, rec, ledger=ledger, **SAFE_RELEASE)
+    return StreamingUnlearner(model, rec, ledger=ledger, weight_bound=50.0, release=SAFE_RELEASE)
 
 
 def requests(method: str) -> tuple[ForgetRequest, ForgetRequest]:
@@ -114,7 +114,7 @@ def noise_free(s: Unlearner) -> torch.Tensor:
     assert s.accountant is not None
     flat = safe_fn.flatten(dict(s.module.named_parameters()), s.recorder.param_names)
     sigma = s.history[-1].certificate.sigma
-    return flat - gaussian_noise(flat.shape, sigma, flat.dtype, SAFE_RELEASE["seed"], len(s.accountant) - 1)
+    return flat - gaussian_noise(flat.shape, sigma, flat.dtype, SAFE_RELEASE.seed, len(s.accountant) - 1)
 
 
 def outcome(s: Unlearner) -> dict[str, Any]:

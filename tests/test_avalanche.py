@@ -31,6 +31,7 @@ from lightning_unlearn import (
     HFUnlearner,
     ProximalClassifier,
     ProximalRegularizer,
+    ReleaseConfig,
     StreamingRecorder,
     StreamingUnlearner,
     SupervisedClassifier,
@@ -202,9 +203,11 @@ def test_analytic_recorder_plugin_gives_the_lightning_head_and_requests(bm):
 def test_trajectory_recorder_runs_its_recursion_in_before_update(bm):
     schedule = {1: [ForgetRequest.samples(exp_ids(bm, 0)[:2] + exp_ids(bm, 1)[:1])]}
     m1, r1 = supervised(), TrajectoryRecorder(dtype=torch.float64)
-    lightning_run(bm, m1, r1, HFUnlearner(m1, r1, noise=False, max_deletions=10), schedule, epochs=3)
+    lightning_run(
+        bm, m1, r1, HFUnlearner(m1, r1, max_deletions=10, release=ReleaseConfig(noise=False)), schedule, epochs=3
+    )
     m2, r2 = supervised(), TrajectoryRecorder(dtype=torch.float64)
-    plugin = UnlearningPlugin(r2, HFUnlearner(m2, r2, noise=False, max_deletions=10), schedule)
+    plugin = UnlearningPlugin(r2, HFUnlearner(m2, r2, max_deletions=10, release=ReleaseConfig(noise=False)), schedule)
     avalanche_run(bm, m2, plugin, epochs=3)
 
     assert r2.n_steps == r1.n_steps == 6 and r2.lrs == r1.lrs and r2.batch_sizes == r1.batch_sizes
@@ -248,7 +251,7 @@ def test_task_delta_recorder_anchors_each_task_under_the_plugin(bm):
     schedule = {1: [ForgetRequest.of_experience(0)]}
 
     def strategy(model, rec):
-        return GradientCertifiedUnlearner(model, rec, lipschitz=2.0, smoothness=1.0, seed=5)
+        return GradientCertifiedUnlearner(model, rec, lipschitz=2.0, smoothness=1.0, release=ReleaseConfig(seed=5))
 
     m1, r1 = proximal(), TaskDeltaRecorder()
     lightning_log = logging.getLogger("lightning.pytorch")
@@ -274,7 +277,7 @@ def test_hessian_recorder_and_restored_internal_model_under_the_plugin(bm):
     schedule = {0: [ForgetRequest.samples(exp_ids(bm, 0)[:3])], 1: [ForgetRequest.samples(exp_ids(bm, 1)[:2])]}
 
     def strategy(model, rec):
-        return HessianCertifiedUnlearner(model, rec, seed=3)
+        return HessianCertifiedUnlearner(model, rec, release=ReleaseConfig(seed=3))
 
     m1, r1 = proximal(), HessianRecorder(hessian="exact")
     m2, r2 = proximal(), HessianRecorder(hessian="exact")
@@ -418,7 +421,7 @@ def test_requests_reach_the_csv_logger_on_one_increasing_step_axis(bm, tmp_path)
         model,
         bm.train_stream,
         callbacks=[rec],
-        unlearning=HFUnlearner(model, rec, noise=False, max_deletions=10),
+        unlearning=HFUnlearner(model, rec, max_deletions=10, release=ReleaseConfig(noise=False)),
         requests=schedule,
         batch_size=8,
         trainer_kwargs={"max_epochs": 2, "logger": logger, "log_every_n_steps": 1, **QUIET},
@@ -526,7 +529,7 @@ def test_fit_stream_validates_tests_checkpoints_and_resumes_where_it_stopped(bm,
             model,
             bm.train_stream,
             callbacks=[rec],
-            unlearning=HFUnlearner(model, rec, noise=False, max_deletions=10),
+            unlearning=HFUnlearner(model, rec, max_deletions=10, release=ReleaseConfig(noise=False)),
             requests=schedule,
             batch_size=FULL_BATCH,
             val_stream=bm.test_stream,

@@ -19,7 +19,7 @@ from helpers_certified import (
 from torch import nn
 from torch.utils.data import ConcatDataset, DataLoader
 
-from lightning_unlearn import ForgetRequest
+from lightning_unlearn import ForgetRequest, ReleaseConfig
 from lightning_unlearn.callbacks import HessianRecorder, ProximalRegularizer, TaskDeltaRecorder
 from lightning_unlearn.functional import certified as cl
 from lightning_unlearn.functional import hf
@@ -72,7 +72,7 @@ def test_task_level_newton_closer_to_retrain_and_within_bound(trained):
     model, rec = copy_of(trained)
     w = hf.flat_params(model)
     w_retrain = hf.flat_params(fit_tasks([TASKS[1], TASKS[2]]))
-    strategy = HessianCertifiedUnlearner(model, rec, epsilon=EPS, delta=DELTA)
+    strategy = HessianCertifiedUnlearner(model, rec, release=ReleaseConfig(epsilon=EPS, delta=DELTA))
     cert = strategy.forget(ForgetRequest.of_experience(0)).certificate
     original, approx = float((w - w_retrain).norm()), float((strategy.clean_parameters() - w_retrain).norm())
     # tolerance: the Newton correction of Eq. (13) is >= 5x closer to retraining than the original model
@@ -89,7 +89,9 @@ def test_gradient_strategy_keeps_weights_within_natural_forgetting_bound(trained
     model, rec = copy_of(trained)
     w = hf.flat_params(model)
     w_retrain = hf.flat_params(fit_tasks([TASKS[1], TASKS[2]]))
-    strategy = GradientCertifiedUnlearner(model, rec, epsilon=EPS, delta=DELTA, seed=0, bound="paper")
+    strategy = GradientCertifiedUnlearner(
+        model, rec, bound="paper", release=ReleaseConfig(epsilon=EPS, delta=DELTA, seed=0)
+    )
     cert = strategy.forget(ForgetRequest.of_experience(0)).certificate
     assert torch.equal(strategy.clean_parameters(), w)  # Alg. 1: the internal model is not modified
     assert float((w - w_retrain).norm()) <= cert.bounds["sensitivity"]  # Theorem 4.1
@@ -108,7 +110,9 @@ def test_gradient_strategy_keeps_weights_within_natural_forgetting_bound(trained
 def test_hessian_sigma_matches_formula(trained):
     model, rec = copy_of(trained)
     cert = (
-        HessianCertifiedUnlearner(model, rec, epsilon=EPS, delta=DELTA, lipschitz=2.0, smoothness=3.0, bound="paper")
+        HessianCertifiedUnlearner(
+            model, rec, lipschitz=2.0, smoothness=3.0, bound="paper", release=ReleaseConfig(epsilon=EPS, delta=DELTA)
+        )
         .forget(ForgetRequest.of_experience(0))
         .certificate
     )
@@ -127,11 +131,11 @@ def test_sample_level_newton_from_stored_gradients_and_from_data(trained):
     w_retrain = hf.flat_params(fit_tasks([TASKS[0], without(TASKS[1], set(U)), TASKS[2]]))
     model, rec = copy_of(trained)
     w = hf.flat_params(model)
-    stored = HessianCertifiedUnlearner(model, rec, noise=False)
+    stored = HessianCertifiedUnlearner(model, rec, release=ReleaseConfig(noise=False))
     stored.forget(ForgetRequest.samples(U))
     model2, rec2 = copy_of(trained)
     rec2.sample_grads = {}
-    from_data = HessianCertifiedUnlearner(model2, rec2, noise=False)
+    from_data = HessianCertifiedUnlearner(model2, rec2, release=ReleaseConfig(noise=False))
     from_data.forget(ForgetRequest.samples(U), data=ConcatDataset(TASKS))
     assert torch.allclose(stored.clean_parameters(), from_data.clean_parameters(), atol=1e-12)
     original, approx = float((w - w_retrain).norm()), float((stored.clean_parameters() - w_retrain).norm())
@@ -211,7 +215,7 @@ def test_task_delta_recorder_needs_the_proximal_regulariser_and_diagonal_mode_ru
     assert cert.bounds["sensitivity"] == pytest.approx(2.0 / 1.0 * (1.0 / 1.05), rel=1e-12)  # (L/lambda) rho^1
     w_retrain = hf.flat_params(fit_tasks([TASKS[1]]))
     w = hf.flat_params(model)
-    strategy = HessianCertifiedUnlearner(model, rec, noise=False)
+    strategy = HessianCertifiedUnlearner(model, rec, release=ReleaseConfig(noise=False))
     strategy.forget(ForgetRequest.of_experience(0))
     # a diagonal Hessian is only an approximation: closer than the original, with a loose tolerance
     assert float((strategy.clean_parameters() - w_retrain).norm()) < float((w - w_retrain).norm())
@@ -221,7 +225,7 @@ def test_requests_between_experiences_follow_the_recorded_chain():
     """Alg. 2 over time: forget task 0 after 2 tasks, continue from the internal model, forget task 1 after task 2."""
     rec = HessianRecorder()
     model = fit_tasks(TASKS[:2], rec)
-    strategy = HessianCertifiedUnlearner(model, rec, seed=0)
+    strategy = HessianCertifiedUnlearner(model, rec, release=ReleaseConfig(seed=0))
     first = strategy.forget(ForgetRequest.of_experience(0)).certificate
     assert first.bounds["chain_term"] == 0.0
     strategy.restore_internal()  # Alg. 2: the next task starts from the noise-free internal model
@@ -230,7 +234,11 @@ def test_requests_between_experiences_follow_the_recorded_chain():
     trainer([rec], max_epochs=2).fit(model, DataLoader(TASKS[2], batch_size=60))
     w = hf.flat_params(model)
     w_retrain = hf.flat_params(fit_tasks([TASKS[2]]))
-    cert = HessianCertifiedUnlearner(model, rec, noise=False).forget(ForgetRequest.of_experience(1)).certificate
+    cert = (
+        HessianCertifiedUnlearner(model, rec, release=ReleaseConfig(noise=False))
+        .forget(ForgetRequest.of_experience(1))
+        .certificate
+    )
     assert torch.equal(rec.starts[2], internal)
     gap = float((rec.starts[2] - rec.ends[1]).norm())  # the first correction, measured from the chain
     lam, mu, M = 1.0, 0.05, rec.smoothness
@@ -253,11 +261,11 @@ def test_lowrank_lanczos_hessian_of_full_rank_equals_exact(trained):
         torch.eye(21, dtype=vectors.dtype) - vectors @ vectors.T
     )
     assert torch.allclose(approx, exact.hessians[0], atol=1e-8)
-    a = HessianCertifiedUnlearner(model, exact, noise=False)
+    a = HessianCertifiedUnlearner(model, exact, release=ReleaseConfig(noise=False))
     a.forget(ForgetRequest.of_experience(0))
     m2 = fit_tasks([], model=None)
     m2.load_state_dict(trained[0].state_dict())
-    b = HessianCertifiedUnlearner(m2, lowrank, noise=False)
+    b = HessianCertifiedUnlearner(m2, lowrank, release=ReleaseConfig(noise=False))
     b.forget(ForgetRequest.of_experience(0))
     assert torch.allclose(a.clean_parameters(), b.clean_parameters(), atol=1e-8)
     small = HessianRecorder(hessian="lowrank", rank=4)
@@ -299,7 +307,7 @@ def test_hessian_and_gradient_methods_on_a_user_module_with_a_proximal_callback(
     snapshot, recorded_state = {k: v.clone() for k, v in model.state_dict().items()}, rec.state_dict()
     w = hf.flat_params(model)
     w_retrain0 = hf.flat_params(fit_tasks([TASKS[1], TASKS[2]]))
-    strategy = HessianCertifiedUnlearner(model, rec, epsilon=EPS, delta=DELTA)
+    strategy = HessianCertifiedUnlearner(model, rec, release=ReleaseConfig(epsilon=EPS, delta=DELTA))
     cert = strategy.forget(ForgetRequest.of_experience(0)).certificate
     approx = float((strategy.clean_parameters() - w_retrain0).norm())
     assert approx <= 0.2 * float((w - w_retrain0).norm()) and approx <= cert.bounds["sensitivity"]
@@ -309,14 +317,18 @@ def test_hessian_and_gradient_methods_on_a_user_module_with_a_proximal_callback(
     model.load_state_dict(snapshot)
     rec2 = HessianRecorder(store_sample_gradients=True)
     rec2.load_state_dict(recorded_state)
-    sample_level = HessianCertifiedUnlearner(model, rec2, noise=False)
+    sample_level = HessianCertifiedUnlearner(model, rec2, release=ReleaseConfig(noise=False))
     sample_level.forget(ForgetRequest.samples(U))
     assert float((sample_level.clean_parameters() - w_retrain).norm()) <= 0.2 * float((w - w_retrain).norm())
     # [CCL] Alg. 1 on the same recorder: weights kept, Theorem 4.1 bound
     model.load_state_dict(snapshot)
     rec3 = HessianRecorder()
     rec3.load_state_dict(recorded_state)
-    gradient = GradientCertifiedUnlearner(model, rec3, noise=False).forget(ForgetRequest.of_experience(0)).certificate
+    gradient = (
+        GradientCertifiedUnlearner(model, rec3, release=ReleaseConfig(noise=False))
+        .forget(ForgetRequest.of_experience(0))
+        .certificate
+    )
     assert float((w - w_retrain0).norm()) <= gradient.bounds["sensitivity"]
 
 
@@ -388,7 +400,7 @@ def test_requests_inside_the_stream_match_alg2_run_by_hand():
 
     model = proximal_model(l2=l2, reg_lambda=lam)
     rec = HessianRecorder()
-    strategy = HessianCertifiedUnlearner(model, rec, noise=False, lipschitz=1.0, smoothness=1.0)
+    strategy = HessianCertifiedUnlearner(model, rec, lipschitz=1.0, smoothness=1.0, release=ReleaseConfig(noise=False))
     internal = {}
     stream = [SimpleNamespace(current_experience=k, dataset=_WithTaskLabel(ds)) for k, ds in enumerate(tasks)]
     fit_stream(
@@ -460,7 +472,7 @@ def test_publish_without_a_request_releases_the_internal_model_at_the_bound_of_t
     rec = HessianRecorder()
     model = fit_tasks(TASKS[:2], rec)
     strategy = HessianCertifiedUnlearner(
-        model, rec, epsilon=EPS, delta=DELTA, lipschitz=2.0, smoothness=3.0, bound="paper"
+        model, rec, lipschitz=2.0, smoothness=3.0, bound="paper", release=ReleaseConfig(epsilon=EPS, delta=DELTA)
     )
     with pytest.raises(ValueError, match="nothing is forgotten yet"):
         strategy.publish()

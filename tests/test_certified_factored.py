@@ -9,7 +9,7 @@ from helpers_certified import D_IN, N_CLASSES, cl_tasks, fit_tasks, trainer
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_unlearn import ForgetRequest, IndexedDataset
+from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig
 from lightning_unlearn.callbacks import HessianRecorder, TaskOptimality
 from lightning_unlearn.functional import certified as cl
 from lightning_unlearn.functional import hf
@@ -61,8 +61,8 @@ def test_factored_solver_equals_a_dense_solve_by_cg_and_by_woodbury(monkeypatch)
 def test_factored_unlearning_equals_dense_with_the_same_certificate(both):
     (m1, dense), (m2, factored) = both
     assert torch.equal(hf.flat_params(m1), hf.flat_params(m2))  # the same chain was learned
-    u1 = HessianCertifiedUnlearner(m1, dense, noise=False)
-    u2 = HessianCertifiedUnlearner(m2, factored, noise=False)
+    u1 = HessianCertifiedUnlearner(m1, dense, release=ReleaseConfig(noise=False))
+    u2 = HessianCertifiedUnlearner(m2, factored, release=ReleaseConfig(noise=False))
     for task in (0, 1):  # a first request, then one with a previous unlearning time
         c1 = u1.forget(ForgetRequest.of_experience(task)).certificate
         c2 = u2.forget(ForgetRequest.of_experience(task)).certificate

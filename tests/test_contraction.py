@@ -11,7 +11,7 @@ import torch
 from helpers_certified import blobs, fit_hf, proximal_model, sgd_model, trainer, without
 from torch.utils.data import DataLoader
 
-from lightning_unlearn import ForgetRequest, ReleaseRefused
+from lightning_unlearn import ForgetRequest, ReleaseConfig, ReleaseRefused
 from lightning_unlearn.callbacks import HessianRecorder, StreamingRecorder, TaskOptimality, TrajectoryRecorder
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.functional import hf
@@ -110,7 +110,7 @@ def test_hf_distance_to_retrain_stays_below_the_contraction_bound(seed):
     rec = TrajectoryRecorder(dtype=torch.float64)
     w0 = fit_hf(model, ds, rec, epochs=4)
     w = hf.flat_params(model)
-    strategy = HFUnlearner(model, rec, constants=c, noise=False)
+    strategy = HFUnlearner(model, rec, constants=c, release=ReleaseConfig(noise=False))
     forgotten: set[int] = set()
     g = torch.Generator().manual_seed(seed)
     order = torch.randperm(96, generator=g).tolist()
@@ -160,7 +160,9 @@ def test_hf_bound_covers_training_continued_from_a_published_model():
     rec = TrajectoryRecorder(dtype=torch.float64)
     w0 = fit_hf(model, first, rec, epochs=3)
     steps = rec.n_steps
-    strategy = HFUnlearner(model, rec, constants=c, epsilon=20.0, delta=1e-5, seed=7)  # seeded: test only
+    strategy = HFUnlearner(
+        model, rec, constants=c, release=ReleaseConfig(epsilon=20.0, delta=1e-5, seed=7)
+    )  # seeded: test only
     strategy.forget(ForgetRequest.samples([3, 9]))
     noise = hf.flat_params(model) - strategy.clean_parameters()
     assert float(noise.norm()) > 0
@@ -185,7 +187,11 @@ def test_hf_step_size_above_the_condition_is_refused_and_the_recipe_named():
         HFUnlearner(model, rec, constants=c).forget(ForgetRequest.samples([1]))
     assert torch.equal(hf.flat_params(model), weights) and not bool(rec.catalog.forgotten.any())
     with pytest.warns(UserWarning, match="not certified"):
-        cert = HFUnlearner(model, rec, constants=c, noise=False).forget(ForgetRequest.samples([1])).certificate
+        cert = (
+            HFUnlearner(model, rec, constants=c, release=ReleaseConfig(noise=False))
+            .forget(ForgetRequest.samples([1]))
+            .certificate
+        )
     assert cert.recipe == "unchecked" and not cert.certified
     assert any(a.startswith("FAILS: step size lr = 0.1") and "lr <= 0.02751 " in a for a in cert.assumptions)
 
@@ -217,7 +223,9 @@ def test_ccl_distances_to_retrain_stay_below_the_contraction_bounds(seed):
         (ForgetRequest.of_experience(0), [without(tasks[1], set(U)), tasks[2]]),
     )
     for cls in (GradientCertifiedUnlearner, HessianCertifiedUnlearner):
-        strategy = cls(copy.deepcopy(model), copy.deepcopy(rec), constants=c, optimality=check, noise=False)
+        strategy = cls(
+            copy.deepcopy(model), copy.deepcopy(rec), constants=c, optimality=check, release=ReleaseConfig(noise=False)
+        )
         for request, kept in requests:
             cert = strategy.forget(request).certificate
             ref_check = TaskOptimality(1e-5)
@@ -259,7 +267,11 @@ def test_safe_contraction_bound_covers_the_retrained_sgd_recipe():
     trainer([rec, srec], max_epochs=4).fit(model, loader)
     forgotten: set[int] = set()
     certified = StreamingUnlearner(
-        copy.deepcopy(model), copy.deepcopy(srec), epsilon=1.0, delta=1e-5, constants=c, trajectory=rec
+        copy.deepcopy(model),
+        copy.deepcopy(srec),
+        constants=c,
+        trajectory=rec,
+        release=ReleaseConfig(epsilon=1.0, delta=1e-5),
     )
     plain = StreamingUnlearner(copy.deepcopy(model), copy.deepcopy(srec))  # the same step without noise
     for ids in ([4, 8], [15]):

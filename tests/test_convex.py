@@ -17,7 +17,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from lightning_unlearn import ForgetRequest, IndexedDataset, Ledger
+from lightning_unlearn import ForgetRequest, IndexedDataset, Ledger, ReleaseConfig
 from lightning_unlearn.callbacks.convex import SoftmaxHeadRecorder
 from lightning_unlearn.contract import BatchKeys
 from lightning_unlearn.functional import convex
@@ -133,7 +133,7 @@ def test_recorder_solves_the_head_within_radius_of_the_optimum():
 
 def test_resolve_without_noise_is_within_radius_of_retraining():
     model, recorder, _ = fitted()
-    strategy = ResolveUnlearner(model, recorder, noise=False)
+    strategy = ResolveUnlearner(model, recorder, release=ReleaseConfig(noise=False))
     for request in (ForgetRequest.samples([3, 17, 450]), ForgetRequest.of_class(7)):
         result = strategy.forget(request)
         assert not result.certificate.certified  # noise disabled: the certificate says so
@@ -145,7 +145,7 @@ def test_resolve_without_noise_is_within_radius_of_retraining():
 
 def test_resolve_release_is_calibrated_on_the_radius():
     model, recorder, _ = fitted()
-    strategy = ResolveUnlearner(model, recorder, epsilon=1.0, delta=1e-5)
+    strategy = ResolveUnlearner(model, recorder, release=ReleaseConfig(epsilon=1.0, delta=1e-5))
     result = strategy.forget(ForgetRequest.samples([5]))
     cert = result.certificate
     assert cert.certified and cert.epsilon == 1.0 and cert.bounds["sensitivity"] == RADIUS
@@ -226,7 +226,7 @@ def test_checkpoint_round_trip_and_tampering_refused():
     restored.load_state_dict(state)
     assert torch.equal(restored.solved_head, recorder.solved_head)
     # the restored recorder keeps forgetting (its curvature is rebuilt from the rows)
-    ResolveUnlearner(model, restored, noise=False).forget(ForgetRequest.samples([9]))
+    ResolveUnlearner(model, restored, release=ReleaseConfig(noise=False)).forget(ForgetRequest.samples([9]))
     assert float((restored.solved_head - exact_head(restored)).norm()) <= RADIUS
     fresh = SoftmaxHeadRecorder(L2, radius=RADIUS)
     tampered = dict(state, W=state["W"] + 1e-3)
@@ -311,7 +311,9 @@ def test_frozen_backbone_head_on_a_user_module_with_dict_batches():
     model, recorder = FrozenCNN(), SoftmaxHeadRecorder(L2, radius=RADIUS, backbone="trunk")
     recorder.batch_keys = keys
     fit(model, recorder, DictDigits())
-    result = ResolveUnlearner(model, recorder, noise=False).forget(ForgetRequest.samples([1000, 1001]))
+    result = ResolveUnlearner(model, recorder, release=ReleaseConfig(noise=False)).forget(
+        ForgetRequest.samples([1000, 1001])
+    )
     assert float((recorder.solved_head - exact_head(recorder)).norm()) <= RADIUS
     assert any("never trained on samples that can be forgotten" in a for a in result.certificate.assumptions)
     # a trunk made trainable is refused before the next experience records anything

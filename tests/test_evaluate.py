@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers_eval import tiny_info
 
-from lightning_unlearn import ForgetRequest
+from lightning_unlearn import ForgetRequest, ReleaseConfig
 from lightning_unlearn.harness import (
     TABLE1,
     MethodSpec,
@@ -253,6 +253,7 @@ def test_registry_options_are_the_strategy_constructors_keyword_only_parameters(
         assert not (spec.options() & (HARNESS_ARGUMENTS | set(spec.fixed))), name
     # HF: all eleven of its own options (was 4), the linear family's l2 and its recorder's track
     assert method_spec("hf").options() == {
+        "release",
         "accountant",
         "budget",
         "epsilon",
@@ -277,11 +278,13 @@ def test_registry_options_are_the_strategy_constructors_keyword_only_parameters(
         "step_size",
         "forget_scope",
         "kl_direction",
-        "noise_std",
         "epsilon",
         "delta",
+        "noise",
+        "sigma_override",
         "weight_bound",
         "budget",
+        "accountant",
         "constants",
         "trajectory",
         "bound",
@@ -293,11 +296,23 @@ def test_registry_options_are_the_strategy_constructors_keyword_only_parameters(
 
 def test_registry_options_reach_the_strategy_and_names_are_the_certificates_method(info):
     hf = get_method("hf", capacity="error", max_deletions=3, grad_bound=2.0, epsilon=2.0).build(info).strategy()
-    assert (hf.capacity, hf.max_deletions, hf.grad_bound, hf.epsilon) == ("error", 3, 2.0, 2.0)
-    safe = get_method("safe", forget_scope="all", noise_std=0.5).build(info).strategy()
-    assert safe.noise_std == 0.5
+    assert (hf.capacity, hf.max_deletions, hf.grad_bound, hf.release.epsilon) == ("error", 3, 2.0, 2.0)
+    safe = get_method("safe", forget_scope="all", sigma_override=0.5).build(info).strategy()
+    assert safe.release.sigma_override == 0.5
     for name in available_methods():
         assert get_method(name).build(info).strategy().method == name, name
+
+
+def test_registry_reads_one_release_config_from_release_or_its_fields(info):
+    given = get_method("hf", release=ReleaseConfig(epsilon=0.5, delta=1e-6))
+    assert given.name == get_method("hf", epsilon=0.5, delta=1e-6).name == "hf[eps=0.5,delta=1e-06]"
+    assert given.build(info).strategy().release == ReleaseConfig(epsilon=0.5, delta=1e-6)
+    noisy = get_method("noisy_finetune", epsilon=2.0).build(info).strategy()
+    assert noisy.release == ReleaseConfig(epsilon=2.0, accountant="rdp")  # the fields not given: its default's
+    with pytest.raises(ValueError, match=r"give release= or its fields \['epsilon'\], not both"):
+        get_method("hf", release=ReleaseConfig(), epsilon=0.5)
+    with pytest.raises(ValueError, match="sigma_override must be finite and >= 0, got -1.0"):
+        get_method("hf", sigma_override=-1.0)  # refused as the method is configured, before anything trains
 
 
 def test_every_certified_and_masking_method_runs_in_the_harness(info):
@@ -368,7 +383,7 @@ def test_a_spec_context_supplies_managed_arguments_and_callbacks(info):
     built = spec.method(epsilon=2.0).build(info)
     assert check in built.callbacks
     strategy = built.strategy()
-    assert (strategy.grad_bound, strategy.epsilon) == (5.0, 2.0)
+    assert (strategy.grad_bound, strategy.release.epsilon) == (5.0, 2.0)
     bad = MethodSpec(
         "hf_bad", HFUnlearner, families=("linear",), context=lambda info, module, s: ({"grad_bound": 5.0}, [])
     )

@@ -44,7 +44,7 @@ from torch.utils.data import Dataset
 
 import lightning_unlearn
 import lightning_unlearn.core.ledger as ledger_module
-from lightning_unlearn import Certificate, ForgetRequest, Ledger
+from lightning_unlearn import Certificate, ForgetRequest, Ledger, ReleaseConfig
 from lightning_unlearn.core.digest import LEGACY, digest_matches, weights_digest
 from lightning_unlearn.core.ledger import KEY_ENV, LedgerError
 from lightning_unlearn.data import IndexedDataset
@@ -303,7 +303,7 @@ def test_a_failed_erasure_leaves_an_executed_accounted_request_and_is_completed_
     )
     fit_hf(model, ds, rec, epochs=2)
     path = tmp_path / "ledger.jsonl"
-    s = HFUnlearner(model, rec, Ledger(path), sigma_override=0.01)
+    s = HFUnlearner(model, rec, Ledger(path), release=ReleaseConfig(sigma_override=0.01))
     rows = torch.tensor([rec.row_of[i] for i in (3, 4)])
     assert bool(rec.A[rows].abs().sum() > 0)
 
@@ -693,7 +693,9 @@ def test_noise_is_never_labelled_none(runs, tmp_path):
     with pytest.raises(ValueError, match="sigma"):
         Certificate(method="x", exact=False, sigma=-1.0)
     model, rec = restore("safe", runs["safe"] / "run.ckpt")
-    result = StreamingUnlearner(model, rec, noise_std=0.05, seed=1).forget(requests("safe")[1], data("safe"))
+    result = StreamingUnlearner(
+        model, rec, release=ReleaseConfig(epsilon=None, delta=None, sigma_override=0.05, seed=1)
+    ).forget(requests("safe")[1], data("safe"))
     assert result.certificate.sigma == 0.05 and result.certificate.guarantee == "uncertified-noise(sigma=0.05)"
     from lightning_unlearn.harness.loop import _guarantee
 

@@ -20,7 +20,7 @@ from helpers_certified import (
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseRefused
+from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig, ReleaseRefused
 from lightning_unlearn.callbacks import TrajectoryRecorder
 from lightning_unlearn.functional import hf
 from lightning_unlearn.privacy import analytic_sigma
@@ -55,7 +55,7 @@ def test_deletion_closer_to_retrain_and_within_bound(fitted):
     ds, model, rec, w0 = fresh_copy(fitted)
     U = [3, 17, 40, 77]
     w, w_retrain = hf.flat_params(model), replay(model, rec, w0, ds, set(U))
-    strategy = HFUnlearner(model, rec, epsilon=EPS, delta=DELTA, seed=0)
+    strategy = HFUnlearner(model, rec, release=ReleaseConfig(epsilon=EPS, delta=DELTA, seed=0))
     result = strategy.forget(ForgetRequest.samples(U))
     w_bar = strategy.clean_parameters()
     original, approx = float((w - w_retrain).norm()), float((w_bar - w_retrain).norm())
@@ -68,10 +68,10 @@ def test_deletion_closer_to_retrain_and_within_bound(fitted):
 def test_online_stream_equals_batch_deletion(fitted):
     U = [5, 6, 50]
     _, m_batch, r_batch, _ = fresh_copy(fitted)
-    batch = HFUnlearner(m_batch, r_batch, noise=False)
+    batch = HFUnlearner(m_batch, r_batch, release=ReleaseConfig(noise=False))
     batch.forget(ForgetRequest.samples(U))
     _, m_online, r_online, _ = fresh_copy(fitted)
-    online = HFUnlearner(m_online, r_online, noise=False)
+    online = HFUnlearner(m_online, r_online, release=ReleaseConfig(noise=False))
     for u in U:
         result = online.forget(ForgetRequest.samples([u]))
     # Theorem 1: the sum of single approximators equals the batch approximator
@@ -94,7 +94,7 @@ def independent_gamma(rec: TrajectoryRecorder, ids: list[int]) -> float:
 
 def test_sigma_matches_formula(fitted):
     ds, model, rec, w0 = fresh_copy(fitted)
-    strategy = HFUnlearner(model, rec, epsilon=EPS, delta=DELTA, seed=3, bound="paper")
+    strategy = HFUnlearner(model, rec, bound="paper", release=ReleaseConfig(epsilon=EPS, delta=DELTA, seed=3))
     cert = strategy.forget(ForgetRequest.samples([1, 2])).certificate
     gamma = independent_gamma(rec, [1, 2])
     assert cert.bounds["sensitivity"] == pytest.approx(gamma, rel=1e-9)
@@ -114,7 +114,11 @@ def test_sigma_matches_formula(fitted):
 
 def test_analytic_gaussian_is_tight(fitted):
     ds, model, rec, _ = fresh_copy(fitted)
-    cert = HFUnlearner(model, rec, epsilon=3.0, delta=DELTA).forget(ForgetRequest.samples([4])).certificate
+    cert = (
+        HFUnlearner(model, rec, release=ReleaseConfig(epsilon=3.0, delta=DELTA))
+        .forget(ForgetRequest.samples([4]))
+        .certificate
+    )
     s, sig, eps = cert.bounds["sensitivity"], cert.sigma, 3.0
     phi = lambda x: 0.5 * math.erfc(-x / math.sqrt(2))  # noqa: E731
     achieved = phi(s / (2 * sig) - eps * sig / s) - math.exp(eps) * phi(-s / (2 * sig) - eps * sig / s)
@@ -201,7 +205,7 @@ def test_checkpoint_roundtrip_and_mmap_float16_store(tmp_path):
 
 def test_bad_input_changes_nothing(fitted):
     ds, model, rec, _ = fresh_copy(fitted)
-    strategy = HFUnlearner(model, rec, capacity="error", max_deletions=3, seed=0)
+    strategy = HFUnlearner(model, rec, capacity="error", max_deletions=3, release=ReleaseConfig(seed=0))
     strategy.forget(ForgetRequest.samples([0, 1]))
     before_w, before_stats, before_ledger = hf.flat_params(model), recorded(rec), len(strategy.ledger)
     bad = [([1], "already forgotten"), ([9999], "unknown"), ([2, 3], "capacity")]
@@ -248,7 +252,7 @@ def test_recursion_continues_across_experiences():
     both = concat_indexed(first, second)
     assert torch.allclose(replay(model, rec, w0, both, set()), hf.flat_params(model), atol=1e-12)
     w, w_retrain = hf.flat_params(model), replay(model, rec, w0, both, {7, 120})
-    strategy = HFUnlearner(model, rec, noise=False)
+    strategy = HFUnlearner(model, rec, release=ReleaseConfig(noise=False))
     strategy.forget(ForgetRequest.samples([7, 120]))
     assert float((strategy.clean_parameters() - w_retrain).norm()) <= 0.1 * float((w - w_retrain).norm())
 
@@ -269,12 +273,12 @@ def test_gaussian_mechanism_rejects_bad_privacy_parameters(fitted):
     ds, model, rec, _ = fitted
     for eps, delta in ((0.0, 1e-5), (1.0, 0.0), (1.0, 1.5), (float("inf"), 1e-5)):
         with pytest.raises(ValueError, match="epsilon|delta"):
-            HFUnlearner(model, rec, epsilon=eps, delta=delta)
+            HFUnlearner(model, rec, release=ReleaseConfig(epsilon=eps, delta=delta))
 
 
 def test_sigma_override_is_reported_as_uncertified(fitted):
     ds, model, rec, _ = fresh_copy(fitted)
-    strategy = HFUnlearner(model, rec, sigma_override=0.01, seed=0)
+    strategy = HFUnlearner(model, rec, release=ReleaseConfig(sigma_override=0.01, seed=0))
     cert = strategy.forget(ForgetRequest.samples([8])).certificate
     assert cert.epsilon is None and not cert.certified and cert.sigma == 0.01 and cert.bounds["sigma_formula"] > 0.01
     noise = hf.flat_params(model) - strategy.clean_parameters()
@@ -293,7 +297,7 @@ def test_user_module_with_its_own_loss_meets_the_exactness_tests():
     assert torch.allclose(replay(model, rec, w0, ds, set()), hf.flat_params(model), atol=1e-12)  # float64 trajectory
     U = [3, 17, 40, 77]
     w, w_retrain = hf.flat_params(model), replay(model, rec, w0, ds, set(U))
-    strategy = HFUnlearner(model, rec, epsilon=EPS, delta=DELTA, seed=0)
+    strategy = HFUnlearner(model, rec, release=ReleaseConfig(epsilon=EPS, delta=DELTA, seed=0))
     cert = strategy.forget(ForgetRequest.samples(U)).certificate
     approx = float((strategy.clean_parameters() - w_retrain).norm())
     assert approx <= 0.1 * float((w - w_retrain).norm()) and approx <= cert.bounds["sensitivity"]
@@ -354,7 +358,9 @@ def test_cnn_forget_without_noise_reports_an_infinite_bound_instead_of_overflowi
     w0 = fit_hf(model, ds, rec, epochs=2, batch_size=8)
     assert torch.allclose(replay(model, rec, w0, ds, set()), hf.flat_params(model), atol=1e-12)
     w, w_retrain = hf.flat_params(model), replay(model, rec, w0, ds, {5})
-    strategy = HFUnlearner(model, rec, noise=False, smoothness=1e60, bound="paper")  # rho = lr M - 1 ~ 5e58: 1e410
+    strategy = HFUnlearner(
+        model, rec, smoothness=1e60, bound="paper", release=ReleaseConfig(noise=False)
+    )  # rho = lr M - 1 ~ 5e58: 1e410
     cert = strategy.forget(ForgetRequest.samples([5])).certificate
     assert cert.bounds["sensitivity"] == math.inf and cert.epsilon is None and "infinite" in cert.statement
     assert float((strategy.clean_parameters() - w_retrain).norm()) <= 0.1 * float((w - w_retrain).norm())

@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers_certified import blobs, fit_hf, sgd_model
 
-from lightning_unlearn import ForgetRequest
+from lightning_unlearn import ForgetRequest, ReleaseConfig
 from lightning_unlearn.callbacks import TrajectoryRecorder
 from lightning_unlearn.functional import hf
 from lightning_unlearn.unlearners import HFUnlearner
@@ -44,7 +44,7 @@ def test_running_bound_equals_resummed_bound(monkeypatch):
     ds = blobs(96, seed=0)
     model, rec = sgd_model(), TrajectoryRecorder(dtype=torch.float64)
     fit_hf(model, ds, rec, epochs=3)
-    strategy = HFUnlearner(model, rec, noise=False, max_deletions=100, bound="paper")
+    strategy = HFUnlearner(model, rec, max_deletions=100, bound="paper", release=ReleaseConfig(noise=False))
     for ids in ([3], [17, 40], [5, 6, 7, 8]):
         check(strategy, ids)
 
@@ -69,7 +69,7 @@ def test_running_bound_equals_resummed_bound(monkeypatch):
     resumed, model2 = TrajectoryRecorder(dtype=torch.float64), sgd_model()
     resumed.load_state_dict(rec.state_dict())
     hf.set_flat_params(model2, hf.flat_params(model))
-    strategy2 = HFUnlearner(model2, resumed, noise=False, max_deletions=100, bound="paper")
+    strategy2 = HFUnlearner(model2, resumed, max_deletions=100, bound="paper", release=ReleaseConfig(noise=False))
     for ids in ([60], [61, 62, 63]):
         check(strategy2, ids)
 

@@ -11,7 +11,7 @@ from helpers_certified import D_IN, N_CLASSES, blobs, fit_hf, sgd_model, trainer
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_unlearn import ForgetRequest, IndexedDataset
+from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig
 from lightning_unlearn.callbacks import TrajectoryRecorder
 from lightning_unlearn.functional import hf
 from lightning_unlearn.unlearners import HFUnlearner
@@ -171,7 +171,7 @@ def test_a_recorder_holds_its_trainer_weakly_so_copies_share_it_and_discarded_on
     try:
         copied = copy.deepcopy(rec)
         assert copied.trainer is rec.trainer  # shared, not copied
-        unlearner = HFUnlearner(copy.deepcopy(model), copied, noise=False)
+        unlearner = HFUnlearner(copy.deepcopy(model), copied, release=ReleaseConfig(noise=False))
         unlearner.forget(ForgetRequest.samples([3]))
         alive = weakref.ref(copied)
         del unlearner, copied

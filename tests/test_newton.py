@@ -14,7 +14,7 @@ from torch import nn
 from torch.autograd.functional import hessian
 from torch.utils.data import ConcatDataset, DataLoader
 
-from lightning_unlearn import ForgetRequest
+from lightning_unlearn import ForgetRequest, ReleaseConfig
 from lightning_unlearn.callbacks import HessianSumRecorder
 from lightning_unlearn.functional import hf
 from lightning_unlearn.functional import newton as nt
@@ -280,7 +280,7 @@ def test_strategy_is_its_equation_and_moves_towards_retraining(lightning_fit, fo
     assert rec.stationarity < rec.tolerance and rec.n == N and rec.l2 == L2  # GD reached the minimiser [NS] assumes
     original = hf.flat_params(model)
     cls = NewtonStepUnlearner if form == "hessian" else InfinitesimalJackknifeUnlearner
-    strategy = cls(model, rec, noise=False)
+    strategy = cls(model, rec, release=ReleaseConfig(noise=False))
     result = strategy.forget(ForgetRequest.samples(FORGET), data=ds)
     expected = eq15_16(ds, original, set(FORGET), form)
     # float64 rounding of a 21 x 21 solve; the published model is the clean one without noise
@@ -296,11 +296,11 @@ def test_strategy_is_its_equation_and_moves_towards_retraining(lightning_fit, fo
 def test_requests_one_by_one_equal_one_batch(lightning_fit, form):
     cls = NewtonStepUnlearner if form == "hessian" else InfinitesimalJackknifeUnlearner
     ds, m1, r1 = fresh(lightning_fit, form)
-    s1 = cls(m1, r1, noise=False)
+    s1 = cls(m1, r1, release=ReleaseConfig(noise=False))
     for i in FORGET:
         s1.forget(ForgetRequest.samples([i]), data=ds)
     ds, m2, r2 = fresh(lightning_fit, form)
-    cls(m2, r2, noise=False).forget(ForgetRequest.samples(FORGET), data=ds)
+    cls(m2, r2, release=ReleaseConfig(noise=False)).forget(ForgetRequest.samples(FORGET), data=ds)
     # every request recomputes the step from w for all samples forgotten so far: float64 rounding only
     assert torch.allclose(hf.flat_params(m1), hf.flat_params(m2), atol=1e-12)
     assert torch.allclose(r1.matrix, r2.matrix, atol=1e-10)
@@ -310,7 +310,7 @@ def test_requests_one_by_one_equal_one_batch(lightning_fit, form):
 def test_bad_input_changes_nothing(lightning_fit, form):
     cls = NewtonStepUnlearner if form == "hessian" else InfinitesimalJackknifeUnlearner
     ds, model, rec = fresh(lightning_fit, form)
-    strategy = cls(model, rec, noise=False)
+    strategy = cls(model, rec, release=ReleaseConfig(noise=False))
     strategy.forget(ForgetRequest.samples([FORGET[0]]), data=ds)
     weights, state, grad_sum = hf.flat_params(model), recorded(rec), strategy._grad_sum.clone()
     for request, match in (
@@ -327,12 +327,12 @@ def test_bad_input_changes_nothing(lightning_fit, form):
     assert torch.equal(hf.flat_params(model), weights) and same_state(recorded(rec), state)
     assert torch.equal(strategy._grad_sum, grad_sum) and len(strategy.ledger) == 1
     with pytest.raises(ValueError, match="forgotten without this"):  # a new strategy cannot recover their gradients
-        cls(model, rec, noise=False).forget(ForgetRequest.samples([FORGET[1]]), data=ds)
+        cls(model, rec, release=ReleaseConfig(noise=False)).forget(ForgetRequest.samples([FORGET[1]]), data=ds)
 
 
 def test_ns_reuses_the_previous_matrix_and_a_failed_commit_changes_nothing(lightning_fit, monkeypatch):
     ds, model, rec = fresh(lightning_fit, "hessian")
-    strategy = NewtonStepUnlearner(model, rec, noise=False)
+    strategy = NewtonStepUnlearner(model, rec, release=ReleaseConfig(noise=False))
     first = rec.matrix  # no d x d tensor is allocated per request: the previous matrix is the next one's buffer
     strategy.forget(ForgetRequest.samples([FORGET[0]]), data=ds)
     second = rec.matrix
@@ -356,7 +356,9 @@ def test_noise_std_is_the_stated_formula(lightning_fit):
     c = linear_model_constants(feature_norm, L2)
     M = nt.hessian_lipschitz_bound(feature_norm)
     eps, delta = 1.0, 1e-5
-    strategy = NewtonStepUnlearner(model, rec, epsilon=eps, delta=delta, constants=c, hessian_lipschitz=M, seed=0)
+    strategy = NewtonStepUnlearner(
+        model, rec, constants=c, hessian_lipschitz=M, release=ReleaseConfig(epsilon=eps, delta=delta, seed=0)
+    )
     cert = strategy.forget(ForgetRequest.samples(FORGET[:2]), data=ds).certificate
     m = 2  # [NS] Alg. 2 written out, plus the damping term
     gamma = 2 * M * m**2 * c.grad_bound**2 / (L2**3 * N**2) + 0.01 * m * c.grad_bound / ((N - m) * L2 * (L2 + 0.01))
@@ -371,7 +373,7 @@ def test_noise_std_is_the_stated_formula(lightning_fit):
 def test_certified_release_needs_the_hessian_lipschitz_constant(lightning_fit):
     ds, model, rec = fresh(lightning_fit, "inverse")
     weights = hf.flat_params(model)
-    strategy = InfinitesimalJackknifeUnlearner(model, rec, epsilon=1.0, delta=1e-5)
+    strategy = InfinitesimalJackknifeUnlearner(model, rec, release=ReleaseConfig(epsilon=1.0, delta=1e-5))
     with pytest.raises(ValueError, match="hessian_lipschitz is not given"):
         strategy.forget(ForgetRequest.samples([3]), data=ds)
     assert torch.equal(hf.flat_params(model), weights) and len(strategy.ledger) == 0

@@ -38,6 +38,7 @@ from lightning_unlearn import (
     AnalyticRecorder,
     ForgetRequest,
     Ledger,
+    ReleaseConfig,
 )
 from lightning_unlearn.callbacks import (
     HessianRecorder,
@@ -128,7 +129,7 @@ def run_hf(store: str) -> Callable[[Path, Path], dict[str, bytes]]:
         else:
             torch.save(rec.state_dict(), control / "state.pt")
         ledger = Ledger(run / "ledger.jsonl")
-        strategy = HFUnlearner(model, rec, ledger=ledger, seed=5)
+        strategy = HFUnlearner(model, rec, ledger=ledger, release=ReleaseConfig(seed=5))
         strategy.forget(ForgetRequest.samples(FORGET[:2]))
         strategy.forget(ForgetRequest.samples(FORGET[2:]))
         save(tr, rec, run)
@@ -147,7 +148,7 @@ def run_hessian(run: Path, control: Path) -> dict[str, bytes]:
     x = inputs(tasks[1], [u - 100 for u in forget])
     grads = torch.stack([rec.sample_grads[u] for u in forget])
     torch.save({"x": x, "state": rec.state_dict()}, control / "x.pt")
-    strategy = HessianCertifiedUnlearner(model, rec, ledger=Ledger(run / "ledger.jsonl"), seed=2)
+    strategy = HessianCertifiedUnlearner(model, rec, ledger=Ledger(run / "ledger.jsonl"), release=ReleaseConfig(seed=2))
     strategy.forget(ForgetRequest.samples(forget))
     save(tr, rec, run)
     return patterns(x, "input") | patterns(grads, "stored per-sample gradient")

@@ -6,6 +6,7 @@ OS-entropy noise, composition and budget across requests, the convex variant, an
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from typing import Any
 
@@ -19,7 +20,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseRefused
+from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig, ReleaseRefused
 from lightning_unlearn.callbacks import SampleRecorder
 from lightning_unlearn.contract import BatchKeys
 from lightning_unlearn.core.ledger import weights_digest
@@ -113,7 +114,13 @@ def test_certificate_matches_the_closed_form_and_the_target(trained):
 
 def run_without_noise(model: UserCNN, rec: SampleRecorder, train: Dataset, initial: dict, **kw: Any) -> Tensor:
     s = NoisyFinetuneUnlearner(
-        model, rec, train, center=initial, noise=False, generator=torch.Generator().manual_seed(5), **kw
+        model,
+        rec,
+        train,
+        center=initial,
+        generator=torch.Generator().manual_seed(5),
+        release=ReleaseConfig(noise=False, accountant="rdp"),
+        **kw,
     )
     s.forget(ForgetRequest.samples(list(range(0, 64, 8))))
     return parameters_to_vector(p for p in model.parameters()).detach()
@@ -168,7 +175,9 @@ def test_noise_comes_from_os_entropy_unless_seeded(trained):
     seeded = []
     for _ in range(2):
         model, rec, train, initial = copies(trained)
-        s = NoisyFinetuneUnlearner(model, rec, train, center=initial, seed=3, **OPTIONS)
+        s = NoisyFinetuneUnlearner(
+            model, rec, train, center=initial, release=ReleaseConfig(seed=3, accountant="rdp"), **OPTIONS
+        )
         with pytest.warns(UserWarning, match="NOT private"):
             result = s.forget(ForgetRequest.of_class(1))
         seeded.append(parameters_to_vector(model.parameters()).detach())
@@ -178,7 +187,9 @@ def test_noise_comes_from_os_entropy_unless_seeded(trained):
 
 def test_releases_compose_and_the_budget_refuses_without_changing_anything(trained):
     model, rec, train, initial = copies(trained)
-    s = NoisyFinetuneUnlearner(model, rec, train, center=initial, budget=1.4, **OPTIONS)
+    s = NoisyFinetuneUnlearner(
+        model, rec, train, center=initial, release=ReleaseConfig(budget=1.4, accountant="rdp"), **OPTIONS
+    )
     first = s.forget(ForgetRequest.samples([0, 1]))
     z = 1 / math.sqrt(2 * first.certificate.bounds["rdp_coefficient"])
     acc = rdp_privacy_accountant.RdpAccountant()
@@ -191,7 +202,7 @@ def test_releases_compose_and_the_budget_refuses_without_changing_anything(train
     assert weights_digest(model) == digest and torch.equal(rec.catalog.forgotten, forgotten)
     assert len(s.ledger) == entries and len(s.accountant) == 1
     # without a budget the second release is composed by the RDP accountant
-    s.budget = None
+    s.release = dataclasses.replace(s.release, budget=None)
     second = s.forget(ForgetRequest.samples([2]))
     assert second.certificate.accounting["epsilon_total"] == pytest.approx(two, rel=1e-9)
     assert second.certificate.accounting["accountant"] == "rdp"
@@ -228,7 +239,7 @@ def test_convex_variant_on_a_linear_head():
 def test_bad_options_are_refused_naming_them(trained):
     model, rec, train, initial = copies(trained)
     with pytest.raises(ValueError, match="RDP accountant only"):
-        NoisyFinetuneUnlearner(model, rec, train, accountant="pld")
+        NoisyFinetuneUnlearner(model, rec, train, release=ReleaseConfig(accountant="pld"))
     with pytest.raises(ValueError, match="radius"):
         NoisyFinetuneUnlearner(model, rec, train, radius=math.inf)
     with pytest.raises(ValueError, match="closed-form constants need a linear model"):
@@ -240,7 +251,7 @@ def test_bad_options_are_refused_naming_them(trained):
     with pytest.raises(ValueError, match="own training_step"):
         NoisyFinetuneUnlearner(nn.Linear(3, 2), rec, train, finetune_epochs=1)
     with pytest.raises(ValueError, match="epsilon, delta"):
-        NoisyFinetuneUnlearner(model, rec, train, epsilon=None, delta=None)  # type: ignore[arg-type]
+        NoisyFinetuneUnlearner(model, rec, train, release=ReleaseConfig(epsilon=None, delta=None, accountant="rdp"))
 
 
 class Counting(UserCNN):

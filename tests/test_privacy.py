@@ -15,7 +15,7 @@ from scipy import integrate, stats
 from torch import nn
 from torch.func import grad, hessian, vmap
 
-from lightning_unlearn import ForgetRequest, Ledger, ReleaseRefused
+from lightning_unlearn import ForgetRequest, Ledger, ReleaseConfig, ReleaseRefused
 from lightning_unlearn.callbacks import TrajectoryRecorder
 from lightning_unlearn.functional import hf
 from lightning_unlearn.functional.bounds import linear_model_constants, module_constants
@@ -237,7 +237,7 @@ def copy_of(bounded):
 
 def test_bounded_release_is_certified_and_reports_the_composition(bounded):
     model, rec, c = copy_of(bounded)
-    strategy = HFUnlearner(model, rec, epsilon=1.0, delta=DELTA, constants=c)
+    strategy = HFUnlearner(model, rec, constants=c, release=ReleaseConfig(epsilon=1.0, delta=DELTA))
     first = strategy.forget(ForgetRequest.samples([3])).certificate
     second = strategy.forget(ForgetRequest.samples([4])).certificate
     assert first.certified and first.constants == "bounded" and first.recipe == "checked" and not first.seeded
@@ -252,7 +252,11 @@ def test_bounded_release_is_certified_and_reports_the_composition(bounded):
 
 def test_estimated_constants_are_not_certified(bounded):
     model, rec, _ = copy_of(bounded)
-    cert = HFUnlearner(model, rec, epsilon=1.0, delta=DELTA).forget(ForgetRequest.samples([3])).certificate
+    cert = (
+        HFUnlearner(model, rec, release=ReleaseConfig(epsilon=1.0, delta=DELTA))
+        .forget(ForgetRequest.samples([3]))
+        .certificate
+    )
     assert cert.constants == "estimated" and not cert.certified and "estimated constants" in str(cert)
 
 
@@ -260,7 +264,11 @@ def test_two_releases_with_the_same_inputs_differ_and_a_seeded_one_reproduces(bo
     outs = []
     for seed in (None, None, 5, 5):
         model, rec, c = copy_of(bounded)
-        cert = HFUnlearner(model, rec, constants=c, seed=seed).forget(ForgetRequest.samples([7])).certificate
+        cert = (
+            HFUnlearner(model, rec, constants=c, release=ReleaseConfig(seed=seed))
+            .forget(ForgetRequest.samples([7]))
+            .certificate
+        )
         outs.append((hf.flat_params(model), cert))
     assert not torch.equal(outs[0][0], outs[1][0])
     assert torch.equal(outs[2][0], outs[3][0])
@@ -279,7 +287,7 @@ def test_recipe_guard_refuses_a_step_size_above_two_over_m_plus_lambda(bounded):
 
 def test_budget_refusal_changes_nothing(bounded):
     model, rec, c = copy_of(bounded)
-    strategy = HFUnlearner(model, rec, epsilon=1.0, delta=DELTA, constants=c, budget=1.2)
+    strategy = HFUnlearner(model, rec, constants=c, release=ReleaseConfig(epsilon=1.0, delta=DELTA, budget=1.2))
     strategy.forget(ForgetRequest.samples([3]))
     weights, state, n_active = (
         hf.flat_params(model),
@@ -358,3 +366,71 @@ def test_continual_certified_release_needs_every_task_solved_to_tolerance():
     strategy = GradientCertifiedUnlearner(*fresh(), constants=c, optimality=check)
     with pytest.raises(ValueError, match=r"task 1 was solved to a gradient residual 0.001 > tolerance 1e-06"):
         strategy.forget(ForgetRequest.of_experience(0))
+
+
+# -- ReleaseConfig: the one owner of the release settings ---------------------------------------------
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"epsilon": 0.0}, "epsilon must be positive and finite, got 0.0"),
+        ({"delta": 1.0}, r"delta must lie in \(0, 1\), got 1.0"),
+        ({"delta": None}, "takes epsilon and delta together; got epsilon=1.0, delta=None"),
+        ({"epsilon": None, "delta": None, "budget": 2.0}, "budget= accounts"),
+        ({"budget": -1.0}, "budget=-1.0: epsilon must be positive"),
+        ({"budget": (1.0, 2.0)}, r"budget=\(1.0, 2.0\): delta must lie in"),
+        ({"sigma_override": math.inf}, "sigma_override must be finite and >= 0, got inf"),
+        ({"sigma_override": -0.1}, "sigma_override must be finite and >= 0, got -0.1"),
+        ({"seed": 1.5}, "seed must be an integer or None, got 1.5"),
+        ({"noise": "no"}, "noise must be True or False, got 'no'"),
+        ({"accountant": "prv"}, "accountant must be one of \\('pld', 'rdp'\\), got 'prv'"),
+    ],
+)
+def test_release_config_refuses_a_bad_field_naming_it(fields, message):
+    with pytest.raises(ValueError, match=message):
+        ReleaseConfig(**fields)
+
+
+def test_release_config_defaults_are_each_unlearners_former_keyword_defaults():
+    """The seven keywords' defaults before ReleaseConfig: 1.0, 1e-5, noise on, no override, OS entropy, no budget,
+    PLD; noisy_finetune accounted with RDP and SAFE had no (epsilon, delta) target; each keeps its own."""
+    from lightning_unlearn import (
+        GradientCertifiedUnlearner,
+        HessianCertifiedUnlearner,
+        InfinitesimalJackknifeUnlearner,
+        NewtonStepUnlearner,
+        NoisyFinetuneUnlearner,
+        ResolveUnlearner,
+        SlicedResolveUnlearner,
+        StreamingUnlearner,
+    )
+
+    assert (ReleaseConfig().epsilon, ReleaseConfig().delta, ReleaseConfig().noise) == (1.0, 1e-5, True)
+    assert (ReleaseConfig().sigma_override, ReleaseConfig().seed, ReleaseConfig().budget) == (None, None, None)
+    assert ReleaseConfig().accountant == "pld"
+    same = (
+        HFUnlearner,
+        HessianCertifiedUnlearner,
+        GradientCertifiedUnlearner,
+        NewtonStepUnlearner,
+        InfinitesimalJackknifeUnlearner,
+        ResolveUnlearner,
+        SlicedResolveUnlearner,
+    )
+    assert all(cls.default_release == ReleaseConfig() for cls in same)
+    assert NoisyFinetuneUnlearner.default_release == ReleaseConfig(accountant="rdp")
+    assert StreamingUnlearner.default_release == ReleaseConfig(epsilon=None, delta=None)
+
+
+def test_release_config_example_runs_as_a_doctest():
+    import doctest
+
+    from lightning_unlearn.privacy import release
+
+    failed, attempted = doctest.testmod(release, optionflags=doctest.ELLIPSIS)
+    assert (failed, attempted) == (0, 4)
+
+
+def test_an_unlearner_refuses_release_settings_that_are_not_a_release_config(bounded):
+    model, rec, _ = bounded
+    with pytest.raises(TypeError, match="hf release= takes a ReleaseConfig, got dict"):
+        HFUnlearner(model, rec, release={"epsilon": 1.0})  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ from helpers_certified import blobs, sgd_model, trainer
 from lightning.pytorch.loggers import CSVLogger, Logger
 from torch.utils.data import DataLoader
 
-from lightning_unlearn import ForgetRequest, HFUnlearner, TrajectoryRecorder
+from lightning_unlearn import ForgetRequest, HFUnlearner, ReleaseConfig, TrajectoryRecorder
 from lightning_unlearn.metrics import log_metrics
 from lightning_unlearn.reporting import result_metrics
 from lightning_unlearn.warnings import UnlearningWarning
@@ -32,7 +32,7 @@ def fit(t: L.Trainer, model, recorder, ds, experience: int) -> L.Trainer:
 def test_a_users_own_loop_logs_requests_between_experiences_on_one_step_axis(tmp_path):
     tasks = [blobs(16, seed=0), blobs(16, seed=1, id_offset=100)]
     model, rec = sgd_model(), TrajectoryRecorder(dtype=torch.float64)
-    strategy = HFUnlearner(model, rec, epsilon=1.0, seed=0, max_deletions=10)
+    strategy = HFUnlearner(model, rec, max_deletions=10, release=ReleaseConfig(epsilon=1.0, seed=0))
     t = trainer([rec], logger=CSVLogger(tmp_path, name="run"), log_every_n_steps=1)
     fit(t, model, rec, tasks[0], 0)
     first = strategy.forget(ForgetRequest.samples([3, 5]))
@@ -55,7 +55,9 @@ def test_a_users_own_loop_logs_requests_between_experiences_on_one_step_axis(tmp
 def test_result_metrics_carry_the_certificate_summary_and_scalar_extras():
     model, rec = sgd_model(), TrajectoryRecorder(dtype=torch.float64)
     trainer([rec]).fit(model, DataLoader(blobs(16, seed=0), batch_size=BATCH))
-    result = HFUnlearner(model, rec, noise=False, max_deletions=10).forget(ForgetRequest.samples([1]))
+    result = HFUnlearner(model, rec, max_deletions=10, release=ReleaseConfig(noise=False)).forget(
+        ForgetRequest.samples([1])
+    )
     result.extra["vector"] = torch.ones(3)  # not a scalar: left out
     metrics = result_metrics(result)
     assert metrics["unlearn/removed"] == 1.0 and metrics["unlearn/exact"] == 0.0
@@ -79,7 +81,7 @@ class BrokenLogger(Logger):
 def test_a_failing_logger_warns_and_leaves_the_request_committed():
     model, rec = sgd_model(), TrajectoryRecorder(dtype=torch.float64)
     trainer([rec], logger=BrokenLogger()).fit(model, DataLoader(blobs(16, seed=0), batch_size=BATCH))
-    strategy = HFUnlearner(model, rec, noise=False, max_deletions=10)
+    strategy = HFUnlearner(model, rec, max_deletions=10, release=ReleaseConfig(noise=False))
     with pytest.warns(UnlearningWarning, match="logging it failed.*disk full"):
         strategy.forget(ForgetRequest.samples([2]))
     assert rec.catalog.forgotten[rec.catalog.rows(torch.tensor([2]))].item()

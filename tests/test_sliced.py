@@ -19,7 +19,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
-from lightning_unlearn import ForgetRequest, IndexedDataset, Ledger
+from lightning_unlearn import ForgetRequest, IndexedDataset, Ledger, ReleaseConfig
 from lightning_unlearn.callbacks.convex import SoftmaxHeadRecorder
 from lightning_unlearn.callbacks.slices import SlicedBackbone, sisa_epochs
 from lightning_unlearn.functional import convex
@@ -226,7 +226,7 @@ def test_request_the_backbone_saw_retrains_it_and_resolves_the_head():
 
 def test_request_the_backbone_never_saw_leaves_it_and_needs_no_data():
     data = digits()
-    model, recorder, backbone, strategy = head_on_sliced(data, noise=False)
+    model, recorder, backbone, strategy = head_on_sliced(data, release=ReleaseConfig(noise=False))
     stages, trunk = backbone.stages, copy.deepcopy(model.trunk.state_dict())
     result = strategy.forget(ForgetRequest.samples([SEEN + 5, SEEN + 9]))  # only the head learned them
     assert backbone.stages is stages and states_equal(model.trunk.state_dict(), trunk)

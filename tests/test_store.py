@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers_certified import blobs, fit_hf, sgd_model
 
-from lightning_unlearn import ForgetRequest
+from lightning_unlearn import ForgetRequest, ReleaseConfig
 from lightning_unlearn.callbacks import TrajectoryRecorder
 from lightning_unlearn.store import RowStore, StoreError
 from lightning_unlearn.unlearners import HFUnlearner
@@ -72,7 +72,7 @@ def test_checkpoint_references_the_store_and_two_recorders_cannot_share_it(tmp_p
     with pytest.raises(StoreError, match="in use by another store"):
         mmap_recorder(path).load_state_dict(state)
 
-    HFUnlearner(model, restored, noise=False).forget(ForgetRequest.samples([3, 7]))
+    HFUnlearner(model, restored, release=ReleaseConfig(noise=False)).forget(ForgetRequest.samples([3, 7]))
     r3, r7 = restored.row_of[3], restored.row_of[7]
     on_disk = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.float64).view(CAPACITY, -1)
     assert torch.equal(on_disk[[r3, r7]], torch.zeros(2, rows.shape[1])) and on_disk[:48].abs().sum() > 0

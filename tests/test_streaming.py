@@ -10,7 +10,7 @@ from helpers_certified import D_IN, N_CLASSES, blobs, trainer
 from torch import nn
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
-from lightning_unlearn import ForgetRequest
+from lightning_unlearn import ForgetRequest, ReleaseConfig
 from lightning_unlearn.callbacks import StreamingRecorder
 from lightning_unlearn.functional import streaming as safe
 from lightning_unlearn.metrics import accuracy
@@ -161,7 +161,7 @@ def test_theorem2_noise_is_calibrated_on_twice_the_weight_bound(fitted):
     W = float(torch.cat([t.flatten() for t in rec.w0.values()]).norm())
     request = ForgetRequest.samples([7, 8])
     StreamingUnlearner(plain_model, plain_rec, step_size=0.1).forget(request, ds)
-    noisy = StreamingUnlearner(model, rec, step_size=0.1, epsilon=eps, delta=delta, seed=3)
+    noisy = StreamingUnlearner(model, rec, step_size=0.1, release=ReleaseConfig(epsilon=eps, delta=delta, seed=3))
     cert = noisy.forget(request, ds).certificate
     expected = analytic_sigma(2 * W, eps, delta)  # two models in the ball ||w|| <= W are at most 2W apart
     assert cert.epsilon == eps and cert.delta == delta and cert.seeded and cert.constants == "estimated"
@@ -175,7 +175,9 @@ def test_theorem2_noise_is_calibrated_on_twice_the_weight_bound(fitted):
     assert abs(float(b.std()) / expected - 1) < 0.2  # 163 draws: the sample std is within 20 % w.p. > 0.999
     assert noisy.ledger[0].certificate["sigma"] == cert.sigma
     _, m3, r3 = copies(fitted)
-    given = StreamingUnlearner(m3, r3, step_size=0.1, epsilon=eps, delta=delta, weight_bound=2 * W)
+    given = StreamingUnlearner(
+        m3, r3, step_size=0.1, weight_bound=2 * W, release=ReleaseConfig(epsilon=eps, delta=delta)
+    )
     assert given.forget(request, ds).certificate.certified  # a stated W and OS-entropy noise
 
 
@@ -245,16 +247,26 @@ def test_bad_input_is_refused_and_changes_nothing(fitted):
 
 
 @pytest.mark.parametrize(
-    "kwargs, message",
+    "release, kwargs, message",
     [
-        ({"epsilon": 1.0}, "epsilon and delta together"),
-        ({"epsilon": 1.0, "delta": 2.0}, "delta in \\(0, 1\\)"),
-        ({"epsilon": 1.0, "delta": 1e-5, "noise_std": 0.1}, "do not also give noise_std"),
-        ({"weight_bound": 0.0}, "must be positive"),
-        ({"forget_scope": "last"}, "forget_scope must be one of"),
+        ({"epsilon": 1.0}, {}, "epsilon and delta together"),
+        ({"epsilon": 1.0, "delta": 2.0}, {}, "delta must lie in \\(0, 1\\)"),
+        ({"sigma_override": -0.1}, {}, "sigma_override must be finite and >= 0"),
+        ({}, {"weight_bound": 0.0}, "must be positive"),
+        ({}, {"forget_scope": "last"}, "forget_scope must be one of"),
     ],
 )
-def test_bad_options_are_refused(fitted, kwargs, message):
+def test_bad_options_are_refused(fitted, release, kwargs, message):
     _, model, rec = fitted
     with pytest.raises(ValueError, match=message):
-        StreamingUnlearner(model, rec, **kwargs)
+        StreamingUnlearner(model, rec, release=ReleaseConfig(**{"epsilon": None, "delta": None, **release}), **kwargs)
+
+
+def test_a_fixed_std_with_a_target_is_an_accounted_uncertified_release(fitted):
+    """SAFE's release follows the shared ReleaseConfig: ``sigma_override`` with (epsilon, delta) publishes that std,
+    accounted and not certified (as for every noised unlearner; it was refused before SAFE took a ReleaseConfig)."""
+    ds, model, rec = copies(fitted)
+    strategy = StreamingUnlearner(model, rec, step_size=0.1, release=ReleaseConfig(sigma_override=0.05))
+    cert = strategy.forget(ForgetRequest.samples([7, 8]), ds).certificate
+    assert not cert.certified and cert.epsilon is None and cert.sigma == 0.05
+    assert "sigma_override" in cert.statement and cert.accounting["releases"] == 1 and len(strategy.accountant) == 1

@@ -20,6 +20,7 @@ from lightning_unlearn import (
     AnalyticHeadModule,
     AnalyticRecorder,
     ForgetRequest,
+    ReleaseConfig,
     SoftmaxHeadRecorder,
     SupervisedClassifier,
 )
@@ -74,7 +75,9 @@ def test_hf_capacity_warns_once_over_requests(monkeypatch):
     ds = blobs(48, seed=3)
     model, rec = sgd_model(), TrajectoryRecorder(dtype=torch.float64)
     fit_hf(model, ds, rec, epochs=1)
-    strategy = HFUnlearner(model, rec, max_deletions=1, seed=0)  # a capacity this test alone uses
+    strategy = HFUnlearner(
+        model, rec, max_deletions=1, release=ReleaseConfig(seed=0)
+    )  # a capacity this test alone uses
 
     def requests():
         for i in range(1, 5):

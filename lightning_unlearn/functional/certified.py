@@ -22,15 +22,6 @@ from lightning_unlearn.functional.newton import conjugate_gradients
 
 
 # -- notes shared by the noise-adding strategies ------------------------------------------------
-def uncertified_note(noise: bool, sigma_override: float | None) -> str:
-    """Statement suffix for releases without a calibrated (epsilon, delta) guarantee (HF App. C.3)."""
-    if not noise:
-        return "; NOISE DISABLED: not certified"
-    if sigma_override is not None:
-        return f"; fixed noise std {sigma_override:g} (sigma_override): not certified"
-    return ""
-
-
 # -- [CCL]: tasks, transport and the Hessian-based correction ---------------------------------------
 @dataclass
 class TaskStatus:

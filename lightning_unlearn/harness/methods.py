@@ -30,6 +30,7 @@ from lightning_unlearn.functional.bounds import linear_head, linear_model_consta
 from lightning_unlearn.functional.newton import hessian_lipschitz_bound
 from lightning_unlearn.harness.registry import MethodSpec, register
 from lightning_unlearn.harness.types import BenchmarkInfo
+from lightning_unlearn.privacy import ReleaseConfig
 from lightning_unlearn.unlearners.acu import ACUUnlearner
 from lightning_unlearn.unlearners.baselines import (
     FinetuneUnlearner,
@@ -58,13 +59,15 @@ def certified_label(name: str) -> Any:
 
     def label(options: Mapping[str, Any]) -> str:
         bound = "" if options.get("bound", "contraction") == "contraction" else f"bound={options['bound']}"
-        if not options.get("noise", True):
+        release, default = options.get("release", ReleaseConfig()), ReleaseConfig()
+        if not release.noise:
             tags = ["noise=off"]
-        elif options.get("sigma_override") is not None:
-            tags = [f"sigma={options['sigma_override']:g}"]
+        elif release.sigma_override is not None:
+            tags = [f"sigma={release.sigma_override:g}"]
+        elif (release.epsilon, release.delta) == (default.epsilon, default.delta):
+            tags = []
         else:
-            epsilon, delta = options.get("epsilon", 1.0), options.get("delta", 1e-5)
-            tags = [] if (epsilon, delta) == (1.0, 1e-5) else [f"eps={epsilon:g},delta={delta:g}"]
+            tags = [f"eps={release.epsilon:g},delta={release.delta:g}"]
         tags += [bound] if bound else []
         return f"{name}[{','.join(tags)}]" if tags else name
 

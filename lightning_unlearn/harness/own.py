@@ -151,7 +151,8 @@ def module_method(name: str, module: ModuleFactory, **options: Any) -> Method:
     reference itself.
 
     Raises:
-        ValueError: an unknown method, or an option it does not take on a user's module (listing them).
+        ValueError: an unknown method, an option it does not take on a user's module (listing them), or a bad
+            release.
     """
     spec = method_spec(name)
     own = spec.module_recorder
@@ -163,6 +164,7 @@ def module_method(name: str, module: ModuleFactory, **options: Any) -> Method:
             f"method {name!r} on your module takes no option(s) {unknown}; its options there: {sorted(valid)}"
         )
     recorder_options.update({k: options.pop(k) for k in list(options) if k in recorder_options})
+    options = spec.release_options(options)
     shared = spec.recorder
 
     def recorder(info: BenchmarkInfo) -> RecorderCallback:

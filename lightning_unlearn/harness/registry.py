@@ -2,9 +2,11 @@
 
 A :class:`MethodSpec` names a :class:`~lightning_unlearn.unlearners.base.Unlearner`
 class and the model families it runs on. Its options are the class constructor's keyword-only
-parameters (followed through ``**kwargs`` to its base classes), plus ``family`` and the family's
-settings (:mod:`lightning_unlearn.harness.families`) and the recorder's options it declares;
-an unknown option is a ``ValueError`` listing the valid ones. Adding a method is one spec::
+parameters (followed through ``**kwargs`` to its base classes; a ``release`` parameter also by the fields of its
+:class:`~lightning_unlearn.privacy.ReleaseConfig`, which :meth:`MethodSpec.release_options` makes one
+``release=``), plus ``family`` and the family's settings (:mod:`lightning_unlearn.harness.families`) and the
+recorder's options it declares; an unknown option is a ``ValueError`` listing the valid ones. Adding a method is
+one spec::
 
     register(MethodSpec("mine", MyUnlearner, families=("supervised",), recorder=lambda info: MyRecorder()))
     get_method("mine", epsilon=0.5)  # MyUnlearner(module, recorder, epsilon=0.5)
@@ -19,8 +21,11 @@ strategy class) and the ``guarantee``, ``assumptions`` and ``cost`` it is regist
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
 import inspect
+import operator
 import re
 import typing
 from collections.abc import Callable, Mapping
@@ -38,6 +43,7 @@ from lightning_unlearn.harness.families import (
     reference,
 )
 from lightning_unlearn.harness.types import BenchmarkInfo, Built, Method
+from lightning_unlearn.privacy import ReleaseConfig
 from lightning_unlearn.unlearners.base import Unlearner
 from lightning_unlearn.unlearners.baselines import RetrainUnlearner
 
@@ -95,8 +101,26 @@ class MethodSpec:
     paper: str = ""
 
     def strategy_options(self) -> set[str]:
-        """The strategy class's keyword-only parameters the user may set."""
-        return keyword_options(self.strategy) - HARNESS_ARGUMENTS - self.managed - set(self.fixed)
+        """The strategy class's keyword-only parameters the user may set (``release`` too, as one object)."""
+        release = {"release"} if default_release(self.strategy) is not None else set()
+        return release | keyword_options(self.strategy) - HARNESS_ARGUMENTS - self.managed - set(self.fixed)
+
+    def release_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """``options`` with the release's fields among them (``epsilon``, ``noise``, ...) made one ``release=``
+        (:class:`~lightning_unlearn.privacy.ReleaseConfig`; a field not given keeps the strategy's
+        ``default_release``), for a strategy that takes one; else ``options`` as they are.
+
+        Raises:
+            ValueError: both ``release`` and some of its fields, or a bad field (named by the config).
+        """
+        fields = {k: v for k, v in options.items() if k in RELEASE_FIELDS}
+        default = default_release(self.strategy)
+        if not fields or default is None:
+            return dict(options)
+        if "release" in options:
+            raise ValueError(f"method {self.name!r}: give release= or its fields {sorted(fields)}, not both")
+        rest = {k: v for k, v in options.items() if k not in fields}
+        return {**rest, "release": dataclasses.replace(default, **fields)}
 
     def options(self) -> set[str]:
         """Every option :func:`get_method` accepts for this method."""
@@ -139,7 +163,7 @@ class MethodSpec:
         """The :class:`Method` for these options.
 
         Raises:
-            ValueError: an unknown option (listing the valid ones), family or family setting.
+            ValueError: an unknown option (listing the valid ones), family or family setting, or a bad release.
         """
         unknown = sorted(set(options) - self.options())
         if unknown:
@@ -147,6 +171,7 @@ class MethodSpec:
                 f"method {self.name!r} ({self.strategy.__name__}) takes no option(s) {unknown}; "
                 f"its options: {sorted(self.options())}"
             )
+        options = self.release_options(options)
         family = options.pop("family", self.families[0])
         if family not in self.families:
             raise ValueError(
@@ -225,15 +250,41 @@ class Option:
         return re.sub(r"\b(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_])", "", text)
 
 
+def default_release(cls: type) -> ReleaseConfig | None:
+    """The class's ``default_release`` if it publishes through a :class:`~lightning_unlearn.privacy.ReleaseConfig`
+    (its constructor's ``release=``), else ``None``."""
+    release = getattr(cls, "default_release", None)
+    return release if isinstance(release, ReleaseConfig) else None
+
+
+#: the :class:`~lightning_unlearn.privacy.ReleaseConfig` fields, each an option of a method that takes a release
+RELEASE_FIELDS = tuple(f.name for f in dataclasses.fields(ReleaseConfig))
+
+
+def release_parameters(release: ReleaseConfig) -> dict[str, tuple[inspect.Parameter, Any]]:
+    """The :class:`~lightning_unlearn.privacy.ReleaseConfig` fields as keyword-only parameters with their type hints,
+    defaulted by ``release`` (a class's ``default_release``); a field it sets is typed without ``None``
+    (``epsilon: float`` where the default has one, ``float | None`` for SAFE's uncertified default)."""
+    hints = typing.get_type_hints(ReleaseConfig)
+    out = {}
+    for name in RELEASE_FIELDS:
+        default, hint = getattr(release, name), hints[name]
+        if default is not None and type(None) in typing.get_args(hint):
+            hint = functools.reduce(operator.or_, [a for a in typing.get_args(hint) if a is not type(None)])
+        out[name] = (inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default), hint)
+    return out
+
+
 def keyword_parameters(cls: type) -> dict[str, tuple[inspect.Parameter, Any]]:
     """Keyword-only parameters of a class's constructor and their resolved type hints, following ``**kwargs`` up
-    to its base classes (the first class declaring a name wins).
+    to its base classes (the first class declaring a name wins); a ``release`` parameter counts as the fields of
+    its :class:`~lightning_unlearn.privacy.ReleaseConfig` (:func:`release_parameters`).
 
     A base class's keyword-only parameter without a default is one its subclass supplies (e.g.
     the trained baselines' ``default_lr``), so it is not counted.
     """
     out: dict[str, tuple[inspect.Parameter, Any]] = {}
-    derived = True
+    derived, release = True, default_release(cls)
     for klass in cls.__mro__:
         if "__init__" not in vars(klass):
             continue
@@ -241,7 +292,10 @@ def keyword_parameters(cls: type) -> dict[str, tuple[inspect.Parameter, Any]]:
         params = inspect.signature(init).parameters.values()
         hints = typing.get_type_hints(init)  # resolved: the modules annotate lazily
         for p in params:
-            if p.kind is inspect.Parameter.KEYWORD_ONLY and (derived or p.default is not inspect.Parameter.empty):
+            if p.name == "release" and release is not None:
+                for name, entry in release_parameters(release).items():
+                    out.setdefault(name, entry)
+            elif p.kind is inspect.Parameter.KEYWORD_ONLY and (derived or p.default is not inspect.Parameter.empty):
                 out.setdefault(p.name, (p, hints.get(p.name, p.annotation)))
         derived = False
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):

@@ -52,6 +52,7 @@ from lightning_unlearn.functional import convex, hf
 from lightning_unlearn.functional.bounds import linear_model_constants, module_constants
 from lightning_unlearn.metrics import accuracy, lira_auc, mia_u_auc
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
+from lightning_unlearn.privacy import ReleaseConfig
 from lightning_unlearn.privacy.recipe import Recipe, propose_recipe
 from lightning_unlearn.progress import QUIET_TRAINER
 from lightning_unlearn.unlearners import (
@@ -317,10 +318,8 @@ def run_tradeoff(
                 hf_strategy = HFUnlearner(
                     m2,
                     r2,
-                    epsilon=1.0 if eps == math.inf else eps,
-                    delta=delta,
                     constants=constants,
-                    noise=eps != math.inf,
+                    release=ReleaseConfig(epsilon=1.0 if eps == math.inf else eps, delta=delta, noise=eps != math.inf),
                 )
                 rows.append(_row("hf", eps, m2, model, retrain_acc, setup, _requests(setup, hf_strategy)))
                 log(_line(rows[-1]))
@@ -333,8 +332,9 @@ def run_tradeoff(
                     trajectory=rec,
                     weight_bound=theta,
                     expected_rounds=setup.m,
-                    epsilon=None if eps == math.inf else eps,
-                    delta=None if eps == math.inf else delta,
+                    release=ReleaseConfig(
+                        epsilon=None if eps == math.inf else eps, delta=None if eps == math.inf else delta
+                    ),
                 )
                 cert = _requests(setup, safe_strategy, setup.train)
                 rows.append(_row("safe", eps, m2, model, retrain_acc, setup, cert if eps != math.inf else None))
@@ -355,11 +355,9 @@ def run_tradeoff(
                 ccl_strategy = cls(
                     m2,
                     hr2,
-                    epsilon=1.0 if eps == math.inf else eps,
-                    delta=delta,
                     constants=constants,
                     optimality=check,
-                    noise=eps != math.inf,
+                    release=ReleaseConfig(epsilon=1.0 if eps == math.inf else eps, delta=delta, noise=eps != math.inf),
                 )
                 cert = _requests(setup, ccl_strategy, setup.train if cls.reads_data else None)
                 rows.append(_row(name, eps, m2, model, retrain_acc, setup, cert))
@@ -383,7 +381,11 @@ def _head_rows(
         if "resolve" in methods:
             m2, r2 = copy.deepcopy(model), copy.deepcopy(recorder)
             strategy: Any = ResolveUnlearner(
-                m2, r2, epsilon=1.0 if eps == math.inf else eps, delta=setup.delta, noise=eps != math.inf
+                m2,
+                r2,
+                release=ReleaseConfig(
+                    epsilon=1.0 if eps == math.inf else eps, delta=setup.delta, noise=eps != math.inf
+                ),
             )
             rows.append(_row("resolve", eps, m2, model, retrain_acc, setup, _requests(setup, strategy)))
             log(_line(rows[-1]))

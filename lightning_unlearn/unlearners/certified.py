@@ -19,6 +19,7 @@ from lightning_unlearn.functional import certified as cl
 from lightning_unlearn.functional import hf
 from lightning_unlearn.functional.bounds import ModelConstants, forgetting_chain, newton_chain
 from lightning_unlearn.modes import eval_mode
+from lightning_unlearn.privacy import ReleaseConfig
 from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate, replace_attributes, swap_weights
 from lightning_unlearn.unlearners.release import ReleasingUnlearner
 from lightning_unlearn.warnings import warn
@@ -49,9 +50,9 @@ class _ContinualCertified(ReleasingUnlearner):
     callback that watched every fit) a certified release is refused unless every task was solved
     to its tolerance; without it the certificate says ``recipe="unchecked"`` (not certified).
     [CCL] states no deletion capacity; with ``l2 = 0`` (rho = 1) or a non-linear network the
-    certificate is vacuous or heuristic and a warning says so. ``noise=False`` or a fixed
-    ``sigma_override`` give an uncertified certificate (``epsilon=None``), the bound terms still
-    reported. Noise, accounting, ``budget`` and ``seed``:
+    certificate is vacuous or heuristic and a warning says so. A release without noise or with a fixed
+    ``sigma_override`` gives an uncertified certificate (``epsilon=None``), the bound terms still
+    reported. Noise, accounting and budget:
     :class:`~lightning_unlearn.unlearners.release.ReleasingUnlearner` (analytic Gaussian mechanism, [AGM];
     OS-entropy noise, composed total in every certificate).
 
@@ -68,18 +69,14 @@ class _ContinualCertified(ReleasingUnlearner):
         module: the trained module (its weights are replaced by the published model).
         recorder: the :class:`TaskDeltaRecorder` (or :class:`HessianRecorder`) that watched every task.
         ledger: where executed requests are recorded.
-        epsilon, delta, noise, sigma_override, seed, budget, accountant: the release (see above).
+        release: the noise, its calibration and accounting (:class:`~lightning_unlearn.privacy.ReleaseConfig`).
         constants, lipschitz, smoothness: Assumption 2.1's constants (see above).
         optimality: the :class:`TaskOptimality` callback that checked every task's solution.
         bound: ``"contraction"`` or ``"paper"`` (see above).
 
     Raises:
-        ValueError: bad privacy parameters, an unknown ``bound``, or both ``constants`` and
-            ``lipschitz``/``smoothness``.
+        ValueError: an unknown ``bound``, or both ``constants`` and ``lipschitz``/``smoothness``.
     """
-
-    epsilon: float
-    delta: float
 
     def __init__(
         self,
@@ -87,31 +84,14 @@ class _ContinualCertified(ReleasingUnlearner):
         recorder: TaskDeltaRecorder,
         ledger: Ledger | None = None,
         *,
-        epsilon: float = 1.0,
-        delta: float = 1e-5,
         constants: ModelConstants | None = None,
         lipschitz: float | None = None,
         smoothness: float | None = None,
         optimality: TaskOptimality | None = None,
-        noise: bool = True,
-        sigma_override: float | None = None,
-        seed: int | None = None,
-        budget: float | tuple[float, float] | None = None,
-        accountant: str = "pld",
+        release: ReleaseConfig | None = None,
         bound: str = "contraction",
     ) -> None:
-        super().__init__(
-            module,
-            recorder,
-            ledger,
-            epsilon=epsilon,
-            delta=delta,
-            noise=noise,
-            sigma_override=sigma_override,
-            seed=seed,
-            budget=budget,
-            accountant=accountant,
-        )
+        super().__init__(module, recorder, ledger, release=release)
         if constants is not None and (lipschitz, smoothness) != (None, None):
             raise ValueError("give either constants= or lipschitz=/smoothness=, not both")
         if bound not in BOUNDS:
@@ -342,7 +322,7 @@ class _ContinualCertified(ReleasingUnlearner):
         bc = self.bound_constants(c)
         checks = [self.recipe_problem()] + (self.bound_problems(status, bc) if self.bound == "contraction" else [])
         problems = [p for p in checks if p is not None]
-        if problems and self.certified_release:
+        if problems and self.release.calibrated:
             raise ReleaseRefused(f"{self.method} refuses a certified release: {'; '.join(problems)}")
         bounds = self._bounds(status, c)
         published = self._release(bounds["sensitivity"], internal)
@@ -359,7 +339,7 @@ class _ContinualCertified(ReleasingUnlearner):
             exact=False,
             **published.certificate_fields(),
             bounds=bounds,
-            statement=statement + f" ({kind} constants)" + cl.uncertified_note(self.noise, self.sigma_override),
+            statement=statement + f" ({kind} constants)" + self.release.uncertified_note,
             constants=kind,
             recipe="unchecked" if self.optimality is None or problems else "checked",
             assumptions=self.assumptions(bc, problems),

@@ -15,7 +15,7 @@ from lightning_unlearn.callbacks.convex import SoftmaxHeadRecorder
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.functional import convex
-from lightning_unlearn.functional.certified import uncertified_note
+from lightning_unlearn.privacy import ReleaseConfig
 from lightning_unlearn.privacy.analysis import check_privacy_parameters, gaussian_sigma
 from lightning_unlearn.unlearners.base import ForgetData, Unlearner, UnlearningUpdate
 from lightning_unlearn.unlearners.release import ReleasingUnlearner
@@ -60,8 +60,7 @@ class ResolveUnlearner(ReleasingUnlearner):
 
     Args:
         module, recorder, ledger: see :class:`~lightning_unlearn.unlearners.base.Unlearner`.
-        epsilon, delta, noise, sigma_override, seed, budget, accountant: see
-            :class:`~lightning_unlearn.unlearners.release.ReleasingUnlearner`.
+        release: the noise, its calibration and accounting (:class:`~lightning_unlearn.privacy.ReleaseConfig`).
     """
 
     method = "resolve"
@@ -73,26 +72,9 @@ class ResolveUnlearner(ReleasingUnlearner):
         recorder: SoftmaxHeadRecorder,
         ledger: Ledger | None = None,
         *,
-        epsilon: float = 1.0,
-        delta: float = 1e-5,
-        noise: bool = True,
-        sigma_override: float | None = None,
-        seed: int | None = None,
-        budget: float | tuple[float, float] | None = None,
-        accountant: str = "pld",
+        release: ReleaseConfig | None = None,
     ) -> None:
-        super().__init__(
-            module,
-            recorder,
-            ledger,
-            epsilon=epsilon,
-            delta=delta,
-            noise=noise,
-            sigma_override=sigma_override,
-            seed=seed,
-            budget=budget,
-            accountant=accountant,
-        )
+        super().__init__(module, recorder, ledger, release=release)
         self.recorder: SoftmaxHeadRecorder = recorder
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
@@ -121,8 +103,7 @@ class ResolveUnlearner(ReleasingUnlearner):
             },
             statement=(
                 "[derived] ||W - W*|| <= ||grad F(W)||/l2 <= radius (l2-strong convexity, gradient computed with its "
-                "rounding bound); Gaussian mechanism [AGM] on radius"
-                + uncertified_note(self.noise, self.sigma_override)
+                "rounding bound); Gaussian mechanism [AGM] on radius" + self.release.uncertified_note
             ),
             constants="bounded",
             recipe="checked",

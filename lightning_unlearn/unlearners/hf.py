@@ -15,7 +15,7 @@ from lightning_unlearn.core.refusal import ReleaseRefused
 from lightning_unlearn.functional import bounds as cb
 from lightning_unlearn.functional import hf
 from lightning_unlearn.functional.bounds import ModelConstants
-from lightning_unlearn.functional.certified import uncertified_note
+from lightning_unlearn.privacy import ReleaseConfig
 from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate
 from lightning_unlearn.unlearners.release import ReleasingUnlearner
 from lightning_unlearn.warnings import warn
@@ -135,7 +135,7 @@ class HFUnlearner(ReleasingUnlearner):
       Eq. (56), :func:`hf.per_sample_bound`), to reproduce the paper's table.
 
     Every release is recorded in :attr:`accountant`; the certificate
-    reports the total (epsilon, delta) of all releases so far, and ``budget`` refuses a release
+    reports the total (epsilon, delta) of all releases so far, and the release's ``budget`` refuses a release
     that would exceed it (nothing changes).
 
     Constants (Assumption 1): ``constants`` (e.g. :func:`~lightning_unlearn.functional.bounds.module_constants`,
@@ -147,8 +147,8 @@ class HFUnlearner(ReleasingUnlearner):
     optimizer and scheduler actually used) to satisfy ``eta <= 2/(M + lambda)`` with ``lambda > 0``
     (:func:`~lightning_unlearn.functional.bounds.contraction_condition`); otherwise ``forget`` raises
     ``ValueError`` naming lr, M, lambda and the step size that would satisfy it: the recipe is never
-    changed here. Uncertified releases (``noise=False``, ``sigma_override``) warn and their certificate
-    says which condition failed. The certificate's ``assumptions`` list everything the bound rests on
+    changed here. Uncertified releases (``noise=False`` or ``sigma_override`` in the release) warn and their
+    certificate says which condition failed. The certificate's ``assumptions`` list everything the bound rests on
     (constants and their origin, the step-size check, the observed gradients against ``G``, the retrain
     compared with).
 
@@ -165,20 +165,17 @@ class HFUnlearner(ReleasingUnlearner):
         module: the trained module (its weights are replaced by the published model).
         recorder: the :class:`TrajectoryRecorder` that watched the fit.
         ledger: where executed requests are recorded.
-        epsilon, delta, noise, sigma_override, seed, budget, accountant: the release
-            (:class:`~lightning_unlearn.unlearners.release.ReleasingUnlearner`).
         constants, strong_convexity, smoothness, grad_bound: Assumption 1's constants (see above).
         capacity, max_deletions: the deletion capacity check (see above).
         bound: ``"contraction"`` or ``"paper"`` (see above).
+        release: the noise, its calibration and accounting (:class:`~lightning_unlearn.privacy.ReleaseConfig`).
 
     Raises:
-        ValueError: bad privacy parameters, ``capacity`` not ``"warn"``/``"error"``, an unknown ``bound``,
-            or both ``constants`` and individual constants given.
+        ValueError: ``capacity`` not ``"warn"``/``"error"``, an unknown ``bound``, or both ``constants`` and
+            individual constants given.
     """
 
     method = "hf"
-    epsilon: float
-    delta: float
 
     def __init__(
         self,
@@ -186,33 +183,16 @@ class HFUnlearner(ReleasingUnlearner):
         recorder: TrajectoryRecorder,
         ledger: Ledger | None = None,
         *,
-        epsilon: float = 1.0,
-        delta: float = 1e-5,
         constants: ModelConstants | None = None,
         strong_convexity: float | None = None,
         smoothness: float | None = None,
         grad_bound: float | None = None,
-        noise: bool = True,
-        sigma_override: float | None = None,
         capacity: str = "warn",
         max_deletions: int | None = None,
-        seed: int | None = None,
-        budget: float | tuple[float, float] | None = None,
-        accountant: str = "pld",
         bound: str = "contraction",
+        release: ReleaseConfig | None = None,
     ) -> None:
-        super().__init__(
-            module,
-            recorder,
-            ledger,
-            epsilon=epsilon,
-            delta=delta,
-            noise=noise,
-            sigma_override=sigma_override,
-            seed=seed,
-            budget=budget,
-            accountant=accountant,
-        )
+        super().__init__(module, recorder, ledger, release=release)
         if capacity not in ("warn", "error"):
             raise ValueError(f"capacity must be 'warn' or 'error', got {capacity!r}")
         if bound not in BOUNDS:
@@ -276,7 +256,7 @@ class HFUnlearner(ReleasingUnlearner):
         cap = (
             float(self.max_deletions)
             if self.max_deletions is not None
-            else hf.deletion_capacity(self.epsilon, self.delta, bounds["lr0"], dim, bounds["rho"], int(bounds["steps"]))
+            else hf.deletion_capacity(*self.release.target(), bounds["lr0"], dim, bounds["rho"], int(bounds["steps"]))
         )
         if m > cap and (self.bound == "paper" or self.max_deletions is not None):
             msg = (
@@ -363,7 +343,7 @@ class HFUnlearner(ReleasingUnlearner):
                 f"observed per-sample gradient norm {rec.grad_max:.4g} > G = {c.grad_bound:.4g}: the trajectory left "
                 "the ball where the constants hold (e.g. training continued from a noised model)"
             )
-        if problems and self.certified_release:
+        if problems and self.release.calibrated:
             raise ReleaseRefused(f"HF refuses a certified release: {'; '.join(problems)}")
         if problems:
             warn(f"HF recipe outside the theorem ({'; '.join(problems)}); the release is not certified", stacklevel=5)
@@ -391,7 +371,7 @@ class HFUnlearner(ReleasingUnlearner):
         bounds["capacity"] = self._check_capacity(bound.deleted, bounds, d)
         bounds["deleted_total"] = float(bound.deleted)
         finite = math.isfinite(bounds["sensitivity"])
-        if not finite and self.certified_release:
+        if not finite and self.release.calibrated:
             raise ValueError(
                 f"HF noise bound is infinite (rho = {bounds['rho']:.4g} over {rec.n_steps} steps): step size too "
                 "large for M"
@@ -413,7 +393,7 @@ class HFUnlearner(ReleasingUnlearner):
             statement=(
                 f"HF Alg. 1 + {how}: ||w_retrain - (w + a^{{-U}})|| <= gamma ({c.kind} constants), "
                 "analytic Gaussian mechanism"
-                + uncertified_note(self.noise, self.sigma_override)
+                + self.release.uncertified_note
                 + ("" if finite else f"; the bound is infinite (rho = {bounds['rho']:.4g} over {rec.n_steps} steps)")
             ),
             constants=c.kind,

@@ -14,8 +14,8 @@ from lightning_unlearn.core.refusal import ReleaseRefused
 from lightning_unlearn.functional import hf
 from lightning_unlearn.functional import newton as nt
 from lightning_unlearn.functional.bounds import ModelConstants
-from lightning_unlearn.functional.certified import uncertified_note
 from lightning_unlearn.modes import eval_mode
+from lightning_unlearn.privacy import ReleaseConfig
 from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate
 from lightning_unlearn.unlearners.release import ReleasingUnlearner
 from lightning_unlearn.warnings import warn
@@ -46,20 +46,17 @@ class _SecondOrderUnlearner(ReleasingUnlearner):
         module: the trained module (its weights are replaced by the published model).
         recorder: the :class:`HessianSumRecorder` that watched the fit.
         ledger: where executed requests are recorded.
-        epsilon, delta, noise, sigma_override, seed, budget, accountant: the release
-            (:class:`~lightning_unlearn.unlearners.release.ReleasingUnlearner`).
         constants, hessian_lipschitz: [NS]'s constants (see above).
+        release: the noise, its calibration and accounting (:class:`~lightning_unlearn.privacy.ReleaseConfig`).
 
     Raises:
-        ValueError: the recorder is not a :class:`HessianSumRecorder` of this method's ``form``, or bad
-            privacy parameters.
+        ValueError: the recorder is not a :class:`HessianSumRecorder` of this method's ``form``, or a negative
+            ``hessian_lipschitz``.
     """
 
     form: str
     reads_data = True
     needs_forget_data = True
-    epsilon: float
-    delta: float
 
     def __init__(
         self,
@@ -67,31 +64,14 @@ class _SecondOrderUnlearner(ReleasingUnlearner):
         recorder: HessianSumRecorder,
         ledger: Ledger | None = None,
         *,
-        epsilon: float = 1.0,
-        delta: float = 1e-5,
         constants: ModelConstants | None = None,
         hessian_lipschitz: float | None = None,
-        noise: bool = True,
-        sigma_override: float | None = None,
-        seed: int | None = None,
-        budget: float | tuple[float, float] | None = None,
-        accountant: str = "pld",
+        release: ReleaseConfig | None = None,
     ) -> None:
         if not isinstance(recorder, HessianSumRecorder) or recorder.form != self.form:
             got = getattr(recorder, "form", type(recorder).__name__)
             raise ValueError(f"{type(self).__name__} needs a HessianSumRecorder(form={self.form!r}), got {got!r}")
-        super().__init__(
-            module,
-            recorder,
-            ledger,
-            epsilon=epsilon,
-            delta=delta,
-            noise=noise,
-            sigma_override=sigma_override,
-            seed=seed,
-            budget=budget,
-            accountant=accountant,
-        )
+        super().__init__(module, recorder, ledger, release=release)
         if hessian_lipschitz is not None and not hessian_lipschitz >= 0:
             raise ValueError(f"hessian_lipschitz must be >= 0, got {hessian_lipschitz}")
         self.recorder: HessianSumRecorder = recorder
@@ -165,12 +145,12 @@ class _SecondOrderUnlearner(ReleasingUnlearner):
         if 2 * m > rec.n:
             problems.append(f"m = {m} deletions exceed n/2 = {rec.n / 2:g} ([NS]'s lemma)")
         finite = math.isfinite(bounds["sensitivity"])
-        if not finite and self.certified_release:
+        if not finite and self.release.calibrated:
             why = "hessian_lipschitz is not given" if self.hessian_lipschitz is None else "; ".join(problems)
             raise ReleaseRefused(
                 f"{self.method} noise bound is infinite ({why or f'lambda = {c.strong_convexity:g}'}): no certified "
-                "release; pass hessian_lipschitz= and train a strongly convex loss (l2 > 0), or use noise=False or "
-                "sigma_override"
+                "release; pass hessian_lipschitz= and train a strongly convex loss (l2 > 0), or release without noise "
+                "(ReleaseConfig(noise=False)) or with a fixed sigma_override"
             )
         if problems:
             warn(
@@ -198,9 +178,7 @@ class _SecondOrderUnlearner(ReleasingUnlearner):
             exact=False,
             **published.certificate_fields(),
             bounds=bounds,
-            statement=statement
-            + f" ({kind} constants), analytic Gaussian mechanism"
-            + uncertified_note(self.noise, self.sigma_override),
+            statement=statement + f" ({kind} constants), analytic Gaussian mechanism" + self.release.uncertified_note,
             constants=kind,
             recipe="unchecked" if problems else "checked",
         )

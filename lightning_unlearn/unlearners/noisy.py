@@ -50,8 +50,8 @@ from lightning_unlearn.contract import LossFn, resolve_loss_fn, training_loss, t
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.functional.bounds import linear_head, linear_model_constants, max_feature_norm
-from lightning_unlearn.functional.certified import uncertified_note
 from lightning_unlearn.modes import eval_mode, module_device
+from lightning_unlearn.privacy import ReleaseConfig
 from lightning_unlearn.privacy.accountant import PrivacyAccountant, Release
 from lightning_unlearn.privacy.amplification import Amplification, NoisySteps, calibrate_sigma, rdp_coefficient
 from lightning_unlearn.privacy.noise import secure_gaussian
@@ -91,17 +91,18 @@ class NoisyFinetuneUnlearner(ReleasingUnlearner):
             trains itself).
         loss_fn: per-sample loss for a module that does not train itself (default cross-entropy).
         generator: orders the retained batches and seeds dropout (not secret: the bound holds for every draw).
-        epsilon, delta, noise, sigma_override, seed, budget: see
-            :class:`~lightning_unlearn.unlearners.release.ReleasingUnlearner` (``seed`` seeds the noise: not private).
-        accountant: ``"rdp"`` only: the amplification bound is a Renyi-DP bound.
+        release: the noise, its calibration and accounting (:class:`~lightning_unlearn.privacy.ReleaseConfig`);
+            it needs an (epsilon, delta) target and the ``"rdp"`` accountant (the amplification bound is a
+            Renyi-DP bound), as :attr:`default_release` has.
 
     Raises:
-        ValueError: a bad option (named), ``update="convex"`` on a module that is not a linear head, or
-            ``finetune_epochs`` for a module without its own training recipe.
+        ValueError: a bad option (named), a release without a target or with another accountant,
+            ``update="convex"`` on a module that is not a linear head, or ``finetune_epochs`` for a module without
+            its own training recipe.
     """
 
     method = "noisy_finetune"
-    certified_noise = True
+    default_release = ReleaseConfig(accountant="rdp")
 
     def __init__(
         self,
@@ -122,17 +123,9 @@ class NoisyFinetuneUnlearner(ReleasingUnlearner):
         finetune_epochs: int = 0,
         loss_fn: LossFn | None = None,
         generator: torch.Generator | None = None,
-        epsilon: float = 1.0,
-        delta: float = 1e-5,
-        noise: bool = True,
-        sigma_override: float | None = None,
-        seed: int | None = None,
-        budget: float | tuple[float, float] | None = None,
-        accountant: str = "rdp",
+        release: ReleaseConfig | None = None,
     ) -> None:
-        _check_options(
-            steps, lr, clip, radius, weight_decay, model_radius, update, batch_size, finetune_epochs, accountant
-        )
+        _check_options(steps, lr, clip, radius, weight_decay, model_radius, update, batch_size, finetune_epochs)
         if update == "convex":
             linear_head(module)  # raises unless the trainable parameters are one final nn.Linear
             if loss_fn is not None:
@@ -142,19 +135,14 @@ class NoisyFinetuneUnlearner(ReleasingUnlearner):
                 f"finetune_epochs trains with the module's own training_step and configure_optimizers; "
                 f"{type(module).__name__} has none (a LightningModule with automatic optimization needs both)"
             )
-        super().__init__(
-            module,
-            recorder,
-            ledger,
-            epsilon=epsilon,
-            delta=delta,
-            noise=noise,
-            sigma_override=sigma_override,
-            seed=seed,
-            budget=budget,
-            accountant=accountant,
-        )
+        super().__init__(module, recorder, ledger, release=release)
         self._target()  # (epsilon, delta) are required: the noise is calibrated on them
+        if self.release.accountant != "rdp":
+            raise ValueError(
+                "noisy_finetune accounts with the RDP accountant only (its amplification bound is a Renyi-DP bound; "
+                "a PLD accountant's Gaussian composition would not follow from it): give ReleaseConfig(accountant="
+                f"'rdp'), got accountant={self.release.accountant!r}"
+            )
         self.train_data = train
         self.steps, self.lr, self.clip, self.radius = int(steps), float(lr), float(clip), float(radius)
         self.weight_decay = float(weight_decay)
@@ -197,11 +185,11 @@ class NoisyFinetuneUnlearner(ReleasingUnlearner):
         start_distance = 2 * self.radius
         bound = rdp_coefficient(start_distance, unit)  # c(1); c(sigma) = c(1) / sigma^2
         calibrated = calibrate_sigma(epsilon, delta, start_distance, unit)
-        sigma = (calibrated if self.sigma_override is None else float(self.sigma_override)) if self.noise else 0.0
+        sigma = self.release.noise_std(calibrated)
         # a Gaussian release with the same RDP curve: noise multiplier sigma / sqrt(2 c(1)) = 1 / sqrt(2 c(sigma))
         release = Release(sigma=sigma, sensitivity=math.sqrt(2 * bound.coefficient), epsilon=epsilon, delta=delta)
         accountant = accountant.with_release(release)
-        accountant.check_budget(self.budget)  # before any work: a refused request spends nothing
+        accountant.check_budget(self.release.total_budget)  # before any work: a refused request spends nothing
 
         work = copy.deepcopy(self.module)
         params = [p for p in work.parameters() if p.requires_grad]
@@ -224,14 +212,14 @@ class NoisyFinetuneUnlearner(ReleasingUnlearner):
         certificate = Certificate(
             method=self.method,
             exact=False,
-            epsilon=epsilon if self.certified_release else None,
-            delta=delta if self.certified_release else None,
-            sigma=sigma if self.noise else None,
+            epsilon=epsilon if self.release.calibrated else None,
+            delta=delta if self.release.calibrated else None,
+            sigma=sigma if self.release.noise else None,
             bounds=self._bounds(unit, bound, sigma, calibrated, start_distance),
-            statement=self._statement() + uncertified_note(self.noise, self.sigma_override),
+            statement=self._statement() + self.release.uncertified_note,
             constants="bounded",
             recipe="checked",
-            seeded=self.seed is not None and sigma > 0,
+            seeded=self.release.seed is not None and sigma > 0,
             accounting=accounting,
             assumptions=self._assumptions(work),
         )
@@ -252,9 +240,9 @@ class NoisyFinetuneUnlearner(ReleasingUnlearner):
         )
 
     def _target(self) -> tuple[float, float, PrivacyAccountant]:
-        if self.epsilon is None or self.delta is None or self.accountant is None:
-            raise ValueError(f"{self.method} calibrates its noise on (epsilon, delta): give both")
-        return self.epsilon, self.delta, self.accountant
+        if self.accountant is None:
+            raise ValueError(f"{self.method} calibrates its noise on (epsilon, delta): its release has none")
+        return (*self.release.target(), self.accountant)
 
     def _bounds(
         self, unit: NoisySteps, bound: Amplification, sigma: float, calibrated: float, start_distance: float
@@ -310,7 +298,7 @@ class NoisyFinetuneUnlearner(ReleasingUnlearner):
         lines.append(
             "checked: the steps read only the retained data; batches and dropout masks do not depend on the "
             "forgotten samples; the noise is Gaussian from the OS entropy"
-            if self.seed is None
+            if self.release.seed is None
             else "FAILS: the noise is seeded (reproducible): not private"
         )
         if self.update == "clip_gradient" and trains_itself(work):
@@ -371,7 +359,7 @@ class NoisyFinetuneUnlearner(ReleasingUnlearner):
         theta = parameters_to_vector(params).detach()
         center = self.center.to(theta)
         theta = _project(theta, center, self.radius)
-        draw = _noise_source(self.seed, release, self.method)
+        draw = _noise_source(self.release.seed, release, self.method)
         batches, samples = self._batches(retained), 0
         decay = 1.0 - self.lr * self.weight_decay
         for t in range(self.steps):
@@ -430,16 +418,10 @@ def _check_options(
     update: str,
     batch_size: int | None,
     finetune_epochs: int,
-    accountant: str,
 ) -> None:
     """One ``ValueError`` per bad option, naming it."""
     if update not in UPDATES:
         raise ValueError(f"noisy_finetune update must be one of {UPDATES}, got {update!r}")
-    if accountant != "rdp":
-        raise ValueError(
-            f"noisy_finetune accounts with the RDP accountant only (its amplification bound is a Renyi-DP bound; "
-            f"a PLD accountant's Gaussian composition would not follow from it), got accountant={accountant!r}"
-        )
     if not (isinstance(steps, int) and steps >= 1):
         raise ValueError(f"noisy_finetune steps must be an integer >= 1, got {steps!r}")
     for name, value in (("lr", lr), ("clip", clip)):

@@ -1,25 +1,26 @@
-"""`ReleasingUnlearner`: the options, accounting and publishing shared by the strategies that publish a noised model.
+"""`ReleasingUnlearner`: the release settings, accounting and publishing shared by the unlearners that publish a
+noised model.
 
 [HF], both [CCL] methods and [SAFE] (with ``epsilon``) end a request the same way: a noise-free
 internal model within an L2 ``sensitivity`` of retraining is published as ``internal + N(0, sigma^2 I)``
 with ``sigma`` from the analytic Gaussian mechanism ([AGM]), the release is accounted and checked
-against the budget (:func:`~lightning_unlearn.privacy.plan_release`). This base class owns those
-options, their validation, the accountant and that one step, :meth:`ReleasingUnlearner._release`.
+against the budget (:func:`~lightning_unlearn.privacy.plan_release`). This base class owns the settings
+(one :class:`~lightning_unlearn.privacy.ReleaseConfig`), the accountant and that one step,
+:meth:`ReleasingUnlearner._release`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.core.ledger import Ledger
-from lightning_unlearn.privacy import PlannedRelease, normalise_budget, plan_release
-from lightning_unlearn.privacy.analysis import check_privacy_parameters
+from lightning_unlearn.privacy import PlannedRelease, ReleaseConfig, plan_release
 from lightning_unlearn.unlearners.base import Unlearner
 
 
@@ -80,26 +81,24 @@ class Publication:
 class ReleasingUnlearner(Unlearner):
     """An :class:`Unlearner` that publishes ``internal + N(0, sigma^2 I)`` ([AGM]) and accounts every release.
 
-    Noise comes from the OS entropy source (``seed`` for experiments only: the certificate is then
-    marked seeded, not private). Every release is recorded in :attr:`accountant` (restored from the
-    recorder's state or the ledger), the certificate reports the composed total, and a release that
-    would exceed ``budget`` is refused (nothing changes).
+    Its :attr:`release` (a :class:`~lightning_unlearn.privacy.ReleaseConfig`) owns the noise, its calibration and
+    its accounting; :meth:`_release` is the one step that applies it. Every release is recorded in
+    :attr:`accountant` (restored from the recorder's state or the ledger; ``None`` without an (epsilon, delta)
+    target), the certificate reports the composed total, and a release beyond the budget is refused (nothing
+    changes).
 
     Args:
         module, recorder, ledger: as for :class:`Unlearner`.
-        epsilon, delta: the per-release target; ``None`` for both when the strategy makes no
-            certified release (then :meth:`_release` is unavailable and :attr:`accountant` is ``None``).
-        noise: add noise at all (``False``: the certificate is not certified, bounds still reported).
-        sigma_override: a fixed noise std instead of the calibrated one (not certified).
-        seed: reproducible noise (experiments only; marks the certificate seeded, not certified).
-        budget: ``epsilon`` or ``(epsilon, delta)`` of the composition of all releases.
-        accountant: ``"pld"`` or ``"rdp"`` (:class:`~lightning_unlearn.privacy.PrivacyAccountant`).
+        release: the noise, its calibration and accounting (:class:`~lightning_unlearn.privacy.ReleaseConfig`);
+            ``None``: the unlearner's :attr:`default_release`.
 
     Raises:
-        ValueError: ``epsilon``/``delta`` out of range, or only one of them given.
+        TypeError: ``release`` is not a :class:`~lightning_unlearn.privacy.ReleaseConfig`.
     """
 
     certified_noise = True
+    #: the release of an unlearner built with ``release=None``
+    default_release: ClassVar[ReleaseConfig] = ReleaseConfig()
 
     def __init__(
         self,
@@ -107,36 +106,14 @@ class ReleasingUnlearner(Unlearner):
         recorder: RecorderCallback,
         ledger: Ledger | None = None,
         *,
-        epsilon: float | None,
-        delta: float | None,
-        noise: bool = True,
-        sigma_override: float | None = None,
-        seed: int | None = None,
-        budget: float | tuple[float, float] | None = None,
-        accountant: str = "pld",
+        release: ReleaseConfig | None = None,
     ) -> None:
         super().__init__(module, recorder, ledger)
-        if (epsilon is None) != (delta is None):
-            raise ValueError(f"{self.method} takes epsilon and delta together; got epsilon={epsilon}, delta={delta}")
-        self.noise, self.sigma_override, self.seed = noise, sigma_override, seed
-        self.epsilon: float | None = None
-        self.delta: float | None = None
-        self.budget: tuple[float, float] | None = None
-        if epsilon is None or delta is None:
-            if budget is not None:
-                raise ValueError(
-                    f"{self.method} budget= accounts (epsilon, delta) releases: give epsilon and delta too"
-                )
-            return
-        check_privacy_parameters(epsilon, delta)
-        self.epsilon, self.delta = float(epsilon), float(delta)
-        self.budget = normalise_budget(budget, self.delta)
-        self.accountant = self.restore_accountant(accountant)
-
-    @property
-    def certified_release(self) -> bool:
-        """Whether a release is calibrated on the (epsilon, delta) target (noise on, no ``sigma_override``)."""
-        return self.epsilon is not None and self.noise and self.sigma_override is None
+        if release is not None and not isinstance(release, ReleaseConfig):
+            raise TypeError(f"{self.method} release= takes a ReleaseConfig, got {type(release).__name__}")
+        self.release = self.default_release if release is None else release
+        if self.release.epsilon is not None:
+            self.accountant = self.restore_accountant(self.release.accountant)
 
     def _release(self, sensitivity: float, internal: Tensor) -> Publication:
         """Calibrate, account and draw the noise of publishing ``internal`` (flat) at L2 ``sensitivity``.
@@ -147,20 +124,9 @@ class ReleasingUnlearner(Unlearner):
             ValueError: the release would exceed the budget, an infinite ``sensitivity`` for a
                 calibrated release, or a published model that is not finite.
         """
-        if self.epsilon is None or self.delta is None or self.accountant is None:
+        if self.accountant is None:
             raise ValueError(f"{self.method} was built without epsilon/delta: it has no calibrated release")
-        plan = plan_release(
-            sensitivity,
-            internal.shape,
-            internal.dtype,
-            epsilon=self.epsilon,
-            delta=self.delta,
-            accountant=self.accountant,
-            noise=self.noise,
-            sigma_override=self.sigma_override,
-            seed=self.seed,
-            budget=self.budget,
-        )
+        plan = plan_release(sensitivity, internal.shape, internal.dtype, self.release, self.accountant)
         if plan.noise is None:  # sigma = 0 on every rank alike: nothing drawn, nothing to broadcast
             weights, noise_norm = internal, 0.0
         else:  # drawn on the CPU (OS entropy); under DDP every rank publishes rank 0's draw
@@ -168,4 +134,5 @@ class ReleasingUnlearner(Unlearner):
             weights, noise_norm = internal + noise, float(noise.norm())
         if not all_finite(weights):
             raise ValueError(f"{self.method} update is not finite (diverged statistics or weights?)")
-        return Publication(weights, noise_norm, plan, self.noise, self.certified_release, (self.epsilon, self.delta))
+        release = self.release
+        return Publication(weights, noise_norm, plan, release.noise, release.calibrated, release.target())

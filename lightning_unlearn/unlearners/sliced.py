@@ -16,6 +16,7 @@ from lightning_unlearn.callbacks.slices import SlicedBackbone, SliceRetrain, Sli
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.core.result import UnlearningResult
 from lightning_unlearn.functional import convex
+from lightning_unlearn.privacy import ReleaseConfig
 from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate
 from lightning_unlearn.unlearners.convex import ResolveUnlearner, feature_assumption
 
@@ -47,12 +48,12 @@ class SlicedResolveUnlearner(ResolveUnlearner):
     forward pass of the trunk over the retained samples and the head's Newton solve.
 
     Args:
-        module, recorder, ledger, epsilon, delta, noise, sigma_override, seed, budget, accountant: see
-            :class:`~lightning_unlearn.unlearners.convex.ResolveUnlearner`; the recorder names the module's backbone
-            (``SoftmaxHeadRecorder(backbone="trunk")``).
+        module, recorder, ledger: see :class:`~lightning_unlearn.unlearners.convex.ResolveUnlearner`; the recorder
+            names the module's backbone (``SoftmaxHeadRecorder(backbone="trunk")``).
         backbone: the trained :class:`SlicedBackbone` whose ``trunk`` is the module's backbone (equal weights, checked
             here and before every request).
         feature_batch_size: rows per float64 forward pass when the features are recomputed.
+        release: the noise, its calibration and accounting (:class:`~lightning_unlearn.privacy.ReleaseConfig`).
 
     Raises:
         ValueError: the recorder names no backbone, the backbone is not trained, or its trunk differs from the module's.
@@ -68,27 +69,10 @@ class SlicedResolveUnlearner(ResolveUnlearner):
         backbone: SlicedBackbone,
         ledger: Ledger | None = None,
         *,
-        epsilon: float = 1.0,
-        delta: float = 1e-5,
-        noise: bool = True,
-        sigma_override: float | None = None,
-        seed: int | None = None,
-        budget: float | tuple[float, float] | None = None,
-        accountant: str = "pld",
         feature_batch_size: int = 512,
+        release: ReleaseConfig | None = None,
     ) -> None:
-        super().__init__(
-            module,
-            recorder,
-            ledger,
-            epsilon=epsilon,
-            delta=delta,
-            noise=noise,
-            sigma_override=sigma_override,
-            seed=seed,
-            budget=budget,
-            accountant=accountant,
-        )
+        super().__init__(module, recorder, ledger, release=release)
         if recorder.backbone is None:
             raise ValueError(
                 "sliced_resolve recomputes the features of a named backbone: SoftmaxHeadRecorder(backbone='...')"

@@ -15,7 +15,7 @@ from lightning_unlearn.functional import bounds as cb
 from lightning_unlearn.functional import streaming as safe
 from lightning_unlearn.functional.bounds import ModelConstants
 from lightning_unlearn.modes import eval_mode
-from lightning_unlearn.privacy import gaussian_noise
+from lightning_unlearn.privacy import ReleaseConfig, gaussian_noise
 from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate
 from lightning_unlearn.unlearners.release import Publication, ReleasingUnlearner
 
@@ -40,8 +40,19 @@ class StreamingUnlearner(ReleasingUnlearner):
        (Eq. (24), per-class reading [interp]) and the gradient at ``w_0`` of
        ``lambda * mean d_KL(f(x; w), target)`` (Eq. (25)-(26); line 8).
     4. ``g_t = grad R^ret + grad R~^fg`` and ``w_t = w_0 - gamma g_t/||g_t|| - b_t`` (Eq. (27); lines 9-11),
-       with ``b_t ~ N(0, noise_std^2 I)`` over the trainable parameters (with ``epsilon``, the calibrated
+       with ``b_t ~ N(0, sigma^2 I)`` over the trainable parameters (with the release's ``epsilon``, the
        release of :class:`~lightning_unlearn.unlearners.release.ReleasingUnlearner` adds ``-b_t``, the same law).
+
+    The release (:class:`~lightning_unlearn.privacy.ReleaseConfig`) is uncertified by default
+    (``ReleaseConfig(epsilon=None, delta=None)``: ``b_t = 0``, or of the fixed std ``sigma_override``; [interp], the
+    paper reports no value): Theorem 2(i)-(ii) bound the expected dynamic regret, not the distance to retraining.
+    With ``epsilon`` and ``delta``, ``b_t`` is calibrated for an (epsilon, delta) certificate (Theorem 2(iii)) by
+    the analytic Gaussian mechanism ([AGM]) with sensitivity ``2W`` ([derived]: the published and the retrained
+    model both lie in the ball ``||w||_2 <= W``, so they are at most ``2W`` apart; the theorem's
+    ``phi_t = W sqrt(2 ln(1.25/delta))/epsilon`` uses ``W`` and the classical formula, valid for epsilon <= 1
+    only), or on the contraction sensitivity (``bound``). The noise is of the order of the whole weight norm,
+    which erases most of what the model knows. Every such release is accounted (:attr:`accountant`, total in the
+    certificate); a release beyond the budget is refused and nothing changes.
 
     The step always starts at ``w_0`` (not at ``w_{t-1}``); module buffers (BN statistics) are
     reset to their ``w_0`` values. Gradients are taken in eval mode.
@@ -68,14 +79,8 @@ class StreamingUnlearner(ReleasingUnlearner):
         step_size: ``gamma`` directly (overrides ``lr_constant`` and ``expected_rounds``).
         forget_scope: ``"all"`` (Eq. (25)) or ``"current"`` (Alg. 1 line 8).
         kl_direction: ``"model_to_target"`` (``KL(f(x;w) || target)``, [interp]) or ``"target_to_model"``.
-        noise_std: a fixed std of ``b_t`` (uncertified). [interp] 0 by default: the paper reports no value.
-        epsilon, delta: calibrate ``b_t`` for an (epsilon, delta) certificate instead (Theorem 2(iii)): the
-            analytic Gaussian mechanism ([AGM]) with sensitivity ``2W`` ([derived]: the published and the
-            retrained model both lie in the ball ``||w||_2 <= W``, so they are at most ``2W`` apart; the
-            theorem's ``phi_t = W sqrt(2 ln(1.25/delta))/epsilon`` uses ``W`` and the classical formula,
-            valid for epsilon <= 1 only). The noise is of the order of the whole weight norm, which
-            erases most of what the model knows. Every such release is accounted (:attr:`accountant`,
-            total in the certificate).
+        release: the noise, its calibration and accounting (:class:`~lightning_unlearn.privacy.ReleaseConfig`; see
+            above).
         weight_bound: ``W`` of Theorem 2, an assumed bound on ``||w||_2`` of every model (constants
             ``"given"``); default ``||w_0||_2`` ([interp]), which no model after a step is bound to
             respect: constants ``"estimated"``, so the certificate is not certified.
@@ -89,18 +94,16 @@ class StreamingUnlearner(ReleasingUnlearner):
             step sizes break ``lr <= 2/(M + lambda)`` or the observed gradients exceed ``G``.
         bound: ``"auto"`` (default: the contraction sensitivity when ``constants`` and ``trajectory`` are
             given, else Theorem 2(iii)'s ``2W``), ``"contraction"`` or ``"paper"`` (``2W``).
-        seed: reproducible noise (``seed`` and the round), for experiments only: the certificate is
-            then marked seeded (not private). Default: OS-entropy noise nobody can recompute.
-        budget: ``epsilon`` or ``(epsilon, delta)`` of the composition of all releases; a release
-            that would exceed it is refused and nothing changes.
 
-    Without ``epsilon`` the certificate is uncertified (``exact=False``, no epsilon): Theorem 2(i)-(ii)
-    bound the expected dynamic regret, not the distance to retraining.
+    Raises:
+        TypeError: the recorder is not a :class:`StreamingRecorder`.
+        ValueError: a bad option, named.
     """
 
     method = "safe"
     reads_data = True
     needs_forget_data = True
+    default_release = ReleaseConfig(epsilon=None, delta=None)
 
     def __init__(
         self,
@@ -113,12 +116,8 @@ class StreamingUnlearner(ReleasingUnlearner):
         step_size: float | None = None,
         forget_scope: str = "all",
         kl_direction: str = "model_to_target",
-        noise_std: float = 0.0,
-        epsilon: float | None = None,
-        delta: float | None = None,
+        release: ReleaseConfig | None = None,
         weight_bound: float | None = None,
-        seed: int | None = None,
-        budget: float | tuple[float, float] | None = None,
         ledger: Ledger | None = None,
         constants: ModelConstants | None = None,
         trajectory: TrajectoryRecorder | None = None,
@@ -126,30 +125,10 @@ class StreamingUnlearner(ReleasingUnlearner):
     ) -> None:
         if not isinstance(recorder, StreamingRecorder):
             raise TypeError(f"StreamingUnlearner needs a StreamingRecorder, got {type(recorder).__name__}")
-        if (
-            forget_weight < 0
-            or lr_constant <= 0
-            or expected_rounds < 1
-            or noise_std < 0
-            or (step_size is not None and step_size <= 0)
-        ):
+        if forget_weight < 0 or lr_constant <= 0 or expected_rounds < 1 or (step_size is not None and step_size <= 0):
             raise ValueError(
-                "StreamingUnlearner needs forget_weight >= 0, lr_constant > 0, expected_rounds >= 1, noise_std >= 0, "
-                "step_size > 0; "
-                f"got {forget_weight}, {lr_constant}, {expected_rounds}, {noise_std}, {step_size}"
-            )
-        if (epsilon is None) != (delta is None):
-            raise ValueError(
-                f"StreamingUnlearner takes epsilon and delta together (Theorem 2(iii)); got epsilon={epsilon}, "
-                f"delta={delta}"
-            )
-        if epsilon is not None and delta is not None and not (0 < epsilon < float("inf") and 0 < delta < 1):
-            raise ValueError(
-                f"StreamingUnlearner needs epsilon > 0 (finite) and delta in (0, 1); got {epsilon}, {delta}"
-            )
-        if epsilon is not None and noise_std > 0:
-            raise ValueError(
-                "StreamingUnlearner: epsilon calibrates the noise by Theorem 2(iii); do not also give noise_std"
+                "StreamingUnlearner needs forget_weight >= 0, lr_constant > 0, expected_rounds >= 1, step_size > 0; "
+                f"got {forget_weight}, {lr_constant}, {expected_rounds}, {step_size}"
             )
         if weight_bound is not None and not weight_bound > 0:
             raise ValueError(f"StreamingUnlearner weight_bound W must be positive, got {weight_bound}")
@@ -165,7 +144,7 @@ class StreamingUnlearner(ReleasingUnlearner):
                 f"forget_scope must be one of {_SCOPES} and kl_direction one of {_DIRECTIONS}; got {forget_scope!r}, "
                 f"{kl_direction!r}"
             )
-        super().__init__(module, recorder, ledger, epsilon=epsilon, delta=delta, seed=seed, budget=budget)
+        super().__init__(module, recorder, ledger, release=release)
         self.recorder: StreamingRecorder = recorder
         self.forget_weight, self.lr_constant, self.expected_rounds = (
             float(forget_weight),
@@ -173,7 +152,7 @@ class StreamingUnlearner(ReleasingUnlearner):
             int(expected_rounds),
         )
         self.fixed_step = None if step_size is None else float(step_size)
-        self.forget_scope, self.kl_direction, self.noise_std = forget_scope, kl_direction, float(noise_std)
+        self.forget_scope, self.kl_direction = forget_scope, kl_direction
         self.weight_bound = weight_bound
         self.model_constants, self.trajectory = constants, trajectory
         self.bound = (
@@ -241,15 +220,16 @@ class StreamingUnlearner(ReleasingUnlearner):
         flat0 = safe.flatten(w0, names)
         W = self.weight_bound if self.weight_bound is not None else float(flat0.norm())
         published, sensitivity = None, {"sensitivity": 2 * W}
-        if self.epsilon is not None:  # Theorem 2(iii), or the contraction bound: -b_t ~ N(0, sigma^2 I)
+        if self.release.epsilon is not None:  # Theorem 2(iii), or the contraction bound: -b_t ~ N(0, sigma^2 I)
             sensitivity = self._sensitivity(ids, W, step)
             internal = safe.normalised_step(flat0, g, step, torch.zeros_like(flat0))
             published = self._release(sensitivity["sensitivity"], internal)
             flat_t = published.weights
         else:
+            std = self.release.noise_std(0.0)  # without a target: sigma_override, or 0
             noise = (
-                gaussian_noise(flat0.shape, self.noise_std, torch.float64, self.seed, t).to(device)
-                if self.noise_std
+                gaussian_noise(flat0.shape, std, torch.float64, self.release.seed, t).to(device)
+                if std
                 else torch.zeros_like(flat0)
             )
             flat_t = safe.normalised_step(flat0, g, step, noise)
@@ -296,7 +276,7 @@ class StreamingUnlearner(ReleasingUnlearner):
             return {"sensitivity": 2 * weight_bound}
         traj, c = self._contraction_inputs()
         problems = self.contraction_problems(traj, c)
-        if problems and self.certified_release:
+        if problems and self.release.calibrated:
             raise ReleaseRefused(f"{self.method} refuses a certified release: {'; '.join(problems)}")
         forgotten = torch.cat([self.recorder.forget_ids, ids.cpu()]).tolist()
         untracked = [i for i in forgotten if i not in traj.row_of]
@@ -359,11 +339,12 @@ class StreamingUnlearner(ReleasingUnlearner):
         self, published: Publication | None, weight_bound: float, sensitivity: dict[str, float]
     ) -> Certificate:
         if published is None:
-            note = f"; fixed noise std {self.noise_std:g}" if self.noise_std else ""
+            std = self.release.noise_std(0.0)  # without a target: sigma_override, or 0
+            note = f"; fixed noise std {std:g}" if std else ""
             return Certificate(
                 method=self.method,
                 exact=False,
-                sigma=self.noise_std or None,  # noise without a certificate is labelled as such, with its std
+                sigma=std or None,  # noise without a certificate is labelled as such, with its std
                 statement=(
                     f"SAFE ([SAFE] Alg. 1): heuristic{note}; Thm 2 bounds expected dynamic regret, "
                     "not distance to retraining"
@@ -383,7 +364,7 @@ class StreamingUnlearner(ReleasingUnlearner):
                 },
                 statement=(
                     "SAFE ([SAFE] Thm 2(iii)): analytic Gaussian noise on sensitivity 2W, assuming ||w||_2 <= W "
-                    f"({kind} W)"
+                    f"({kind} W)" + self.release.uncertified_note
                 ),
                 constants=kind,
                 assumptions=assumptions,
@@ -396,7 +377,7 @@ class StreamingUnlearner(ReleasingUnlearner):
             bounds={**sensitivity, "W": weight_bound, **published.sigma_bounds},
             statement=(
                 "SAFE ([SAFE] Alg. 1) + contraction bound [derived]: ||w_retrain - (w_0 - gamma g/||g||)|| <= D_T + "
-                f"gamma ({c.kind} constants), analytic Gaussian mechanism"
+                f"gamma ({c.kind} constants), analytic Gaussian mechanism" + self.release.uncertified_note
             ),
             constants=c.kind,
             recipe="unchecked" if any(a.startswith("FAILS") for a in assumptions) else "checked",

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, __file__.rsplit("/", 1)[0] + "/..")
 from helpers_certified import blobs, cl_tasks, proximal_model, sgd_model  # noqa: E402
 
-from lightning_unlearn import ForgetRequest  # noqa: E402
+from lightning_unlearn import ForgetRequest, ReleaseConfig  # noqa: E402
 from lightning_unlearn.callbacks import (  # noqa: E402
     HessianRecorder,
     HessianSumRecorder,
@@ -95,10 +95,12 @@ def main(out: str, devices: int) -> None:
     traj_state = {k: traj.state_dict()[k] for k in ("row_ids", "lrs", "batch_sizes", "occ_rows", "occ_steps")}
     # an HF request executed by every rank: without noise (compared with one process), then with noise drawn
     # from OS entropy (every rank must publish the same model)
-    strategy = HFUnlearner(model, traj, noise=False, max_deletions=10)
+    strategy = HFUnlearner(model, traj, max_deletions=10, release=ReleaseConfig(noise=False))
     clean = strategy.forget(ForgetRequest.samples([3, 50, 77]))
     published_clean = hf.flat_params(model)
-    noised = HFUnlearner(model, traj, sigma_override=0.01, max_deletions=10).forget(ForgetRequest.samples([10]))
+    noised = HFUnlearner(model, traj, max_deletions=10, release=ReleaseConfig(sigma_override=0.01)).forget(
+        ForgetRequest.samples([10])
+    )
     published_noised = hf.flat_params(model)
     hess = HessianRecorder()
     hess_rows = count_rows(hess)
