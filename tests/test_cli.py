@@ -207,8 +207,13 @@ def test_tradeoff_on_your_datamodule_logs_to_your_logger(capsys, tmp_path):
     assert main(argv) == 0
     title, _, _, *rows = capsys.readouterr().out.strip().splitlines()
     assert title.startswith("Privacy-utility tradeoff (UserData,")
-    assert [r.split()[:2] for r in rows] == [["retrain[lbfgs]", "inf"], ["gradient", "inf"], ["gradient", "1"]]
-    assert rows[2].split()[-3] == "yes"  # certified at epsilon 1
+    assert [r.split()[:2] for r in rows] == [
+        ["retrain[lbfgs]", "inf"],
+        ["never_forgot[lbfgs]", "inf"],
+        ["gradient", "inf"],
+        ["gradient", "1"],
+    ]
+    assert rows[3].split()[-3] == "yes"  # certified at epsilon 1
     # the fits ran with the user's logger: the requests' metrics went to it (Lightning's CSV format)
     (metrics,) = tmp_path.glob("lightning_logs/version_*/metrics.csv")
     assert "unlearn/sigma" in metrics.read_text().splitlines()[0].split(",")

@@ -99,15 +99,25 @@ def attack_auc(members: Tensor, nonmembers: Tensor, folds: int = 5, seed: int = 
 
 
 def logit_confidence(probs: Tensor, labels: Tensor) -> Tensor:
-    """``log(p_y / (1 - p_y))`` of the true label ([LiRA] Sec. IV-B), clipped away from 0 and 1."""
-    p = probs.gather(1, labels.long().view(-1, 1)).squeeze(1).clamp(1e-12, 1 - 1e-12)
-    return torch.log(p) - torch.log1p(-p)
+    """``log(p_y / sum_{y' != y} p_y')`` of the true label ``y``, [LiRA]'s logit-scaled confidence (Sec. IV-B).
+
+    The denominator is the sum of the other classes' probabilities, not ``1 - p_y`` (as [LiRA]'s released code
+    computes it): ``1 - p_y`` rounds to 0 once ``p_y`` is within an ulp of 1, which would tie every confidently
+    fitted example. Both are clamped at the smallest positive float of the dtype.
+    """
+    index = labels.long().view(-1, 1)
+    tiny = torch.finfo(probs.dtype).tiny
+    p = probs.gather(1, index).squeeze(1).clamp_min(tiny)
+    rest = probs.scatter(1, index, 0.0).sum(1).clamp_min(tiny)
+    return torch.log(p) - torch.log(rest)
 
 
 def lira_offline_scores(target: Tensor, shadows: Tensor) -> Tensor:
     """Offline [LiRA] (Sec. VI-C): per example, fit ``N(mu_out, sigma_out^2)`` to the confidences of shadow
-    models that did not train on it (``shadows``, one row per shadow) and score the target model's
-    confidence by the one-sided test ``Phi((target - mu_out) / sigma_out)`` (higher: more likely a member).
+    models that did not train on it (``shadows``, one row per shadow; trained with the target's own recipe, or
+    the Gaussian describes another model) and score the target model's confidence by the one-sided test's
+    statistic ``(target - mu_out) / sigma_out`` (higher: more likely a member; ``Phi`` of it is [LiRA]'s
+    ``1 - p``-value, the same order: ``Phi`` itself would round to 1 above 8.3 and tie the clearest members).
     Each example's score depends on its own column only.
 
     Raises:
@@ -116,7 +126,7 @@ def lira_offline_scores(target: Tensor, shadows: Tensor) -> Tensor:
     if shadows.shape[0] < 2:
         raise ValueError(f"offline LiRA needs at least 2 shadow models, got {shadows.shape[0]}")
     mu, sd = shadows.mean(0), shadows.std(0).clamp_min(1e-6)
-    return torch.distributions.Normal(0.0, 1.0).cdf((target - mu) / sd)
+    return (target - mu) / sd
 
 
 def _check_roc_inputs(scores: Tensor, members: Tensor) -> None:

@@ -4,13 +4,25 @@ Setting (the [HF] paper's convex experiment on this machine's data): L2-regulari
 regression (one linear layer, softmax) on scikit-learn's 8x8 digits (raw pixels in [0, 1], the
 ``train`` split, one experience), 5% of the training samples deleted one sample per request; or on a user's
 data (``data=``: a LightningDataModule or a (train, test) pair, its inputs flattened as the features; a seeded
-30% of its training set is the disjoint ``base`` split of the LiRA shadows, as digits' is). The
+30% of its training set is held out as the ``base`` split, as digits' is). The
 recipe (lr, l2) is :func:`~lightning_unlearn.privacy.recipe.propose_recipe`'s for epsilon = 1, every
 constant is a closed-form bound (:func:`~lightning_unlearn.functional.bounds.linear_model_constants`),
 the noise comes from the OS entropy source, and every release is accounted: the table reports,
 after the last request, the test accuracy, the gap to retraining, the last release's sigma, the
 accountant's total epsilon over all releases (at the same delta), and two attacks (MIA-U AUC with
-DirectDiff features, offline LiRA AUC with shadow models trained on the disjoint ``base`` split).
+DirectDiff features, offline LiRA AUC).
+
+The attacks' audit: the members are the forgotten samples, the non-members as many samples (at most half of it) of
+the held-out ``base`` split, each with its own label (no model saw them, and they come from the training data's
+distribution by construction: a test split of another distribution would make a retrain look like a leak). LiRA's
+shadow models are trained with the recipe of the model they attack (:func:`~lightning_unlearn.metrics.shadow_models`):
+for the head's rows the head's own solve (a :class:`SoftmaxHeadRecorder` at :data:`HEAD_L2` and its tolerance), for
+``hf`` and ``safe`` the SGD recipe, for ``hessian`` and ``gradient`` the L-BFGS fit, each on :data:`LIRA_SHADOWS`
+random subsets, of the target's training-set size, of the retained samples and the rest of ``base``; the noise of a
+release and [CR]'s loss perturbation are not part of the shadows' recipe. Each family has a ``never_forgot[...]`` row,
+its model before any request: next to the retrain (LiRA ~0.5), it shows what the attack finds in a model that still
+holds the forgotten samples. MIA-U compares the models before and after the requests: the retrain leaks under it by
+design ([MIAU]; [HF] Fig. 5), and ``never_forgot`` (no change) scores 0.5.
 
 Methods: ``resolve`` (the certified softmax head re-solved to a computed distance, [derived],
 ``docs/certified_head.md``) and ``certified_removal`` ([CR], Newton removal with a loss perturbation drawn for each
@@ -37,7 +49,7 @@ from typing import Any
 import lightning as L
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lightning_unlearn.callbacks import (
     HessianRecorder,
@@ -50,7 +62,7 @@ from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.data import IndexedDataset
 from lightning_unlearn.functional import convex, hf
 from lightning_unlearn.functional.bounds import linear_model_constants, module_constants
-from lightning_unlearn.metrics import accuracy, lira_auc, mia_u_auc
+from lightning_unlearn.metrics import accuracy, lira_auc, mia_u_auc, shadow_models
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.privacy import ReleaseConfig
 from lightning_unlearn.privacy.recipe import Recipe, propose_recipe
@@ -88,14 +100,17 @@ def _trainer(callbacks: list[L.Callback], epochs: int, trainer_kwargs: Mapping[s
     return L.Trainer(max_epochs=epochs, callbacks=callbacks, **{**QUIET_TRAINER, **trainer_kwargs})
 
 
-#: the share of a user's training set that trains the LiRA shadow models instead (digits' ``base`` share)
-SHADOW_FRACTION = 0.3
+#: the share of a user's training set held out as ``base`` (digits' share): the audit's non-members and, with the
+#: retained samples, the LiRA shadows' population
+BASE_FRACTION = 0.3
+#: LiRA shadow models per model family
+LIRA_SHADOWS = 4
 
 
 def tradeoff_splits(data: Any, seed: int) -> tuple[str, dict[str, tuple[Tensor, Tensor]]]:
-    """The data's name and its ``base`` (the shadows'), ``train`` and ``test`` splits as float64 ``(x, y)`` tensors,
+    """The data's name and its ``base`` (held out), ``train`` and ``test`` splits as float64 ``(x, y)`` tensors,
     ``x`` flattened: digits (``data=None``), or a user's datamodule or ``(train, test)`` pair whose training set loses
-    a seeded :data:`SHADOW_FRACTION` to ``base`` (:func:`~lightning_unlearn.harness.own.read_data`).
+    a seeded :data:`BASE_FRACTION` to ``base`` (:func:`~lightning_unlearn.harness.own.read_data`).
 
     Raises:
         ValueError: see :func:`~lightning_unlearn.harness.own.read_data`.
@@ -116,13 +131,13 @@ def tradeoff_splits(data: Any, seed: int) -> tuple[str, dict[str, tuple[Tensor, 
     train, test = read_data(data)
     (x, y), (xt, yt) = train.dataset.tensors, test.tensors  # type: ignore[attr-defined]
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
-    base, rest = order[: round(SHADOW_FRACTION * len(y))], order[round(SHADOW_FRACTION * len(y)) :].sort().values
+    base, rest = order[: round(BASE_FRACTION * len(y))], order[round(BASE_FRACTION * len(y)) :].sort().values
     x, xt = x.flatten(1).double(), xt.flatten(1).double()
     return name, {"base": (x[base], y[base]), "train": (x[rest], y[rest]), "test": (xt, yt)}
 
 
 class _Setup:
-    """Data, recipe, deletion set and the trained models every method starts from."""
+    """Data, recipe, deletion set, the attacks' audit sets and the trained models every method starts from."""
 
     def __init__(
         self,
@@ -161,12 +176,26 @@ class _Setup:
             batch_size=batch_size,
         )
         self.forgotten = TensorDataset(self.x[~keep], self.y[~keep])
-        g = torch.Generator().manual_seed(seed + 1)
-        self.nonmembers = TensorDataset(*[t[torch.randperm(len(yt), generator=g)[: self.m]] for t in (xt, yt)])
-        self.shadows = [
-            self._sgd(self.xb[idx], self.yb[idx], seed=100 + k)
-            for k, idx in enumerate(torch.randperm(len(self.yb), generator=g).chunk(4))
-        ]
+        # the non-members: as many samples of base as are forgotten (at most half of base); the rest of base and the
+        # retained samples are the shadows' population (it holds no audited sample)
+        held = torch.randperm(len(self.yb), generator=torch.Generator().manual_seed(seed + 1))
+        out, rest = held.tensor_split([min(self.m, len(held) // 2)])
+        self.nonmembers = TensorDataset(self.xb[out], self.yb[out])
+        self.population = TensorDataset(
+            *(torch.cat([b[rest], t[keep]]) for b, t in ((self.xb, self.x), (self.yb, self.y)))
+        )
+
+    def shadows(self, train: Callable[[Tensor, Tensor], nn.Module]) -> list[nn.Module]:
+        """LiRA's shadow models of a family: its recipe ``train(x, y)`` on :data:`LIRA_SHADOWS` random subsets of the
+        population, each of the training set's size (at most three quarters of the population, so that they differ
+        when many samples are forgotten)."""
+        size = min(len(self.y), 3 * len(self.population) // 4)
+
+        def fit(data: Dataset) -> nn.Module:
+            x, y = next(iter(DataLoader(data, batch_size=size)))  # the subset's rows, stacked in its order
+            return train(x, y)
+
+        return shadow_models(fit, self.population, size=size, count=LIRA_SHADOWS, seed=self.seed)
 
     def linear(self) -> SupervisedClassifier:
         torch.manual_seed(self.seed)
@@ -191,9 +220,13 @@ class _Setup:
     def head(self) -> _SolvedHead:
         return _SolvedHead(self.x.shape[1], self.num_classes)
 
-    def fit_head(self, loss_perturbation: float | None = None) -> tuple[_SolvedHead, SoftmaxHeadRecorder]:
+    def fit_head(
+        self, x: Tensor | None = None, y: Tensor | None = None, loss_perturbation: float | None = None
+    ) -> tuple[_SolvedHead, SoftmaxHeadRecorder]:
+        """The head solved by its recorder on ``(x, y)`` (default: the training set)."""
+        x, y = (self.x, self.y) if x is None or y is None else (x, y)
         model, recorder = self.head(), SoftmaxHeadRecorder(HEAD_L2, loss_perturbation=loss_perturbation)
-        _trainer([recorder], 1, self.trainer_kwargs).fit(model, self.loader(self.x, self.y, batch_size=1024))
+        _trainer([recorder], 1, self.trainer_kwargs).fit(model, self.loader(x, y, batch_size=1024))
         return model, recorder
 
     def proximal(self) -> ProximalClassifier:
@@ -208,8 +241,9 @@ class _Setup:
 
     def fit_proximal(
         self, model: ProximalClassifier, x: Tensor, y: Tensor, callbacks: list[L.Callback], ids: Tensor | None = None
-    ) -> None:
+    ) -> ProximalClassifier:
         _trainer(callbacks, 2, self.trainer_kwargs).fit(model, self.loader(x, y, ids, batch_size=len(y)))
+        return model
 
 
 class _SolvedHead(L.LightningModule):
@@ -238,8 +272,10 @@ def _row(
     before: nn.Module,
     retrain_acc: float,
     setup: _Setup,
+    shadows: Sequence[nn.Module],
     cert: Any = None,
 ) -> dict[str, Any]:
+    """One row; ``before``: the model before the requests (MIA-U's), ``shadows``: LiRA's of the model's family."""
     acc = accuracy(model, setup.test, setup.num_classes)
     acct = cert.accounting if cert is not None else {}
     return {
@@ -254,7 +290,7 @@ def _row(
         "releases": int(acct.get("releases", 0)),
         "certified": bool(cert.certified) if cert is not None else False,
         "mia_u_auc": mia_u_auc(before, model, setup.forgotten, setup.nonmembers),
-        "lira_auc": lira_auc(model, setup.shadows, setup.forgotten, setup.nonmembers),
+        "lira_auc": lira_auc(model, shadows, setup.forgotten, setup.nonmembers),
     }
 
 
@@ -308,9 +344,11 @@ def run_tradeoff(
         _trainer([rec, srec], epochs, setup.trainer_kwargs).fit(model, setup.loader(setup.x, setup.y))
         retrain = setup._sgd(setup.x[setup.keep], setup.y[setup.keep], seed)
         retrain_acc = accuracy(retrain, setup.test, setup.num_classes)
-        rows.append(_row("retrain[sgd]", math.inf, retrain, model, retrain_acc, setup))
+        shadows = setup.shadows(lambda x, y: setup._sgd(x, y, seed))
+        rows.append(_row("retrain[sgd]", math.inf, retrain, model, retrain_acc, setup, shadows))
         same = _retrain_same_batches(setup, rec)
-        rows.append(_row("retrain[sgd,same batches]", math.inf, same, model, retrain_acc, setup))
+        rows.append(_row("retrain[sgd,same batches]", math.inf, same, model, retrain_acc, setup, shadows))
+        rows.append(_row("never_forgot[sgd]", math.inf, model, model, retrain_acc, setup, shadows))
         theta = constants.grad_bound / (2 * constants.strong_convexity)
         for eps in grid:
             if "hf" in methods:
@@ -321,7 +359,7 @@ def run_tradeoff(
                     constants=constants,
                     release=ReleaseConfig(epsilon=1.0 if eps == math.inf else eps, delta=delta, noise=eps != math.inf),
                 )
-                rows.append(_row("hf", eps, m2, model, retrain_acc, setup, _requests(setup, hf_strategy)))
+                rows.append(_row("hf", eps, m2, model, retrain_acc, setup, shadows, _requests(setup, hf_strategy)))
                 log(_line(rows[-1]))
             if "safe" in methods:
                 m2, sr2 = copy.deepcopy(model), copy.deepcopy(srec)
@@ -337,15 +375,18 @@ def run_tradeoff(
                     ),
                 )
                 cert = _requests(setup, safe_strategy, setup.train)
-                rows.append(_row("safe", eps, m2, model, retrain_acc, setup, cert if eps != math.inf else None))
+                rows.append(
+                    _row("safe", eps, m2, model, retrain_acc, setup, shadows, cert if eps != math.inf else None)
+                )
                 log(_line(rows[-1]))
     if {"hessian", "gradient"} & set(methods):
         model, hrec, check = setup.proximal(), HessianRecorder(hessian="exact"), TaskOptimality(1e-4)
         setup.fit_proximal(model, setup.x, setup.y, [hrec, check])
-        retrain = setup.proximal()
-        setup.fit_proximal(retrain, setup.x[setup.keep], setup.y[setup.keep], [])
+        retrain = setup.fit_proximal(setup.proximal(), setup.x[setup.keep], setup.y[setup.keep], [])
         retrain_acc = accuracy(retrain, setup.test, setup.num_classes)
-        rows.append(_row("retrain[lbfgs]", math.inf, retrain, model, retrain_acc, setup))
+        shadows = setup.shadows(lambda x, y: setup.fit_proximal(setup.proximal(), x, y, []))
+        rows.append(_row("retrain[lbfgs]", math.inf, retrain, model, retrain_acc, setup, shadows))
+        rows.append(_row("never_forgot[lbfgs]", math.inf, model, model, retrain_acc, setup, shadows))
         constants = linear_model_constants(setup.feature_norm, setup.recipe.l2, init_norm=0.0)
         for eps in grid:
             for name, cls in (("hessian", HessianCertifiedUnlearner), ("gradient", GradientCertifiedUnlearner)):
@@ -360,7 +401,7 @@ def run_tradeoff(
                     release=ReleaseConfig(epsilon=1.0 if eps == math.inf else eps, delta=delta, noise=eps != math.inf),
                 )
                 cert = _requests(setup, ccl_strategy, setup.train if cls.reads_data else None)
-                rows.append(_row(name, eps, m2, model, retrain_acc, setup, cert))
+                rows.append(_row(name, eps, m2, model, retrain_acc, setup, shadows, cert))
                 log(_line(rows[-1]))
     return rows, setup
 
@@ -368,15 +409,21 @@ def run_tradeoff(
 def _head_rows(
     setup: _Setup, grid: Sequence[float], methods: Sequence[str], log: Callable[[str], None]
 ) -> list[dict[str, Any]]:
-    """The certified softmax head's rows: its exact retrain, ``resolve`` at every epsilon (noise-free at ``inf``),
-    ``certified_removal`` at every finite epsilon (a head trained with that epsilon's loss perturbation)."""
+    """The certified softmax head's rows: its exact retrain, the head before any request (``never_forgot[head]``),
+    ``resolve`` at every epsilon (noise-free at ``inf``), ``certified_removal`` at every finite epsilon (a head
+    trained with that epsilon's loss perturbation)."""
     model, recorder = setup.fit_head()
     problem = recorder.problem(recorder.rows_of(setup.forget_ids.to(torch.long)).logical_not())
     retrain = setup.head()
     recorder.write_weights(retrain, convex.solve(problem, torch.zeros_like(recorder.solved_head), 1e-10).W)
     retrain_acc = accuracy(retrain, setup.test, setup.num_classes)
-    rows = [_row("retrain[exact]", math.inf, retrain, model, retrain_acc, setup)]
-    log(_line(rows[-1]))
+    shadows = setup.shadows(lambda x, y: setup.fit_head(x, y)[0])
+    rows = [
+        _row("retrain[exact]", math.inf, retrain, model, retrain_acc, setup, shadows),
+        _row("never_forgot[head]", math.inf, model, model, retrain_acc, setup, shadows),
+    ]
+    for row in rows:
+        log(_line(row))
     for eps in grid:
         if "resolve" in methods:
             m2, r2 = copy.deepcopy(model), copy.deepcopy(recorder)
@@ -387,14 +434,15 @@ def _head_rows(
                     epsilon=1.0 if eps == math.inf else eps, delta=setup.delta, noise=eps != math.inf
                 ),
             )
-            rows.append(_row("resolve", eps, m2, model, retrain_acc, setup, _requests(setup, strategy)))
+            rows.append(_row("resolve", eps, m2, model, retrain_acc, setup, shadows, _requests(setup, strategy)))
             log(_line(rows[-1]))
         if "certified_removal" in methods and eps != math.inf:
             beta = CertifiedRemovalUnlearner.perturbation_std(CR_BUDGET, eps, setup.delta)
             m2, r2 = setup.fit_head(loss_perturbation=beta)
             before = copy.deepcopy(m2)  # its own trained model: the perturbed objective's
             strategy = CertifiedRemovalUnlearner(m2, r2, epsilon=eps, delta=setup.delta)
-            rows.append(_row("certified_removal", eps, m2, before, retrain_acc, setup, _requests(setup, strategy)))
+            cert = _requests(setup, strategy)
+            rows.append(_row("certified_removal", eps, m2, before, retrain_acc, setup, shadows, cert))
             log(_line(rows[-1]))
     return rows
 
@@ -522,7 +570,8 @@ def write_tradeoff(
     ax.set_ylim(0, 100)
     methods = {r["method"] for r in rows}
     settings = [f"head $\\lambda$={HEAD_L2:g}"] if methods & {"resolve", "certified_removal"} else []
-    if methods - {"resolve", "certified_removal", "retrain[exact]"}:  # the SGD-trained seed methods' recipe
+    head_rows = {"resolve", "certified_removal", "retrain[exact]", "never_forgot[head]"}
+    if methods - head_rows:  # the SGD-trained seed methods' recipe
         settings.insert(0, f"SGD lr={recipe.lr:.3g}, $\\lambda$={recipe.l2:g}")
     ax.set_title(f"Certified unlearning, {name} LR ({'; '.join(settings)}); dotted: noise-free", fontsize=9)
     ax.legend(fontsize=8, loc="center right")

@@ -31,6 +31,7 @@ from lightning_unlearn.metrics.evaluation import (
     parameter_distance,
     posteriors,
     sample_losses,
+    shadow_models,
 )
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "posteriors",
     "roc_auc",
     "sample_losses",
+    "shadow_models",
     "tpr_at_fpr",
     "tpr_key",
 ]

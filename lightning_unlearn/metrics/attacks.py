@@ -91,10 +91,11 @@ class OfflineLiRA(_AttackMetric):
     and 1%: the numbers [LiRA] argues an attack is judged by).
 
     ``update(probs, shadow_probs, labels, members)`` takes a batch's softmax posteriors under the target
-    model ``(n, C)`` and under each shadow model ``(S, n, C)`` (``S >= 2`` shadows trained on none of the
-    batch's samples: every shadow is an OUT model), the labels ``(n,)`` and whether each sample is a member
-    ``(n,)`` (for unlearning: forgotten samples are the members, test samples the non-members; a model that
-    forgot them scores like the retrained one, AUC ~0.5). Each sample's score depends on its own
+    model ``(n, C)`` and under each shadow model ``(S, n, C)`` (``S >= 2`` shadows trained with the target's own
+    recipe on none of the batch's samples, :func:`~lightning_unlearn.metrics.shadow_models`: every shadow is an
+    OUT model), the labels ``(n,)`` and whether each sample is a member ``(n,)`` (for unlearning: forgotten
+    samples are the members, held-out samples of the same distribution the non-members; a model that forgot
+    them scores like the retrained one, AUC ~0.5). Each sample's score depends on its own
     confidences only, so batches and ranks can split the samples any way. ``compute()`` returns
     ``{"auc": ..., "tpr_at_0.1pct_fpr": ..., "tpr_at_1pct_fpr": ...}`` (names from
     :func:`~lightning_unlearn.functional.metrics.tpr_key`; NaN without members or without non-members).

@@ -4,7 +4,8 @@ Follows the metrics of ACU's Appendix E.2 (accuracy on the retained, forgotten a
 a loss-threshold membership-inference score on the forgotten set, and the L2 distance of the
 parameters to a model retrained from scratch on the retained data), plus two stronger attacks:
 MIA against unlearning (:func:`mia_u_auc`, [HF] Sec. 6) as an AUC and an offline likelihood-ratio
-attack with shadow models (:func:`lira`, [LiRA]) as an AUC and TPRs at low false-positive rates.
+attack (:func:`lira`, [LiRA]) as an AUC and TPRs at low false-positive rates, with shadow models trained by the
+target's own recipe (:func:`shadow_models` takes it as an argument).
 These functions run modules over datasets; the math is in :mod:`lightning_unlearn.functional.metrics`,
 and :mod:`lightning_unlearn.metrics.attacks` offers the attacks as torchmetrics ``Metric``s.
 Every batch runs on the module's device in its floating dtype (:func:`~lightning_unlearn.modes.module_input`);
@@ -13,13 +14,13 @@ results come back to the CPU.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import lightning as L
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_unlearn.functional.metrics import (
@@ -96,8 +97,9 @@ def evaluate_unlearning(
     * with ``before`` (the model before the requests): the MIA-U AUCs of :func:`mia_u_auc` with both
       features, forgotten vs test samples (``mia_u_direct_diff_auc``, ``mia_u_euc_dist_auc``; NaN with
       fewer than 2 of either);
-    * with ``shadows`` (at least 2 models trained on neither the forgotten nor the test samples):
-      offline [LiRA] (:func:`lira`), forgotten vs test samples: its AUC (``lira_auc``) and its TPR at 0.1%
+    * with ``shadows`` (at least 2 models trained as ``module`` was, on neither the forgotten nor the test samples:
+      :func:`shadow_models`): offline [LiRA] (:func:`lira`), forgotten vs test samples (``test`` must come from
+      the training data's distribution): its AUC (``lira_auc``) and its TPR at 0.1%
       and 1% FPR (``lira_tpr_at_0.1pct_fpr``, ``lira_tpr_at_1pct_fpr``); NaN without forgotten samples;
     * with ``reference`` (a model retrained on the retained data): the L2 distance and the gaps to it.
     """
@@ -178,6 +180,34 @@ def mia_u_auc(
     return attack_auc(members, others, folds, seed)
 
 
+def shadow_models(
+    train: Callable[[Dataset], nn.Module], population: Dataset, *, size: int, count: int = 4, seed: int = 0
+) -> list[nn.Module]:
+    """The shadow models of offline [LiRA], trained the way the target was: ``train`` on ``count`` seeded random
+    subsets of ``size`` samples of ``population`` (each a ``torch.utils.data.Subset``, in the population's order).
+
+    LiRA asks whether the target is more confident on an example than models *trained like it* that did not see
+    the example are; shadows trained with another recipe (another optimizer, regulariser, tolerance or training-set
+    size) answer another question, and a weak attack is all they can give. So ``train`` is how the target was
+    trained: for a head solved in closed form, the same solver with the same ``l2`` and tolerance; for an SGD-trained
+    model, the same module, optimizer, epochs and batch size. ``population`` holds samples of the target's data
+    distribution and none of the audited ones (every shadow is an OUT model for every audited example); ``size`` is
+    the target's training-set size.
+
+    Raises:
+        ValueError: ``count`` below 2, or ``size`` not in ``[1, len(population))`` (equal subsets would be the
+            same model under a deterministic recipe).
+    """
+    if count < 2:
+        raise ValueError(f"offline LiRA needs at least 2 shadow models, got count={count}")
+    n = len(population)  # type: ignore[arg-type]  # a map-style dataset
+    if not 1 <= size < n:
+        raise ValueError(f"shadow training sets need 1 <= size < {n} (the population's samples), got size={size}")
+    g = torch.Generator().manual_seed(seed)
+    draws = [torch.randperm(n, generator=g)[:size].sort().values for _ in range(count)]
+    return [train(Subset(population, rows.tolist())) for rows in draws]
+
+
 def lira(
     module: nn.Module,
     shadows: Iterable[nn.Module],
@@ -185,11 +215,13 @@ def lira(
     nonmembers: Data,
     fprs: Sequence[float] = LIRA_FPRS,
 ) -> dict[str, float]:
-    """Offline [LiRA] telling ``members`` from ``nonmembers`` for ``module``, with ``shadows`` trained on data that
-    contains neither (so every shadow is an OUT model for every example): ``{"auc": ..., "tpr_at_0.1pct_fpr":
-    ..., "tpr_at_1pct_fpr": ...}`` (one TPR per rate of ``fprs``,
-    :func:`~lightning_unlearn.functional.metrics.tpr_at_fpr`). For unlearning, pass the forgotten samples as
-    ``members``: a model that forgot them scores like the retrained model (AUC ~0.5, TPR ~ the rate).
+    """Offline [LiRA] telling ``members`` from ``nonmembers`` for ``module``, with ``shadows`` trained with
+    ``module``'s own recipe on data that contains neither (:func:`shadow_models`; every shadow is an OUT model for
+    every example): ``{"auc": ..., "tpr_at_0.1pct_fpr": ..., "tpr_at_1pct_fpr": ...}`` (one TPR per rate of
+    ``fprs``, :func:`~lightning_unlearn.functional.metrics.tpr_at_fpr`). For unlearning, pass the forgotten samples
+    as ``members`` and samples of the same distribution that no model saw as ``nonmembers`` (a held-out part of the
+    training data; a test set of another distribution makes even a retrain look like a leak): a model that forgot
+    them scores like the retrained model (AUC ~0.5, TPR ~ the rate).
 
     Raises:
         ValueError: fewer than 2 shadows, no members or no non-members.
