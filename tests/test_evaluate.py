@@ -9,7 +9,9 @@ import torch
 from helpers_eval import tiny_info
 
 from lightning_unlearn import ForgetRequest, ReleaseConfig
-from lightning_unlearn.harness import (
+from lightning_unlearn.schedule import Schedule, make_schedule, validate_schedule
+from lightning_unlearn.unlearners import ACUUnlearner, HFUnlearner, StreamingUnlearner
+from lightning_unlearn_bench import (
     TABLE1,
     MethodSpec,
     available_methods,
@@ -18,10 +20,8 @@ from lightning_unlearn.harness import (
     method_spec,
     register,
 )
-from lightning_unlearn.harness.registry import HARNESS_ARGUMENTS, keyword_options
-from lightning_unlearn.harness.report import ATTACK_COLUMNS, ATTACKS
-from lightning_unlearn.schedule import Schedule, make_schedule, validate_schedule
-from lightning_unlearn.unlearners import ACUUnlearner, HFUnlearner, StreamingUnlearner
+from lightning_unlearn_bench.registry import HARNESS_ARGUMENTS, keyword_options
+from lightning_unlearn_bench.report import ATTACK_COLUMNS, ATTACKS
 
 pytestmark = pytest.mark.slow
 

@@ -1,20 +1,20 @@
 """Evaluation harness: every unlearning method through one continual-unlearning protocol ([ACU] Section 4.1).
 
-* :mod:`~lightning_unlearn.harness.types`: :class:`BenchmarkInfo`, :class:`Method`, :class:`Built`;
-* :mod:`~lightning_unlearn.harness.loop`: :func:`evaluate` (learn, forget, compare with the gold standard);
-* :mod:`~lightning_unlearn.harness.report`: :class:`Report` (rows, Table 1 summary, CSVs, text table);
-* :mod:`~lightning_unlearn.harness.plot`: the accuracies figure;
-* :mod:`~lightning_unlearn.harness.digits`: the bundled digits benchmark;
-* :mod:`~lightning_unlearn.harness.datasets`: the standard benchmarks and [HF]'s face datasets from files on disk;
-* :mod:`~lightning_unlearn.harness.models`: models by name (:func:`build_model`), [ACU]'s pre-trained backbone;
-* :mod:`~lightning_unlearn.harness.fake_data`: tiny datasets in each real on-disk format, for tests;
-* :mod:`~lightning_unlearn.harness.families`: model families and their gold standards;
-* :mod:`~lightning_unlearn.harness.registry`: names to strategy classes (:class:`MethodSpec`, :func:`get_method`);
-* :mod:`~lightning_unlearn.harness.methods`: the built-in registrations (loaded by the registry on first use);
-* :mod:`~lightning_unlearn.harness.own`: your own module and data against retraining (:func:`compare_with_retrain`);
-* :mod:`~lightning_unlearn.harness.papers` and ``configs/*.yaml``: the papers' tables as reproduction configs;
-* :mod:`~lightning_unlearn.harness.repro`: reproduction runs (:func:`~lightning_unlearn.harness.repro.run_config`);
-* :mod:`~lightning_unlearn.harness.tradeoff`: the privacy-utility benchmark (``lightning-unlearn tradeoff``).
+* :mod:`~lightning_unlearn_bench.types`: :class:`BenchmarkInfo`, :class:`Method`, :class:`Built`;
+* :mod:`~lightning_unlearn_bench.loop`: :func:`evaluate` (learn, forget, compare with the gold standard);
+* :mod:`~lightning_unlearn_bench.report`: :class:`Report` (rows, Table 1 summary, CSVs, text table);
+* :mod:`~lightning_unlearn_bench.plot`: the accuracies figure;
+* :mod:`~lightning_unlearn_bench.digits`: the bundled digits benchmark;
+* :mod:`~lightning_unlearn_bench.datasets`: the standard benchmarks and [HF]'s face datasets from files on disk;
+* :mod:`~lightning_unlearn_bench.models`: models by name (:func:`build_model`), [ACU]'s pre-trained backbone;
+* :mod:`~lightning_unlearn_bench.fake_data`: tiny datasets in each real on-disk format, for tests;
+* :mod:`~lightning_unlearn_bench.families`: model families and their gold standards;
+* :mod:`~lightning_unlearn_bench.registry`: names to strategy classes (:class:`MethodSpec`, :func:`get_method`);
+* :mod:`~lightning_unlearn_bench.methods`: the built-in registrations (loaded by the registry on first use);
+* :mod:`~lightning_unlearn_bench.own`: your own module and data against retraining (:func:`compare_with_retrain`);
+* :mod:`~lightning_unlearn_bench.papers` and ``configs/*.yaml``: the papers' tables as reproduction configs;
+* :mod:`~lightning_unlearn_bench.repro`: reproduction runs (:func:`~lightning_unlearn_bench.repro.run_config`);
+* :mod:`~lightning_unlearn_bench.tradeoff`: the privacy-utility benchmark (``lightning-unlearn tradeoff``).
 
 Names are imported from here lazily (each module on first use): reading a config imports no harness module
 that needs torch.
@@ -109,7 +109,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from lightning_unlearn.harness.datasets import (
+    from lightning_unlearn_bench.datasets import (
         BENCHMARKS,
         DatasetNotFoundError,
         Splits,
@@ -117,18 +117,18 @@ if TYPE_CHECKING:
         load_benchmark,
         load_splits,
     )
-    from lightning_unlearn.harness.digits import digits_benchmark, digits_splits
-    from lightning_unlearn.harness.families import FAMILIES, reference, retrain_method
-    from lightning_unlearn.harness.loop import evaluate
-    from lightning_unlearn.harness.models import MODELS, backbone_of, build_model, pretrain_backbone
-    from lightning_unlearn.harness.own import DatasetPair, compare_with_retrain
-    from lightning_unlearn.harness.registry import MethodSpec, available_methods, get_method, method_spec, register
-    from lightning_unlearn.harness.report import TABLE1, Report, format_table
-    from lightning_unlearn.harness.types import BenchmarkInfo, Built, Method, describe_benchmark
+    from lightning_unlearn_bench.digits import digits_benchmark, digits_splits
+    from lightning_unlearn_bench.families import FAMILIES, reference, retrain_method
+    from lightning_unlearn_bench.loop import evaluate
+    from lightning_unlearn_bench.models import MODELS, backbone_of, build_model, pretrain_backbone
+    from lightning_unlearn_bench.own import DatasetPair, compare_with_retrain
+    from lightning_unlearn_bench.registry import MethodSpec, available_methods, get_method, method_spec, register
+    from lightning_unlearn_bench.report import TABLE1, Report, format_table
+    from lightning_unlearn_bench.types import BenchmarkInfo, Built, Method, describe_benchmark
 
 
 def __getattr__(name: str) -> Any:
-    """``from lightning_unlearn.harness import evaluate`` imports :mod:`.loop` (and torch) only then."""
+    """``from lightning_unlearn_bench import evaluate`` imports :mod:`.loop` (and torch) only then."""
     if name not in _MODULE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(f"{__name__}.{_MODULE[name]}"), name)

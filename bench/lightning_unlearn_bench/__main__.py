@@ -1,7 +1,7 @@
-"""The ``lightning-unlearn`` command (also ``python -m lightning_unlearn``).
+"""The ``lightning-unlearn`` command (also ``python -m lightning_unlearn_bench``).
 
 ``reproduce --list`` is answered from the reproduction configs' YAML files alone (no torch, no Lightning); every
-other command goes to :func:`lightning_unlearn.cli.main`, whose parser reads Lightning's ``Trainer`` signature and
+other command goes to :func:`lightning_unlearn_bench.cli.main`, whose parser reads Lightning's ``Trainer`` signature and
 every registered method's options, so importing it imports Lightning and every method.
 """
 
@@ -14,11 +14,11 @@ from collections.abc import Sequence
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args == ["reproduce", "--list"]:
-        from lightning_unlearn.harness.papers import list_configs
+        from lightning_unlearn_bench.papers import list_configs
 
         print(list_configs())
         return 0
-    from lightning_unlearn.cli import main as cli_main
+    from lightning_unlearn_bench.cli import main as cli_main
 
     return cli_main(args)
 

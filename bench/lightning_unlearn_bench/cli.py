@@ -21,14 +21,14 @@ item (``acu``), several separated by commas (``acu,hf``) or a YAML list (``[acu,
     lightning-unlearn reproduce safe-table1 --root /data --trainer.accelerator gpu --trainer.devices 1 --out out/
 
 ``compare`` learns a class-incremental stream (scikit-learn's digits by default; ``--data split-cifar10 --root DIR
---model resnet18`` a standard benchmark from files on disk, :mod:`lightning_unlearn.harness.datasets`, never
+--model resnet18`` a standard benchmark from files on disk, :mod:`lightning_unlearn_bench.datasets`, never
 downloaded; ``--data`` a LightningDataModule of the user's), executes K seeded forget requests with every method
 and prints the [ACU] Table 1 columns (gaps to retraining from scratch) and the attack AUCs (MIA-U, offline [LiRA])
 next to retraining's, per K; with ``--out`` it also writes CSVs and a PNG plot. With ``--model`` a class path, the
 methods run on the user's module and are compared with retraining it
-(:func:`lightning_unlearn.harness.own.compare_with_retrain`). ``tradeoff`` prints the privacy-utility table of
-the certified methods (:mod:`lightning_unlearn.harness.tradeoff`). ``reproduce`` runs a seed paper's headline
-table under its own protocol and prints our numbers next to the paper's (:mod:`lightning_unlearn.harness.papers`).
+(:func:`lightning_unlearn_bench.own.compare_with_retrain`). ``tradeoff`` prints the privacy-utility table of
+the certified methods (:mod:`lightning_unlearn_bench.tradeoff`). ``reproduce`` runs a seed paper's headline
+table under its own protocol and prints our numbers next to the paper's (:mod:`lightning_unlearn_bench.papers`).
 Bad input exits with status 2 and a message naming the option, before anything trains.
 """
 
@@ -55,10 +55,10 @@ from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_unlearn.core.interrupts import noting_ctrl_c, stop_on_sigterm
-from lightning_unlearn.harness.datasets import ACU_BASE_FRACTION, BENCHMARKS, DatasetNotFoundError
-from lightning_unlearn.harness.models import MODELS
-from lightning_unlearn.harness.registry import available_methods, method_spec, trainer_options, with_trainer
-from lightning_unlearn.harness.types import BenchmarkInfo, Method
+from lightning_unlearn_bench.datasets import ACU_BASE_FRACTION, BENCHMARKS, DatasetNotFoundError
+from lightning_unlearn_bench.models import MODELS
+from lightning_unlearn_bench.registry import available_methods, method_spec, trainer_options, with_trainer
+from lightning_unlearn_bench.types import BenchmarkInfo, Method
 
 #: ``compare``'s methods unless ``--methods`` names others (``resolve`` among them: the certified method the README
 #: recommends); ``lightning-unlearn methods`` lists every registered one
@@ -391,9 +391,9 @@ def configured_methods(
 
 def compare(cfg: Namespace) -> str:
     """Run the harness for each K and return the printed tables."""
-    from lightning_unlearn.harness import evaluate
-    from lightning_unlearn.harness.repro import is_global_zero, start_ranks
     from lightning_unlearn.schedule import make_schedule
+    from lightning_unlearn_bench import evaluate
+    from lightning_unlearn_bench.repro import is_global_zero, start_ranks
 
     trainer = trainer_kwargs(cfg.trainer)
     options = method_options(cfg.methods, cfg.method)
@@ -421,8 +421,8 @@ def compare(cfg: Namespace) -> str:
 
 def _compare_own(cfg: Namespace, options: Mapping[str, Mapping[str, Any]], trainer: Mapping[str, Any]) -> str:
     """``compare --model CLASS_PATH``: the methods on the user's module against retraining it, per K."""
-    from lightning_unlearn.harness.own import compare_with_retrain
-    from lightning_unlearn.harness.repro import is_global_zero, start_ranks
+    from lightning_unlearn_bench.own import compare_with_retrain
+    from lightning_unlearn_bench.repro import is_global_zero, start_ranks
 
     given = [f"--{f}" for f in ("pretrain_epochs", "imagenet_stem") if getattr(cfg, f)]
     if given:
@@ -454,8 +454,8 @@ def _compare_own(cfg: Namespace, options: Mapping[str, Mapping[str, Any]], train
 def _own_info(cfg: Namespace) -> BenchmarkInfo:
     """The ``--data`` stream for a user's ``--model`` (no pre-trained backbone): the user's datamodule, the digits'
     training split, or a benchmark's stream from ``--root``."""
-    from lightning_unlearn.harness.own import data_info
-    from lightning_unlearn.harness.types import describe_benchmark
+    from lightning_unlearn_bench.own import data_info
+    from lightning_unlearn_bench.types import describe_benchmark
 
     recipe = {"seed": cfg.seed, "epochs": cfg.epochs, "batch_size": cfg.batch_size}
     if not isinstance(cfg.data, str):
@@ -466,12 +466,12 @@ def _own_info(cfg: Namespace) -> BenchmarkInfo:
         from torch.utils.data import TensorDataset
 
         from lightning_unlearn.data import IndexedDataset
-        from lightning_unlearn.harness.digits import digits_splits
+        from lightning_unlearn_bench.digits import digits_splits
 
         digits = digits_splits(seed=cfg.seed)
         train, test = IndexedDataset(TensorDataset(*digits["train"])), TensorDataset(*digits["test"])
         return data_info((train, test), experiences=cfg.experiences or 5, **recipe)
-    from lightning_unlearn.harness.datasets import load_benchmark
+    from lightning_unlearn_bench.datasets import load_benchmark
 
     if cfg.root is None:
         raise ValueError(f"--data {cfg.data} reads its files from --root DIR (nothing is downloaded)")
@@ -485,7 +485,7 @@ def _benchmark(cfg: Namespace, trainer: Mapping[str, Any]) -> BenchmarkInfo:
     Raises:
         ValueError: ``--root`` missing for a file benchmark, or file-benchmark options given for other data.
     """
-    from lightning_unlearn.harness import benchmark_info, digits_benchmark
+    from lightning_unlearn_bench import benchmark_info, digits_benchmark
 
     if cfg.data == "digits" or not isinstance(cfg.data, str):
         named = (("--root", cfg.root), ("--model", cfg.model), ("--per_class", cfg.per_class))
@@ -493,7 +493,7 @@ def _benchmark(cfg: Namespace, trainer: Mapping[str, Any]) -> BenchmarkInfo:
         if given:
             raise ValueError(f"{', '.join(given)}: only for a --data benchmark from files, not for {_data(cfg)}")
     if not isinstance(cfg.data, str):
-        from lightning_unlearn.harness.own import data_info
+        from lightning_unlearn_bench.own import data_info
 
         return data_info(
             cfg.data, experiences=cfg.experiences or 1, seed=cfg.seed, epochs=cfg.epochs, batch_size=cfg.batch_size
@@ -532,7 +532,7 @@ def _data(cfg: Namespace) -> str:
 
 def tradeoff(cfg: Namespace) -> str:
     """Run the privacy-utility benchmark and return the printed table."""
-    from lightning_unlearn.harness.tradeoff import format_tradeoff, run_tradeoff, write_tradeoff
+    from lightning_unlearn_bench.tradeoff import format_tradeoff, run_tradeoff, write_tradeoff
 
     unknown = sorted(set(cfg.methods) - set(TRADEOFF_METHODS))
     if unknown:
@@ -570,8 +570,8 @@ def reproduce(cfg: Namespace) -> str:
         SystemExit: status 143 after SIGTERM, 130 after Ctrl-C, with one line on stderr saying how to continue
             (``--resume``).
     """
-    from lightning_unlearn.harness.papers import get_config, list_configs
-    from lightning_unlearn.harness.repro import is_global_zero, run_config
+    from lightning_unlearn_bench.papers import get_config, list_configs
+    from lightning_unlearn_bench.repro import is_global_zero, run_config
 
     if cfg.list or cfg.experiment is None:
         listing = list_configs()
@@ -725,7 +725,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, DatasetNotFoundError) as err:
         parser.error(str(err))
     except SIGTERMException:
-        from lightning_unlearn.harness.repro import is_global_zero
+        from lightning_unlearn_bench.repro import is_global_zero
 
         if is_global_zero():
             print(f"\n{command}: stopped by SIGTERM", file=sys.stderr, flush=True)

@@ -41,7 +41,7 @@ from torch import Tensor
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 from lightning_unlearn.data import IndexedDataset
-from lightning_unlearn.harness.types import BenchmarkInfo
+from lightning_unlearn_bench.types import BenchmarkInfo
 
 #: [ACU] App. E.1: 10,000 of CIFAR's 50,000 training images pre-train the base model
 ACU_BASE_FRACTION = 0.2
@@ -692,8 +692,8 @@ def benchmark_info(
     """Benchmark ``name`` as the harness runs it: [ACU]'s protocol (Section 4.1, App. E.1) on files from ``root``.
 
     The training set is split into ``base`` samples (``base_fraction``, 0.2 as [ACU]) and the
-    stream; ``model`` (:func:`~lightning_unlearn.harness.models.build_model`, over all classes) is
-    pre-trained on ``base`` with [ACU]'s recipe (:data:`~lightning_unlearn.harness.models.ACU_PRETRAIN`,
+    stream; ``model`` (:func:`~lightning_unlearn_bench.models.build_model`, over all classes) is
+    pre-trained on ``base`` with [ACU]'s recipe (:data:`~lightning_unlearn_bench.models.ACU_PRETRAIN`,
     entries overridden by ``pretrain``, e.g. ``{"epochs": 1}`` for a smoke run; random crops, and
     flips where valid, when ``augment``) and frozen as the backbone; the stream is learned in
     ``n_experiences`` experiences of whole classes. ``epochs``, ``lr`` and ``batch_size`` are the
@@ -704,8 +704,8 @@ def benchmark_info(
         ValueError: an unknown benchmark, model or ``pretrain`` entry, or bad split settings.
         DatasetNotFoundError: the dataset's files are missing under ``root`` (naming them).
     """
-    from lightning_unlearn.harness.models import ACU_PRETRAIN, build_model, pretrain_backbone, standard_augmentation
-    from lightning_unlearn.harness.types import describe_benchmark
+    from lightning_unlearn_bench.models import ACU_PRETRAIN, build_model, pretrain_backbone, standard_augmentation
+    from lightning_unlearn_bench.types import describe_benchmark
 
     unknown = sorted(set(pretrain or {}) - set(ACU_PRETRAIN))
     if unknown:

@@ -10,8 +10,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_unlearn.harness.types import BenchmarkInfo, describe_benchmark
 from lightning_unlearn.progress import QUIET_TRAINER, quiet_lightning
+from lightning_unlearn_bench.types import BenchmarkInfo, describe_benchmark
 
 
 def digits_splits(

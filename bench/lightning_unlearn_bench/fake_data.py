@@ -2,7 +2,7 @@
 
 Tests (and smoke runs on machines without the datasets) write a few images per class with
 :func:`write_fake_dataset` and load them with the real reading code
-(:func:`~lightning_unlearn.harness.datasets.load_benchmark`). Each class's images are noisy copies
+(:func:`~lightning_unlearn_bench.datasets.load_benchmark`). Each class's images are noisy copies
 of a seeded class prototype, so a model can learn them.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lightning_unlearn.harness.datasets import BENCHMARKS, LFW_IMAGES_PER_PERSON, dataset_spec
+from lightning_unlearn_bench.datasets import BENCHMARKS, LFW_IMAGES_PER_PERSON, dataset_spec
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 #: CelebA's 40 attributes, in ``list_attr_celeba.txt``'s order
@@ -44,7 +44,7 @@ def write_fake_dataset(
 ) -> Path:
     """Write benchmark ``name``'s dataset under ``root`` in its real format, ``per_class`` training images per class.
 
-    Formats (what torchvision's readers, and :class:`~lightning_unlearn.harness.datasets.TinyImageNet`, read):
+    Formats (what torchvision's readers, and :class:`~lightning_unlearn_bench.datasets.TinyImageNet`, read):
     CIFAR-10's python pickles ``cifar-10-batches-py/data_batch_1..5``, ``test_batch``, ``batches.meta``;
     CIFAR-100's ``cifar-100-python/train``, ``test``, ``meta`` (fine and coarse labels); SVHN's MATLAB
     files ``svhn/train_32x32.mat``, ``test_32x32.mat`` (``X`` of shape (32, 32, 3, N), ``y`` with 10 for
@@ -56,13 +56,13 @@ def write_fake_dataset(
     Tiny-ImageNet: 200, LFW: the 29 kept people).
 
     LFW has no test files: each of its 29 people gets ``per_class + test_per_class`` images, of which the reader
-    (:class:`~lightning_unlearn.harness.datasets.LFWFaces`) holds out every fifth, and it keeps only people
-    with 30 to 100 images (:data:`~lightning_unlearn.harness.datasets.LFW_IMAGES_PER_PERSON`), so fewer images
+    (:class:`~lightning_unlearn_bench.datasets.LFWFaces`) holds out every fifth, and it keeps only people
+    with 30 to 100 images (:data:`~lightning_unlearn_bench.datasets.LFW_IMAGES_PER_PERSON`), so fewer images
     suit ``LFWFaces`` with a lower ``images_per_person``. Two more people are written that the selection must
     drop: one with a single image and one with one image more than the maximum.
 
     Args:
-        name: one of :data:`~lightning_unlearn.harness.datasets.DATASETS`.
+        name: one of :data:`~lightning_unlearn_bench.datasets.DATASETS`.
         root: the folder to write into (created if needed).
         per_class: training images per class (at least 1).
         test_per_class: test images per class (``None``: ``max(1, per_class // 2)``).

@@ -45,7 +45,6 @@ from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.callbacks.convex import SoftmaxHeadRecorder
 from lightning_unlearn.callbacks.samples import SampleRecorder
 from lightning_unlearn.functional.bounds import module_constants
-from lightning_unlearn.harness.types import BenchmarkInfo, Built, Method
 from lightning_unlearn.models import (
     AnalyticClassifier,
     ProximalClassifier,
@@ -53,6 +52,7 @@ from lightning_unlearn.models import (
 )
 from lightning_unlearn.unlearners.baselines import RetrainUnlearner
 from lightning_unlearn.warnings import warn
+from lightning_unlearn_bench.types import BenchmarkInfo, Built, Method
 
 FAMILIES = ("analytic", "supervised", "linear", "proximal", "convex")
 #: each family's settings and their defaults (the linear family's ``lr_margin``: its step size as a fraction of

@@ -9,7 +9,7 @@ the module is compared with its gold standard: the method's ``reference`` (a ret
 :class:`Method` of the same model family), run on its own through the same protocol. Per request
 it records :func:`~lightning_unlearn.metrics.evaluate_unlearning` on the retained set, the union of
 all forgotten sets (App. E.2) and the test set, plus the request's wall time
-(:class:`~lightning_unlearn.harness.report.Report`), and membership-inference attacks as AUCs
+(:class:`~lightning_unlearn_bench.report.Report`), and membership-inference attacks as AUCs
 (MIA-U, [HF] Sec. 6; offline [LiRA]), each next to the same attack on the reference.
 """
 
@@ -32,14 +32,14 @@ from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.contract import attached_trainer
 from lightning_unlearn.core.catalog import SampleCatalog
 from lightning_unlearn.core.request import ForgetRequest
-from lightning_unlearn.harness.plot import write_report
-from lightning_unlearn.harness.report import ATTACKS, Report
-from lightning_unlearn.harness.types import BenchmarkInfo, Method
 from lightning_unlearn.metrics import evaluate_unlearning
 from lightning_unlearn.progress import progress as progress_bar
 from lightning_unlearn.progress import quiet_lightning
 from lightning_unlearn.schedule import Schedule, validate_schedule
 from lightning_unlearn.unlearners.base import Unlearner
+from lightning_unlearn_bench.plot import write_report
+from lightning_unlearn_bench.report import ATTACKS, Report
+from lightning_unlearn_bench.types import BenchmarkInfo, Method
 
 
 @dataclass
@@ -108,7 +108,7 @@ def evaluate(
     The schedule is validated against what the stream teaches before anything is trained
     (``ValueError`` naming the faulty request). Every run starts from ``info.seed`` (module
     initialisation and data order), with the global RNG state restored afterwards. With
-    ``out_dir`` the report is written there (:func:`~lightning_unlearn.harness.plot.write_report`).
+    ``out_dir`` the report is written there (:func:`~lightning_unlearn_bench.plot.write_report`).
     ``progress`` shows one bar whose label names the phase (``None``: when stderr is a terminal,
     :func:`~lightning_unlearn.progress.progress_enabled`); the fits inside print no Lightning banners.
 
@@ -117,7 +117,7 @@ def evaluate(
     reads them at ``T``).
 
     Besides the gaps to the reference, every row holds the attack AUCs of
-    :data:`~lightning_unlearn.harness.report.ATTACKS`, each next to the same attack on the reference
+    :data:`~lightning_unlearn_bench.report.ATTACKS`, each next to the same attack on the reference
     after the same request (``<name>_retrain``): MIA-U between
     the module before the requests and after this one, and offline [LiRA] with ``shadows`` shadow
     models per reference, each the reference's gold standard forgetting every sample the schedule

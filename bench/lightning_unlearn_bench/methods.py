@@ -28,8 +28,6 @@ from lightning_unlearn.callbacks.streaming import StreamingRecorder
 from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
 from lightning_unlearn.functional.bounds import linear_head, linear_model_constants, max_feature_norm, module_constants
 from lightning_unlearn.functional.newton import hessian_lipschitz_bound
-from lightning_unlearn.harness.registry import MethodSpec, register
-from lightning_unlearn.harness.types import BenchmarkInfo
 from lightning_unlearn.privacy import ReleaseConfig
 from lightning_unlearn.unlearners.acu import ACUUnlearner
 from lightning_unlearn.unlearners.baselines import (
@@ -51,6 +49,8 @@ from lightning_unlearn.unlearners.rbm import RBMUnlearner
 from lightning_unlearn.unlearners.scrub import SCRUBUnlearner
 from lightning_unlearn.unlearners.sparse import L1SparseUnlearner, WoodFisherUnlearner
 from lightning_unlearn.unlearners.streaming import StreamingUnlearner
+from lightning_unlearn_bench.registry import MethodSpec, register
+from lightning_unlearn_bench.types import BenchmarkInfo
 
 
 def certified_label(name: str) -> Any:

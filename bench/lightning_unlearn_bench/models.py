@@ -284,7 +284,7 @@ def pretrain_backbone(
     """Train ``model`` (ending in ``fc``) on the base samples, then return its frozen feature extractor.
 
     [ACU] App. E.1: the base model is trained on base samples disjoint from the continual stream
-    (10,000 of CIFAR's 50,000 training images: :func:`~lightning_unlearn.harness.datasets.load_splits`
+    (10,000 of CIFAR's 50,000 training images: :func:`~lightning_unlearn_bench.datasets.load_splits`
     with ``base_fraction=0.2``) for 300 epochs by SGD (momentum 0.9, weight decay 5e-4, batch 256)
     with the learning rate decayed from 0.5 by a cosine half-cycle, under random crops and flips;
     these are the defaults. The paper does not say which classes the base samples cover; ours

@@ -1,11 +1,11 @@
 """The user's own module and data in the harness: every registered method compared with retraining *your* model.
 
-:func:`compare_with_retrain` is the harness's protocol (:func:`~lightning_unlearn.harness.evaluate`) on a
+:func:`compare_with_retrain` is the harness's protocol (:func:`~lightning_unlearn_bench.evaluate`) on a
 ``LightningModule`` of the user's: the module (a fresh one from ``module()`` for every run, the harness seeding
 the RNG first, so every run starts from the same weights) learns the stream one Lightning fit per experience
 with the method's recorder, the requests are executed, and after each one the module is compared with the gold
 standard: a fresh module of the same factory retrained from scratch on the retained data with the same
-recipe (:func:`~lightning_unlearn.harness.families.retrain_method`, one fit per experience again). The
+recipe (:func:`~lightning_unlearn_bench.families.retrain_method`, one fit per experience again). The
 report holds [ACU] Table 1's gaps to it (parameter L2 distance, retain/forget/test accuracy, MIA) and the
 attacks next to retraining's::
 
@@ -18,7 +18,7 @@ attacks next to retraining's::
 * :func:`module_method`: a registered method on the user's module, with retraining it as its reference;
 * :func:`compare_with_retrain`: all of it.
 
-Model families (:mod:`~lightning_unlearn.harness.families`) do not apply: the strategy runs on the user's module
+Model families (:mod:`~lightning_unlearn_bench.families`) do not apply: the strategy runs on the user's module
 with its own ``training_step`` and optimizer, and a method's closed-form constants of the library's linear heads
 are not computed, so a certified method's certificate rests on estimated constants (and says so) unless its
 options give them (e.g. ``smoothness``, ``grad_bound``).
@@ -41,12 +41,12 @@ from lightning_unlearn.callbacks.samples import SampleRecorder
 from lightning_unlearn.contract import BatchKeys, unpack_batch
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.data import IndexedDataset
-from lightning_unlearn.harness.families import retrain_method
-from lightning_unlearn.harness.loop import evaluate
-from lightning_unlearn.harness.registry import method_spec, trainer_options, with_trainer
-from lightning_unlearn.harness.report import Report
-from lightning_unlearn.harness.types import BenchmarkInfo, Built, Method, describe_benchmark
 from lightning_unlearn.schedule import RequestKind, Schedule, make_schedule
+from lightning_unlearn_bench.families import retrain_method
+from lightning_unlearn_bench.loop import evaluate
+from lightning_unlearn_bench.registry import method_spec, trainer_options, with_trainer
+from lightning_unlearn_bench.report import Report
+from lightning_unlearn_bench.types import BenchmarkInfo, Built, Method, describe_benchmark
 
 #: a factory of the user's module: a class or a function taking no arguments
 ModuleFactory = Callable[[], L.LightningModule]
@@ -143,7 +143,7 @@ def module_method(name: str, module: ModuleFactory, **options: Any) -> Method:
     """The registered method ``name`` on modules made by ``module()``, and its reference: retraining such a module.
 
     The method learns the stream with its recorder on the module (``module_recorder`` of its
-    :class:`~lightning_unlearn.harness.registry.MethodSpec`, else its ``recorder``, else a
+    :class:`~lightning_unlearn_bench.registry.MethodSpec`, else its ``recorder``, else a
     :class:`SampleRecorder`), one fit of ``info.epochs`` epochs per experience, through the module's own
     ``training_step`` and optimizer. Its reference replays that recipe from the same initial weights on the
     retained data; a ``module_recorder`` learns part of the module itself (ACU's head), so that replay refits with a

@@ -1,6 +1,6 @@
 """The seed papers' headline tables as reproduction configs: YAML files shipped with the package, one per table.
 
-Each file (``lightning_unlearn/harness/configs/<name>.yaml``; :func:`config_path`) keeps the paper's protocol,
+Each file (``bench/lightning_unlearn_bench/configs/<name>.yaml``; :func:`config_path`) keeps the paper's protocol,
 the method settings and metrics of each setup, and the paper's own numbers typed in from the table named in
 its ``source``; ``notes`` say where our protocol departs from the paper's (``[interp]``). Each method runs under
 its own paper's protocol, against the gold standard of that protocol:
@@ -18,8 +18,8 @@ its own paper's protocol, against the gold standard of that protocol:
   ``t_i`` with learning continuing after it (its Table 2, row 1); read at ``T = 30``.
 
 A user copies a file, edits it and runs it by path (``lightning-unlearn reproduce my.yaml``,
-:func:`get_config`); it is checked against the schema of :mod:`lightning_unlearn.harness.repro.schema` when
-loaded (:class:`~lightning_unlearn.harness.repro.validate.ConfigError` naming the file and the bad key).
+:func:`get_config`); it is checked against the schema of :mod:`lightning_unlearn_bench.repro.schema` when
+loaded (:class:`~lightning_unlearn_bench.repro.validate.ConfigError` naming the file and the bad key).
 Smoke scales use the bundled digits (1,797 real 8x8 images); the MNIST setups (hf-table2, ccl-table1,
 ccl-fig2, safe-table1's MNIST row) run the paper's protocol on ``mnist-5k`` when no ``--root`` is given.
 Reading the configs imports no torch.
@@ -30,8 +30,8 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from lightning_unlearn.harness.repro.files import dump_config, load_config
-from lightning_unlearn.harness.repro.schema import ReproConfig
+from lightning_unlearn_bench.repro.files import dump_config, load_config
+from lightning_unlearn_bench.repro.schema import ReproConfig
 
 __all__ = [
     "CONFIGS",
@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 #: the folder of the built-in configs inside the package
-CONFIG_DIR = resources.files("lightning_unlearn.harness") / "configs"
+CONFIG_DIR = resources.files("lightning_unlearn_bench") / "configs"
 
 
 def config_names() -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lightning_unlearn.harness.report import Report, describe
+from lightning_unlearn_bench.report import Report, describe
 
 #: a colour-blind-safe palette (Okabe-Ito), markers and line styles cycled per method of a family
 _COLORS = (

@@ -4,7 +4,7 @@ A :class:`MethodSpec` names a :class:`~lightning_unlearn.unlearners.base.Unlearn
 class and the model families it runs on. Its options are the class constructor's keyword-only
 parameters (followed through ``**kwargs`` to its base classes; a ``release`` parameter also by the fields of its
 :class:`~lightning_unlearn.privacy.ReleaseConfig`, which :meth:`MethodSpec.release_options` makes one
-``release=``), plus ``family`` and the family's settings (:mod:`lightning_unlearn.harness.families`) and the
+``release=``), plus ``family`` and the family's settings (:mod:`lightning_unlearn_bench.families`) and the
 recorder's options it declares; an unknown option is a ``ValueError`` listing the valid ones. Adding a method is
 one spec::
 
@@ -35,17 +35,17 @@ from typing import Any
 import torch
 
 from lightning_unlearn.callbacks.base import RecorderCallback
-from lightning_unlearn.harness.families import (
+from lightning_unlearn.privacy import ReleaseConfig
+from lightning_unlearn.unlearners.base import Unlearner
+from lightning_unlearn.unlearners.baselines import RetrainUnlearner
+from lightning_unlearn_bench.families import (
     FAMILIES,
     SETTINGS,
     build_model,
     family_settings,
     reference,
 )
-from lightning_unlearn.harness.types import BenchmarkInfo, Built, Method
-from lightning_unlearn.privacy import ReleaseConfig
-from lightning_unlearn.unlearners.base import Unlearner
-from lightning_unlearn.unlearners.baselines import RetrainUnlearner
+from lightning_unlearn_bench.types import BenchmarkInfo, Built, Method
 
 #: constructor arguments the harness sets (from the benchmark's seed, its own ledger): never options
 HARNESS_ARGUMENTS = frozenset({"ledger", "seed", "generator"})
@@ -73,7 +73,7 @@ class MethodSpec:
             e.g. closed-form constants of the family's model) and further callbacks that learn
             the stream with the recorder (e.g. a check the strategy reads).
         module_recorder: ``module_recorder(**module_recorder_options)`` makes its recorder on a module of the
-            user's (:mod:`~lightning_unlearn.harness.own`, where no model family applies) when that recorder
+            user's (:mod:`~lightning_unlearn_bench.own`, where no model family applies) when that recorder
             learns part of the module itself (ACU's head), so that retraining refits with a fresh one; ``None``:
             ``recorder``, else a :class:`SampleRecorder`.
         module_recorder_options: the options handed to ``module_recorder``, with their defaults.
@@ -327,10 +327,10 @@ def register(spec: MethodSpec, *, replace: bool = False) -> None:
 
 
 def _builtins() -> None:
-    """Register the built-in methods (:mod:`lightning_unlearn.harness.methods`) on first use: they import every
+    """Register the built-in methods (:mod:`lightning_unlearn_bench.methods`) on first use: they import every
     strategy, which reading a config or listing commands does not need. A plugin hook, not an import arrow: the
     registrations live above this module."""
-    importlib.import_module("lightning_unlearn.harness.methods")
+    importlib.import_module("lightning_unlearn_bench.methods")
 
 
 def available_methods() -> list[str]:

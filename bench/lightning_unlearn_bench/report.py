@@ -140,7 +140,7 @@ class Report:
 
     def write(self, out_dir: str | Path, stem: str = "") -> list[Path]:
         """Write ``<stem>requests.csv`` (every row) and ``<stem>summary.csv``, and ``<stem>end.csv`` with the
-        end-of-stream rows if there are any (the figure: :func:`~lightning_unlearn.harness.plot.write_report`)."""
+        end-of-stream rows if there are any (the figure: :func:`~lightning_unlearn_bench.plot.write_report`)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = [out / f"{stem}requests.csv", out / f"{stem}summary.csv"]

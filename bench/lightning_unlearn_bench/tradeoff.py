@@ -95,23 +95,23 @@ SHADOW_FRACTION = 0.3
 def tradeoff_splits(data: Any, seed: int) -> tuple[str, dict[str, tuple[Tensor, Tensor]]]:
     """The data's name and its ``base`` (the shadows'), ``train`` and ``test`` splits as float64 ``(x, y)`` tensors,
     ``x`` flattened: digits (``data=None``), or a user's datamodule or ``(train, test)`` pair whose training set loses
-    a seeded :data:`SHADOW_FRACTION` to ``base`` (:func:`~lightning_unlearn.harness.own.read_data`).
+    a seeded :data:`SHADOW_FRACTION` to ``base`` (:func:`~lightning_unlearn_bench.own.read_data`).
 
     Raises:
-        ValueError: see :func:`~lightning_unlearn.harness.own.read_data`.
+        ValueError: see :func:`~lightning_unlearn_bench.own.read_data`.
     """
     if data == "mnist-5k":
-        from lightning_unlearn.harness.datasets import MNIST5k
+        from lightning_unlearn_bench.datasets import MNIST5k
 
         name, data = data, (MNIST5k(train=True), MNIST5k(train=False))
     else:
         name = "digits" if data is None else type(data).__name__
     if data is None:
-        from lightning_unlearn.harness.digits import digits_splits
+        from lightning_unlearn_bench.digits import digits_splits
 
         splits = digits_splits(seed=seed)
         return "digits", {k: (x.double(), y) for k, (x, y) in splits.items()}
-    from lightning_unlearn.harness.own import read_data
+    from lightning_unlearn_bench.own import read_data
 
     train, test = read_data(data)
     (x, y), (xt, yt) = train.dataset.tensors, test.tensors  # type: ignore[attr-defined]
@@ -280,7 +280,7 @@ def run_tradeoff(
 ) -> tuple[list[dict[str, Any]], _Setup]:
     """Rows of the privacy-utility table (one per method and epsilon, ``inf`` = noise-free) and the setup;
     ``trainer_kwargs`` (e.g. ``accelerator``, ``logger``) go to every fit's ``Trainer``; ``data`` (default: digits)
-    is ``"mnist-5k"`` (:class:`~lightning_unlearn.harness.datasets.MNIST5k`), a user's LightningDataModule or
+    is ``"mnist-5k"`` (:class:`~lightning_unlearn_bench.datasets.MNIST5k`), a user's LightningDataModule or
     ``(train, test)`` pair (:func:`tradeoff_splits`)."""
     setup = _Setup(
         epochs=epochs,
@@ -428,7 +428,7 @@ def _fmt(v: Any) -> str:
 
 def format_tradeoff(rows: Sequence[dict[str, Any]], name: str = "digits") -> str:
     """The table: one line per (method, epsilon); ``name``: the data's (:attr:`_Setup.name`)."""
-    from lightning_unlearn.harness.report import format_table
+    from lightning_unlearn_bench.report import format_table
 
     head = [
         "method",

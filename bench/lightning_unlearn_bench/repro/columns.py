@@ -6,10 +6,10 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from lightning_unlearn.harness.repro.schema import ReproConfig, Setup
+from lightning_unlearn_bench.repro.schema import ReproConfig, Setup
 
 if TYPE_CHECKING:
-    from lightning_unlearn.harness.report import Report
+    from lightning_unlearn_bench.report import Report
 
 
 # -- columns: how each paper column is computed from the harness's per-request rows ---------------------------------

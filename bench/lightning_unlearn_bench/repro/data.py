@@ -12,10 +12,10 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lightning_unlearn.data import IndexedDataset
-from lightning_unlearn.harness.datasets import ACU_BASE_FRACTION
-from lightning_unlearn.harness.repro.models import classifier
-from lightning_unlearn.harness.repro.schema import Scale, Setup
-from lightning_unlearn.harness.types import BenchmarkInfo, describe_benchmark
+from lightning_unlearn_bench.datasets import ACU_BASE_FRACTION
+from lightning_unlearn_bench.repro.models import classifier
+from lightning_unlearn_bench.repro.schema import Scale, Setup
+from lightning_unlearn_bench.types import BenchmarkInfo, describe_benchmark
 
 #: one split's inputs, labels and stable sample ids
 Split = tuple[Tensor, Tensor, Tensor]
@@ -34,8 +34,8 @@ def load_data(
     """``base``/``train``/``test`` tensors (inputs, labels, sample ids) of a dataset and its number of classes.
 
     ``digits`` is scikit-learn's bundled set (1x8x8 images, its own base split); the others are the
-    datasets of :mod:`lightning_unlearn.harness.datasets`, read from torchvision-format files under
-    ``root`` or bundled with a package (``mnist-5k``): :func:`~lightning_unlearn.harness.datasets.load_splits`,
+    datasets of :mod:`lightning_unlearn_bench.datasets`, read from torchvision-format files under
+    ``root`` or bundled with a package (``mnist-5k``): :func:`~lightning_unlearn_bench.datasets.load_splits`,
     ``per_class`` kept per class, ``base_fraction`` of them in ``base``, at most ``train_size``/``test_size``
     drawn from the stream and the test set before any image is read, ids being the rows of the dataset's own
     training (test) set.
@@ -45,7 +45,7 @@ def load_data(
         DatasetNotFoundError: its files are missing under ``root`` (naming them).
     """
     if dataset == "digits":
-        from lightning_unlearn.harness.digits import digits_splits
+        from lightning_unlearn_bench.digits import digits_splits
 
         g = torch.Generator().manual_seed(seed)
         out = {}
@@ -55,7 +55,7 @@ def load_data(
                 ids = _per_class(y, per_class, g)
             out[k] = (x[ids].reshape(-1, 1, 8, 8), y[ids], ids)
         return out, 10
-    from lightning_unlearn.harness.datasets import BUNDLED, dataset_spec, load_splits
+    from lightning_unlearn_bench.datasets import BUNDLED, dataset_spec, load_splits
 
     dataset_spec(dataset)  # an unknown name is refused before the missing root
     if root is None and dataset not in BUNDLED:
@@ -177,12 +177,12 @@ def build_info(
     """The setup's stream at ``scale`` as the harness's :class:`BenchmarkInfo`.
 
     With ``scale.pretrain_epochs`` the classifier is first trained on the disjoint ``base`` split by
-    :func:`~lightning_unlearn.harness.models.pretrain_backbone` ([ACU] App. E.1's recipe: SGD with
+    :func:`~lightning_unlearn_bench.models.pretrain_backbone` ([ACU] App. E.1's recipe: SGD with
     momentum 0.9, weight decay 5e-4, cosine decay from ``scale.lr``; random crops and flips on files
     from disk) and its frozen feature extractor is the backbone; otherwise the backbone starts untrained.
     """
     from lightning_unlearn.avalanche import benchmark_with_sample_ids
-    from lightning_unlearn.harness.models import backbone_of, pretrain_backbone, standard_augmentation
+    from lightning_unlearn_bench.models import backbone_of, pretrain_backbone, standard_augmentation
 
     base = ACU_BASE_FRACTION if scale.pretrain_epochs > 0 else 0.0
     splits, num_classes = load_data(

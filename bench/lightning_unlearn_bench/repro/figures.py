@@ -6,9 +6,9 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from lightning_unlearn.harness.repro.columns import LOG_COLUMNS
-from lightning_unlearn.harness.repro.schema import ReproConfig
-from lightning_unlearn.harness.repro.tables import SetupResult
+from lightning_unlearn_bench.repro.columns import LOG_COLUMNS
+from lightning_unlearn_bench.repro.schema import ReproConfig
+from lightning_unlearn_bench.repro.tables import SetupResult
 
 _OURS, _PAPER = "#0072B2", "#E69F00"
 

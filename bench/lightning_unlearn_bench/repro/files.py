@@ -1,5 +1,5 @@
 """A reproduction config as YAML text and back: :func:`load_config` reads a file, checked against the schema
-(:mod:`~lightning_unlearn.harness.repro.validate`), and :func:`dump_config` writes the text it reads back to an equal
+(:mod:`~lightning_unlearn_bench.repro.validate`), and :func:`dump_config` writes the text it reads back to an equal
 config (short flat mappings and lists on one line, long text folded). No torch."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from lightning_unlearn.harness.repro.schema import ReproConfig
-from lightning_unlearn.harness.repro.validate import ConfigError, config_from_dict, config_to_dict
+from lightning_unlearn_bench.repro.schema import ReproConfig
+from lightning_unlearn_bench.repro.validate import ConfigError, config_from_dict, config_to_dict
 
 
 class _Loader(yaml.SafeLoader):

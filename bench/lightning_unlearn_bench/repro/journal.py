@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_unlearn.harness.repro.schema import Entry, Requests, Scale, Setup
+from lightning_unlearn_bench.repro.schema import Entry, Requests, Scale, Setup
 
 #: a row's key: (setup label, request set label, paper row)
 Key = tuple[str, str, str]

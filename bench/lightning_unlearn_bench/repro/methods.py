@@ -9,10 +9,10 @@ from typing import Any
 import torch
 
 from lightning_unlearn.core.request import ForgetRequest
-from lightning_unlearn.harness.registry import method_spec, trainer_options, with_trainer
-from lightning_unlearn.harness.repro.schema import SCHEDULED, Entry, Requests
-from lightning_unlearn.harness.types import BenchmarkInfo, Method
 from lightning_unlearn.schedule import Schedule, make_schedule, validate_schedule
+from lightning_unlearn_bench.registry import method_spec, trainer_options, with_trainer
+from lightning_unlearn_bench.repro.schema import SCHEDULED, Entry, Requests
+from lightning_unlearn_bench.types import BenchmarkInfo, Method
 
 
 def make_requests(requests: Requests, info: BenchmarkInfo, seed: int) -> Schedule:

@@ -1,5 +1,5 @@
 """The classifiers a scale names: ``linear``, ``mlp``, ``cnn2``, ``cnn2fc``, ``cnn-mnist``, or one of
-:mod:`lightning_unlearn.harness.models`."""
+:mod:`lightning_unlearn_bench.models`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-#: models a scale may name besides :data:`lightning_unlearn.harness.models.MODELS` (``linear``: the raw inputs
+#: models a scale may name besides :data:`lightning_unlearn_bench.models.MODELS` (``linear``: the raw inputs
 #: are the features; ``mlp``, ``cnn2``, ``cnn2fc`` and ``cnn-mnist`` take a width)
 MODELS = ("linear", "mlp", "cnn2", "cnn2fc", "cnn-mnist")
 #: ``cnn2fc``'s fully connected layers after the flattened feature map (its authors' code: 256 and 128 units)
@@ -17,7 +17,7 @@ CNN2FC_HIDDEN = (256, 128)
 
 class Classifier(nn.Module):
     """``fc(net(x))``: a backbone and its final linear layer ``fc`` (the layout
-    :func:`~lightning_unlearn.harness.models.backbone_of` strips)."""
+    :func:`~lightning_unlearn_bench.models.backbone_of` strips)."""
 
     def __init__(self, net: nn.Module, fc: nn.Linear) -> None:
         super().__init__()
@@ -43,14 +43,14 @@ def classifier(model: str, num_classes: int, in_shape: Sequence[int], width: int
     recipe: 90%). ``cnn-mnist``: [HF]'s "simple CNN" (its code's ``CNNMnist``): two 5x5 convolutions of ``width``
     and ``2 * width`` channels, each max-pooled by 2 then ReLU, a hidden layer of ``5 * width`` units (ReLU) and
     ``fc``; ``width`` 10 on 28x28 MNIST is its d = 21,840 parameters ([interp]: without its two dropout layers, which
-    HF's recursion does not model). Any other name is :func:`~lightning_unlearn.harness.models.build_model`'s
+    HF's recursion does not model). Any other name is :func:`~lightning_unlearn_bench.models.build_model`'s
     (``lenet``, ...; ``resnet18`` with the CIFAR stem on images up to 64 pixels a side, with torchvision's ImageNet
     stem on larger ones: LFW's 224, CelebA's 128 [interp]).
 
     Raises:
         ValueError: an unknown model name.
     """
-    from lightning_unlearn.harness import models
+    from lightning_unlearn_bench import models
 
     if model not in MODELS:
         if model not in models.MODELS:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from lightning_unlearn.harness.plot import write_report
-from lightning_unlearn.harness.repro.figures import plot_paper_vs_ours
-from lightning_unlearn.harness.repro.journal import slug
-from lightning_unlearn.harness.repro.schema import ReproConfig
-from lightning_unlearn.harness.repro.tables import SetupResult
+from lightning_unlearn_bench.plot import write_report
+from lightning_unlearn_bench.repro.figures import plot_paper_vs_ours
+from lightning_unlearn_bench.repro.journal import slug
+from lightning_unlearn_bench.repro.schema import ReproConfig
+from lightning_unlearn_bench.repro.tables import SetupResult
 
 
 def write_setup(config: ReproConfig, result: SetupResult, out: Path, *, figures: bool = True) -> list[Path]:

@@ -20,7 +20,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_unlearn.core.interrupts import deferred_interrupts, stop_on_sigterm
 from lightning_unlearn.core.refusal import ReleaseRefused
 from lightning_unlearn.core.request import ForgetRequest
-from lightning_unlearn.harness.loop import (
+from lightning_unlearn.progress import QUIET_TRAINER, progress, quiet_lightning
+from lightning_unlearn.schedule import Schedule, validate_schedule
+from lightning_unlearn_bench.loop import (
     ReferenceRun,
     evaluate_last,
     run_method,
@@ -28,21 +30,19 @@ from lightning_unlearn.harness.loop import (
     run_reference,
     run_reference_last,
 )
-from lightning_unlearn.harness.registry import available_methods
-from lightning_unlearn.harness.report import Report
-from lightning_unlearn.harness.repro import journal
-from lightning_unlearn.harness.repro.columns import comparison_rows, refused_row
-from lightning_unlearn.harness.repro.data import build_info
-from lightning_unlearn.harness.repro.figures import plot_lambda_sweep
-from lightning_unlearn.harness.repro.files import dump_config
-from lightning_unlearn.harness.repro.journal import slug
-from lightning_unlearn.harness.repro.methods import make_method, make_requests
-from lightning_unlearn.harness.repro.outputs import write_setup
-from lightning_unlearn.harness.repro.schema import Entry, ReproConfig, Requests, Scale, Setup
-from lightning_unlearn.harness.repro.tables import ReproResult, SetupResult, format_comparison, summary_markdown
-from lightning_unlearn.harness.types import BenchmarkInfo
-from lightning_unlearn.progress import QUIET_TRAINER, progress, quiet_lightning
-from lightning_unlearn.schedule import Schedule, validate_schedule
+from lightning_unlearn_bench.registry import available_methods
+from lightning_unlearn_bench.report import Report
+from lightning_unlearn_bench.repro import journal
+from lightning_unlearn_bench.repro.columns import comparison_rows, refused_row
+from lightning_unlearn_bench.repro.data import build_info
+from lightning_unlearn_bench.repro.figures import plot_lambda_sweep
+from lightning_unlearn_bench.repro.files import dump_config
+from lightning_unlearn_bench.repro.journal import slug
+from lightning_unlearn_bench.repro.methods import make_method, make_requests
+from lightning_unlearn_bench.repro.outputs import write_setup
+from lightning_unlearn_bench.repro.schema import Entry, ReproConfig, Requests, Scale, Setup
+from lightning_unlearn_bench.repro.tables import ReproResult, SetupResult, format_comparison, summary_markdown
+from lightning_unlearn_bench.types import BenchmarkInfo
 
 __all__ = ["LIRA_SHADOWS", "check_runnable", "evaluate_last", "is_global_zero", "run_config", "start_ranks"]
 
@@ -112,7 +112,7 @@ def run_config(
     A run is a list of rows, each one method of one setup's request set (its reference run with the first row
     that needs it). Each finished row goes to ``log`` as one line, with the rows left and an estimate of the
     time they take (this run's mean time per row), and with ``out`` it is written at once: its file
-    (:mod:`~lightning_unlearn.harness.repro.journal`), then the setup's ``paper_vs_ours.csv`` and the harness's
+    (:mod:`~lightning_unlearn_bench.repro.journal`), then the setup's ``paper_vs_ours.csv`` and the harness's
     ``<K>_requests.csv`` / ``<K>_summary.csv`` so far, and ``out/summary.md``; the figures
     (``paper_vs_ours.png``, ``<K>_accuracies.png``) follow at the end of each setup. ``out/recipe.yaml`` is the
     config that ran (loadable as it is) headed by the run's seed, scale and Trainer arguments; every row carries
@@ -132,7 +132,7 @@ def run_config(
         root: the directory holding the datasets' files; without it a setup runs its ``bundled`` scale (the
             paper's protocol on ``mnist-5k``), and a setup without one is refused.
         smoke: the CPU smoke scale instead of the paper's: on the bundled digits, or with ``root`` on the
-            paper's dataset (e.g. files of :func:`~lightning_unlearn.harness.fake_data.write_fake_dataset`).
+            paper's dataset (e.g. files of :func:`~lightning_unlearn_bench.fake_data.write_fake_dataset`).
         out: where to write the outputs (nothing written without it).
         seed: data split, request draw and model initialisation.
         trainer_kwargs: extra ``Trainer`` arguments for every fit (e.g. ``{"accelerator": "gpu", "devices": 2}``;
@@ -228,9 +228,9 @@ def check_runnable(config: ReproConfig, runs: Sequence[tuple[Setup, Scale]]) -> 
     Raises:
         ValueError: naming the config, the setup and the scale's dataset, model or method entry.
     """
-    from lightning_unlearn.harness import models
-    from lightning_unlearn.harness.datasets import DATASETS
-    from lightning_unlearn.harness.repro.models import MODELS
+    from lightning_unlearn_bench import models
+    from lightning_unlearn_bench.datasets import DATASETS
+    from lightning_unlearn_bench.repro.models import MODELS
 
     for setup, scale in runs:
         at = f"{config.name}: setup {setup.label!r}"

