@@ -9,8 +9,9 @@
 * :mod:`~lightning_unlearn_bench.models`: models by name (:func:`build_model`), [ACU]'s pre-trained backbone;
 * :mod:`~lightning_unlearn_bench.fake_data`: tiny datasets in each real on-disk format, for tests;
 * :mod:`~lightning_unlearn_bench.families`: model families and their gold standards;
-* :mod:`~lightning_unlearn_bench.registry`: names to strategy classes (:class:`MethodSpec`, :func:`get_method`);
-* :mod:`~lightning_unlearn_bench.methods`: the built-in registrations (loaded by the registry on first use);
+* :mod:`~lightning_unlearn_bench.spec`: a method, an unlearner class on model families (:class:`MethodSpec`);
+* :mod:`~lightning_unlearn_bench.methods`: the built-in methods;
+* :mod:`~lightning_unlearn_bench.registry`: names to methods (:func:`get_method`, :func:`unlearner`);
 * :mod:`~lightning_unlearn_bench.own`: your own module and data against retraining (:func:`compare_with_retrain`);
 * :mod:`~lightning_unlearn_bench.papers` and ``configs/*.yaml``: the papers' tables as reproduction configs;
 * :mod:`~lightning_unlearn_bench.repro`: reproduction runs (:func:`~lightning_unlearn_bench.repro.run_config`);
@@ -56,12 +57,13 @@ _EXPORTS = {
         "pretrain_backbone",
     ),
     "registry": (
-        "MethodSpec",
         "available_methods",
         "get_method",
         "method_spec",
         "register",
+        "unlearner",
     ),
+    "spec": ("MethodSpec",),
     "report": (
         "TABLE1",
         "Report",
@@ -106,6 +108,7 @@ __all__ = [
     "reference",
     "register",
     "retrain_method",
+    "unlearner",
 ]
 
 if TYPE_CHECKING:
@@ -122,8 +125,9 @@ if TYPE_CHECKING:
     from lightning_unlearn_bench.loop import evaluate
     from lightning_unlearn_bench.models import MODELS, backbone_of, build_model, pretrain_backbone
     from lightning_unlearn_bench.own import DatasetPair, compare_with_retrain
-    from lightning_unlearn_bench.registry import MethodSpec, available_methods, get_method, method_spec, register
+    from lightning_unlearn_bench.registry import available_methods, get_method, method_spec, register, unlearner
     from lightning_unlearn_bench.report import TABLE1, Report, format_table
+    from lightning_unlearn_bench.spec import MethodSpec
     from lightning_unlearn_bench.types import BenchmarkInfo, Built, Method, describe_benchmark
 
 

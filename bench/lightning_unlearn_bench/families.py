@@ -67,7 +67,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
 #: the proximal family's batch (larger than any experience: one batch per experience) and L-BFGS steps per task
 FULL_BATCH, LBFGS_STEPS = 1 << 30, 2
 #: the gradient norm the proximal family's Newton-CG finish reaches on every task: a tenth of the certified [CCL]
-#: methods' task tolerance (harness.methods.TASK_TOLERANCE, 1e-3), a margin for the check's own float rounding
+#: methods' task tolerance (methods.TASK_TOLERANCE, 1e-3), a margin for the check's own float rounding
 NEWTON_TOLERANCE = 1e-4
 
 

@@ -30,6 +30,7 @@ from lightning_unlearn.functional.bounds import linear_head, linear_model_consta
 from lightning_unlearn.functional.newton import hessian_lipschitz_bound
 from lightning_unlearn.privacy import ReleaseConfig
 from lightning_unlearn.unlearners.acu import ACUUnlearner
+from lightning_unlearn.unlearners.base import Unlearner
 from lightning_unlearn.unlearners.baselines import (
     FinetuneUnlearner,
     NegGradPlusUnlearner,
@@ -49,7 +50,7 @@ from lightning_unlearn.unlearners.rbm import RBMUnlearner
 from lightning_unlearn.unlearners.scrub import SCRUBUnlearner
 from lightning_unlearn.unlearners.sparse import L1SparseUnlearner, WoodFisherUnlearner
 from lightning_unlearn.unlearners.streaming import StreamingUnlearner
-from lightning_unlearn_bench.registry import MethodSpec, register
+from lightning_unlearn_bench.spec import MethodSpec
 from lightning_unlearn_bench.types import BenchmarkInfo
 
 
@@ -157,7 +158,27 @@ _SECOND_ORDER = (
 _CCL = "strong convexity, proved constants, each task solved to a checked tolerance (TaskOptimality)"
 _NONE = "none (no bound on the distance to retraining)"
 
-register(
+
+def _second_order(name: str, cls: type[Unlearner], form: str, guarantee: str, cost: str) -> MethodSpec:
+    """[NS] or [IJ] ([HF]'s Hessian-based baselines): ``cls`` with the ``form`` of :class:`HessianSumRecorder`."""
+    return MethodSpec(
+        name,
+        cls,
+        families=("linear",),
+        recorder=_hessian_sum(form),
+        recorder_options={"damping": 0.01, "max_bytes": MAX_BYTES},
+        label=certified_label(name),
+        context=_second_order_constants,
+        managed=frozenset({"constants", "hessian_lipschitz"}),
+        guarantee=guarantee,
+        assumptions=_SECOND_ORDER,
+        cost=cost,
+        paper=name.upper(),
+    )
+
+
+#: the built-in methods (the registry's names, :mod:`lightning_unlearn_bench.registry`)
+BUILTIN: tuple[MethodSpec, ...] = (
     MethodSpec(
         "acu",
         ACUUnlearner,
@@ -168,9 +189,7 @@ register(
         assumptions="a frozen backbone; the head is the ridge solution, which the recorder solves in closed form",
         cost="O(k d_F^2) per request of k samples by eq. (5)/(6), or an O(d_F^3) re-solve; recording O(n d_F^2)",
         paper="ACU",
-    )
-)
-register(
+    ),
     MethodSpec(
         "retrain",
         RetrainUnlearner,
@@ -178,9 +197,7 @@ register(
         guarantee="exact by construction (the gold standard)",
         assumptions="the initial weights and the retained data are kept",
         cost="the whole continual recipe replayed on the retained data, per request",
-    )
-)
-register(
+    ),
     MethodSpec(
         "finetune",
         FinetuneUnlearner,
@@ -188,9 +205,7 @@ register(
         assumptions=_TRAINED,
         cost="`epochs` epochs over the retained set per request",
         paper="ACU",
-    )
-)
-register(
+    ),
     MethodSpec(
         "neggrad",
         NegGradUnlearner,
@@ -198,9 +213,7 @@ register(
         assumptions=_TRAINED + "; the loss is unbounded below (a diverging run stops)",
         cost="`epochs` epochs of gradient ascent over the forget set per request",
         paper="ACU",
-    )
-)
-register(
+    ),
     MethodSpec(
         "neggrad_plus",
         NegGradPlusUnlearner,
@@ -208,9 +221,7 @@ register(
         assumptions=_TRAINED,
         cost="`epochs` epochs over the retained set, a forget batch beside each retained batch",
         paper="SCRUB",
-    )
-)
-register(
+    ),
     MethodSpec(
         "randomlabel",
         RandomLabelUnlearner,
@@ -218,9 +229,7 @@ register(
         assumptions=_TRAINED + "; training and forget items of one format",
         cost="`epochs` epochs over the retained set plus the relabelled forget set per request",
         paper="ACU",
-    )
-)
-register(
+    ),
     MethodSpec(
         "rbm",
         RBMUnlearner,
@@ -229,9 +238,7 @@ register(
         assumptions=_TRAINED + "; weights salient for the retained data stay",
         cost="one saliency gradient over the retained set, then `epochs` epochs over it per request",
         paper="RBM",
-    )
-)
-register(
+    ),
     MethodSpec(
         "salun",
         RBMUnlearner,
@@ -240,9 +247,7 @@ register(
         assumptions=_TRAINED + "; only weights salient for the forget set train",
         cost="one saliency gradient over the forget set, then `epochs` epochs over the retained set per request",
         paper="SalUn",
-    )
-)
-register(
+    ),
     MethodSpec(
         "hf",
         HFUnlearner,
@@ -256,41 +261,21 @@ register(
         assumptions="strong convexity (Assumption 1), proved constants, plain SGD with every lr <= 2/(M + lambda)",
         cost="O(k d) per request (vector sums and noise); recording one HVP per tracked sample and step",
         paper="HF",
-    )
-)
-for _name, _cls, _form, _guarantee, _cost in (
-    (
+    ),
+    _second_order(
         "ns",
         NewtonStepUnlearner,
         "hessian",
         "(epsilon, delta): a damped Newton step on the retained Hessian plus noise ([HF] Eq. (15), [NS] Alg. 2)",
         "an O(d^3) factorisation per request; recording the dense d x d Hessian (d HVPs over the data)",
     ),
-    (
+    _second_order(
         "ij",
         InfinitesimalJackknifeUnlearner,
         "inverse",
         "(epsilon, delta): an infinitesimal-jackknife step plus noise ([HF] Eq. (16))",
         "O(k d^2) per request; recording the dense d x d inverse Hessian (one O(d^3) inversion)",
     ),
-):
-    register(
-        MethodSpec(
-            _name,
-            _cls,
-            families=("linear",),
-            recorder=_hessian_sum(_form),
-            recorder_options={"damping": 0.01, "max_bytes": MAX_BYTES},
-            label=certified_label(_name),
-            context=_second_order_constants,
-            managed=frozenset({"constants", "hessian_lipschitz"}),
-            guarantee=_guarantee,
-            assumptions=_SECOND_ORDER,
-            cost=_cost,
-            paper=_name.upper(),
-        )
-    )
-register(
     MethodSpec(
         "hessian",
         HessianCertifiedUnlearner,
@@ -307,9 +292,7 @@ register(
             "gradients, O(n_i K d) per iteration); recording a Hessian per task"
         ),
         paper="CCL",
-    )
-)
-register(
+    ),
     MethodSpec(
         "gradient",
         GradientCertifiedUnlearner,
@@ -322,9 +305,7 @@ register(
         assumptions=_CCL,
         cost="O(d) per request (noise); recording task sizes and end points",
         paper="CCL",
-    )
-)
-register(
+    ),
     MethodSpec(
         "safe",
         StreamingUnlearner,
@@ -336,9 +317,7 @@ register(
         assumptions="one request per round; the certified release needs the weight bound W (Thm. 2(iii))",
         cost="one step from the anchor w_0 per request: gradients of the forget buffer at w_0",
         paper="SAFE",
-    )
-)
-register(
+    ),
     MethodSpec(
         "scrub",
         SCRUBUnlearner,
@@ -346,9 +325,7 @@ register(
         assumptions=_TRAINED + "; forward returns the logits",
         cost="`epochs` epochs per request: a max-pass over the forget set, a min-pass over the retained set",
         paper="SCRUB",
-    )
-)
-register(
+    ),
     MethodSpec(
         "l1_sparse",
         L1SparseUnlearner,
@@ -356,9 +333,7 @@ register(
         assumptions=_TRAINED,
         cost="`epochs` epochs over the retained set with a decaying L1 penalty per request",
         paper="Sparse",
-    )
-)
-register(
+    ),
     MethodSpec(
         "woodfisher",
         WoodFisherUnlearner,
@@ -366,9 +341,7 @@ register(
         assumptions="one influence step w + alpha F^-1 v, F the dampened empirical Fisher of retained gradients",
         cost="gradients over the forget and retained sets and n_samples per-sample gradients, O(n_samples^2 d)",
         paper="Sparse, WoodFisher",
-    )
-)
-register(
+    ),
     MethodSpec(
         "resolve",
         ResolveUnlearner,
@@ -379,9 +352,7 @@ register(
         guarantee="(epsilon, delta) [derived]: the head re-solved to within radius of the retained optimum, plus noise",
         assumptions="a frozen backbone; the L2-regularised softmax head is strongly convex (docs/certified_head.md)",
         cost="a few Newton steps of HVPs over the recorder's retained float64 features per request",
-    )
-)
-register(
+    ),
     MethodSpec(
         "certified_removal",
         CertifiedRemovalUnlearner,
@@ -393,9 +364,7 @@ register(
         assumptions="a frozen backbone; the head trained with a secret loss perturbation; releases not composed",
         cost="one Newton step (preconditioned CG of Hessian-vector products) over the retained features, or a re-solve",
         paper="CR",
-    )
-)
-register(
+    ),
     MethodSpec(
         "noisy_finetune",
         NoisyFinetuneUnlearner,
@@ -406,5 +375,5 @@ register(
         assumptions="any loss and module (clipped gradients); update='convex': a linear softmax head (no shift)",
         cost="`steps` noisy steps on the retained data per request (plus optional noise-free epochs)",
         paper="CUNN, PABI",
-    )
+    ),
 )

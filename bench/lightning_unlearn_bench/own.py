@@ -143,7 +143,7 @@ def module_method(name: str, module: ModuleFactory, **options: Any) -> Method:
     """The registered method ``name`` on modules made by ``module()``, and its reference: retraining such a module.
 
     The method learns the stream with its recorder on the module (``module_recorder`` of its
-    :class:`~lightning_unlearn_bench.registry.MethodSpec`, else its ``recorder``, else a
+    :class:`~lightning_unlearn_bench.spec.MethodSpec`, else its ``recorder``, else a
     :class:`SampleRecorder`), one fit of ``info.epochs`` epochs per experience, through the module's own
     ``training_step`` and optimizer. Its reference replays that recipe from the same initial weights on the
     retained data; a ``module_recorder`` learns part of the module itself (ACU's head), so that replay refits with a

@@ -55,14 +55,8 @@ from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.privacy import ReleaseConfig
 from lightning_unlearn.privacy.recipe import Recipe, propose_recipe
 from lightning_unlearn.progress import QUIET_TRAINER
-from lightning_unlearn.unlearners import (
-    CertifiedRemovalUnlearner,
-    GradientCertifiedUnlearner,
-    HessianCertifiedUnlearner,
-    HFUnlearner,
-    ResolveUnlearner,
-    StreamingUnlearner,
-)
+from lightning_unlearn.unlearners import CertifiedRemovalUnlearner
+from lightning_unlearn_bench.registry import unlearner
 
 EPSILONS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 100.0)
 #: the certified head's ridge (the convex family's default) and [CR]'s residual budget (sum form)
@@ -315,7 +309,8 @@ def run_tradeoff(
         for eps in grid:
             if "hf" in methods:
                 m2, r2 = copy.deepcopy(model), copy.deepcopy(rec)
-                hf_strategy = HFUnlearner(
+                hf_strategy = unlearner(
+                    "hf",
                     m2,
                     r2,
                     constants=constants,
@@ -325,7 +320,8 @@ def run_tradeoff(
                 log(_line(rows[-1]))
             if "safe" in methods:
                 m2, sr2 = copy.deepcopy(model), copy.deepcopy(srec)
-                safe_strategy = StreamingUnlearner(
+                safe_strategy = unlearner(
+                    "safe",
                     m2,
                     sr2,
                     constants=constants,
@@ -348,18 +344,19 @@ def run_tradeoff(
         rows.append(_row("retrain[lbfgs]", math.inf, retrain, model, retrain_acc, setup))
         constants = linear_model_constants(setup.feature_norm, setup.recipe.l2, init_norm=0.0)
         for eps in grid:
-            for name, cls in (("hessian", HessianCertifiedUnlearner), ("gradient", GradientCertifiedUnlearner)):
+            for name in ("hessian", "gradient"):
                 if name not in methods:
                     continue
                 m2, hr2 = copy.deepcopy(model), copy.deepcopy(hrec)
-                ccl_strategy = cls(
+                ccl_strategy = unlearner(
+                    name,
                     m2,
                     hr2,
                     constants=constants,
                     optimality=check,
                     release=ReleaseConfig(epsilon=1.0 if eps == math.inf else eps, delta=delta, noise=eps != math.inf),
                 )
-                cert = _requests(setup, ccl_strategy, setup.train if cls.reads_data else None)
+                cert = _requests(setup, ccl_strategy, setup.train if ccl_strategy.reads_data else None)
                 rows.append(_row(name, eps, m2, model, retrain_acc, setup, cert))
                 log(_line(rows[-1]))
     return rows, setup
@@ -380,7 +377,8 @@ def _head_rows(
     for eps in grid:
         if "resolve" in methods:
             m2, r2 = copy.deepcopy(model), copy.deepcopy(recorder)
-            strategy: Any = ResolveUnlearner(
+            strategy: Any = unlearner(
+                "resolve",
                 m2,
                 r2,
                 release=ReleaseConfig(
@@ -393,7 +391,7 @@ def _head_rows(
             beta = CertifiedRemovalUnlearner.perturbation_std(CR_BUDGET, eps, setup.delta)
             m2, r2 = setup.fit_head(loss_perturbation=beta)
             before = copy.deepcopy(m2)  # its own trained model: the perturbed objective's
-            strategy = CertifiedRemovalUnlearner(m2, r2, epsilon=eps, delta=setup.delta)
+            strategy = unlearner("certified_removal", m2, r2, epsilon=eps, delta=setup.delta)
             rows.append(_row("certified_removal", eps, m2, before, retrain_acc, setup, _requests(setup, strategy)))
             log(_line(rows[-1]))
     return rows
