@@ -19,6 +19,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_unlearn
+import lightning_unlearn_bench
 from lightning_unlearn.core.interrupts import deferred_interrupts, stop_on_sigterm
 from lightning_unlearn_bench import cli
 from lightning_unlearn_bench.cli import main
@@ -72,7 +73,8 @@ def test_a_held_block_finishes_before_sigterm_stops():
 def test_sigterm_stops_a_run_that_resume_then_finishes(tmp_path, capsys):
     config = tiny_config(tmp_path / "tiny.yaml", ROWS, epochs=3)
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": str(Path(lightning_unlearn.__file__).parents[1])}
+    checkouts = (Path(package.__file__).parents[1] for package in (lightning_unlearn, lightning_unlearn_bench))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, checkouts))}
     command = [sys.executable, "-m", "lightning_unlearn_bench", "reproduce", str(config), "--smoke", "--out", str(out)]
     run = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = out / "LR" / "rows" / "K_2--A.json"
