@@ -1,4 +1,7 @@
-"""Evaluation harness: every unlearning method through one continual-unlearning protocol ([ACU] Section 4.1).
+"""The bench: every unlearning method through one continual-unlearning protocol ([ACU] Section 4.1).
+
+A distribution of its own, ``lightning-unlearn-bench`` (``bench/`` in the repository), built on ``lightning-unlearn``,
+which never imports it: the evaluation harness, the papers' tables and the ``lightning-unlearn`` command.
 
 * :mod:`~lightning_unlearn_bench.types`: :class:`BenchmarkInfo`, :class:`Method`, :class:`Built`;
 * :mod:`~lightning_unlearn_bench.loop`: :func:`evaluate` (learn, forget, compare with the gold standard);
@@ -15,7 +18,9 @@
 * :mod:`~lightning_unlearn_bench.own`: your own module and data against retraining (:func:`compare_with_retrain`);
 * :mod:`~lightning_unlearn_bench.papers` and ``configs/*.yaml``: the papers' tables as reproduction configs;
 * :mod:`~lightning_unlearn_bench.repro`: reproduction runs (:func:`~lightning_unlearn_bench.repro.run_config`);
-* :mod:`~lightning_unlearn_bench.tradeoff`: the privacy-utility benchmark (``lightning-unlearn tradeoff``).
+* :mod:`~lightning_unlearn_bench.tradeoff`: the privacy-utility benchmark (``lightning-unlearn tradeoff``);
+* :mod:`~lightning_unlearn_bench.cli` and ``__main__``: the ``lightning-unlearn`` command (also
+  ``python -m lightning_unlearn_bench``).
 
 Names are imported from here lazily (each module on first use): reading a config imports no harness module
 that needs torch.

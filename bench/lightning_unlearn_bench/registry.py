@@ -1,6 +1,6 @@
 """Method registry: the names the CLI and the harness know, each a :class:`~lightning_unlearn_bench.spec.MethodSpec`.
 
-The built-in methods are :mod:`lightning_unlearn_bench.methods`'; adding a method is one spec::
+The built-in methods are :data:`~lightning_unlearn_bench.methods.BUILTIN`; adding a method is one spec::
 
     register(MethodSpec("mine", MyUnlearner, families=("supervised",), recorder=lambda info: MyRecorder()))
     get_method("mine", epsilon=0.5)  # MyUnlearner(module, recorder, epsilon=0.5) on the family's model
