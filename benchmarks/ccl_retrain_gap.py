@@ -22,8 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from lightning_unlearn.functional.newton_cg import newton_cg
-from lightning_unlearn.harness.datasets import MNIST5k, dataset_spec
-from lightning_unlearn.harness.repro.data import task_stream
+from lightning_unlearn_bench.datasets import MNIST5k, dataset_spec
+from lightning_unlearn_bench.repro.data import task_stream
 
 #: Table 2, row 1: the tasks (1-based) the five requests forget
 FORGOTTEN = {1, 2, 7, 10, 12, 13, 16, 19, 23, 24}

@@ -28,9 +28,9 @@ from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig
 from lightning_unlearn.callbacks.convex import SoftmaxHeadRecorder
 from lightning_unlearn.data import sample_ids_of
 from lightning_unlearn.functional import convex
-from lightning_unlearn.harness.datasets import MNIST5k
 from lightning_unlearn.progress import QUIET_TRAINER
 from lightning_unlearn.unlearners.convex import CertifiedRemovalUnlearner, ResolveUnlearner
+from lightning_unlearn_bench.datasets import MNIST5k
 
 L2, RADIUS, EPSILON, DELTA = 1e-3, 2e-4, 1.0, 1e-5
 PUBLIC = 1000

@@ -1,6 +1,6 @@
 """Every registered method through one continual-unlearning protocol, next to ACU's Table 1 (issue 4 benchmark).
 
-Real data, no download: scikit-learn's handwritten digits (``lightning_unlearn.harness.digits``), an MLP
+Real data, no download: scikit-learn's handwritten digits (``lightning_unlearn_bench.digits``), an MLP
 backbone pre-trained on the disjoint base split and frozen, then a class-incremental stream of
 5 experiences (2 classes each). As in ACU App. E.1, a quarter of the learned samples is split
 into K = 5 or K = 25 disjoint forget requests (seeded), executed one after another. Gaps are to
@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from lightning_unlearn.harness import Report, available_methods, digits_benchmark, evaluate, format_table, get_method
 from lightning_unlearn.schedule import make_schedule
+from lightning_unlearn_bench import Report, available_methods, digits_benchmark, evaluate, format_table, get_method
 
 for noise in (
     ".*does not have many workers.*",

@@ -25,9 +25,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from lightning_unlearn.harness.datasets import ACU_BASE_FRACTION, BENCHMARKS, load_dataset
-from lightning_unlearn.harness.fake_data import write_fake_dataset
-from lightning_unlearn.harness.models import ACU_PRETRAIN, MODELS, build_model
+from lightning_unlearn_bench.datasets import ACU_BASE_FRACTION, BENCHMARKS, load_dataset
+from lightning_unlearn_bench.fake_data import write_fake_dataset
+from lightning_unlearn_bench.models import ACU_PRETRAIN, MODELS, build_model
 
 #: training-set sizes of the real datasets
 FULL_TRAIN = {

@@ -17,8 +17,8 @@ import logging
 import time
 import warnings
 
-from lightning_unlearn.harness import digits_benchmark, evaluate, format_table, get_method
 from lightning_unlearn.schedule import make_schedule
+from lightning_unlearn_bench import digits_benchmark, evaluate, format_table, get_method
 
 METHODS = ("finetune", "neggrad", "neggrad_plus", "randomlabel", "rbm", "salun")
 

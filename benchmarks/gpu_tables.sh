@@ -8,7 +8,7 @@
 #   benchmarks/gpu_tables.sh ROOT [DEVICES] [CONFIG ...]
 #
 # ROOT     the datasets in torchvision's layout (ROOT/cifar-10-batches-py/, cifar-100-python/, tiny-imagenet-200/,
-#          FashionMNIST/raw/, MNIST/raw/, lfw-py/, celeba/; see lightning_unlearn/harness/datasets.py)
+#          FashionMNIST/raw/, MNIST/raw/, lfw-py/, celeba/; see bench/lightning_unlearn_bench/datasets.py)
 # DEVICES  GPUs per run (default 1)
 # CONFIG   configs to run (default: the GPU ones, acu-table1 rbm-table2 hf-table6 safe-table1; their GPU time
 #          estimates are README.md's table under "reproduce": ~2 h per ACU dataset, ~3.3 h per RBM block,

@@ -1,7 +1,7 @@
 """Every reproduction config's CPU smoke run (tables and times), and what each full-scale run costs.
 
 Part 1 runs ``lightning-unlearn reproduce <config> --smoke`` for every config of
-:mod:`lightning_unlearn.harness.papers` and prints its tables with the wall and CPU time it took.
+:mod:`lightning_unlearn_bench.papers` and prints its tables with the wall and CPU time it took.
 
 Part 2 estimates each full-scale run from its protocol: the training sample-passes it makes (every
 method learns the stream itself, its reference learns it and retrains after every request, or once
@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lightning_unlearn.harness.papers import CONFIGS
-from lightning_unlearn.harness.repro import LIRA_SHADOWS, ReproConfig, Scale, Setup, classifier, run_config
+from lightning_unlearn_bench.papers import CONFIGS
+from lightning_unlearn_bench.repro import LIRA_SHADOWS, ReproConfig, Scale, Setup, classifier, run_config
 
 for noise in (
     ".*does not have many workers.*",

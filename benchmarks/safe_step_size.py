@@ -31,12 +31,12 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_unlearn import ForgetRequest
 from lightning_unlearn.callbacks import StreamingRecorder
 from lightning_unlearn.data import IndexedDataset
-from lightning_unlearn.harness.datasets import MNIST5k
-from lightning_unlearn.harness.papers import get_config
-from lightning_unlearn.harness.repro.models import classifier
 from lightning_unlearn.models import SupervisedClassifier
 from lightning_unlearn.progress import QUIET_TRAINER
 from lightning_unlearn.unlearners import StreamingUnlearner
+from lightning_unlearn_bench.datasets import MNIST5k
+from lightning_unlearn_bench.papers import get_config
+from lightning_unlearn_bench.repro.models import classifier
 
 warnings.filterwarnings("ignore")
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)

@@ -47,9 +47,9 @@ from torch.utils.data import DataLoader, Subset
 from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig
 from lightning_unlearn.callbacks import SlicedBackbone, SoftmaxHeadRecorder
 from lightning_unlearn.callbacks.slices import sisa_epochs
-from lightning_unlearn.harness.datasets import MNIST5k
 from lightning_unlearn.progress import QUIET_TRAINER, quiet_lightning
 from lightning_unlearn.unlearners import ResolveUnlearner, SlicedResolveUnlearner, Unlearner
+from lightning_unlearn_bench.datasets import MNIST5k
 
 warnings.filterwarnings("ignore")
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)

@@ -33,8 +33,6 @@ from torch.utils.data import DataLoader, Subset
 from lightning_unlearn import ForgetRequest
 from lightning_unlearn.avalanche import fit_stream
 from lightning_unlearn.callbacks import SampleRecorder
-from lightning_unlearn.harness import digits_benchmark, format_table, get_method
-from lightning_unlearn.harness.types import BenchmarkInfo
 from lightning_unlearn.metrics import accuracy
 from lightning_unlearn.models import SupervisedClassifier
 from lightning_unlearn.progress import QUIET_TRAINER
@@ -45,6 +43,8 @@ from lightning_unlearn.unlearners import (
     SCRUBUnlearner,
     WoodFisherUnlearner,
 )
+from lightning_unlearn_bench import digits_benchmark, format_table, get_method
+from lightning_unlearn_bench.types import BenchmarkInfo
 
 METHODS = ("scrub", "l1_sparse", "woodfisher", "finetune")
 

@@ -56,7 +56,7 @@ def command(ns: argparse.Namespace) -> list[str]:
         raise SystemExit("tables.py: --out is RESULTS/<config>; choose its parent with --results")
     out = ns.results / Path(ns.config).stem
     script = Path(sys.executable).with_name("lightning-unlearn")  # unlike `python -m`, keeps PYTHONPATH first
-    launch = [str(script)] if script.exists() else [sys.executable, "-m", "lightning_unlearn"]
+    launch = [str(script)] if script.exists() else [sys.executable, "-m", "lightning_unlearn_bench"]
     return [
         *launch, "reproduce", ns.config,
         "--out", str(out), "--resume", "--progress", "false", *ns.args,

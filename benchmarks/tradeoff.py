@@ -16,7 +16,7 @@ import logging
 import sys
 import warnings
 
-from lightning_unlearn.harness.tradeoff import format_tradeoff, run_tradeoff, write_tradeoff
+from lightning_unlearn_bench.tradeoff import format_tradeoff, run_tradeoff, write_tradeoff
 
 warnings.filterwarnings("ignore")
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)

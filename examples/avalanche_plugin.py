@@ -30,9 +30,9 @@ from lightning_unlearn import (
     ForgetRequest,
 )
 from lightning_unlearn.avalanche import UnlearningPlugin, benchmark_with_sample_ids
-from lightning_unlearn.harness.digits import digits_splits
 from lightning_unlearn.models import SupervisedClassifier
 from lightning_unlearn.progress import progress_bar
+from lightning_unlearn_bench.digits import digits_splits
 
 # Avalanche imports qpsolvers for GEM, and qpsolvers warns "no QP solver found" when none is installed: this script
 # runs Naive, which needs none, so that one warning of the import is dropped; Lightning 2.6.6 (the newest) builds

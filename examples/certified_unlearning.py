@@ -32,10 +32,10 @@ from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig
 from lightning_unlearn.avalanche import benchmark_with_sample_ids, fit_stream
 from lightning_unlearn.callbacks import HessianRecorder, TrajectoryRecorder
 from lightning_unlearn.functional import hf
-from lightning_unlearn.harness.digits import digits_splits
 from lightning_unlearn.metrics import evaluate_unlearning
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.unlearners import HessianCertifiedUnlearner, HFUnlearner
+from lightning_unlearn_bench.digits import digits_splits
 
 # Lightning 2.6.6 (the newest) builds torch's deprecated LeafSpec in every fit, and torch warns about it: nothing
 # a user of either can change, so this one FutureWarning is dropped; every other warning is shown (the library's

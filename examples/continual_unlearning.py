@@ -23,10 +23,10 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from lightning_unlearn import ACUUnlearner, AnalyticClassifier, AnalyticRecorder, ForgetRequest, IndexedDataset, Ledger
 from lightning_unlearn.avalanche import benchmark_with_sample_ids, fit_stream
-from lightning_unlearn.harness.digits import digits_splits
 from lightning_unlearn.metrics import evaluate_unlearning, log_metrics
 from lightning_unlearn.models import SupervisedClassifier, mlp_backbone
 from lightning_unlearn.progress import progress_bar, quiet_lightning
+from lightning_unlearn_bench.digits import digits_splits
 
 # Lightning 2.6.6 (the newest) builds torch's deprecated LeafSpec in every fit, and torch warns about it: nothing
 # a user of either can change, so this one FutureWarning is dropped; every other warning is shown.

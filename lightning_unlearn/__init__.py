@@ -4,7 +4,8 @@ The names a user needs are exported here: every unlearner and every recorder cal
 requests, certificates, ledger and catalog they exchange, the library's model classes and the data helpers.
 They are imported lazily (PEP 562), each module on first use, so ``import lightning_unlearn`` costs no torch
 and no Lightning import until a name is used. Avalanche integration lives in :mod:`lightning_unlearn.avalanche`
-(imported on demand: Avalanche is slow to import); the evaluation harness in :mod:`lightning_unlearn.harness`.
+(imported on demand: Avalanche is slow to import). The evaluation harness and the ``lightning-unlearn`` command are
+a separate distribution, ``lightning-unlearn-bench`` (:mod:`lightning_unlearn_bench`), which this package never imports.
 """
 
 from __future__ import annotations

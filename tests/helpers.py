@@ -76,8 +76,8 @@ def ddp_repro_config():
     processes."""
     from dataclasses import replace
 
-    from lightning_unlearn.harness.papers import get_config
-    from lightning_unlearn.harness.repro import Requests
+    from lightning_unlearn_bench.papers import get_config
+    from lightning_unlearn_bench.repro import Requests
 
     acu = get_config("acu-table1")
     setup = acu.setups[0]

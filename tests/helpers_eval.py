@@ -6,8 +6,8 @@ import torch
 from helpers import N_FEATURES, toy_tensors
 from torch.utils.data import TensorDataset
 
-from lightning_unlearn.harness import BenchmarkInfo, describe_benchmark
 from lightning_unlearn.models import mlp_backbone
+from lightning_unlearn_bench import BenchmarkInfo, describe_benchmark
 
 
 def tiny_info(n: int = 160, n_experiences: int = 2, seed: int = 0) -> BenchmarkInfo:

@@ -21,7 +21,7 @@ from torch.utils.data import Dataset, Subset, TensorDataset
 
 from lightning_unlearn import IndexedDataset
 from lightning_unlearn.functional.metrics import lira_offline_scores, logit_confidence
-from lightning_unlearn.harness.tradeoff import run_tradeoff
+from lightning_unlearn_bench.tradeoff import run_tradeoff
 from lightning_unlearn.metrics import shadow_models
 
 

@@ -18,8 +18,8 @@ from torch.utils.data import TensorDataset
 
 from lightning_unlearn import ACUUnlearner, AnalyticRecorder, ForgetRequest
 from lightning_unlearn.avalanche import UnlearningPlugin, benchmark_with_sample_ids, sample_ids
-from lightning_unlearn.harness.digits import digits_splits
 from lightning_unlearn.models import AnalyticHead, AnalyticHeadModule, float64_forward
+from lightning_unlearn_bench.digits import digits_splits
 
 from avalanche.training import DER, EWC, Naive, Replay  # isort: skip  (imported quietly by lightning_unlearn.avalanche)
 

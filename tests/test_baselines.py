@@ -186,8 +186,8 @@ def test_defaults_forget_a_class_as_retraining_does_in_the_harness():
     here at 57-87% (measured)."""
     from helpers_eval import tiny_info
 
-    from lightning_unlearn.harness import evaluate, get_method
     from lightning_unlearn.schedule import make_schedule
+    from lightning_unlearn_bench import evaluate, get_method
 
     info = tiny_info()
     schedule = make_schedule(info.catalog(), 1, kinds=("class",), seed=0)

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from helpers_own import FITS
 
-from lightning_unlearn.cli import build_parser, list_methods, main, method_options, plain_text
-from lightning_unlearn.harness import MethodSpec, get_method, method_spec, registry
 from lightning_unlearn.unlearners import FinetuneUnlearner
+from lightning_unlearn_bench import MethodSpec, get_method, method_spec, registry
+from lightning_unlearn_bench.cli import build_parser, list_methods, main, method_options, plain_text
 
 pytestmark = pytest.mark.slow
 
@@ -231,8 +231,8 @@ def test_reproduce_setups_takes_one_label_or_a_list():
 @pytest.mark.parametrize(
     ("rest", "text"),
     [
-        (":func:`~lightning_unlearn.harness.own.compare_with_retrain`", "compare_with_retrain"),
-        (":mod:`lightning_unlearn.harness.tradeoff`", "lightning_unlearn.harness.tradeoff"),
+        (":func:`~lightning_unlearn_bench.own.compare_with_retrain`", "compare_with_retrain"),
+        (":mod:`lightning_unlearn_bench.tradeoff`", "lightning_unlearn_bench.tradeoff"),
         (":class:`the head <lightning_unlearn.AnalyticHead>` learns", "the head learns"),
         (":py:meth:`~.MethodSpec.option_list`", "option_list"),
         ("If :paramref:`~lightning.pytorch.trainer.trainer.Trainer.deterministic` is", "If deterministic is"),
@@ -249,7 +249,7 @@ def test_plain_text_shows_rest_roles_and_literals_as_their_text(rest, text):
 @pytest.mark.parametrize(
     ("argv", "shown"),
     [
-        (["--help"], "(lightning_unlearn.harness.own.compare_with_retrain). tradeoff prints"),
+        (["--help"], "(lightning_unlearn_bench.own.compare_with_retrain). tradeoff prints"),
         (["compare", "--help"], "If deterministic is set to True, this will default to False"),  # Lightning's docstring
         (["tradeoff", "--help"], "Default: os.getcwd(). Can be remote file paths such as s3://mybucket/path"),
         (["reproduce", "--help"], 'or "auto" for automatic selection'),

@@ -325,8 +325,8 @@ def test_frozen_backbone_head_on_a_user_module_with_dict_batches():
 def test_harness_runs_both_methods_against_the_convex_retrain():
     from helpers_eval import tiny_info
 
-    from lightning_unlearn.harness import evaluate, get_method
     from lightning_unlearn.schedule import make_schedule
+    from lightning_unlearn_bench import evaluate, get_method
 
     info = tiny_info()
     schedule = make_schedule(info.catalog(), 2, kinds=("samples", "class"), samples_per_request=4, seed=0)

@@ -11,8 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_unlearn.avalanche import items_with_ids
-from lightning_unlearn.cli import main
-from lightning_unlearn.harness import (
+from lightning_unlearn_bench import (
     BENCHMARKS,
     DatasetNotFoundError,
     backbone_of,
@@ -21,8 +20,9 @@ from lightning_unlearn.harness import (
     load_splits,
     pretrain_backbone,
 )
-from lightning_unlearn.harness.datasets import load_dataset
-from lightning_unlearn.harness.fake_data import write_fake_dataset
+from lightning_unlearn_bench.cli import main
+from lightning_unlearn_bench.datasets import load_dataset
+from lightning_unlearn_bench.fake_data import write_fake_dataset
 
 PER_CLASS, TEST_PER_CLASS = 4, 2
 

@@ -16,8 +16,8 @@ import torch
 import yaml
 
 from lightning_unlearn import unlearners
-from lightning_unlearn.harness.registry import available_methods, method_spec
 from lightning_unlearn.unlearners.base import Unlearner
+from lightning_unlearn_bench.registry import available_methods, method_spec
 
 ROOT = Path(__file__).parent.parent
 DOCS = ROOT / "docs"

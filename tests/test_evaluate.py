@@ -4,12 +4,17 @@ import csv
 import math
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from helpers_eval import tiny_info
+from torch import nn
+from torch.utils.data import TensorDataset
 
-from lightning_unlearn import ForgetRequest, ReleaseConfig
-from lightning_unlearn.harness import (
+from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig, SampleRecorder, TrajectoryRecorder
+from lightning_unlearn.schedule import Schedule, make_schedule, validate_schedule
+from lightning_unlearn.unlearners import ACUUnlearner, HFUnlearner, RBMUnlearner, StreamingUnlearner
+from lightning_unlearn_bench import (
     TABLE1,
     MethodSpec,
     available_methods,
@@ -17,11 +22,10 @@ from lightning_unlearn.harness import (
     get_method,
     method_spec,
     register,
+    unlearner,
 )
-from lightning_unlearn.harness.registry import HARNESS_ARGUMENTS, keyword_options
-from lightning_unlearn.harness.report import ATTACK_COLUMNS, ATTACKS
-from lightning_unlearn.schedule import Schedule, make_schedule, validate_schedule
-from lightning_unlearn.unlearners import ACUUnlearner, HFUnlearner, StreamingUnlearner
+from lightning_unlearn_bench.report import ATTACK_COLUMNS, ATTACKS
+from lightning_unlearn_bench.spec import HARNESS_ARGUMENTS, keyword_options
 
 pytestmark = pytest.mark.slow
 
@@ -314,6 +318,41 @@ def test_registry_reads_one_release_config_from_release_or_its_fields(info):
     with pytest.raises(ValueError, match="sigma_override must be finite and >= 0, got -1.0"):
         get_method("hf", sigma_override=-1.0)  # refused as the method is configured, before anything trains
 
+
+
+class _YourNet(L.LightningModule):
+    """A user's module: BatchNorm, dict batches, its own loss and optimizer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        return nn.functional.cross_entropy(self(batch["x"]), batch["y"])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def test_registry_makes_a_named_strategy_on_your_own_module_and_recorder():
+    """What the privacy-utility benchmark builds its strategies with: the name's fixed options set, a release's
+    fields made one config, the managed options and the constructor's own (``train``) accepted, and an option the
+    strategy does not take or the name fixes refused by name."""
+    module = _YourNet()
+    train = IndexedDataset(TensorDataset(torch.randn(12, 4), torch.randint(0, 3, (12,))))
+    salun = unlearner("salun", module, SampleRecorder(), train=train, epochs=2)
+    assert (type(salun), salun.masking, salun.epochs, salun.method) == (RBMUnlearner, "forget", 2, "salun")
+    hf = unlearner("hf", module, TrajectoryRecorder(), epsilon=0.5, delta=1e-6, bound="paper")
+    assert (type(hf), hf.release, hf.bound) == (HFUnlearner, ReleaseConfig(epsilon=0.5, delta=1e-6), "paper")
+    with pytest.raises(ValueError, match=r"'salun' \(RBMUnlearner\) takes no option\(s\) \['masking'\] on a module"):
+        unlearner("salun", module, SampleRecorder(), train=train, masking="retain")
+    with pytest.raises(ValueError, match=r"'hf' \(HFUnlearner\) takes no option\(s\) \['lr'\] on a module"):
+        unlearner("hf", module, TrajectoryRecorder(), lr=0.1)
+    with pytest.raises(ValueError, match="unknown method 'sisa'"):
+        unlearner("sisa", module, SampleRecorder())
 
 def test_every_certified_and_masking_method_runs_in_the_harness(info):
     """HF, [CCL] Hessian/gradient, SAFE, RBM and SalUn on their model families, against their references."""

@@ -57,10 +57,10 @@ def test_the_type_checking_imports_match_the_lazy_table():
 
 
 def test_the_command_lists_the_reproduction_configs_without_importing_torch():
-    from lightning_unlearn.harness.papers import list_configs
+    from lightning_unlearn_bench.papers import list_configs
 
     code = (
-        "import sys; from lightning_unlearn.__main__ import main; main(['reproduce', '--list']); "
+        "import sys; from lightning_unlearn_bench.__main__ import main; main(['reproduce', '--list']); "
         "print(sorted({'torch', 'lightning'} & set(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path.cwd())

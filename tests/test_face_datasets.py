@@ -8,11 +8,11 @@ import pytest
 import torch
 from torchvision import transforms
 
-from lightning_unlearn.harness import DatasetNotFoundError, load_splits
-from lightning_unlearn.harness.datasets import DATASETS, FACES, CelebAGender, LFWFaces, load_dataset
-from lightning_unlearn.harness.fake_data import CELEBA_ATTRIBUTES, write_fake_dataset
-from lightning_unlearn.harness.papers import get_config
-from lightning_unlearn.harness.repro import classifier
+from lightning_unlearn_bench import DatasetNotFoundError, load_splits
+from lightning_unlearn_bench.datasets import DATASETS, FACES, CelebAGender, LFWFaces, load_dataset
+from lightning_unlearn_bench.fake_data import CELEBA_ATTRIBUTES, write_fake_dataset
+from lightning_unlearn_bench.papers import get_config
+from lightning_unlearn_bench.repro import classifier
 
 
 @pytest.fixture(scope="module")

@@ -697,7 +697,7 @@ def test_noise_is_never_labelled_none(runs, tmp_path):
         model, rec, release=ReleaseConfig(epsilon=None, delta=None, sigma_override=0.05, seed=1)
     ).forget(requests("safe")[1], data("safe"))
     assert result.certificate.sigma == 0.05 and result.certificate.guarantee == "uncertified-noise(sigma=0.05)"
-    from lightning_unlearn.harness.loop import _guarantee
+    from lightning_unlearn_bench.loop import _guarantee
 
     assert _guarantee(result.certificate) == "uncertified-noise(sigma=0.05)"
 

@@ -8,8 +8,8 @@ import torch
 from helpers_certified import blobs, fit_hf, sgd_model
 
 from lightning_unlearn.callbacks import TrajectoryRecorder
-from lightning_unlearn.harness.papers import get_config
-from lightning_unlearn.harness.repro import SCHEDULED, Entry, Requests, Scale, classifier, make_method, run_config
+from lightning_unlearn_bench.papers import get_config
+from lightning_unlearn_bench.repro import SCHEDULED, Entry, Requests, Scale, classifier, make_method, run_config
 
 
 def test_tracking_a_subset_gives_the_same_vectors_as_tracking_every_sample():
@@ -41,7 +41,7 @@ def test_scheduled_tracking_needs_the_schedule():
 @pytest.mark.filterwarnings("ignore:BatchNorm layers .* train with batch statistics")
 @pytest.mark.filterwarnings("ignore:HF recipe outside the theorem")
 def test_table6_resnet18_row_runs_end_to_end_on_cifar10_files(tmp_path):
-    from lightning_unlearn.harness.fake_data import write_fake_dataset
+    from lightning_unlearn_bench.fake_data import write_fake_dataset
 
     torch.set_num_threads(1)
     # one SGD step of a real ResNet-18 (CIFAR stem) on 10 CIFAR-10 files' images (one per class): HF's step costs

@@ -1,5 +1,6 @@
-"""The lock file installs what pyproject.toml asks for: every dependency (extras included) is pinned there, with a hash,
-inside its range, and torch/torchvision at constraints.txt's pins. A dependency changed without ``make lock`` fails."""
+"""The lock file installs what pyproject.toml and bench/pyproject.toml ask for: every dependency (extras included) is
+pinned there, with a hash, inside its range, and torch/torchvision at constraints.txt's pins. A dependency changed
+without ``make lock`` fails."""
 
 from __future__ import annotations
 
@@ -24,13 +25,24 @@ def _pins() -> dict[str, tuple[Version, int]]:
     return pins
 
 
+#: the repository's two distributions: the library and the bench (the harness and the command)
+PROJECTS = (ROOT / "pyproject.toml", ROOT / "bench" / "pyproject.toml")
+
+
 def _declared() -> list[Requirement]:
-    text = (ROOT / "pyproject.toml").read_text()
-    deps = re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M)
-    extras = re.search(r"^\[project\.optional-dependencies\](.*?)^\[", text, re.S | re.M)
-    assert deps and extras
-    quoted = re.findall(r'"([^"]+)"', deps.group(1)) + re.findall(r'"([^"]+)"', extras.group(1))
-    return [Requirement(q) for q in quoted]
+    """Every dependency of both distributions (extras included), but the library itself, which the bench requires and
+    ``make`` installs from this checkout."""
+    quoted, own = [], set()
+    for project in PROJECTS:
+        text = project.read_text()
+        name = re.search(r'^name = "([^"]+)"', text, re.M)
+        deps = re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M)
+        extras = re.search(r"^\[project\.optional-dependencies\](.*?)^\[", text, re.S | re.M)
+        assert name and deps, project
+        own.add(canonicalize_name(name.group(1)))
+        quoted += re.findall(r'"([^"]+)"', deps.group(1) + (extras.group(1) if extras else ""))
+    requirements = [Requirement(q) for q in quoted]
+    return [r for r in requirements if canonicalize_name(r.name) not in own]
 
 
 PINS = _pins()

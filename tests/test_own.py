@@ -7,7 +7,7 @@ from helpers_own import FITS, NoTestData, PairsData, UserData, UserHead, UserNet
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_unlearn import ForgetRequest
-from lightning_unlearn.harness.own import compare_with_retrain, read_data
+from lightning_unlearn_bench.own import compare_with_retrain, read_data
 
 pytestmark = pytest.mark.slow
 

@@ -6,9 +6,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lightning_unlearn.cli import main
-from lightning_unlearn.harness.papers import CONFIGS, dump_config, get_config
-from lightning_unlearn.harness.repro import (
+from lightning_unlearn_bench.cli import main
+from lightning_unlearn_bench.papers import CONFIGS, dump_config, get_config
+from lightning_unlearn_bench.repro import (
     Entry,
     ReproConfig,
     Requests,
@@ -168,8 +168,8 @@ def test_task_requests_forget_whole_tasks_and_name_a_missing_one():
 def test_ccl_requests_run_inside_the_stream_and_later_tasks_learn_from_what_they_leave():
     # [CCL] Alg. 2: request i runs once task t_i is learned; the next task starts from the post-forget model
     from lightning_unlearn.functional import hf
-    from lightning_unlearn.harness.loop import _run
     from lightning_unlearn.progress import progress
+    from lightning_unlearn_bench.loop import _run
 
     setup = get_config("ccl-table1").setups[0]
     scale = setup.smoke  # 6 tasks; {1} after task 2, {3, 4} after task 4
@@ -227,7 +227,7 @@ def test_cli_lists_configs_and_names_a_reproduction_config_given_as_options(caps
 
 @pytest.mark.parametrize(("name", "dataset"), [("acu-table1", "split-cifar10"), ("hf-table2", "split-mnist")])
 def test_smoke_scale_reads_the_papers_dataset_from_files_on_disk(tmp_path, name, dataset):
-    from lightning_unlearn.harness.fake_data import write_fake_dataset
+    from lightning_unlearn_bench.fake_data import write_fake_dataset
 
     root = write_fake_dataset(dataset, tmp_path / "data", per_class=8, test_per_class=4)
     config = get_config(name)

@@ -5,10 +5,10 @@ from dataclasses import replace
 
 import pytest
 
-from lightning_unlearn.cli import main
-from lightning_unlearn.harness.papers import CONFIGS, config_path, dump_config, get_config, list_configs, load_config
-from lightning_unlearn.harness.repro import Requests, Scale, run_config
-from lightning_unlearn.harness.repro.validate import ConfigError, config_from_dict, config_to_dict
+from lightning_unlearn_bench.cli import main
+from lightning_unlearn_bench.papers import CONFIGS, config_path, dump_config, get_config, list_configs, load_config
+from lightning_unlearn_bench.repro import Requests, Scale, run_config
+from lightning_unlearn_bench.repro.validate import ConfigError, config_from_dict, config_to_dict
 
 BUILT_IN = ("acu-table1", "hf-table2", "hf-table6", "safe-table1", "rbm-table2", "ccl-table1", "ccl-fig2")
 

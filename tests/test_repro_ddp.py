@@ -14,7 +14,7 @@ import lightning as L
 import pytest
 from helpers import ddp_repro_config, run_cli_script
 
-from lightning_unlearn.harness.repro import run_config
+from lightning_unlearn_bench.repro import run_config
 
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]
 

@@ -5,10 +5,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from lightning_unlearn.harness.datasets import MNIST5k
-from lightning_unlearn.harness.models import backbone_of
-from lightning_unlearn.harness.papers import get_config
-from lightning_unlearn.harness.repro.models import CNN2FC_HIDDEN, classifier
+from lightning_unlearn_bench.datasets import MNIST5k
+from lightning_unlearn_bench.models import backbone_of
+from lightning_unlearn_bench.papers import get_config
+from lightning_unlearn_bench.repro.models import CNN2FC_HIDDEN, classifier
 
 
 def test_cnn2fc_has_the_layers_of_the_safe_authors_cnn():

@@ -1,8 +1,8 @@
 """Two paper rows of one setup that run the same method at two settings (safe-table1's SAFE at K = 2.5 and K = 10)
 keep their own rows in the tables instead of being merged under the method's name."""
 
-from lightning_unlearn.harness.repro.journal import Unit
-from lightning_unlearn.harness.repro.run import _distinct_methods
+from lightning_unlearn_bench.repro.journal import Unit
+from lightning_unlearn_bench.repro.run import _distinct_methods
 
 
 def unit(paper_row: str, method: str, options: dict, acc: float, requests: str = "20x400") -> Unit:

@@ -10,11 +10,11 @@ import pytest
 from helpers_repro import tiny_config
 
 from lightning_unlearn import ReleaseRefused
-from lightning_unlearn.cli import main
-from lightning_unlearn.harness import loop
-from lightning_unlearn.harness.papers import get_config
-from lightning_unlearn.harness.repro import run_config
 from lightning_unlearn.privacy import PrivacyAccountant, Release
+from lightning_unlearn_bench import loop
+from lightning_unlearn_bench.cli import main
+from lightning_unlearn_bench.papers import get_config
+from lightning_unlearn_bench.repro import run_config
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +79,7 @@ def test_an_error_that_is_no_refusal_stops_the_run_with_the_finished_rows_kept(t
             raise ValueError("a bug, not a refusal")
         return real(method, *args, **kwargs)
 
-    monkeypatch.setattr("lightning_unlearn.harness.repro.run.run_method_last", third_breaks)
+    monkeypatch.setattr("lightning_unlearn_bench.repro.run.run_method_last", third_breaks)
     with pytest.raises(ValueError, match="a bug, not a refusal"):
         run_config(config, smoke=True, out=out, log=lambda _: None)
     kept = sorted(p.name for p in (out / "LR" / "rows").iterdir())

@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 
 from lightning_unlearn.core.certificate import Certificate
-from lightning_unlearn.harness import loop
-from lightning_unlearn.harness.papers import get_config, load_config
-from lightning_unlearn.harness.repro import Requests, run_config
+from lightning_unlearn_bench import loop
+from lightning_unlearn_bench.papers import get_config, load_config
+from lightning_unlearn_bench.repro import Requests, run_config
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,7 @@ def test_rows_are_written_as_they_finish_and_resume_skips_them(tmp_path, monkeyp
             raise RuntimeError("killed")
         return real(method, *args, **kwargs)
 
-    monkeypatch.setattr("lightning_unlearn.harness.repro.run.run_method", second_fails)
+    monkeypatch.setattr("lightning_unlearn_bench.repro.run.run_method", second_fails)
     with pytest.raises(RuntimeError, match="killed"):
         run_config(_config(), smoke=True, out=out, seed=3, log=lambda _: None)
     # the first row (ACU) survived the crash: its file, the table so far and a summary saying it is partial
@@ -57,7 +57,7 @@ def test_rows_are_written_as_they_finish_and_resume_skips_them(tmp_path, monkeyp
     assert "Partial: 1 of 2 rows" in (out / "summary.md").read_text()
     assert not (setup / "paper_vs_ours.png").exists()  # figures come at the end of a setup
 
-    monkeypatch.setattr("lightning_unlearn.harness.repro.run.run_method", real)
+    monkeypatch.setattr("lightning_unlearn_bench.repro.run.run_method", real)
     lines = []
     result = run_config(_config(), smoke=True, out=out, seed=3, resume=True, log=lines.append)
     assert any("ACU: finished before (resumed)" in line for line in lines)

@@ -19,9 +19,10 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_unlearn
-from lightning_unlearn import cli
-from lightning_unlearn.cli import main
+import lightning_unlearn_bench
 from lightning_unlearn.core.interrupts import deferred_interrupts, stop_on_sigterm
+from lightning_unlearn_bench import cli
+from lightning_unlearn_bench.cli import main
 
 ROWS = [
     "{name: hf, paper_row: A, options: {noise: false, l2: 0.5, lr_margin: 0.9}}",
@@ -72,8 +73,9 @@ def test_a_held_block_finishes_before_sigterm_stops():
 def test_sigterm_stops_a_run_that_resume_then_finishes(tmp_path, capsys):
     config = tiny_config(tmp_path / "tiny.yaml", ROWS, epochs=3)
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": str(Path(lightning_unlearn.__file__).parents[1])}
-    command = [sys.executable, "-m", "lightning_unlearn", "reproduce", str(config), "--smoke", "--out", str(out)]
+    checkouts = (Path(package.__file__).parents[1] for package in (lightning_unlearn, lightning_unlearn_bench))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, checkouts))}
+    command = [sys.executable, "-m", "lightning_unlearn_bench", "reproduce", str(config), "--smoke", "--out", str(out)]
     run = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = out / "LR" / "rows" / "K_2--A.json"
     deadline = time.monotonic() + 120
@@ -157,7 +159,7 @@ def test_ctrl_c_inside_a_fit_stops_reproduce_with_status_130_saying_how_to_resum
             model, DataLoader(TensorDataset(torch.ones(100, 2)), batch_size=1)
         )
 
-    monkeypatch.setattr("lightning_unlearn.harness.repro.run.run_config", interrupted_fit)
+    monkeypatch.setattr("lightning_unlearn_bench.repro.run.run_config", interrupted_fit)
     before = signal.getsignal(signal.SIGINT)
     with pytest.raises(SystemExit) as stop:
         main(["reproduce", "hf-table2", "--smoke", "--out", str(tmp_path)])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_unlearn.harness.registry import available_methods
+from lightning_unlearn_bench.registry import available_methods
 
 pytestmark = pytest.mark.slow
 

@@ -95,7 +95,7 @@ def bn_net() -> nn.Sequential:
 def digits() -> dict[str, Any]:
     """scikit-learn's digits (the harness's splits): a BatchNorm MLP trained by its own SGD (lr 0.1) for 6 epochs on
     the 898 samples of the train split, and the same recipe retrained without class 3 (the gold standard)."""
-    from lightning_unlearn.harness.digits import digits_splits
+    from lightning_unlearn_bench.digits import digits_splits
 
     splits = digits_splits(seed=0)
     train = IndexedDataset(TensorDataset(*splits["train"]))

@@ -11,7 +11,7 @@ The stateless half of :mod:`lightning_unlearn.metrics`, laid out as torchmetrics
   confidently flagging a few easy members or from weakly flagging many): :data:`LIRA_FPRS` are the
   rates reported beside the AUC, 0.1% and 1% [interp] (the two the unlearning literature reports).
 
-scikit-learn (the ``harness`` extra) is imported by the functions that fit or score with it.
+scikit-learn (the ``metrics`` extra) is imported by the functions that fit or score with it.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ import lightning as L
 sys.path.insert(0, __file__.rsplit("/", 1)[0] + "/..")
 from helpers import ddp_repro_config
 
-from lightning_unlearn.cli import main as cli
-from lightning_unlearn.harness import papers
+from lightning_unlearn_bench import papers
+from lightning_unlearn_bench.cli import main as cli
 
 _WRITE = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
