@@ -126,8 +126,10 @@ class RecorderCallback(L.Callback):
         Raises:
             ValueError: the recorded statistics are not bound to ``module`` (:meth:`check_binding`).
         """
-        self.check_binding(module)
-        self.bind(module)
+        here = self.binding_of(module)
+        if self.binding is not None and len(self.catalog):
+            self._refuse_unbound(self.binding, here, "its statistics")
+        self.binding, self._binding_unchecked = here, False
         if self.experience is not None:
             self._fit_experience = self.experience
         elif len(self.catalog):
@@ -240,7 +242,8 @@ class RecorderCallback(L.Callback):
             total = int(self.sum_over_ranks(torch.tensor(total, device=self._strategy.root_device)))
         if total:
             self._epoch_ids, self._ids_epoch = {}, None
-            raise ValueError(_repeated_ids_message(type(self).__name__, clashes, total, ids, source))
+            ranks = self._strategy is not None
+            raise ValueError(_repeated_ids_message(type(self).__name__, clashes, total, ids, source, ranks))
 
     def _stage(self, ids: Tensor, y: Tensor, prints: Tensor) -> None:
         self._staged_seen.update(ids.tolist())
@@ -312,9 +315,10 @@ class RecorderCallback(L.Callback):
         self._check_settings(states, "the checkpoint")
         state = states.get(self.state_key)
         if isinstance(state, Mapping):
-            self._refuse_replacing(f"restoring checkpoint {trainer.ckpt_path}")
+            self._refuse_replacing(state, f"restoring checkpoint {trainer.ckpt_path}")
             if state.get("binding") is not None:
-                self._refuse_unbound(Binding.from_state(state["binding"]), pl_module, "the checkpoint's statistics")
+                here = self.binding_of(pl_module)
+                self._refuse_unbound(Binding.from_state(state["binding"]), here, "the checkpoint's statistics")
         fit_loop = (checkpoint.get("loops") or {}).get("fit_loop") or {}
         self._loader_state_saved = bool((fit_loop.get("state_dict") or {}).get("combined_loader"))
 
@@ -534,11 +538,13 @@ class RecorderCallback(L.Callback):
         if self.binding is None:  # a state saved without a binding: warned about when loaded
             self.bind(module)
             return
-        self._refuse_unbound(self.binding, module, "its statistics")
+        self._refuse_unbound(self.binding, self.binding_of(module), "its statistics")
         self._binding_unchecked = False
 
-    def _refuse_unbound(self, recorded: Binding, module: nn.Module, what: str) -> None:
-        differ = recorded.differences(self.binding_of(module))
+    def _refuse_unbound(self, recorded: Binding, here: Binding, what: str) -> None:
+        """``ValueError`` naming what differs if statistics (``what``) bound to ``recorded`` meet a module bound as
+        ``here``."""
+        differ = recorded.differences(here)
         if differ:
             raise ValueError(
                 f"{type(self).__name__}: {what} were not recorded with this module: {'; '.join(differ)}. Use "
@@ -572,22 +578,39 @@ class RecorderCallback(L.Callback):
         finally:
             self._replacing = previous
 
-    def _refuse_replacing(self, what: str) -> None:
-        """``ValueError`` if loading a state (``what``) would replace one that executed requests, outside
-        :meth:`replacing`; inside it, erase the rows of requests still pending erasure first."""
+    def _refuse_replacing(self, state: Mapping[str, Any], what: str) -> None:
+        """``ValueError`` if loading ``state`` (``what``) would undo or replace what this recorder's requests did
+        (:meth:`_replaced_by`), outside :meth:`replacing`; inside it, erase the rows of requests still pending erasure
+        first."""
         if self._replacing:
             self.erase_pending()
             return
-        if not self.executed_requests:
+        why = self._replaced_by(state) if self.executed_requests else None
+        if why is None:
             return
-        anchor = "" if self.ledger_anchor is None else f", ledger anchored at {self.ledger_anchor.get('count')} entries"
         raise ValueError(
             f"{type(self).__name__} has executed forget requests ({int(self.catalog.forgotten.sum())} samples "
-            f"forgotten{anchor}): {what} would replace its state, and the next request would continue this run's "
-            "ledger from another state. Load it into a new recorder (and unlearner), or replace on purpose: "
-            "`with recorder.replacing(): ...` around the load (e.g. trainer.fit(..., ckpt_path=...)), or "
-            "recorder.load_from_checkpoint(path, replace=True)"
+            f"forgotten, {_anchored(self.ledger_anchor)}): {what} would replace its state with {why}, and the next "
+            "request would continue this run's ledger from it. Load it into a new recorder (and unlearner), or "
+            "replace on purpose: `with recorder.replacing(): ...` around the load (e.g. trainer.fit(..., "
+            "ckpt_path=...)), or recorder.load_from_checkpoint(path, replace=True)"
         )
+
+    def _replaced_by(self, state: Mapping[str, Any]) -> str | None:
+        """What ``state`` is if loading it would lose what this recorder's requests did: another run's state, one at
+        another point of the ledger, or one still holding samples they forgot; ``None`` for this run's state at this
+        point (e.g. the checkpoint this recorder was restored from, restored again by a fit)."""
+        if state.get("lineage") != self.lineage:
+            return "another run's state"
+        if state.get("ledger_anchor") != self.ledger_anchor:
+            return f"one {_anchored(state.get('ledger_anchor'))}"
+        catalog = state.get("catalog") or {}
+        ids, forgotten = catalog.get("ids"), catalog.get("forgotten")
+        theirs = (
+            set(ids[forgotten.bool()].tolist()) if isinstance(ids, Tensor) and isinstance(forgotten, Tensor) else set()
+        )
+        lost = sorted(set(self.catalog.ids[self.catalog.forgotten].tolist()) - theirs)
+        return f"one that still holds samples its requests forgot ({lost[:10]})" if lost else None
 
     def require_fitted(self) -> None:
         """Raise ``ValueError`` if nothing was recorded (before any fit, or a checkpoint without statistics)."""
@@ -626,7 +649,7 @@ class RecorderCallback(L.Callback):
             ValueError: this recorder has executed requests and the load is not inside :meth:`replacing`; the catalog
                 or the binding is malformed. Nothing is changed.
         """
-        self._refuse_replacing("loading a state")
+        self._refuse_replacing(state_dict, "loading a state")
         saved = state_dict.get("binding")
         binding = None if saved is None else Binding.from_state(saved)
         self.catalog.load_state_dict(state_dict["catalog"])
@@ -678,8 +701,6 @@ class RecorderCallback(L.Callback):
             ValueError: the checkpoint was saved without this recorder, or with other settings; this recorder has
                 executed requests and ``replace`` is not set. Nothing is changed.
         """
-        if not replace:
-            self._refuse_replacing(f"loading checkpoint {path}")
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
         states = ckpt.get("callbacks", {})
         self._check_settings(states, f"checkpoint {path}")
@@ -688,6 +709,8 @@ class RecorderCallback(L.Callback):
                 f"checkpoint {path} holds no statistics of {self.state_key} "
                 f"(it has: {sorted(states) or 'no callback state'}); save it with this recorder among the callbacks"
             )
+        if not replace:
+            self._refuse_replacing(states[self.state_key], f"loading checkpoint {path}")
         with self.replacing() if replace else nullcontext():
             self.load_state_dict(states[self.state_key])
         return self
@@ -704,15 +727,22 @@ def _settings(state_key: str, name: str) -> dict[str, Any] | None:
     return settings if isinstance(settings, dict) else {"state_key": state_key}
 
 
-def _repeated_ids_message(name: str, clashes: list[int], total: int, ids: Tensor, source: Any) -> str:
+def _anchored(anchor: Mapping[str, Any] | None) -> str:
+    if anchor is None:
+        return "no ledger anchored"
+    count = anchor.get("count")
+    return f"ledger anchored at {count} {'entry' if count == 1 else 'entries'}"
+
+
+def _repeated_ids_message(name: str, clashes: list[int], total: int, ids: Tensor, source: Any, ranks: bool) -> str:
     """The refusal of a batch whose ids name other samples than their first occurrences (:meth:`check_batch_ids`)."""
     from_avalanche = type(source).__module__.split(".")[0] == "avalanche"
     one_value = len(ids) > 1 and bool((ids == ids[0]).all())
-    where = f" (e.g. {sorted(set(clashes))[:5]} on this rank)" if clashes else " (on another rank)"
+    where = f"e.g. {sorted(set(clashes))[:5]}" if clashes else "on other ranks"
     message = (
-        f"{name}: {total} sample ids of this batch name another sample (another label or input) than where they "
-        f"appeared first in this epoch{where}: sample ids must be unique within one experience, or samples would be "
-        "merged under one id"
+        f"{name}: {total} sample ids in this batch{' (all ranks)' if ranks else ''} were given to another sample "
+        f"(another label or input) earlier in this epoch ({where}): sample ids must be unique within one experience, "
+        "or samples would be merged under one id"
     )
     if from_avalanche or one_value:
         message += (

@@ -645,7 +645,7 @@ class TrajectoryRecorder(RecorderCallback):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._refuse_replacing("loading a state")  # before the store is replaced
+        self._refuse_replacing(state_dict, "loading a state")  # before the store is replaced
         shards, rank = int(state_dict.get("shards", 1)), 0
         missing = [k for k in _STATE_KEYS if state_dict.get(k) is None and (k != "A" or shards == 1)]
         if missing:
