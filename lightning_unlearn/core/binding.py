@@ -27,8 +27,8 @@ class Binding:
     Args:
         frozen: the digest (``"blake3:<hex>"``) of the frozen tensors the statistics were computed through,
             :data:`RAW_INPUTS`, or ``None`` (the recorder reads no frozen part).
-        frozen_part: what ``frozen`` covers, for messages (e.g. ``"the parameters and buffers of the frozen
-            backbone 'trunk'"``).
+        frozen_part: what ``frozen`` covers, for messages (e.g. ``"the frozen parameters (requires_grad=False) of
+            the module"``).
         head: the names and shapes of the parameters the recorder solves or records, sorted by name.
         ids: where the sample ids are read from (:meth:`~lightning_unlearn.contract.BatchKeys.id_field`).
         head_part: what ``head`` names, for messages (e.g. ``"trainable parameters' shapes"``).
