@@ -16,9 +16,11 @@ may be
 
 ``x`` is a tensor with one row per sample, ``y`` integer class labels, ``sample_id`` an integer
 tensor with one id per row, unique and stable (a sample keeps its id across epochs,
-experiences and processes). :class:`~lightning_unlearn.data.IndexedDataset` adds ids to any
-dataset of tuples or dicts. Avalanche datasets keep Avalanche's items ``(x, y, task)`` and carry the
-id as their data attribute ``sample_id`` (:mod:`lightning_unlearn.avalanche.benchmarks`); ``fit_stream``
+experiences and processes): a recorder refuses a batch whose id names another sample (label or input)
+than earlier in the epoch, e.g. Avalanche's task labels read as ids.
+:class:`~lightning_unlearn.data.IndexedDataset` adds ids to any dataset of tuples or dicts. Avalanche
+datasets keep Avalanche's items ``(x, y, task)`` and carry the id as their data attribute ``sample_id``
+(:mod:`lightning_unlearn.avalanche.benchmarks`); ``fit_stream``
 and the Avalanche plugin read it from there.
 
 **Analytic heads.** A module whose only learned part is an
@@ -99,6 +101,11 @@ class BatchKeys:
     input: str | None = None
     target: str | None = None
     sample_id: str | None = None
+
+    def id_field(self) -> str:
+        """Where the sample ids are read from, in words (in a recorder's :mod:`~lightning_unlearn.core.binding`)."""
+        keys = (self.sample_id,) if self.sample_id is not None else DEFAULT_KEYS["sample_id"]
+        return f"item 2 of tuple batches or key {' / '.join(map(repr, keys))} of dict batches"
 
     def key(self, batch: Mapping[str, Any], field: str) -> str:
         """The key of ``field`` (``"input"``, ``"target"`` or ``"sample_id"``) in ``batch``; ``ValueError`` if none."""

@@ -178,13 +178,13 @@ class AnalyticRecorder(FrozenFeatureRecorder):
     def _staged_state(self) -> dict[str, Any]:
         # every rank saves the sums over all ranks (Lightning builds a checkpoint on every rank)
         dR, dQ = self._staged_sums()
-        return {"dR": dR, "dQ": dQ, "frozen_digest": self._frozen_digest}
+        return {**super()._staged_state(), "dR": dR, "dQ": dQ}
 
     def _load_staged_state(self, state: dict[str, Any]) -> None:
         # the saved sums cover every rank: one rank carries them on (the same summation order as uninterrupted)
         if state.get("dR") is not None and (self.trainer is None or self.trainer.global_rank == 0):
             self._dR, self._dQ = state["dR"].to(self._R), state["dQ"].to(self._R)
-        self._frozen_digest = state.get("frozen_digest", self._frozen_digest)
+        super()._load_staged_state(state)
 
     def _record(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any) -> None:
         f = outputs.get("features") if isinstance(outputs, dict) and self.backbone is None else None

@@ -18,6 +18,13 @@ torchmetrics' states with ``dist_reduce_fx="sum"``, or :meth:`RecorderCallback.s
 per-sample vectors stay on one rank each (see :class:`~lightning_unlearn.callbacks.TrajectoryRecorder`).
 A recorder that sets ``gathers_inputs = True`` gets every rank's batch (inputs included) in :meth:`record`.
 An exception during fit drops the staged block, so statistics only ever reflect whole experiences.
+
+Ids come from where the batches say they are (:mod:`lightning_unlearn.contract`): in each recorded epoch a rank's
+batches must not name one id for two different samples (another label or input fingerprint), or the samples would
+be merged under one catalog row; such a batch is refused before its training step (a sample drawn twice, e.g. by a
+sampler with replacement, is recorded once). The statistics are bound to the module they were recorded with
+(:class:`~lightning_unlearn.core.binding.Binding`), checked wherever they meet a module, and a recorder that has
+executed forget requests refuses to have its state replaced unless told so (:meth:`RecorderCallback.replacing`).
 """
 
 from __future__ import annotations
@@ -26,16 +33,20 @@ import ast
 import uuid
 import warnings
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar, cast
 
 import lightning as L
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lightning_unlearn.contract import BatchKeys, unpack_batch
+from lightning_unlearn.core.binding import Binding
 from lightning_unlearn.core.catalog import SampleCatalog, fingerprints
+from lightning_unlearn.core.digest import tensors_digest
+from lightning_unlearn.warnings import warn
 
 _R = TypeVar("_R", bound="RecorderCallback")
 
@@ -91,6 +102,14 @@ class RecorderCallback(L.Callback):
         self._fitting = False  # inside a Lightning fit: state_dict carries the running fit
         self._resume: dict[str, Any] | None = None  # the running fit of a restored state, until on_train_start
         self._loader_state_saved = False  # the restored checkpoint holds the training loader's position
+        #: what the statistics are bound to (:meth:`binding_of` the module they are recorded with, set at each
+        #: experience's start and after each executed request); ``None`` before that, or from an older state
+        self.binding: Binding | None = None
+        self._binding_unchecked = False  # a state was loaded and not yet checked against a module
+        self._replacing = False  # inside :meth:`replacing`
+        self._epoch_ids: dict[int, tuple[int, int]] = {}  # this rank's ids of the recorded epoch: (label, print)
+        self._ids_epoch: int | None = None  # the epoch of _epoch_ids
+        self._checked_prints: tuple[Tensor, Tensor] | None = None  # (inputs, fingerprints) of the last checked batch
 
     @property
     def trainer(self) -> L.Trainer | None:
@@ -102,7 +121,15 @@ class RecorderCallback(L.Callback):
 
     # -- framework-neutral API (also used by the Avalanche plugin) -------------------------------
     def begin_experience(self, module: torch.nn.Module) -> None:
-        """Start staging a new experience."""
+        """Start staging a new experience.
+
+        Raises:
+            ValueError: the recorded statistics are not bound to ``module`` (:meth:`check_binding`).
+        """
+        here = self.binding_of(module)
+        if self.binding is not None and len(self.catalog):
+            self._refuse_unbound(self.binding, here, "its statistics")
+        self.binding, self._binding_unchecked = here, False
         if self.experience is not None:
             self._fit_experience = self.experience
         elif len(self.catalog):
@@ -116,9 +143,10 @@ class RecorderCallback(L.Callback):
         keep = self._unseen(ids)
         if not len(keep):
             return
+        prints = self._prints(x, len(ids))[keep.cpu()]
         ids, y, x, outputs = ids[keep], y[keep], x[keep], _select(outputs, keep)
         self._record(module, x, y, ids, outputs)
-        self._stage(ids, y, self._prints(x, len(ids)))
+        self._stage(ids, y, prints)
 
     def record_shard(
         self,
@@ -174,9 +202,48 @@ class RecorderCallback(L.Callback):
         return keep
 
     def _prints(self, x: Any, n: int) -> Tensor:
+        """The rows' input fingerprints (zeros without ``fingerprint``); those of the batch the id check just read
+        are reused."""
+        checked, self._checked_prints = self._checked_prints, None
+        if checked is not None and checked[0] is x:
+            return checked[1]
         if self.fingerprint and isinstance(x, Tensor):
             return fingerprints(x)
         return torch.zeros(n, dtype=torch.long)
+
+    def check_batch_ids(self, x: Any, y: Tensor, ids: Tensor, epoch: int, source: Any = None) -> None:
+        """Refuse a training batch that names one sample id for two different samples within one epoch of this rank.
+
+        A repeated id whose label and input fingerprint (without ``fingerprint``: its label) are those of its first
+        occurrence in the epoch is the same sample drawn again, and is accepted; ids repeated across ranks
+        (``DistributedSampler`` padding) or across epochs are not seen here. Under DDP every rank refuses together.
+
+        Args:
+            x, y, ids: this rank's batch, as :func:`~lightning_unlearn.contract.unpack_batch` reads it.
+            epoch: the training epoch (the ids seen are forgotten when it changes).
+            source: the training dataset, named in the message when it is one of Avalanche's.
+
+        Raises:
+            ValueError: with the number of ids that name another sample than in their first occurrence, and what
+                that points to (Avalanche's task labels read as ids). Nothing is staged from the batch.
+        """
+        if epoch != self._ids_epoch:
+            self._ids_epoch, self._epoch_ids = epoch, {}
+        prints = self._prints(x, len(ids))
+        self._checked_prints = (x, prints) if isinstance(x, Tensor) else None
+        rows = zip(ids.tolist(), y.long().tolist(), prints.tolist())
+        clashes = []
+        for i, label, fp in rows:
+            first = self._epoch_ids.setdefault(i, (label, fp))
+            if first[0] != label or (first[1] != fp and first[1] != 0 and fp != 0):
+                clashes.append(i)
+        total = len(clashes)
+        if self._strategy is not None:
+            total = int(self.sum_over_ranks(torch.tensor(total, device=self._strategy.root_device)))
+        if total:
+            self._epoch_ids, self._ids_epoch = {}, None
+            ranks = self._strategy is not None
+            raise ValueError(_repeated_ids_message(type(self).__name__, clashes, total, ids, source, ranks))
 
     def _stage(self, ids: Tensor, y: Tensor, prints: Tensor) -> None:
         self._staged_seen.update(ids.tolist())
@@ -241,12 +308,23 @@ class RecorderCallback(L.Callback):
 
     # -- Lightning hooks -------------------------------------------------------------------------
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        self._check_settings(checkpoint.get("callbacks") or {}, "the checkpoint")
+        """Refuse the checkpoint before this recorder's state is loaded from it (Lightning has restored the module's
+        weights by then): another recorder's settings, statistics bound to another module (:meth:`check_binding`),
+        or a state that would replace one that executed requests (:meth:`replacing`)."""
+        states = checkpoint.get("callbacks") or {}
+        self._check_settings(states, "the checkpoint")
+        state = states.get(self.state_key)
+        if isinstance(state, Mapping):
+            self._refuse_replacing(state, f"restoring checkpoint {trainer.ckpt_path}")
+            if state.get("binding") is not None:
+                here = self.binding_of(pl_module)
+                self._refuse_unbound(Binding.from_state(state["binding"]), here, "the checkpoint's statistics")
         fit_loop = (checkpoint.get("loops") or {}).get("fit_loop") or {}
         self._loader_state_saved = bool((fit_loop.get("state_dict") or {}).get("combined_loader"))
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._trainer_ref = weakref.ref(trainer)
+        self._ids_epoch, self._epoch_ids = None, {}
         self.global_rank, self.world_size = trainer.global_rank, trainer.world_size
         self._strategy = trainer.strategy if trainer.world_size > 1 else None
         resume, self._resume = self._resume, None
@@ -293,6 +371,16 @@ class RecorderCallback(L.Callback):
                 "that has state_dict/load_state_dict (Lightning saves its position in the checkpoint)"
             )
 
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        """Check the batch's sample ids (:meth:`check_batch_ids`) before its training step, in recorded epochs."""
+        if trainer.current_epoch > self._first_epoch and not self.records_every_epoch:
+            return
+        x, y, ids = unpack_batch(batch, self.batch_keys)
+        source = getattr(trainer.train_dataloader, "dataset", None)
+        self.check_batch_ids(x, y, ids, trainer.current_epoch, source)
+
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -318,10 +406,14 @@ class RecorderCallback(L.Callback):
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._drop_staged()
         self._fitting = False
+        self._checked_prints = None
 
     # -- to implement ----------------------------------------------------------------------------
     #: recorders that follow the whole training trajectory (HF) see every epoch, not just the first
     records_every_epoch: bool = False
+    #: whether the statistics are about the module's trainable parameters (a Hessian, a trajectory, task deltas): the
+    #: binding then holds their names and shapes and a digest of the frozen ones (:meth:`binding_of`)
+    records_parameters: bool = False
     #: under DDP, whether every rank records every sample (inputs gathered per batch); recorders whose
     #: statistics are sums over samples set it to False: each rank records the samples it holds
     #: (:meth:`record_shard`) and adds the ranks' sums once per experience with :meth:`sum_over_ranks`
@@ -405,7 +497,121 @@ class RecorderCallback(L.Callback):
             self._staged_seen = set(fit["ids"].tolist())
         self._load_staged_state(fit)
 
+    # -- binding ---------------------------------------------------------------------------------
+    def binding_of(self, module: nn.Module) -> Binding:
+        """What statistics recorded now with ``module`` are bound to: the sample-id field, and with
+        :attr:`records_parameters` the names and shapes of its trainable parameters and a digest of its frozen ones
+        (recorders of a frozen backbone override it)."""
+        ids = (self.batch_keys or BatchKeys()).id_field()
+        if not self.records_parameters:
+            return Binding(None, "", (), ids)
+        params = dict(module.named_parameters())
+        frozen = {n: p for n, p in params.items() if not p.requires_grad}
+        trainable = tuple(sorted((n, tuple(p.shape)) for n, p in params.items() if p.requires_grad))
+        part = "the frozen parameters (requires_grad=False) of the module"
+        return Binding(tensors_digest(frozen) if frozen else None, part, trainable, ids, "trainable parameters' shapes")
+
+    def bind(self, module: nn.Module) -> None:
+        """Bind the statistics to ``module`` (:meth:`binding_of`): at each experience's start, and after each executed
+        request (which may change what they are bound to, e.g. a retrained backbone)."""
+        self.binding, self._binding_unchecked = self.binding_of(module), False
+
+    def check_binding(self, module: nn.Module, *, loaded_only: bool = False) -> None:
+        """Refuse to use the recorded statistics beside a module they were not recorded with.
+
+        Called where the module meets them: at each experience's start, and by an unlearner (at its construction and,
+        for a state loaded since, before a request). Statistics of a state saved without a binding (older versions)
+        are bound to ``module`` here.
+
+        Args:
+            module: the module the statistics are about to be used with.
+            loaded_only: check only if a state was loaded since the last check.
+
+        Raises:
+            ValueError: naming each part that differs (:meth:`~lightning_unlearn.core.binding.Binding.differences`);
+                nothing is changed.
+        """
+        if loaded_only and not self._binding_unchecked:
+            return
+        if not len(self.catalog):
+            return
+        if self.binding is None:  # a state saved without a binding: warned about when loaded
+            self.bind(module)
+            return
+        self._refuse_unbound(self.binding, self.binding_of(module), "its statistics")
+        self._binding_unchecked = False
+
+    def _refuse_unbound(self, recorded: Binding, here: Binding, what: str) -> None:
+        """``ValueError`` naming what differs if statistics (``what``) bound to ``recorded`` meet a module bound as
+        ``here``."""
+        differ = recorded.differences(here)
+        if differ:
+            raise ValueError(
+                f"{type(self).__name__}: {what} were not recorded with this module: {'; '.join(differ)}. Use "
+                "them beside the module (and batch_keys) they were recorded with, or record this module with a new "
+                "recorder"
+            )
+
     # -- state -----------------------------------------------------------------------------------
+    @property
+    def executed_requests(self) -> bool:
+        """Whether this recorder's state has executed forget requests (samples forgotten, or a ledger anchored)."""
+        return bool(self.catalog.forgotten.any()) or self.ledger_anchor is not None
+
+    @contextmanager
+    def replacing(self) -> Iterator[None]:
+        """Inside the block, a state may be loaded into this recorder although it has executed forget requests.
+
+        Loading replaces its statistics, catalog and ledger anchor, so the next request continues the loaded run (and
+        its ledger). Use it when that is meant; otherwise load into a new recorder with a new unlearner. Lightning
+        loads callback states with one argument, ``load_state_dict(state)``, so the permission is given around the
+        call that restores the checkpoint::
+
+            with recorder.replacing():
+                trainer.fit(model, train_loader, ckpt_path="experience=1.ckpt")
+
+        :meth:`load_from_checkpoint` takes ``replace=True`` instead.
+        """
+        previous, self._replacing = self._replacing, True
+        try:
+            yield
+        finally:
+            self._replacing = previous
+
+    def _refuse_replacing(self, state: Mapping[str, Any], what: str) -> None:
+        """``ValueError`` if loading ``state`` (``what``) would undo or replace what this recorder's requests did
+        (:meth:`_replaced_by`), outside :meth:`replacing`; inside it, erase the rows of requests still pending erasure
+        first."""
+        if self._replacing:
+            self.erase_pending()
+            return
+        why = self._replaced_by(state) if self.executed_requests else None
+        if why is None:
+            return
+        raise ValueError(
+            f"{type(self).__name__} has executed forget requests ({int(self.catalog.forgotten.sum())} samples "
+            f"forgotten, {_anchored(self.ledger_anchor)}): {what} would replace its state with {why}, and the next "
+            "request would continue this run's ledger from it. Load it into a new recorder (and unlearner), or "
+            "replace on purpose: `with recorder.replacing(): ...` around the load (e.g. trainer.fit(..., "
+            "ckpt_path=...)), or recorder.load_from_checkpoint(path, replace=True)"
+        )
+
+    def _replaced_by(self, state: Mapping[str, Any]) -> str | None:
+        """What ``state`` is if loading it would lose what this recorder's requests did: another run's state, one at
+        another point of the ledger, or one still holding samples they forgot; ``None`` for this run's state at this
+        point (e.g. the checkpoint this recorder was restored from, restored again by a fit)."""
+        if state.get("lineage") != self.lineage:
+            return "another run's state"
+        if state.get("ledger_anchor") != self.ledger_anchor:
+            return f"one {_anchored(state.get('ledger_anchor'))}"
+        catalog = state.get("catalog") or {}
+        ids, forgotten = catalog.get("ids"), catalog.get("forgotten")
+        theirs = (
+            set(ids[forgotten.bool()].tolist()) if isinstance(ids, Tensor) and isinstance(forgotten, Tensor) else set()
+        )
+        lost = sorted(set(self.catalog.ids[self.catalog.forgotten].tolist()) - theirs)
+        return f"one that still holds samples its requests forgot ({lost[:10]})" if lost else None
+
     def require_fitted(self) -> None:
         """Raise ``ValueError`` if nothing was recorded (before any fit, or a checkpoint without statistics)."""
         if len(self.catalog) == 0:
@@ -422,6 +628,7 @@ class RecorderCallback(L.Callback):
             "ledger_overrides": list(self.ledger_overrides),
             "privacy": self.privacy,
             "lineage": self.lineage,
+            "binding": None if self.binding is None else self.binding.state_dict(),
         }
         if self._fitting:  # saved mid-fit (e.g. by ModelCheckpoint): the running fit, to resume it
             empty = torch.zeros(0, dtype=torch.long)
@@ -436,7 +643,24 @@ class RecorderCallback(L.Callback):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the catalog, ledger anchor and binding of a saved state.
+
+        Raises:
+            ValueError: this recorder has executed requests and the load is not inside :meth:`replacing`; the catalog
+                or the binding is malformed. Nothing is changed.
+        """
+        self._refuse_replacing(state_dict, "loading a state")
+        saved = state_dict.get("binding")
+        binding = None if saved is None else Binding.from_state(saved)
         self.catalog.load_state_dict(state_dict["catalog"])
+        if "binding" not in state_dict and len(self.catalog):
+            warn(
+                f"{type(self).__name__}: this state was saved without its binding (an older lightning-unlearn), so "
+                "whether it was recorded with this module (frozen backbone, head shape, sample-id field) cannot be "
+                "checked; it is bound to the module it is next used with: make sure that is the one it was recorded "
+                "with, then save a new checkpoint (it holds the binding)"
+            )
+        self.binding, self._binding_unchecked = binding, True
         self.ledger_anchor = state_dict.get("ledger_anchor")
         self.ledger_overrides = list(state_dict.get("ledger_overrides", []))
         self.privacy = state_dict.get("privacy")
@@ -464,11 +688,18 @@ class RecorderCallback(L.Callback):
                 f"they cannot be used by this {name}: create it with the checkpoint's settings"
             )
 
-    def load_from_checkpoint(self: _R, path: str | Path) -> _R:
+    def load_from_checkpoint(self: _R, path: str | Path, *, replace: bool = False) -> _R:
         """Restore this recorder's statistics from a Lightning checkpoint file; returns the recorder
-        (``rec = AnalyticRecorder(ridge=1.0).load_from_checkpoint(path)``).
+        (``rec = AnalyticRecorder(ridge=1.0).load_from_checkpoint(path)``). They are checked against the module when
+        an unlearner or a fit first uses them (:meth:`check_binding`).
 
-        Raises ``ValueError`` if the checkpoint was saved without this recorder.
+        Args:
+            path: the checkpoint file.
+            replace: replace the state of a recorder that has executed forget requests (see :meth:`replacing`).
+
+        Raises:
+            ValueError: the checkpoint was saved without this recorder, or with other settings; this recorder has
+                executed requests and ``replace`` is not set. Nothing is changed.
         """
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
         states = ckpt.get("callbacks", {})
@@ -478,7 +709,10 @@ class RecorderCallback(L.Callback):
                 f"checkpoint {path} holds no statistics of {self.state_key} "
                 f"(it has: {sorted(states) or 'no callback state'}); save it with this recorder among the callbacks"
             )
-        self.load_state_dict(states[self.state_key])
+        if not replace:
+            self._refuse_replacing(states[self.state_key], f"loading checkpoint {path}")
+        with self.replacing() if replace else nullcontext():
+            self.load_state_dict(states[self.state_key])
         return self
 
 
@@ -491,6 +725,34 @@ def _settings(state_key: str, name: str) -> dict[str, Any] | None:
     except (ValueError, SyntaxError):
         return {"state_key": state_key}
     return settings if isinstance(settings, dict) else {"state_key": state_key}
+
+
+def _anchored(anchor: Mapping[str, Any] | None) -> str:
+    if anchor is None:
+        return "no ledger anchored"
+    count = anchor.get("count")
+    return f"ledger anchored at {count} {'entry' if count == 1 else 'entries'}"
+
+
+def _repeated_ids_message(name: str, clashes: list[int], total: int, ids: Tensor, source: Any, ranks: bool) -> str:
+    """The refusal of a batch whose ids name other samples than their first occurrences (:meth:`check_batch_ids`)."""
+    from_avalanche = type(source).__module__.split(".")[0] == "avalanche"
+    one_value = len(ids) > 1 and bool((ids == ids[0]).all())
+    where = f"e.g. {sorted(set(clashes))[:5]}" if clashes else "on other ranks"
+    message = (
+        f"{name}: {total} sample ids in this batch{' (all ranks)' if ranks else ''} were given to another sample "
+        f"(another label or input) earlier in this epoch ({where}): sample ids must be unique within one experience, "
+        "or samples would be merged under one id"
+    )
+    if from_avalanche or one_value:
+        message += (
+            f"; {'the training data is an Avalanche dataset and ' if from_avalanche else ''}the batch's ids "
+            f"{'are all ' + str(int(ids[0])) if one_value else 'repeat'}: this looks like Avalanche's task labels "
+            "(its items are (x, y, task)). The ids must come from the `sample_id` data attribute: build the data with "
+            "lightning_unlearn.avalanche.with_sample_ids(dataset) or benchmark_with_sample_ids(...) and train with "
+            "fit_stream or UnlearningPlugin (or on items_with_ids(dataset), which yields (x, y, sample_id, task))"
+        )
+    return message
 
 
 def _resumable(loaders: Any) -> bool:

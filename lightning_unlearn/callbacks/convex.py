@@ -200,7 +200,7 @@ class SoftmaxHeadRecorder(FrozenFeatureRecorder):
     def _staged_state(self) -> dict[str, Any]:
         # every rank saves every rank's staged rows (Lightning builds a checkpoint on every rank)
         F, y, ids = self._staged_rows(gather=True)
-        return {"staged_features": F, "staged_labels": y, "staged_row_ids": ids, "frozen_digest": self._frozen_digest}
+        return {**super()._staged_state(), "staged_features": F, "staged_labels": y, "staged_row_ids": ids}
 
     def _load_staged_state(self, state: dict[str, Any]) -> None:
         # the saved rows cover every rank: rank 0 carries them on (they are gathered again at the commit)
@@ -209,7 +209,7 @@ class SoftmaxHeadRecorder(FrozenFeatureRecorder):
             self._staged = [
                 (F.to(self._device(), self.dtype), state["staged_labels"].to(self._device()), state["staged_row_ids"])
             ]
-        self._frozen_digest = state.get("frozen_digest", self._frozen_digest)
+        super()._load_staged_state(state)
 
     @property
     def solved_head(self) -> Tensor:

@@ -10,14 +10,15 @@ the head.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import lightning as L
 import torch
-import xxhash
 from torch import Tensor, nn
 
 from lightning_unlearn.callbacks.base import RecorderCallback
+from lightning_unlearn.core.binding import RAW_INPUTS, Binding
+from lightning_unlearn.core.digest import ALGORITHM, tensors_digest
 from lightning_unlearn.models import AnalyticHead, float64_forward
 from lightning_unlearn.warnings import warn
 
@@ -106,9 +107,11 @@ class FrozenFeatureRecorder(RecorderCallback):
         return [names[id(p)] for p in (linear.weight, linear.bias) if p is not None]
 
     def head_weights(self, module: nn.Module, W: Tensor) -> dict[str, Tensor]:
-        """``{state_dict name: value}`` of the head's weight (``W^T``) and bias (last row of ``W``) for ``W``."""
+        """``{state_dict name: value}`` of the head's weight (``W^T``) and bias (last row of ``W``) for ``W``, copies:
+        a module's weights never share memory with the statistics (an in-place write into the module, e.g.
+        Lightning restoring a checkpoint, would change them too)."""
         d_F = self.head_of(module).in_features
-        return dict(zip(self.head_names(module), (W[:d_F].T, *W[d_F:])))
+        return dict(zip(self.head_names(module), (W[:d_F].T.clone(), *(b.clone() for b in W[d_F:]))))
 
     def features(self, module: nn.Module, x: Tensor) -> Tensor:
         """Float64 features ``f`` of eq. (1) for inputs ``x`` (with a constant 1 appended for a biased head)."""
@@ -140,18 +143,32 @@ class FrozenFeatureRecorder(RecorderCallback):
         return self.device if self.device is not None else linear.weight.device
 
     def _frozen_state_digest(self, module: nn.Module) -> str:
-        """XXH3 of the backbone's (without ``backbone``: every non-head) parameters and buffers."""
-        part = self.backbone_of(module) if self.backbone is not None else module
-        head_names = set(self.head_names(module)) if self.backbone is None else set()
-        h = xxhash.xxh3_64()
-        for name, t in sorted(part.state_dict().items()):
-            if name in head_names:
-                continue
-            t = t.detach().cpu().contiguous()
-            h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-            if t.numel():
-                h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()
+        """BLAKE3 of the parameters and buffers the features come through: the backbone's and the head's besides its
+        solved weights (an :class:`~lightning_unlearn.models.AnalyticHead`'s expansion); without ``backbone``, every
+        entry of the module's ``state_dict`` but the solved weights."""
+        solved = set(self.head_names(module))
+        parts = (f"{self.backbone}.", f"{self.head}.")
+        return tensors_digest(
+            {
+                k: v
+                for k, v in module.state_dict().items()
+                if k not in solved and (self.backbone is None or k.startswith(parts))
+            }
+        )
+
+    def binding_of(self, module: nn.Module) -> Binding:
+        """The statistics' binding: the digest of the frozen tensors the features come through (the backbone, and
+        the head besides its solved weights; without ``backbone``: the module outside the solved weights;
+        :data:`~lightning_unlearn.core.binding.RAW_INPUTS` for a head on the inputs), the solved weights' names
+        and shapes, and the sample-id field."""
+        ids = super().binding_of(module).ids
+        names = set(self.head_names(module))
+        head = tuple(sorted((n, tuple(p.shape)) for n, p in module.named_parameters() if n in names))
+        if self.backbone is None and self.inputs_as_features and not callable(getattr(module, "features", None)):
+            return Binding(RAW_INPUTS, RAW_INPUTS, head, ids)
+        where = f"backbone {self.backbone!r} and head {self.head!r}" if self.backbone is not None else "module"
+        part = f"the frozen parameters and buffers of the {where} (besides the solved head weights)"
+        return Binding(self._frozen_state_digest(module), part, head, ids)
 
     def check_frozen(self, module: nn.Module) -> None:
         """Refuse trainable backbone parameters, and remember the backbone's state (see :meth:`check_unchanged`).
@@ -183,6 +200,15 @@ class FrozenFeatureRecorder(RecorderCallback):
                 f"statistics of a train-mode forward): {self.solver_name} needs a frozen backbone; its statistics "
                 "were not updated"
             )
+
+    def _staged_state(self) -> dict[str, Any]:
+        return {"frozen_digest": self._frozen_digest}
+
+    def _load_staged_state(self, state: dict[str, Any]) -> None:
+        # the running fit's backbone digest (one of an older version, not BLAKE3, is taken again at the fit's start)
+        saved = state.get("frozen_digest")
+        if isinstance(saved, str) and saved.startswith(ALGORITHM + ":"):
+            self._frozen_digest = saved
 
     def write_weights(self, module: nn.Module, W: Tensor) -> None:
         """Copy ``W`` into the head (an ``nn.Linear`` stores ``W^T``; a bias is the last row of ``W``)."""

@@ -63,6 +63,7 @@ class TaskDeltaRecorder(RecorderCallback):
 
     #: the task's end is its solution: commit when the fit ends, not after its first epoch
     records_every_epoch = True
+    records_parameters = True
     #: under DDP only ids, labels and fingerprints are gathered (the task size counts them)
     gathers_inputs = False
 
@@ -146,6 +147,7 @@ class TaskDeltaRecorder(RecorderCallback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
         if self._check_loss:
             reg = self.regularizer
             penalty = reg.penalty if reg is not None and reg.in_loss else None

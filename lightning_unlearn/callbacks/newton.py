@@ -64,6 +64,7 @@ class HessianSumRecorder(RecorderCallback):
 
     #: the Hessian is taken at the end of the fit, at the trained model
     records_every_epoch = True
+    records_parameters = True
     #: under DDP only ids, labels and fingerprints are gathered; each rank adds its samples' Hessians
     gathers_inputs = False
 
@@ -123,6 +124,7 @@ class HessianSumRecorder(RecorderCallback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
         if self._check_loss:
             contract.resolve_loss_fn(pl_module, self.loss_fn, batch, keys=self.batch_keys)
             self._check_loss = False

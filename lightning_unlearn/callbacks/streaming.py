@@ -99,6 +99,7 @@ class StreamingRecorder(RecorderCallback):
     """
 
     gathers_inputs = False
+    records_parameters = True
 
     def __init__(
         self,
@@ -178,6 +179,7 @@ class StreamingRecorder(RecorderCallback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
         if self._check_loss:  # once per fit, on its first batch: the module's own loss is loss_fn's
             regs = [c for c in trainer.callbacks if isinstance(c, ProximalRegularizer) and c.in_loss]  # type: ignore[attr-defined]
             penalty = regs[0].penalty if regs else None

@@ -149,6 +149,7 @@ class TrajectoryRecorder(RecorderCallback):
     """
 
     records_every_epoch = True
+    records_parameters = True
     gathers_inputs = False  # under DDP: ids, labels and fingerprints only; vectors sharded (class docstring)
 
     def __init__(
@@ -198,6 +199,7 @@ class TrajectoryRecorder(RecorderCallback):
         self._eig: Tensor | None = None
         self._chunk: int | None = None  # rows per HVP call in this fit (chunk_size, or measured at its first step)
         self._in_fit = False
+        self._steps_before_fit = 0  # steps recorded before the running fit
         self._interrupted = False
         self._optimizer_l2: float | None = None  # weight_decay of the optimizer of the running fit
         self._check_module = False
@@ -297,6 +299,7 @@ class TrajectoryRecorder(RecorderCallback):
         if self._rows is not None and not self._rows.mapped and not self.offload:
             self._rows.data = self._rows.data.to(hf.flat_params(module).device)
         self._in_fit, self._check_module, self._chunk = True, True, self.chunk_size
+        self._steps_before_fit = self.n_steps
 
     def before_step(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, lr: float) -> None:
         """At ``w_t``, before the optimizer step with learning rate ``lr`` on this (rank-gathered) batch:
@@ -315,6 +318,7 @@ class TrajectoryRecorder(RecorderCallback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
         x, y, ids = unpack_batch(batch, self.batch_keys)
         if self._check_module:  # once per fit, on its first batch: the module's own loss is loss_fn's
             contract.resolve_loss_fn(pl_module, self.loss_fn, batch, keys=self.batch_keys)
@@ -345,7 +349,7 @@ class TrajectoryRecorder(RecorderCallback):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         super().on_exception(trainer, pl_module, exception)
-        if self._in_fit and self.n_steps:
+        if self._in_fit and self.n_steps > self._steps_before_fit:  # stopped after some of its steps
             self._interrupted = True
         self._in_fit = False
 
@@ -641,6 +645,7 @@ class TrajectoryRecorder(RecorderCallback):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._refuse_replacing(state_dict, "loading a state")  # before the store is replaced
         shards, rank = int(state_dict.get("shards", 1)), 0
         missing = [k for k in _STATE_KEYS if state_dict.get(k) is None and (k != "A" or shards == 1)]
         if missing:

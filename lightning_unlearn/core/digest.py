@@ -14,13 +14,13 @@ an auditor knows which entries the digest does not protect against a forger.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import blake3
 import torch
 import xxhash
-from torch import nn
+from torch import Tensor, nn
 
 ALGORITHM = "blake3"
 LEGACY = "xxh3-128"
@@ -30,11 +30,16 @@ _LEGACY_FORM = re.compile(r"[0-9a-f]{32}")
 def state_bytes(module: nn.Module) -> Iterator[bytes | memoryview]:
     """What the digest covers, in order: for each ``state_dict`` entry (sorted by name) a ``name|dtype|shape|``
     header, then the tensor's bytes (read in place when the tensor is contiguous on the CPU)."""
-    for name, t in sorted(module.state_dict().items()):
+    return tensors_bytes(module.state_dict())
+
+
+def tensors_bytes(tensors: Mapping[str, Tensor]) -> Iterator[bytes | memoryview]:
+    """:func:`state_bytes` of any named tensors (e.g. part of a module's ``state_dict``)."""
+    for name, t in sorted(tensors.items()):
         t = t.detach().cpu().contiguous()
         yield f"{name}|{t.dtype}|{tuple(t.shape)}|".encode()
         if t.numel():
-            yield memoryview(t.reshape(-1).view(torch.uint8).numpy())
+            yield t.reshape(-1).view(torch.uint8).numpy().data
 
 
 def weights_digest(module: nn.Module, algorithm: str = ALGORITHM) -> str:
@@ -56,6 +61,14 @@ def weights_digest(module: nn.Module, algorithm: str = ALGORITHM) -> str:
     for chunk in state_bytes(module):
         h.update(chunk)
     return h.hexdigest() if algorithm == LEGACY else f"{algorithm}:{h.hexdigest()}"
+
+
+def tensors_digest(tensors: Mapping[str, Tensor]) -> str:
+    """``"blake3:<hex>"`` of named tensors (:func:`tensors_bytes`), e.g. the frozen part of a module."""
+    h = blake3.blake3()
+    for chunk in tensors_bytes(tensors):
+        h.update(chunk)
+    return f"{ALGORITHM}:{h.hexdigest()}"
 
 
 def digest_algorithm(recorded: str) -> str:

@@ -174,6 +174,9 @@ class Unlearner(ABC):
     given, lets the method compute its :class:`UnlearningUpdate` and commits it all-or-nothing
     (see the module docstring).
 
+    The recorder's statistics must have been recorded with ``module`` (its frozen backbone, head shape and
+    sample-id field: :meth:`RecorderCallback.check_binding`, a ``ValueError`` naming what differs otherwise).
+
     Subclasses set :attr:`method` (the registry name), :attr:`reads_data` and
     :attr:`needs_forget_data`, and implement :meth:`_compute`.
 
@@ -196,6 +199,7 @@ class Unlearner(ABC):
     accountant: PrivacyAccountant | None = None
 
     def __init__(self, module: nn.Module, recorder: RecorderCallback, ledger: Ledger | None = None) -> None:
+        recorder.check_binding(module)  # its statistics were recorded with this module (ValueError otherwise)
         self.module = module
         self.recorder = recorder
         self.ledger = ledger if ledger is not None else Ledger()
@@ -219,7 +223,8 @@ class Unlearner(ABC):
             TypeError: ``request`` is not a :class:`ForgetRequest`.
             ValueError: the request names nothing learned, or samples already forgotten; the
                 method needs ``data`` and none was given, or reads none and some was given; the
-                data's labels or inputs differ from what was learned. Nothing is changed.
+                data's labels or inputs differ from what was learned; a state loaded into the recorder
+                since was not recorded with this module (:meth:`RecorderCallback.check_binding`). Nothing is changed.
             ReleaseRefused: (a ``ValueError``) a certified release whose assumptions fail, or that would exceed
                 the privacy budget, naming why. Nothing is changed.
             LedgerError: the ledger file does not match the recorder's anchor or holds entries after it that are
@@ -232,6 +237,7 @@ class Unlearner(ABC):
         if not isinstance(request, ForgetRequest):
             raise TypeError(f"forget expects a ForgetRequest, got {type(request).__name__}")
         self.recorder.require_fitted()
+        self.recorder.check_binding(self.module, loaded_only=True)  # a state loaded since: recorded with this module?
         self.check_ledger()
         self.recorder.erase_pending()
         pending = self.pending()
@@ -368,6 +374,7 @@ class Unlearner(ABC):
             OSError: rows an earlier request left unerased still cannot be erased; nothing is changed.
         """
         self.recorder.require_fitted()
+        self.recorder.check_binding(self.module, loaded_only=True)
         self.check_ledger()
         self.recorder.erase_pending()
         self._check_data(data)
@@ -493,6 +500,7 @@ class Unlearner(ABC):
             if self.ledger.path is not None:
                 self.recorder.ledger_anchor = self.ledger.anchor()
             self.mirror_accountant()
+            self.recorder.bind(self.module)  # the statistics now belong to the updated module (e.g. a retrained trunk)
             self.history.append(result)
             self.recorder.unerased.append(ids)
             try:
