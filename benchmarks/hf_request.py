@@ -40,7 +40,7 @@ from lightning_unlearn import ForgetRequest, Ledger, ReleaseConfig
 from lightning_unlearn.callbacks import TrajectoryRecorder
 from lightning_unlearn.core import ledger as ledger_module
 from lightning_unlearn.core.digest import weights_digest
-from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import autodiff
 from lightning_unlearn.privacy import secure_gaussian
 from lightning_unlearn.unlearners import HFUnlearner
 
@@ -123,7 +123,7 @@ def measure(d: int, requests: int, noise: bool, folder: Path) -> dict[str, float
         line = ledger[-1].to_line()
         parts["append"].append(timed(lambda line=line: ledger_module._append_line(scratch, line)))
         if noise:
-            flat = hf.flat_params(module)
+            flat = autodiff.flat_params(module)
             parts["noise"].append(timed(lambda flat=flat: flat + secure_gaussian(flat.shape, flat.dtype)))
     recorder.close()
     out = {k: 1e3 * statistics.median(c for c, _ in v) for k, v in parts.items() if v}

@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig
 from lightning_unlearn.callbacks import HessianSumRecorder
-from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import autodiff
 from lightning_unlearn.functional import newton as nt
 from lightning_unlearn.models import SupervisedClassifier
 from lightning_unlearn.progress import QUIET_TRAINER
@@ -65,14 +65,14 @@ def timed(fn, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def hvp_hessian(loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+def hvp_hessian(loss: autodiff.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
     """The forgotten sample's Hessian as before: ``d`` Hessian-vector products against the identity."""
     eye = torch.eye(theta.numel(), dtype=theta.dtype)
-    return hf.hvps(loss, theta, x, y, eye, chunk_size=nt.PAIRS_PER_CALL) * len(x)
+    return autodiff.hvps(loss, theta, x, y, eye, chunk_size=nt.PAIRS_PER_CALL) * len(x)
 
 
 def previous_request(
-    rec: HessianSumRecorder, loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, G: Tensor, m: int
+    rec: HessianSumRecorder, loss: autodiff.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, G: Tensor, m: int
 ) -> tuple[float, float, Tensor]:
     """The previous NS request's two costly parts at a request's state (``m`` forgotten with it): the forgotten
     sample's Hessian from ``d`` HVPs and the factorisation of the retained damped Hessian; and its step."""
@@ -100,7 +100,7 @@ def main() -> None:
     L.Trainer(max_epochs=EPOCHS, callbacks=list(recorders.values()), **QUIET_TRAINER).fit(model, loader)
     fit = perf_counter() - start
     trained = {k: v.clone() for k, v in model.state_dict().items()}
-    theta = hf.flat_params(model)
+    theta = autodiff.flat_params(model)
     d = theta.numel()
     ids = torch.randperm(N_TRAIN, generator=torch.Generator().manual_seed(2))[: args.requests].tolist()
 
@@ -114,7 +114,7 @@ def main() -> None:
     for k, i in enumerate(ids):
         if k in (0, len(ids) - 1):  # before: HVP Hessian + factorisation, at this request's state
             xi, yi = x_all[i : i + 1], y_all[i : i + 1]
-            g = hf.per_sample_grads(loss, theta, xi, yi)[0]
+            g = autodiff.per_sample_grads(loss, theta, xi, yi)[0]
             G = g if ns._grad_sum is None else ns._grad_sum + g
             t_hvp, t_factor, direct = previous_request(recorders["hessian"], loss, theta, xi, yi, G, k + 1)
         start = process_time()

@@ -10,8 +10,8 @@ from torch import Tensor, nn
 
 from lightning_unlearn import contract
 from lightning_unlearn.callbacks.base import RecorderCallback
+from lightning_unlearn.functional import autodiff
 from lightning_unlearn.functional import certified as cl
-from lightning_unlearn.functional import hf
 from lightning_unlearn.functional import newton as nt
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.progress import status
@@ -97,12 +97,12 @@ class TaskDeltaRecorder(RecorderCallback):
     def task_index(self, experience: int) -> int:
         return self.experience_ids.index(experience)
 
-    def module_loss(self, module: nn.Module) -> hf.ModuleLoss:
+    def module_loss(self, module: nn.Module) -> autodiff.ModuleLoss:
         """[CCL]'s per-sample loss ``l`` of ``module`` (``loss_fn`` plus the ridge ``mu = l2``)."""
-        return hf.ModuleLoss(module, float(self.l2 or 0.0), self.loss_fn)
+        return autodiff.ModuleLoss(module, float(self.l2 or 0.0), self.loss_fn)
 
     def _device(self, module: nn.Module) -> torch.device:
-        return torch.device("cpu") if self.offload else hf.flat_params(module).device
+        return torch.device("cpu") if self.offload else autodiff.flat_params(module).device
 
     # -- the contract: regulariser, optimizer, loss ---------------------------------------------------
     def read_optimizer(self, optimizers: list[torch.optim.Optimizer], module: nn.Module) -> None:
@@ -161,7 +161,7 @@ class TaskDeltaRecorder(RecorderCallback):
         if self.regularizer is None:
             raise RuntimeError(f"{type(self).__name__} committed an experience that begin_experience did not set up")
         start = self.regularizer.anchor_vector(module).detach().clone().to(device)
-        end = hf.flat_params(module).clone().to(device)
+        end = autodiff.flat_params(module).clone().to(device)
         n = int(sum(t.numel() for t in self._staged_ids))
         if self._fit_experience in self.experience_ids:  # a fit resumed within this experience
             i = self.task_index(self._fit_experience)
@@ -314,7 +314,7 @@ class HessianRecorder(TaskDeltaRecorder):
         reg, lam, l2 = self.regularizer, self.reg_lambda, self.l2
         if reg is None or lam is None or l2 is None:
             raise RuntimeError(f"{type(self).__name__} committed an experience that begin_experience did not set up")
-        theta = hf.flat_params(module)
+        theta = autodiff.flat_params(module)
         empty = theta.new_zeros(0)
         x = torch.cat(self._x).to(theta.device) if self._x else empty
         y = torch.cat(self._y).to(theta.device) if self._y else empty.long()
@@ -349,7 +349,7 @@ class HessianRecorder(TaskDeltaRecorder):
                 H = self.sum_over_ranks(H * share)
                 # |lambda_max| by power iteration, O(d^2) per step as NewtonRecorder's; never above the true value
                 # (a full eigvalsh is O(d^3): over 10 minutes per task at d = 7,850, MNIST's linear model, here)
-                top, _ = hf.top_eigenvalue(lambda v: H @ v, torch.ones_like(theta), POWER_ITERS)
+                top, _ = autodiff.top_eigenvalue(lambda v: H @ v, torch.ones_like(theta), POWER_ITERS)
             else:
                 local = cl.hessian_operator(loss, theta, x, y, self.chunk_size) if len(x) else torch.zeros_like
 
@@ -368,7 +368,7 @@ class HessianRecorder(TaskDeltaRecorder):
             step = self.chunk_size or max(len(x), 1)
             for k in range(0, len(x), step):
                 xb, yb = x[k : k + step], y[k : k + step]
-                gb = hf.per_sample_grads(loss, theta, xb, yb)
+                gb = autodiff.per_sample_grads(loss, theta, xb, yb)
                 grad_max = max(grad_max, float(gb.norm(dim=1).max()))
                 grad_sum += gb.sum(0)
                 if self.store_sample_gradients:
@@ -397,7 +397,7 @@ class HessianRecorder(TaskDeltaRecorder):
         self.sample_grads.update(grads)
 
     def _factor(
-        self, module: nn.Module, loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, n: int
+        self, module: nn.Module, loss: autodiff.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, n: int
     ) -> Tensor | None:
         """This rank's rows of the task's factor ``F`` (``H_i = F^T F + mu I``) when the Hessian is stored
         factored (``"factored"``, or ``"auto"`` with ``n K < d``), else ``None``; one probe of the module's

@@ -15,8 +15,8 @@ from lightning_unlearn.callbacks.optimality import TaskOptimality
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.core.refusal import ReleaseRefused
+from lightning_unlearn.functional import autodiff
 from lightning_unlearn.functional import certified as cl
-from lightning_unlearn.functional import hf
 from lightning_unlearn.functional.bounds import ModelConstants, forgetting_chain, newton_chain
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.privacy import ReleaseConfig
@@ -111,12 +111,12 @@ class _ContinualCertified(ReleasingUnlearner):
         """The noise-free internal model after the last request (flat); the module's weights if none."""
         rec = self.recorder
         if self._internal is None or self._internal_end is None or not torch.equal(self._internal_end, rec.ends[-1]):
-            return hf.flat_params(self.module)
+            return autodiff.flat_params(self.module)
         return self._internal.clone()
 
     def restore_internal(self) -> None:
         """Write the noise-free internal model into the module (before learning the next task)."""
-        hf.set_flat_params(self.module, self.clean_parameters())
+        autodiff.set_flat_params(self.module, self.clean_parameters())
 
     def publish(self) -> Certificate:
         """Publish the internal model at a time without a request: once something is forgotten, [CCL] Alg. 1
@@ -284,7 +284,7 @@ class _ContinualCertified(ReleasingUnlearner):
 
     def check_shapes(self) -> None:
         """``ValueError`` if the module's parameters do not match the recorded task vectors."""
-        d, recorded = hf.flat_params(self.module).numel(), self.recorder.ends[-1].numel()
+        d, recorded = autodiff.flat_params(self.module).numel(), self.recorder.ends[-1].numel()
         if d != recorded:
             raise ValueError(f"module has {d} trainable parameters but the recorded task vectors have {recorded}")
 
@@ -346,7 +346,7 @@ class _ContinualCertified(ReleasingUnlearner):
         )
         return UnlearningUpdate(
             certificate,
-            weights=hf.unflatten(published.weights, hf.param_spec(self.module)),
+            weights=autodiff.unflatten(published.weights, autodiff.param_spec(self.module)),
             state={"_internal": internal, "_internal_end": self.recorder.ends[-1], **published.state},
             extra={"noise_norm": published.noise_norm},
         )
@@ -458,10 +458,10 @@ class HessianCertifiedUnlearner(_ContinualCertified):
                 g = torch.stack([rec.sample_grads[int(u)] for u in ids[mine].tolist()]).sum(0)
             else:
                 x, y = samples
-                theta = rec.ends[i].to(hf.flat_params(self.module))
+                theta = rec.ends[i].to(autodiff.flat_params(self.module))
                 with eval_mode(self.module):
                     xm, ym = x[mine].to(theta.device), y[mine].to(theta.device)
-                    g = hf.per_sample_grads(rec.module_loss(self.module), theta, xm, ym).sum(0)
+                    g = autodiff.per_sample_grads(rec.module_loss(self.module), theta, xm, ym).sum(0)
             previous = sums[i]
             sums[i] = g if previous is None else previous + g
         return sums

@@ -12,8 +12,8 @@ from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.core.refusal import ReleaseRefused
+from lightning_unlearn.functional import autodiff, hf
 from lightning_unlearn.functional import bounds as cb
-from lightning_unlearn.functional import hf
 from lightning_unlearn.functional.bounds import ModelConstants
 from lightning_unlearn.privacy import ReleaseConfig
 from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate
@@ -216,7 +216,7 @@ class HFUnlearner(ReleasingUnlearner):
 
     def _clean(self) -> Tensor:
         if self._internal is None or self._internal_step != self.recorder.n_steps:
-            return hf.flat_params(self.module)
+            return autodiff.flat_params(self.module)
         return self._internal
 
     def trajectory_terms(self, c: ModelConstants) -> TrajectoryTerms:
@@ -327,7 +327,7 @@ class HFUnlearner(ReleasingUnlearner):
         return lines
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
-        rec, spec = self.recorder, hf.param_spec(self.module)
+        rec, spec = self.recorder, autodiff.param_spec(self.module)
         d = sum(math.prod(shape) for _, shape in spec)
         if rec.A is None or rec.A.shape[1] != d:
             raise ValueError(
@@ -402,7 +402,7 @@ class HFUnlearner(ReleasingUnlearner):
         )
         return UnlearningUpdate(
             certificate,
-            weights=hf.unflatten(published.weights, hf.param_spec(self.module)),
+            weights=autodiff.unflatten(published.weights, autodiff.param_spec(self.module)),
             state={
                 "_internal": internal,
                 "_internal_step": rec.n_steps,

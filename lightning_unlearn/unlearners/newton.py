@@ -11,7 +11,7 @@ from lightning_unlearn.callbacks.newton import HessianSumRecorder
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.core.refusal import ReleaseRefused
-from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import autodiff
 from lightning_unlearn.functional import newton as nt
 from lightning_unlearn.functional.bounds import ModelConstants
 from lightning_unlearn.modes import eval_mode
@@ -100,7 +100,7 @@ class _SecondOrderUnlearner(ReleasingUnlearner):
         """The noise-free internal model ``w + step(U)`` (flat) after the last request; the module's weights if none."""
         rec = self.recorder
         if self._step is None or rec.theta is None:
-            return hf.flat_params(self.module)
+            return autodiff.flat_params(self.module)
         return rec.theta.to(self._step) + self._step
 
     def _gradient_sum(self, ids: Tensor, data: ForgetData) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -109,7 +109,7 @@ class _SecondOrderUnlearner(ReleasingUnlearner):
         rec = self.recorder
         if rec.theta is None:
             raise ValueError(f"{type(rec).__name__} holds no trained model")
-        flat = hf.flat_params(self.module)
+        flat = autodiff.flat_params(self.module)
         if flat.numel() != rec.theta.numel():
             raise ValueError(
                 f"module has {flat.numel()} trainable parameters but the recorded Hessian is for {rec.theta.numel()}"
@@ -123,7 +123,7 @@ class _SecondOrderUnlearner(ReleasingUnlearner):
         theta = rec.theta.to(flat)
         x, y = (t.to(theta.device) for t in self.forget_samples(ids, data))
         with eval_mode(self.module):
-            g = hf.per_sample_grads(rec.module_loss(self.module), theta, x, y)
+            g = autodiff.per_sample_grads(rec.module_loss(self.module), theta, x, y)
         G = g.sum(0) if self._grad_sum is None else self._grad_sum + g.sum(0)
         return G, theta, x, y
 
@@ -184,7 +184,7 @@ class _SecondOrderUnlearner(ReleasingUnlearner):
         )
         return UnlearningUpdate(
             certificate,
-            weights=hf.unflatten(published.weights, hf.param_spec(self.module)),
+            weights=autodiff.unflatten(published.weights, autodiff.param_spec(self.module)),
             state={"_grad_sum": G, "_step": step, "_forgotten": m, **published.state},
             extra={
                 "n_forgotten": int(ids.numel()),
