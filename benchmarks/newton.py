@@ -33,8 +33,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig
 from lightning_unlearn.callbacks import HessianSumRecorder
-from lightning_unlearn.functional import autodiff
-from lightning_unlearn.functional import newton as nt
+from lightning_unlearn.functional import autodiff, newton
 from lightning_unlearn.models import SupervisedClassifier
 from lightning_unlearn.progress import QUIET_TRAINER
 from lightning_unlearn.unlearners import InfinitesimalJackknifeUnlearner, NewtonStepUnlearner
@@ -68,7 +67,7 @@ def timed(fn, repeats: int = 5) -> float:
 def hvp_hessian(loss: autodiff.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
     """The forgotten sample's Hessian as before: ``d`` Hessian-vector products against the identity."""
     eye = torch.eye(theta.numel(), dtype=theta.dtype)
-    return autodiff.hvps(loss, theta, x, y, eye, chunk_size=nt.PAIRS_PER_CALL) * len(x)
+    return autodiff.hvps(loss, theta, x, y, eye, chunk_size=newton.PAIRS_PER_CALL) * len(x)
 
 
 def previous_request(
@@ -82,7 +81,7 @@ def previous_request(
     t_hvp = process_time() - start
     retained = rec.matrix - removed
     start = process_time()
-    direct = nt.newton_step(retained, N_TRAIN - m, G, rec.damping).step
+    direct = newton.newton_step(retained, N_TRAIN - m, G, rec.damping).step
     return t_hvp, process_time() - start, direct
 
 
@@ -132,12 +131,14 @@ def main() -> None:
     assert rec.matrix is not None and rec.preconditioner is not None and ns._grad_sum is not None
     xi, yi = x_all[ids[-1] : ids[-1] + 1], y_all[ids[-1] : ids[-1] + 1]
     spare = torch.empty_like(rec.matrix)  # as the strategy does: into the previous matrix's memory
-    t_gn = timed(lambda: nt.hessian_sum(loss, theta, xi, yi, base=rec.matrix, sign=-1.0, out=spare))
+    t_gn = timed(lambda: newton.hessian_sum(loss, theta, xi, yi, base=rec.matrix, sign=-1.0, out=spare))
     m, norm = len(ids), N_TRAIN * rec.smoothness
     t_cg = timed(
-        lambda: nt.newton_step(rec.matrix, N_TRAIN - m, ns._grad_sum, rec.damping, rec.preconditioner, previous, norm)
+        lambda: newton.newton_step(
+            rec.matrix, N_TRAIN - m, ns._grad_sum, rec.damping, rec.preconditioner, previous, norm
+        )
     )
-    cold = nt.newton_step(rec.matrix, N_TRAIN - m, ns._grad_sum, rec.damping, rec.preconditioner, None, norm)
+    cold = newton.newton_step(rec.matrix, N_TRAIN - m, ns._grad_sum, rec.damping, rec.preconditioner, None, norm)
     v = torch.randn(d)
     t_matvec = timed(lambda: rec.matrix @ v, 9)
 

@@ -21,8 +21,7 @@ from torch.utils.data import ConcatDataset, DataLoader
 
 from lightning_unlearn import ForgetRequest, ReleaseConfig
 from lightning_unlearn.callbacks import HessianRecorder, ProximalRegularizer, TaskDeltaRecorder
-from lightning_unlearn.functional import autodiff
-from lightning_unlearn.functional import certified as cl
+from lightning_unlearn.functional import autodiff, certified
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.privacy import analytic_sigma
 from lightning_unlearn.unlearners import GradientCertifiedUnlearner, HessianCertifiedUnlearner
@@ -64,7 +63,7 @@ def test_recorded_tasks_follow_the_chain(trained):
     loss = rec.module_loss(model)
     for task, H, end in zip(TASKS, rec.hessians, rec.ends):
         x, y = task.dataset.tensors
-        assert torch.allclose(H, cl.dense_hessian(loss, end, x, y), rtol=0, atol=1e-12)
+        assert torch.allclose(H, certified.dense_hessian(loss, end, x, y), rtol=0, atol=1e-12)
     assert top * (1 - 1e-9) <= rec.smoothness <= top * (1 + 1e-12)
 
 

@@ -16,8 +16,7 @@ from torch.utils.data import ConcatDataset, DataLoader
 
 from lightning_unlearn import ForgetRequest, ReleaseConfig
 from lightning_unlearn.callbacks import HessianSumRecorder
-from lightning_unlearn.functional import autodiff
-from lightning_unlearn.functional import newton as nt
+from lightning_unlearn.functional import autodiff, newton
 from lightning_unlearn.functional.bounds import linear_model_constants
 from lightning_unlearn.privacy import analytic_sigma
 from lightning_unlearn.unlearners import InfinitesimalJackknifeUnlearner, NewtonStepUnlearner
@@ -77,19 +76,19 @@ def independent_hessian(module, x, y, theta):
 def test_hessian_sum_matches_autograd(problem):
     module, theta, x, y, *_ = problem
     loss = autodiff.ModuleLoss(module, L2)
-    got = nt.hessian_sum(loss, theta, x, y, chunk_size=16)
+    got = newton.hessian_sum(loss, theta, x, y, chunk_size=16)
     assert torch.allclose(got, independent_hessian(module, x, y, theta), atol=1e-10)
-    assert torch.count_nonzero(nt.hessian_sum(loss, theta, x[:0], y[:0])) == 0
+    assert torch.count_nonzero(newton.hessian_sum(loss, theta, x[:0], y[:0])) == 0
 
 
 @pytest.mark.parametrize("damping", [0.0, 0.01])
 def test_newton_step_is_eq15_and_moves_towards_retraining(problem, damping):
     module, theta, x, y, forget, keep, retrained = problem
     loss = autodiff.ModuleLoss(module, L2)
-    H_all = nt.hessian_sum(loss, theta, x, y)
-    H_u = nt.hessian_sum(loss, theta, x[forget], y[forget])
+    H_all = newton.hessian_sum(loss, theta, x, y)
+    H_u = newton.hessian_sum(loss, theta, x[forget], y[forget])
     G = autodiff.per_sample_grads(loss, theta, x[forget], y[forget]).sum(0)
-    solve = nt.newton_step(H_all - H_u, len(keep), G, damping)
+    solve = newton.newton_step(H_all - H_u, len(keep), G, damping)
     step = solve.step
     assert solve.definite and solve.iterations == 0  # no preconditioner: the direct (Cholesky) solve
     # Eq. (15) written out: w + 1/(n-m) (1/(n-m) sum_{retained} H_i + c I)^{-1} sum_U grad l(w; u)
@@ -108,15 +107,15 @@ def test_newton_step_is_eq15_and_moves_towards_retraining(problem, damping):
 def test_gauss_newton_sum_is_the_hessian_of_an_affine_module_only(problem):
     module, theta, x, y, *_ = problem
     loss = autodiff.ModuleLoss(module, L2)
-    got = nt.gauss_newton_sum(loss, theta, x, y)  # a linear model: its output is affine in theta
+    got = newton.gauss_newton_sum(loss, theta, x, y)  # a linear model: its output is affine in theta
     assert got is not None and torch.allclose(got, independent_hessian(module, x, y, theta), atol=1e-10)
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(D_IN, 6), nn.Tanh(), nn.Linear(6, K)).double()  # not affine: J^T S J is not H
     theta_mlp = autodiff.flat_params(mlp)
     mlp_loss = autodiff.ModuleLoss(mlp, L2)
-    assert nt.gauss_newton_sum(mlp_loss, theta_mlp, x[:4], y[:4]) is None
+    assert newton.gauss_newton_sum(mlp_loss, theta_mlp, x[:4], y[:4]) is None
     exact = hessian(lambda t: objective(mlp, x[:4], y[:4], t), theta_mlp)  # hessian_sum falls back to HVPs
-    assert torch.allclose(nt.hessian_sum(mlp_loss, theta_mlp, x[:4], y[:4]), exact, atol=1e-10)
+    assert torch.allclose(newton.hessian_sum(mlp_loss, theta_mlp, x[:4], y[:4]), exact, atol=1e-10)
 
 
 def test_preconditioned_newton_step_is_the_dense_solve_request_after_request(problem):
@@ -125,16 +124,16 @@ def test_preconditioned_newton_step_is_the_dense_solve_request_after_request(pro
     number of a 21 x 21 system), each from the previous step."""
     module, theta, x, y, *_ = problem
     loss = autodiff.ModuleLoss(module, L2)
-    H = nt.hessian_sum(loss, theta, x, y)
-    inverse, definite = nt.jackknife_inverse(H, N, 0.01)
+    H = newton.hessian_sum(loss, theta, x, y)
+    inverse, definite = newton.jackknife_inverse(H, N, 0.01)
     assert definite
     grads = autodiff.per_sample_grads(loss, theta, x, y)
     retained, G, step = H.clone(), torch.zeros_like(theta), None
     for m in range(1, N // 2 + 1):
         u = m - 1
-        retained -= nt.hessian_sum(loss, theta, x[u : u + 1], y[u : u + 1])
+        retained -= newton.hessian_sum(loss, theta, x[u : u + 1], y[u : u + 1])
         G += grads[u]
-        solve = nt.newton_step(retained, N - m, G, 0.01, inverse, step)
+        solve = newton.newton_step(retained, N - m, G, 0.01, inverse, step)
         dense = torch.linalg.solve(retained + 0.01 * (N - m) * torch.eye(len(theta), dtype=theta.dtype), G)
         assert solve.iterations > 0 and solve.definite is None  # CG: definiteness not checked
         assert float((solve.step - dense).norm()) <= 1e-10 * float(dense.norm()), m
@@ -144,16 +143,16 @@ def test_preconditioned_newton_step_is_the_dense_solve_request_after_request(pro
 def test_newton_step_falls_back_to_the_factorisation(problem, monkeypatch):
     module, theta, x, y, forget, keep, _ = problem
     loss = autodiff.ModuleLoss(module, L2)
-    H = nt.hessian_sum(loss, theta, x, y)
-    inverse, _ = nt.jackknife_inverse(H, N, 0.01)
-    H_ret = nt.hessian_sum(loss, theta, x[keep], y[keep])
+    H = newton.hessian_sum(loss, theta, x, y)
+    inverse, _ = newton.jackknife_inverse(H, N, 0.01)
+    H_ret = newton.hessian_sum(loss, theta, x[keep], y[keep])
     G = autodiff.per_sample_grads(loss, theta, x[forget], y[forget]).sum(0)
-    direct = nt.newton_step(H_ret, len(keep), G, 0.01)
-    monkeypatch.setattr(nt, "MAX_CG_ITERATIONS", 1)  # too few iterations: the factorisation instead
-    fallback = nt.newton_step(H_ret, len(keep), G, 0.01, inverse)
+    direct = newton.newton_step(H_ret, len(keep), G, 0.01)
+    monkeypatch.setattr(newton, "MAX_CG_ITERATIONS", 1)  # too few iterations: the factorisation instead
+    fallback = newton.newton_step(H_ret, len(keep), G, 0.01, inverse)
     assert fallback.iterations == 0 and fallback.definite and torch.equal(fallback.step, direct.step)
     indefinite = -torch.eye(len(theta), dtype=theta.dtype)  # CG meets negative curvature: LU, flagged
-    solve = nt.newton_step(indefinite, 10, G, 0.01, inverse)
+    solve = newton.newton_step(indefinite, 10, G, 0.01, inverse)
     assert solve.iterations == 0 and solve.definite is False
     assert torch.allclose(solve.step, G / (-1 + 0.01 * 10), atol=1e-12)
 
@@ -161,45 +160,45 @@ def test_newton_step_falls_back_to_the_factorisation(problem, monkeypatch):
 def test_newton_step_within_its_noise_bound(problem):
     module, theta, x, y, forget, keep, retrained = problem
     loss = autodiff.ModuleLoss(module, L2)
-    H_ret = nt.hessian_sum(loss, theta, x[keep], y[keep])
+    H_ret = newton.hessian_sum(loss, theta, x[keep], y[keep])
     G = autodiff.per_sample_grads(loss, theta, x[forget], y[forget]).sum(0)
     feature_norm = float(x.norm(dim=1).max())
     c = linear_model_constants(feature_norm, L2)
-    M = nt.hessian_lipschitz_bound(feature_norm)
+    M = newton.hessian_lipschitz_bound(feature_norm)
     for damping in (0.0, 0.01):
-        gap = float((theta + nt.newton_step(H_ret, len(keep), G, damping).step - retrained).norm())
-        bound = nt.newton_sensitivity(len(forget), N, c.grad_bound, L2, M, damping)
+        gap = float((theta + newton.newton_step(H_ret, len(keep), G, damping).step - retrained).norm())
+        bound = newton.newton_sensitivity(len(forget), N, c.grad_bound, L2, M, damping)
         assert gap <= bound["sensitivity"]
-        inverse, _ = nt.jackknife_inverse(nt.hessian_sum(loss, theta, x, y), N, damping)
-        gap_ij = float((theta + nt.jackknife_step(inverse, N, G) - retrained).norm())
+        inverse, _ = newton.jackknife_inverse(newton.hessian_sum(loss, theta, x, y), N, damping)
+        gap_ij = float((theta + newton.jackknife_step(inverse, N, G) - retrained).norm())
         assert (
             gap_ij
-            <= nt.jackknife_sensitivity(len(forget), N, c.grad_bound, c.smoothness, L2, M, damping)["sensitivity"]
+            <= newton.jackknife_sensitivity(len(forget), N, c.grad_bound, c.smoothness, L2, M, damping)["sensitivity"]
         )
 
 
 def test_jackknife_is_eq16(problem):
     module, theta, x, y, forget, *_ = problem
     loss = autodiff.ModuleLoss(module, L2)
-    inverse, _ = nt.jackknife_inverse(nt.hessian_sum(loss, theta, x, y), N, 0.01)
+    inverse, _ = newton.jackknife_inverse(newton.hessian_sum(loss, theta, x, y), N, 0.01)
     G = autodiff.per_sample_grads(loss, theta, x[forget], y[forget]).sum(0)
     H = independent_hessian(module, x, y, theta)
     expected = torch.linalg.solve(H / N + 0.01 * torch.eye(len(theta), dtype=theta.dtype), G) / N
-    assert torch.allclose(nt.jackknife_step(inverse, N, G), expected, atol=1e-10)
+    assert torch.allclose(newton.jackknife_step(inverse, N, G), expected, atol=1e-10)
 
 
 def test_sensitivities_written_out():
     m, n, L, beta, lam, M, c = 3, 60, 2.0, 5.0, 0.1, 4.0, 0.01
-    ns = nt.newton_sensitivity(m, n, L, lam, M, c)
+    ns = newton.newton_sensitivity(m, n, L, lam, M, c)
     assert ns["taylor_term"] == pytest.approx(2 * M * m**2 * L**2 / (lam**3 * n**2), rel=1e-14)
     assert ns["damping_term"] == pytest.approx(c * m * L / ((n - m) * lam * (lam + c)), rel=1e-14)
-    ij = nt.jackknife_sensitivity(m, n, L, beta, lam, M, c)
+    ij = newton.jackknife_sensitivity(m, n, L, beta, lam, M, c)
     assert ij["hessian_term"] == pytest.approx(m**2 * beta * L / (lam**2 * n * (n - m)), rel=1e-14)
     assert ij["sensitivity"] == pytest.approx(
         ns["taylor_term"] + ij["hessian_term"] + c * m * L / (n * lam * (lam + c))
     )
-    assert math.isinf(nt.newton_sensitivity(31, 60, L, lam, M, c)["sensitivity"])  # m > n/2: outside the lemma
-    assert math.isinf(nt.jackknife_sensitivity(1, 60, L, beta, 0.0, M, c)["sensitivity"])  # no strong convexity
+    assert math.isinf(newton.newton_sensitivity(31, 60, L, lam, M, c)["sensitivity"])  # m > n/2: outside the lemma
+    assert math.isinf(newton.jackknife_sensitivity(1, 60, L, beta, 0.0, M, c)["sensitivity"])  # no strong convexity
 
 
 def test_hessian_lipschitz_bound_holds_on_random_pairs():
@@ -208,26 +207,26 @@ def test_hessian_lipschitz_bound_holds_on_random_pairs():
     loss = autodiff.ModuleLoss(module, 0.0)
     x = torch.randn(5, dtype=torch.float64, generator=g) * 3
     y = torch.tensor(2)
-    M = nt.hessian_lipschitz_bound(float(x.norm()))
+    M = newton.hessian_lipschitz_bound(float(x.norm()))
     for _ in range(20):
         a = torch.randn(24, dtype=torch.float64, generator=g)
         b = a + torch.randn(24, dtype=torch.float64, generator=g) * 0.3
-        Ha, Hb = (nt.hessian_sum(loss, t, x[None], y[None]) for t in (a, b))
+        Ha, Hb = (newton.hessian_sum(loss, t, x[None], y[None]) for t in (a, b))
         assert float(torch.linalg.matrix_norm(Ha - Hb, ord=2)) <= M * float((a - b).norm())
 
 
 def test_dense_memory_refused_naming_d():
     with pytest.raises(ValueError, match=r"d = 11,000,000 parameters need 450,760\.[0-9]+ GiB"):
-        nt.check_dense(11_000_000, torch.float32, 2**33, "NS")
-    nt.check_dense(100, torch.float64, 2**20, "NS")  # 80,000 bytes: fine
+        newton.check_dense(11_000_000, torch.float32, 2**33, "NS")
+    newton.check_dense(100, torch.float64, 2**20, "NS")  # 80,000 bytes: fine
 
 
 def test_indefinite_damped_hessian_is_solved_and_flagged():
     H = torch.diag(torch.tensor([-1.0, 2.0], dtype=torch.float64))  # curvature -1 below -damping
-    x, definite = nt.solve_damped(H, 0.01, torch.tensor([1.0, 1.0], dtype=torch.float64))
+    x, definite = newton.solve_damped(H, 0.01, torch.tensor([1.0, 1.0], dtype=torch.float64))
     assert not definite and torch.allclose(x, torch.tensor([1 / -0.99, 1 / 2.01], dtype=torch.float64))
     with pytest.raises(ValueError, match="singular"):
-        nt.solve_damped(-0.01 * torch.eye(2, dtype=torch.float64), 0.01, torch.ones(2, dtype=torch.float64))
+        newton.solve_damped(-0.01 * torch.eye(2, dtype=torch.float64), 0.01, torch.ones(2, dtype=torch.float64))
 
 
 # -- the recorder and the strategies on a Lightning fit ----------------------------------------------------
@@ -356,7 +355,7 @@ def test_noise_std_is_the_stated_formula(lightning_fit):
     x = ds.dataset.tensors[0]
     feature_norm = float(x.norm(dim=1).max())
     c = linear_model_constants(feature_norm, L2)
-    M = nt.hessian_lipschitz_bound(feature_norm)
+    M = newton.hessian_lipschitz_bound(feature_norm)
     eps, delta = 1.0, 1e-5
     strategy = NewtonStepUnlearner(
         model, rec, constants=c, hessian_lipschitz=M, release=ReleaseConfig(epsilon=eps, delta=delta, seed=0)

@@ -26,9 +26,9 @@ from lightning_unlearn.privacy import (
     classical_sigma,
     gaussian_delta,
     gaussian_noise,
+    noise,
     secure_gaussian,
 )
-from lightning_unlearn.privacy import noise as noise_module
 from lightning_unlearn.privacy.analysis import gaussian_epsilon
 from lightning_unlearn.unlearners import HFUnlearner
 
@@ -159,10 +159,10 @@ def test_secure_bytes_are_the_chacha20_keystream_of_the_os_key(monkeypatch):
     for the key and nonce os.urandom gave."""
     key, nonce = bytes(range(32)), bytes(range(100, 116))
     given = iter([key, nonce])
-    monkeypatch.setattr(noise_module.os, "urandom", lambda n: next(given))
-    monkeypatch.setattr(noise_module, "_CHUNK", 4096)
+    monkeypatch.setattr(noise.os, "urandom", lambda n: next(given))
+    monkeypatch.setattr(noise, "_CHUNK", 4096)
     keystream = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor().update(bytes(100_003))
-    assert noise_module.secure_bytes(100_003) == keystream
+    assert noise.secure_bytes(100_003) == keystream
 
 
 # -- closed-form constants ---------------------------------------------------------------------------------

@@ -11,8 +11,7 @@ from torch import Tensor, nn
 
 from lightning_unlearn import contract
 from lightning_unlearn.callbacks.base import RecorderCallback
-from lightning_unlearn.functional import autodiff
-from lightning_unlearn.functional import newton as nt
+from lightning_unlearn.functional import autodiff, newton
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.progress import status
 from lightning_unlearn.warnings import warn
@@ -110,7 +109,7 @@ class HessianSumRecorder(RecorderCallback):
     def check_module(self, module: nn.Module) -> None:
         """``ValueError`` if ``module``'s dense Hessian would exceed ``max_bytes`` (names d and the memory)."""
         theta = autodiff.flat_params(module)
-        nt.check_dense(theta.numel(), theta.dtype, self.max_bytes, type(self).__name__)
+        newton.check_dense(theta.numel(), theta.dtype, self.max_bytes, type(self).__name__)
 
     # -- Lightning hooks -------------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -167,7 +166,7 @@ class HessianSumRecorder(RecorderCallback):
         status(f"{type(self).__name__}: dense Hessian over {n} samples, {d} parameters")
         start = perf_counter()
         with eval_mode(module):
-            H = self.sum_over_ranks(nt.hessian_sum(loss, theta, x, y, self.chunk_size))
+            H = self.sum_over_ranks(newton.hessian_sum(loss, theta, x, y, self.chunk_size))
             grad_max, grad_sum = 0.0, torch.zeros_like(theta)
             step = self.chunk_size or max(len(x), 1)
             for k in range(0, len(x), step):
@@ -175,7 +174,7 @@ class HessianSumRecorder(RecorderCallback):
                 grad_max, grad_sum = max(grad_max, float(g.norm(dim=1).max())), grad_sum + g.sum(0)
         grad_sum, grad_max = self.sum_over_ranks(grad_sum), self.max_over_ranks(grad_max)
         top, _ = autodiff.top_eigenvalue(lambda v: H @ v / n, torch.ones_like(theta), 100)
-        inverse, definite = nt.jackknife_inverse(H, n, self.damping)
+        inverse, definite = newton.jackknife_inverse(H, n, self.damping)
         if not definite:
             warn(
                 f"the damped mean Hessian (damping {self.damping:g}) is indefinite at the trained model (a non-convex "

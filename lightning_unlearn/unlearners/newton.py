@@ -11,8 +11,7 @@ from lightning_unlearn.callbacks.newton import HessianSumRecorder
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.core.refusal import ReleaseRefused
-from lightning_unlearn.functional import autodiff
-from lightning_unlearn.functional import newton as nt
+from lightning_unlearn.functional import autodiff, newton
 from lightning_unlearn.functional.bounds import ModelConstants
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.privacy import ReleaseConfig
@@ -212,7 +211,7 @@ class NewtonStepUnlearner(_SecondOrderUnlearner):
     form = "hessian"
 
     def _bound(self, m: int, c: ModelConstants, M: float) -> dict[str, float]:
-        return nt.newton_sensitivity(m, self.recorder.n, c.grad_bound, c.strong_convexity, M, self.recorder.damping)
+        return newton.newton_sensitivity(m, self.recorder.n, c.grad_bound, c.strong_convexity, M, self.recorder.damping)
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         rec = self.recorder
@@ -225,12 +224,12 @@ class NewtonStepUnlearner(_SecondOrderUnlearner):
                 spare = self._spare
                 if spare is None or spare is base or spare.shape != base.shape or spare.dtype != base.dtype:
                     spare = None
-                retained = nt.hessian_sum(loss, theta, x, y, rec.chunk_size, base=base, sign=-1.0, out=spare)
+                retained = newton.hessian_sum(loss, theta, x, y, rec.chunk_size, base=base, sign=-1.0, out=spare)
             else:
-                retained = base - nt.hessian_sum(loss, theta, x, y, rec.chunk_size).to(base)
+                retained = base - newton.hessian_sum(loss, theta, x, y, rec.chunk_size).to(base)
         m = self._forgotten + int(ids.numel())
         norm = rec.n * rec.smoothness if rec.smoothness > 0 else None  # ||H_ret|| <= ||H|| for a convex loss
-        solve = nt.newton_step(retained, rec.n - m, G, rec.damping, rec.preconditioner, self._step, norm)
+        solve = newton.newton_step(retained, rec.n - m, G, rec.damping, rec.preconditioner, self._step, norm)
         if solve.definite is False:
             warn(
                 f"NS: the damped mean Hessian (damping {rec.damping:g}) of the retained samples is indefinite (a "
@@ -255,11 +254,11 @@ class InfinitesimalJackknifeUnlearner(_SecondOrderUnlearner):
 
     def _bound(self, m: int, c: ModelConstants, M: float) -> dict[str, float]:
         rec = self.recorder
-        return nt.jackknife_sensitivity(m, rec.n, c.grad_bound, c.smoothness, c.strong_convexity, M, rec.damping)
+        return newton.jackknife_sensitivity(m, rec.n, c.grad_bound, c.smoothness, c.strong_convexity, M, rec.damping)
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         G, _, _, _ = self._gradient_sum(ids, data)
         if self.recorder.matrix is None:
             raise ValueError("IJ has no recorded inverse Hessian")
-        step = nt.jackknife_step(self.recorder.matrix, self.recorder.n, G)  # the recorder warned if indefinite
+        step = newton.jackknife_step(self.recorder.matrix, self.recorder.n, G)  # the recorder warned if indefinite
         return self._publish(ids, G, step, "[IJ] / [HF] Eq. (16): ||w_retrain - w_IJ|| <= gamma [derived]")
