@@ -21,8 +21,8 @@ from torch.utils.data import Dataset, Subset, TensorDataset
 
 from lightning_unlearn import IndexedDataset
 from lightning_unlearn.functional.metrics import lira_offline_scores, logit_confidence
-from lightning_unlearn_bench.tradeoff import run_tradeoff
 from lightning_unlearn.metrics import shadow_models
+from lightning_unlearn_bench.tradeoff import run_tradeoff
 
 
 def null_se(n1: int, n2: int) -> float:
