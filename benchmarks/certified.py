@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig
 from lightning_unlearn.callbacks import HessianRecorder, TaskDeltaRecorder, TrajectoryRecorder
-from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import autodiff
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.progress import QUIET_TRAINER
 from lightning_unlearn.unlearners import HessianCertifiedUnlearner, HFUnlearner
@@ -87,16 +87,16 @@ def newton_step(
 ) -> float:
     """Eq. (15) of HF's baselines for one request, ``(H_{-U} + damping I) v = g_U / (n - m)`` by CG; returns seconds."""
     start = perf_counter()
-    theta = hf.flat_params(model)
-    loss = hf.ModuleLoss(model, model.l2)
+    theta = autodiff.flat_params(model)
+    loss = autodiff.ModuleLoss(model, model.l2)
     keep = torch.ones(len(x), dtype=torch.bool)
     keep[forget] = False
     xr, yr = x[keep], y[keep]
-    g = hf.per_sample_grads(loss, theta, x[forget], y[forget]).sum(0) / len(xr)
+    g = autodiff.per_sample_grads(loss, theta, x[forget], y[forget]).sum(0) / len(xr)
 
     def apply(v: torch.Tensor) -> torch.Tensor:
         blocks = [
-            (hf.hvps(loss, theta, xr[k : k + 2048], yr[k : k + 2048], v[None])[0], len(xr[k : k + 2048]))
+            (autodiff.hvps(loss, theta, xr[k : k + 2048], yr[k : k + 2048], v[None])[0], len(xr[k : k + 2048]))
             for k in range(0, len(xr), 2048)
         ]
         return sum(h * n for h, n in blocks) / len(xr) + damping * v
@@ -109,7 +109,7 @@ def newton_step(
         v, r = v + alpha * p, r - alpha * Ap
         rs_new = float(r @ r)
         p, rs = r + (rs_new / rs) * p, rs_new
-    hf.set_flat_params(model, theta + v)
+    autodiff.set_flat_params(model, theta + v)
     return perf_counter() - start
 
 
@@ -157,7 +157,7 @@ def resnet18_row(samples: int, epochs: int, tracked: int, batch: int = 64) -> No
     x, y = ds.dataset.tensors
     retrain, _ = run([], IndexedDataset(TensorDataset(x[keep], y[keep]), ids=ds.ids[keep]))
 
-    theta, row = hf.flat_params(model), rec32.A[rec32.row_of[forget]]
+    theta, row = autodiff.flat_params(model), rec32.A[rec32.row_of[forget]]
     additions = []
     for _ in range(5):
         start = perf_counter()

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from lightning_unlearn.callbacks import TrajectoryRecorder
-from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import autodiff, hf
 from lightning_unlearn.models import SupervisedClassifier
 from lightning_unlearn.progress import QUIET_TRAINER
 
@@ -46,10 +46,10 @@ class PreviousStepObjective(hf.StepObjective):
     """The products as computed before: one forward and differentiable backward (``create_graph``) per step, then
     one batched double backward (``is_grads_batched``) per 32 rows through that graph."""
 
-    def __init__(self, loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = None):
+    def __init__(self, loss: autodiff.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = None):
         super().__init__(loss, theta, x, y, 32)
         self._theta = theta.detach().requires_grad_(True)
-        with torch.enable_grad(), hf.batch_statistics_only(loss.module):
+        with torch.enable_grad(), autodiff.batch_statistics_only(loss.module):
             (self._graph,) = torch.autograd.grad(loss.mean(self._theta, x, y), self._theta, create_graph=True)
 
     def hvp(self, V: Tensor) -> Tensor:

@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn import IndexedDataset
 from lightning_unlearn.callbacks import TrajectoryRecorder
-from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import autodiff, hf
 from lightning_unlearn.progress import QUIET_TRAINER
 
 warnings.filterwarnings("ignore")
@@ -108,8 +108,8 @@ def resnet_steps(repeats: int) -> None:
     net = torchvision.models.resnet18(num_classes=10).train()
     x, y = torch.rand(BATCH, 3, 32, 32), torch.randint(0, 10, (BATCH,))
     opt = torch.optim.SGD(net.parameters(), lr=0.01, weight_decay=5e-4)
-    theta = hf.flat_params(net)
-    loss = hf.ModuleLoss(net, 5e-4)
+    theta = autodiff.flat_params(net)
+    loss = autodiff.ModuleLoss(net, 5e-4)
     v = torch.randn(1, theta.numel())
 
     def plain_step() -> None:
@@ -163,7 +163,7 @@ def main() -> None:
     if args.skip_cnn:
         return
     plain, model = fit([])
-    d = hf.flat_params(model).numel()
+    d = autodiff.flat_params(model).numel()
     steps = EPOCHS * (N // BATCH)
     print(f"HF recording on a small CNN: d = {d} parameters, N = {N}, batch {BATCH}, {steps} SGD steps, CPU")
     print(f"  plain fit: {plain:.2f} s")
@@ -172,8 +172,8 @@ def main() -> None:
         f"{'extra / K HVPs':>14}"
     )
     x, y = next(iter(DataLoader(data(), batch_size=BATCH)))[:2]
-    theta = hf.flat_params(model)
-    loss = hf.ModuleLoss(model, 1e-3)
+    theta = autodiff.flat_params(model)
+    loss = autodiff.ModuleLoss(model, 1e-3)
 
     def plain_step() -> None:
         loss.mean(theta.clone().requires_grad_(True), x, y).backward()
@@ -182,7 +182,7 @@ def main() -> None:
         rec = TrajectoryRecorder(track=range(k))
         seconds, _ = fit([rec])
         V = torch.randn(k, d)
-        k_hvps = timed(lambda: hf.hvps(loss, theta, x, y, V))  # noqa: B023
+        k_hvps = timed(lambda: autodiff.hvps(loss, theta, x, y, V))  # noqa: B023
         extra = (seconds - plain) / steps
         print(
             f"  {k:>9} | {seconds:7.2f} | {seconds / plain:6.1f} | {1e3 * extra:13.1f} | {1e3 * k_hvps:9.1f} | "

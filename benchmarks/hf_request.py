@@ -36,11 +36,11 @@ import lightning as L
 import torch
 from torch import nn
 
+import lightning_unlearn.core.ledger
 from lightning_unlearn import ForgetRequest, Ledger, ReleaseConfig
 from lightning_unlearn.callbacks import TrajectoryRecorder
-from lightning_unlearn.core import ledger as ledger_module
 from lightning_unlearn.core.digest import weights_digest
-from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import autodiff
 from lightning_unlearn.privacy import secure_gaussian
 from lightning_unlearn.unlearners import HFUnlearner
 
@@ -121,9 +121,9 @@ def measure(d: int, requests: int, noise: bool, folder: Path) -> dict[str, float
         parts["raw"].append(timed(lambda: w.add_(row)))
         parts["digest"].append(timed(lambda: weights_digest(module)))
         line = ledger[-1].to_line()
-        parts["append"].append(timed(lambda line=line: ledger_module._append_line(scratch, line)))
+        parts["append"].append(timed(lambda line=line: lightning_unlearn.core.ledger._append_line(scratch, line)))
         if noise:
-            flat = hf.flat_params(module)
+            flat = autodiff.flat_params(module)
             parts["noise"].append(timed(lambda flat=flat: flat + secure_gaussian(flat.shape, flat.dtype)))
     recorder.close()
     out = {k: 1e3 * statistics.median(c for c, _ in v) for k, v in parts.items() if v}

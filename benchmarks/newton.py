@@ -33,8 +33,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig
 from lightning_unlearn.callbacks import HessianSumRecorder
-from lightning_unlearn.functional import hf
-from lightning_unlearn.functional import newton as nt
+from lightning_unlearn.functional import autodiff, newton
 from lightning_unlearn.models import SupervisedClassifier
 from lightning_unlearn.progress import QUIET_TRAINER
 from lightning_unlearn.unlearners import InfinitesimalJackknifeUnlearner, NewtonStepUnlearner
@@ -65,14 +64,14 @@ def timed(fn, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def hvp_hessian(loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+def hvp_hessian(loss: autodiff.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
     """The forgotten sample's Hessian as before: ``d`` Hessian-vector products against the identity."""
     eye = torch.eye(theta.numel(), dtype=theta.dtype)
-    return hf.hvps(loss, theta, x, y, eye, chunk_size=nt.PAIRS_PER_CALL) * len(x)
+    return autodiff.hvps(loss, theta, x, y, eye, chunk_size=newton.PAIRS_PER_CALL) * len(x)
 
 
 def previous_request(
-    rec: HessianSumRecorder, loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, G: Tensor, m: int
+    rec: HessianSumRecorder, loss: autodiff.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, G: Tensor, m: int
 ) -> tuple[float, float, Tensor]:
     """The previous NS request's two costly parts at a request's state (``m`` forgotten with it): the forgotten
     sample's Hessian from ``d`` HVPs and the factorisation of the retained damped Hessian; and its step."""
@@ -82,7 +81,7 @@ def previous_request(
     t_hvp = process_time() - start
     retained = rec.matrix - removed
     start = process_time()
-    direct = nt.newton_step(retained, N_TRAIN - m, G, rec.damping).step
+    direct = newton.newton_step(retained, N_TRAIN - m, G, rec.damping).step
     return t_hvp, process_time() - start, direct
 
 
@@ -100,7 +99,7 @@ def main() -> None:
     L.Trainer(max_epochs=EPOCHS, callbacks=list(recorders.values()), **QUIET_TRAINER).fit(model, loader)
     fit = perf_counter() - start
     trained = {k: v.clone() for k, v in model.state_dict().items()}
-    theta = hf.flat_params(model)
+    theta = autodiff.flat_params(model)
     d = theta.numel()
     ids = torch.randperm(N_TRAIN, generator=torch.Generator().manual_seed(2))[: args.requests].tolist()
 
@@ -114,7 +113,7 @@ def main() -> None:
     for k, i in enumerate(ids):
         if k in (0, len(ids) - 1):  # before: HVP Hessian + factorisation, at this request's state
             xi, yi = x_all[i : i + 1], y_all[i : i + 1]
-            g = hf.per_sample_grads(loss, theta, xi, yi)[0]
+            g = autodiff.per_sample_grads(loss, theta, xi, yi)[0]
             G = g if ns._grad_sum is None else ns._grad_sum + g
             t_hvp, t_factor, direct = previous_request(recorders["hessian"], loss, theta, xi, yi, G, k + 1)
         start = process_time()
@@ -132,12 +131,14 @@ def main() -> None:
     assert rec.matrix is not None and rec.preconditioner is not None and ns._grad_sum is not None
     xi, yi = x_all[ids[-1] : ids[-1] + 1], y_all[ids[-1] : ids[-1] + 1]
     spare = torch.empty_like(rec.matrix)  # as the strategy does: into the previous matrix's memory
-    t_gn = timed(lambda: nt.hessian_sum(loss, theta, xi, yi, base=rec.matrix, sign=-1.0, out=spare))
+    t_gn = timed(lambda: newton.hessian_sum(loss, theta, xi, yi, base=rec.matrix, sign=-1.0, out=spare))
     m, norm = len(ids), N_TRAIN * rec.smoothness
     t_cg = timed(
-        lambda: nt.newton_step(rec.matrix, N_TRAIN - m, ns._grad_sum, rec.damping, rec.preconditioner, previous, norm)
+        lambda: newton.newton_step(
+            rec.matrix, N_TRAIN - m, ns._grad_sum, rec.damping, rec.preconditioner, previous, norm
+        )
     )
-    cold = nt.newton_step(rec.matrix, N_TRAIN - m, ns._grad_sum, rec.damping, rec.preconditioner, None, norm)
+    cold = newton.newton_step(rec.matrix, N_TRAIN - m, ns._grad_sum, rec.damping, rec.preconditioner, None, norm)
     v = torch.randn(d)
     t_matvec = timed(lambda: rec.matrix @ v, 9)
 

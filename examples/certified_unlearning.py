@@ -31,7 +31,7 @@ from torch.utils.data import Subset, TensorDataset
 from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig
 from lightning_unlearn.avalanche import benchmark_with_sample_ids, fit_stream
 from lightning_unlearn.callbacks import HessianRecorder, TrajectoryRecorder
-from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import autodiff
 from lightning_unlearn.metrics import evaluate_unlearning
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.unlearners import HessianCertifiedUnlearner, HFUnlearner
@@ -53,13 +53,13 @@ def replay_without(
     module: nn.Module, rec: TrajectoryRecorder, w0: torch.Tensor, x: torch.Tensor, y: torch.Tensor, removed: set[int]
 ) -> torch.Tensor:
     """HF's retraining reference: the recorded SGD steps from ``w0`` with the removed samples' gradients dropped."""
-    loss = hf.ModuleLoss(module, rec.l2)
+    loss = autodiff.ModuleLoss(module, rec.l2)
     rows, steps = rec.occurrences()
     theta = w0.clone()
     for t in range(rec.n_steps):
         ids = torch.tensor([rec.row_ids[r] for r in rows[steps == t].tolist()])
         keep = torch.tensor([i not in removed for i in ids.tolist()], dtype=theta.dtype)
-        g = hf.per_sample_grads(loss, theta, x[ids], y[ids])
+        g = autodiff.per_sample_grads(loss, theta, x[ids], y[ids])
         theta = theta - rec.lrs[t] / rec.batch_sizes[t] * (keep[:, None] * g).sum(0)
     return theta
 
@@ -67,7 +67,7 @@ def replay_without(
 def with_params(module: nn.Module, theta: torch.Tensor) -> nn.Module:
     clone = SupervisedClassifier(mlp())
     clone.load_state_dict(module.state_dict(), strict=False)
-    hf.set_flat_params(clone, theta)
+    autodiff.set_flat_params(clone, theta)
     return clone
 
 
@@ -114,7 +114,7 @@ def main() -> None:
 
     # -- 1. HF -------------------------------------------------------------------------------------
     model = SupervisedClassifier(mlp(), lr=0.1, l2=1e-3)
-    w0 = hf.flat_params(model).clone()
+    w0 = autodiff.flat_params(model).clone()
     recorder = TrajectoryRecorder()
     start = perf_counter()
     # fit_stream shows each fit's progress as progress_bar() does: Lightning's bar on a terminal, one line in a pipe
@@ -123,7 +123,7 @@ def main() -> None:
         f"\n[HF] trained with TrajectoryRecorder in {perf_counter() - start:.1f} s: {recorder.n_steps} SGD steps, "
         f"statistics {recorder.memory_bytes() / 2**20:.1f} MiB ({recorder.n_rows} x {recorder.A.shape[1]} float32)"
     )
-    w = hf.flat_params(model).clone()
+    w = autodiff.flat_params(model).clone()
     original = with_params(model, w)
     strategy = HFUnlearner(model, recorder, release=ReleaseConfig(epsilon=EPS, delta=DELTA))
     requests = train_ids[
@@ -156,7 +156,7 @@ def main() -> None:
         f"{recorder.hessians[0].shape[0]}^2 floats "
         f"({sum(h.numel() * h.element_size() for h in recorder.hessians) / 2**20:.1f} MiB)"
     )
-    original = with_params(model, hf.flat_params(model))
+    original = with_params(model, autodiff.flat_params(model))
     forget_exp = 1
     hessian = HessianCertifiedUnlearner(model, recorder, release=ReleaseConfig(epsilon=EPS, delta=DELTA))
     result = hessian.forget(ForgetRequest.of_experience(forget_exp))

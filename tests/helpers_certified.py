@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn import IndexedDataset
 from lightning_unlearn.callbacks import HessianRecorder, TaskDeltaRecorder, TrajectoryRecorder
-from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import autodiff
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
 
 D_IN, N_CLASSES = 6, 3
@@ -43,7 +43,7 @@ def fit_hf(
     **kw,
 ) -> Tensor:
     """Fit with a seeded shuffled loader; returns the initial weights."""
-    w0 = hf.flat_params(model).clone()
+    w0 = autodiff.flat_params(model).clone()
     loader = DataLoader(ds, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(1))
     trainer([recorder], max_epochs=epochs, **kw).fit(model, loader)
     return w0
@@ -54,14 +54,14 @@ def replay(model: nn.Module, recorder: TrajectoryRecorder, w0: Tensor, ds: Index
     zeroed and the denominators ``|B_t|`` kept (HF's retraining reference)."""
     x_all, y_all = ds.dataset.tensors
     row_of_id = {int(i): k for k, i in enumerate(ds.ids.tolist())}
-    loss = hf.ModuleLoss(model, recorder.l2)
+    loss = autodiff.ModuleLoss(model, recorder.l2)
     occ_rows, occ_steps = recorder.occurrences()
     theta = w0.clone()
     for t in range(recorder.n_steps):
         ids = [recorder.row_ids[r] for r in occ_rows[occ_steps == t].tolist()]
         keep = torch.tensor([i not in removed for i in ids], dtype=theta.dtype)
         rows = torch.tensor([row_of_id[i] for i in ids])
-        g = hf.per_sample_grads(loss, theta, x_all[rows], y_all[rows])
+        g = autodiff.per_sample_grads(loss, theta, x_all[rows], y_all[rows])
         theta = theta - recorder.lrs[t] / recorder.batch_sizes[t] * (keep[:, None] * g).sum(0)
     return theta
 

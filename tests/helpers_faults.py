@@ -108,11 +108,11 @@ def same(a: Any, b: Any) -> bool:
 def noise_free(s: Unlearner) -> torch.Tensor:
     """SAFE's published parameters (flat, float64) less the seeded noise of its last release: the noise-free model
     ``w_t``, to within the rounding of adding and subtracting the noise (one ulp of the published entries)."""
-    from lightning_unlearn.functional import streaming as safe_fn
+    from lightning_unlearn.functional.streaming import flatten
     from lightning_unlearn.privacy.noise import gaussian_noise
 
     assert s.accountant is not None
-    flat = safe_fn.flatten(dict(s.module.named_parameters()), s.recorder.param_names)
+    flat = flatten(dict(s.module.named_parameters()), s.recorder.param_names)
     sigma = s.history[-1].certificate.sigma
     return flat - gaussian_noise(flat.shape, sigma, flat.dtype, SAFE_RELEASE.seed, len(s.accountant) - 1)
 

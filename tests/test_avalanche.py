@@ -39,7 +39,7 @@ from lightning_unlearn import (
     TrajectoryRecorder,
 )
 from lightning_unlearn.callbacks.samples import SampleRecorder
-from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import autodiff
 from lightning_unlearn.unlearners.baselines import NegGradUnlearner
 
 with warnings.catch_warnings():
@@ -214,7 +214,7 @@ def test_trajectory_recorder_runs_its_recursion_in_before_update(bm):
     for i in exp_ids(bm, 0) + exp_ids(bm, 1):
         assert_close(r2.A[r2.row_of[i]], r1.A[r1.row_of[i]])
     assert plugin.results[0].removed_ids.numel() == 3
-    assert_close(hf.flat_params(m2), hf.flat_params(m1))
+    assert_close(autodiff.flat_params(m2), autodiff.flat_params(m1))
 
 
 def test_trajectory_recorder_refuses_a_momentum_optimizer_under_the_plugin(bm):
@@ -270,7 +270,7 @@ def test_task_delta_recorder_anchors_each_task_under_the_plugin(bm):
     assert_close(r2.starts[1], r2.ends[0])  # start_task anchored task 1 at task 0's solution
     for a, b in zip(r2.starts + r2.ends, r1.starts + r1.ends):
         assert_close(a, b)
-    assert_close(hf.flat_params(m2), hf.flat_params(m1))  # same internal model, same seeded noise
+    assert_close(autodiff.flat_params(m2), autodiff.flat_params(m1))  # same internal model, same seeded noise
 
 
 def test_hessian_recorder_and_restored_internal_model_under_the_plugin(bm):
@@ -298,7 +298,7 @@ def test_hessian_recorder_and_restored_internal_model_under_the_plugin(bm):
     assert [r.extra["correction_norm"] for r in plugin.results] == pytest.approx(
         [r.extra["correction_norm"] for r in res1], abs=ATOL
     )
-    assert_close(hf.flat_params(m2), hf.flat_params(m1))
+    assert_close(autodiff.flat_params(m2), autodiff.flat_params(m1))
 
 
 class Capture(SupervisedPlugin):
@@ -310,11 +310,13 @@ class Capture(SupervisedPlugin):
         self.unlearning, self.snapshots, self.starts = unlearning, [], []
 
     def before_training_exp(self, strategy, **kwargs) -> None:
-        self.starts.append(hf.flat_params(strategy.model).clone())
+        self.starts.append(autodiff.flat_params(strategy.model).clone())
 
     def after_training_exp(self, strategy, **kwargs) -> None:
         internal = self.unlearning._internal  # None for a plugin listed before the UnlearningPlugin
-        self.snapshots.append((hf.flat_params(strategy.model).clone(), None if internal is None else internal.clone()))
+        self.snapshots.append(
+            (autodiff.flat_params(strategy.model).clone(), None if internal is None else internal.clone())
+        )
 
 
 def test_streaming_recorder_takes_its_anchor_pass_through_the_plugin(bm):
@@ -334,7 +336,7 @@ def test_streaming_recorder_takes_its_anchor_pass_through_the_plugin(bm):
         assert_close(r2.grad_sum[name], r1.grad_sum[name])
         assert_close(r2.w0[name], r1.w0[name])
     assert_close(r2.counts, r1.counts)
-    assert_close(hf.flat_params(m2), hf.flat_params(m1))
+    assert_close(autodiff.flat_params(m2), autodiff.flat_params(m1))
 
 
 # -- Avalanche's own strategies with a baseline; reports reach Avalanche's loggers -----------------
@@ -551,7 +553,7 @@ def test_fit_stream_validates_tests_checkpoints_and_resumes_where_it_stopped(bm,
     assert restored.catalog.forgotten.sum() == 2 and restored.n_steps == 3  # returned, after experience 0's request
 
     m2, r2, rows2 = run("resumed", ckpt_path=tmp_path / "ckpts" / "experience=0.ckpt")
-    assert_close(hf.flat_params(m2), hf.flat_params(m1))
+    assert_close(autodiff.flat_params(m2), autodiff.flat_params(m1))
     forgotten = [sorted(r.catalog.ids[r.catalog.forgotten].tolist()) for r in (r1, r2)]
     assert r2.n_steps == r1.n_steps == 6 and forgotten[0] == forgotten[1] and len(forgotten[0]) == 3
     for i in exp_ids(bm, 0) + exp_ids(bm, 1):

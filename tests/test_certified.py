@@ -21,8 +21,7 @@ from torch.utils.data import ConcatDataset, DataLoader
 
 from lightning_unlearn import ForgetRequest, ReleaseConfig
 from lightning_unlearn.callbacks import HessianRecorder, ProximalRegularizer, TaskDeltaRecorder
-from lightning_unlearn.functional import certified as cl
-from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import autodiff, certified
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.privacy import analytic_sigma
 from lightning_unlearn.unlearners import GradientCertifiedUnlearner, HessianCertifiedUnlearner
@@ -53,7 +52,7 @@ def test_recorded_tasks_follow_the_chain(trained):
     assert torch.count_nonzero(rec.starts[0]) == 0  # w_0 = 0
     for i in (1, 2):
         assert torch.equal(rec.starts[i], rec.ends[i - 1])  # each task is anchored at the previous solution
-    assert torch.equal(rec.ends[-1], hf.flat_params(model))
+    assert torch.equal(rec.ends[-1], autodiff.flat_params(model))
     assert rec.hessians[0].shape == (21, 21) and torch.allclose(rec.hessians[0], rec.hessians[0].T)
     assert torch.linalg.eigvalsh(rec.hessians[0]).min() >= 0.05 - 1e-9  # the l2 ridge: mu = l2
     assert max(rec.stationarity) < 1e-6  # L-BFGS solved each task of Eq. (1) exactly
@@ -64,14 +63,14 @@ def test_recorded_tasks_follow_the_chain(trained):
     loss = rec.module_loss(model)
     for task, H, end in zip(TASKS, rec.hessians, rec.ends):
         x, y = task.dataset.tensors
-        assert torch.allclose(H, cl.dense_hessian(loss, end, x, y), rtol=0, atol=1e-12)
+        assert torch.allclose(H, certified.dense_hessian(loss, end, x, y), rtol=0, atol=1e-12)
     assert top * (1 - 1e-9) <= rec.smoothness <= top * (1 + 1e-12)
 
 
 def test_task_level_newton_closer_to_retrain_and_within_bound(trained):
     model, rec = copy_of(trained)
-    w = hf.flat_params(model)
-    w_retrain = hf.flat_params(fit_tasks([TASKS[1], TASKS[2]]))
+    w = autodiff.flat_params(model)
+    w_retrain = autodiff.flat_params(fit_tasks([TASKS[1], TASKS[2]]))
     strategy = HessianCertifiedUnlearner(model, rec, release=ReleaseConfig(epsilon=EPS, delta=DELTA))
     cert = strategy.forget(ForgetRequest.of_experience(0)).certificate
     original, approx = float((w - w_retrain).norm()), float((strategy.clean_parameters() - w_retrain).norm())
@@ -79,7 +78,7 @@ def test_task_level_newton_closer_to_retrain_and_within_bound(trained):
     assert approx <= 0.2 * original, (approx, original)
     assert approx <= cert.bounds["sensitivity"]
     # deleting a middle task later: Eq. (13) with a previous unlearning time
-    w_retrain2 = hf.flat_params(fit_tasks([TASKS[2]]))
+    w_retrain2 = autodiff.flat_params(fit_tasks([TASKS[2]]))
     before = float((strategy.clean_parameters() - w_retrain2).norm())
     strategy.forget(ForgetRequest.of_experience(1))
     assert float((strategy.clean_parameters() - w_retrain2).norm()) <= 0.2 * before
@@ -87,8 +86,8 @@ def test_task_level_newton_closer_to_retrain_and_within_bound(trained):
 
 def test_gradient_strategy_keeps_weights_within_natural_forgetting_bound(trained):
     model, rec = copy_of(trained)
-    w = hf.flat_params(model)
-    w_retrain = hf.flat_params(fit_tasks([TASKS[1], TASKS[2]]))
+    w = autodiff.flat_params(model)
+    w_retrain = autodiff.flat_params(fit_tasks([TASKS[1], TASKS[2]]))
     strategy = GradientCertifiedUnlearner(
         model, rec, bound="paper", release=ReleaseConfig(epsilon=EPS, delta=DELTA, seed=0)
     )
@@ -101,7 +100,7 @@ def test_gradient_strategy_keeps_weights_within_natural_forgetting_bound(trained
     gamma = L / lam * rho**2
     assert cert.bounds["sensitivity"] == pytest.approx(gamma, rel=1e-12)
     assert cert.sigma == pytest.approx(analytic_sigma(gamma, EPS, DELTA), rel=1e-12)
-    noise = hf.flat_params(model) - w
+    noise = autodiff.flat_params(model) - w
     assert torch.allclose(
         noise, cert.sigma * torch.randn(w.shape, generator=torch.Generator().manual_seed(0), dtype=w.dtype)
     )
@@ -128,9 +127,9 @@ def test_hessian_sigma_matches_formula(trained):
 
 def test_sample_level_newton_from_stored_gradients_and_from_data(trained):
     U = [101, 105, 110, 150]
-    w_retrain = hf.flat_params(fit_tasks([TASKS[0], without(TASKS[1], set(U)), TASKS[2]]))
+    w_retrain = autodiff.flat_params(fit_tasks([TASKS[0], without(TASKS[1], set(U)), TASKS[2]]))
     model, rec = copy_of(trained)
-    w = hf.flat_params(model)
+    w = autodiff.flat_params(model)
     stored = HessianCertifiedUnlearner(model, rec, release=ReleaseConfig(noise=False))
     stored.forget(ForgetRequest.samples(U))
     model2, rec2 = copy_of(trained)
@@ -141,7 +140,7 @@ def test_sample_level_newton_from_stored_gradients_and_from_data(trained):
     original, approx = float((w - w_retrain).norm()), float((stored.clean_parameters() - w_retrain).norm())
     assert approx <= 0.2 * original, (approx, original)  # tolerance: >= 5x closer than the original model
     # the running gradient sum makes a second request on the same task consistent
-    w_retrain2 = hf.flat_params(fit_tasks([TASKS[0], without(TASKS[1], set(U) | {120, 121}), TASKS[2]]))
+    w_retrain2 = autodiff.flat_params(fit_tasks([TASKS[0], without(TASKS[1], set(U) | {120, 121}), TASKS[2]]))
     stored.forget(ForgetRequest.samples([120, 121]))
     assert float((stored.clean_parameters() - w_retrain2).norm()) <= 0.2 * float((w - w_retrain2).norm())
 
@@ -167,7 +166,7 @@ def test_bad_input_changes_nothing(trained):
     strategy = HessianCertifiedUnlearner(model, rec)
     strategy.forget(ForgetRequest.of_experience(2))
     rec.sample_grads = {}
-    w, stats, n_ledger = hf.flat_params(model), recorded(rec), len(strategy.ledger)
+    w, stats, n_ledger = autodiff.flat_params(model), recorded(rec), len(strategy.ledger)
     cases = [
         (ForgetRequest.of_experience(2), "already been forgotten", None),
         (ForgetRequest.of_experience(7), "never learned", None),
@@ -180,7 +179,7 @@ def test_bad_input_changes_nothing(trained):
         with pytest.raises(ValueError, match=msg):
             strategy.forget(request, data=data)
         assert (
-            torch.equal(hf.flat_params(model), w)
+            torch.equal(autodiff.flat_params(model), w)
             and same_state(recorded(rec), stats)
             and len(strategy.ledger) == n_ledger
         )
@@ -203,18 +202,18 @@ def test_task_delta_recorder_needs_the_proximal_regulariser_and_diagonal_mode_ru
     deltas = TaskDeltaRecorder()
     delta_model = fit_tasks(TASKS[:2], deltas)
     assert torch.allclose(deltas.deltas[1], rec.deltas[1]) and deltas.sizes == [60, 60]
-    w_delta = hf.flat_params(delta_model)
+    w_delta = autodiff.flat_params(delta_model)
     with pytest.raises(ValueError, match="lipschitz"):  # a TaskDeltaRecorder estimates no constants
         GradientCertifiedUnlearner(delta_model, deltas).forget(ForgetRequest.of_experience(0))
-    assert torch.equal(hf.flat_params(delta_model), w_delta) and not bool(deltas.catalog.forgotten.any())
+    assert torch.equal(autodiff.flat_params(delta_model), w_delta) and not bool(deltas.catalog.forgotten.any())
     cert = (
         GradientCertifiedUnlearner(delta_model, deltas, lipschitz=2.0, smoothness=3.0, bound="paper")
         .forget(ForgetRequest.of_experience(0))
         .certificate
     )
     assert cert.bounds["sensitivity"] == pytest.approx(2.0 / 1.0 * (1.0 / 1.05), rel=1e-12)  # (L/lambda) rho^1
-    w_retrain = hf.flat_params(fit_tasks([TASKS[1]]))
-    w = hf.flat_params(model)
+    w_retrain = autodiff.flat_params(fit_tasks([TASKS[1]]))
+    w = autodiff.flat_params(model)
     strategy = HessianCertifiedUnlearner(model, rec, release=ReleaseConfig(noise=False))
     strategy.forget(ForgetRequest.of_experience(0))
     # a diagonal Hessian is only an approximation: closer than the original, with a loose tolerance
@@ -232,8 +231,8 @@ def test_requests_between_experiences_follow_the_recorded_chain():
     internal = strategy.clean_parameters()
     rec.experience = 2
     trainer([rec], max_epochs=2).fit(model, DataLoader(TASKS[2], batch_size=60))
-    w = hf.flat_params(model)
-    w_retrain = hf.flat_params(fit_tasks([TASKS[2]]))
+    w = autodiff.flat_params(model)
+    w_retrain = autodiff.flat_params(fit_tasks([TASKS[2]]))
     cert = (
         HessianCertifiedUnlearner(model, rec, release=ReleaseConfig(noise=False))
         .forget(ForgetRequest.of_experience(1))
@@ -246,7 +245,7 @@ def test_requests_between_experiences_follow_the_recorded_chain():
     assert cert.bounds["chain_term"] == pytest.approx(
         1 * rho * (M - mu) / (mu + lam) * gap, rel=1e-12
     )  # kappa = 1 (task 2)
-    final = hf.flat_params(model)  # noise disabled: the published model is the internal one
+    final = autodiff.flat_params(model)  # noise disabled: the published model is the internal one
     assert float((final - w_retrain).norm()) <= 0.2 * float((w - w_retrain).norm())
 
 
@@ -305,15 +304,15 @@ def test_hessian_and_gradient_methods_on_a_user_module_with_a_proximal_callback(
     assert torch.allclose(rec.ends[2], reference.ends[2], atol=1e-7)
     assert torch.allclose(rec.hessians[2], reference.hessians[2], atol=1e-7)
     snapshot, recorded_state = {k: v.clone() for k, v in model.state_dict().items()}, rec.state_dict()
-    w = hf.flat_params(model)
-    w_retrain0 = hf.flat_params(fit_tasks([TASKS[1], TASKS[2]]))
+    w = autodiff.flat_params(model)
+    w_retrain0 = autodiff.flat_params(fit_tasks([TASKS[1], TASKS[2]]))
     strategy = HessianCertifiedUnlearner(model, rec, release=ReleaseConfig(epsilon=EPS, delta=DELTA))
     cert = strategy.forget(ForgetRequest.of_experience(0)).certificate
     approx = float((strategy.clean_parameters() - w_retrain0).norm())
     assert approx <= 0.2 * float((w - w_retrain0).norm()) and approx <= cert.bounds["sensitivity"]
     # sample level, from the stored gradients
     U = [101, 105, 110, 150]
-    w_retrain = hf.flat_params(fit_tasks([TASKS[0], without(TASKS[1], set(U)), TASKS[2]]))
+    w_retrain = autodiff.flat_params(fit_tasks([TASKS[0], without(TASKS[1], set(U)), TASKS[2]]))
     model.load_state_dict(snapshot)
     rec2 = HessianRecorder(store_sample_gradients=True)
     rec2.load_state_dict(recorded_state)
@@ -360,7 +359,7 @@ class _WithTaskLabel(torch.utils.data.Dataset):
 
 
 def _paper_solve(task, anchor, l2, lam):
-    """Eq. (1) for a linear softmax model on flat ``[W, b]`` (``hf.flat_params`` order), by Newton's method."""
+    """Eq. (1) for a linear softmax model on flat ``[W, b]`` (``autodiff.flat_params`` order), by Newton's method."""
     x, y = task.dataset.tensors
     n_out = N_CLASSES
 
@@ -418,7 +417,7 @@ def test_requests_inside_the_stream_match_alg2_run_by_hand():
         ),
     )
 
-    d = hf.flat_params(model).numel()
+    d = autodiff.flat_params(model).numel()
     eye = torch.eye(d, dtype=torch.float64)
     w = torch.zeros(d, dtype=torch.float64)  # w_0 = 0 (the first task's anchor)
     delta, P, dbar, deleted, by_hand, hessians = {}, {}, {}, set(), {}, []
@@ -455,7 +454,7 @@ def test_requests_inside_the_stream_match_alg2_run_by_hand():
     for t in arrivals:
         assert torch.allclose(internal[t], by_hand[t], atol=tol, rtol=0), (t, float((internal[t] - by_hand[t]).norm()))
     assert torch.allclose(rec.starts[2], by_hand[2], atol=tol, rtol=0)  # task 3 learned from the post-forget model
-    assert torch.allclose(hf.flat_params(model), w, atol=tol, rtol=0)  # and the end of the stream (T = 6)
+    assert torch.allclose(autodiff.flat_params(model), w, atol=tol, rtol=0)  # and the end of the stream (T = 6)
     retrain = torch.zeros(d, dtype=torch.float64)
     for t in (4, 5, 6):
         retrain = _paper_solve(tasks[t - 1], retrain, l2, lam)[0]
@@ -476,12 +475,12 @@ def test_publish_without_a_request_releases_the_internal_model_at_the_bound_of_t
     )
     with pytest.raises(ValueError, match="nothing is forgotten yet"):
         strategy.publish()
-    assert len(strategy.accountant) == 0 and torch.equal(hf.flat_params(model), rec.ends[-1])  # nothing changed
+    assert len(strategy.accountant) == 0 and torch.equal(autodiff.flat_params(model), rec.ends[-1])  # nothing changed
     strategy.forget(ForgetRequest.of_experience(0))
     strategy.restore_internal()
     rec.experience = 2
     trainer([rec], max_epochs=2).fit(model, DataLoader(TASKS[2], batch_size=60))
-    internal = hf.flat_params(model).clone()
+    internal = autodiff.flat_params(model).clone()
     cert = strategy.publish()
     lam, mu, L, M = 1.0, 0.05, 2.0, 3.0
     rho, ratio = lam / (mu + lam), (M - mu) / (mu + lam)
@@ -490,7 +489,7 @@ def test_publish_without_a_request_releases_the_internal_model_at_the_bound_of_t
     assert cert.bounds["sensitivity"] == pytest.approx(gamma, rel=1e-12)
     assert cert.sigma == pytest.approx(analytic_sigma(gamma, EPS, DELTA), rel=1e-12)
     assert len(strategy.accountant) == 2 and rec.privacy["hessian"] == strategy.accountant.state_dict()
-    assert float((hf.flat_params(model) - internal).norm()) > 0  # the module holds the published (noised) model
+    assert float((autodiff.flat_params(model) - internal).norm()) > 0  # the module holds the published (noised) model
     assert torch.equal(strategy.clean_parameters(), internal)  # the next task starts from w_t itself
     assert len(strategy.ledger) == 1  # a publication forgets nothing: no ledger entry
 

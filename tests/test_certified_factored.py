@@ -11,8 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig
 from lightning_unlearn.callbacks import HessianRecorder, TaskOptimality
-from lightning_unlearn.functional import certified as cl
-from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import autodiff, certified
 from lightning_unlearn.models import ProximalClassifier
 from lightning_unlearn.unlearners import HessianCertifiedUnlearner
 
@@ -52,15 +51,15 @@ def test_factored_solver_equals_a_dense_solve_by_cg_and_by_woodbury(monkeypatch)
         exact = torch.linalg.solve(A, v)
         # CG stops at ||v - A x|| <= sqrt(d) eps ||A|| ||x||, so ||x - exact|| <= cond(A) sqrt(d) eps ||x||; x 10
         tol = 10 * (top + lam) / (ridge + lam) * math.sqrt(d) * EPS64 * float(exact.norm())
-        assert float((cl.factored_solver(F, ridge, top, lam)(v) - exact).norm()) <= tol
-        monkeypatch.setattr(cl, "FACTORED_CG_ITERATIONS", 0)  # CG "does not converge": the Woodbury solve
-        assert float((cl.factored_solver(F, ridge, top, lam)(v) - exact).norm()) <= tol
+        assert float((certified.factored_solver(F, ridge, top, lam)(v) - exact).norm()) <= tol
+        monkeypatch.setattr(certified, "FACTORED_CG_ITERATIONS", 0)  # CG "does not converge": the Woodbury solve
+        assert float((certified.factored_solver(F, ridge, top, lam)(v) - exact).norm()) <= tol
         monkeypatch.undo()
 
 
 def test_factored_unlearning_equals_dense_with_the_same_certificate(both):
     (m1, dense), (m2, factored) = both
-    assert torch.equal(hf.flat_params(m1), hf.flat_params(m2))  # the same chain was learned
+    assert torch.equal(autodiff.flat_params(m1), autodiff.flat_params(m2))  # the same chain was learned
     u1 = HessianCertifiedUnlearner(m1, dense, release=ReleaseConfig(noise=False))
     u2 = HessianCertifiedUnlearner(m2, factored, release=ReleaseConfig(noise=False))
     for task in (0, 1):  # a first request, then one with a previous unlearning time

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from lightning_unlearn import ForgetRequest, ReleaseConfig, ReleaseRefused
 from lightning_unlearn.callbacks import HessianRecorder, StreamingRecorder, TaskOptimality, TrajectoryRecorder
 from lightning_unlearn.core.certificate import Certificate
-from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import autodiff, hf
 from lightning_unlearn.functional.bounds import (
     ModelConstants,
     forgetting_chain,
@@ -86,14 +86,14 @@ def test_sgd_bound_of_one_occurrence_is_the_contracted_injection():
 def replay_steps(model, rec: TrajectoryRecorder, theta, data: dict, removed: set[int], steps: range) -> torch.Tensor:
     """[HF] Eqs. (4)-(5) over ``steps``: the recorded batches and step sizes, the removed samples left out and each
     sum still divided by the recorded ``|B_t|``, from ``theta`` (an independent float64 loop over the batches)."""
-    loss = hf.ModuleLoss(model, rec.l2)
+    loss = autodiff.ModuleLoss(model, rec.l2)
     occ_rows, occ_steps = rec.occurrences()
     for t in steps:
         ids = [rec.row_ids[r] for r in occ_rows[occ_steps == t].tolist() if rec.row_ids[r] not in removed]
         if ids:
             x = torch.stack([data[i][0] for i in ids])
             y = torch.stack([data[i][1] for i in ids])
-            theta = theta - rec.lrs[t] / rec.batch_sizes[t] * hf.per_sample_grads(loss, theta, x, y).sum(0)
+            theta = theta - rec.lrs[t] / rec.batch_sizes[t] * autodiff.per_sample_grads(loss, theta, x, y).sum(0)
     return theta
 
 
@@ -109,7 +109,7 @@ def test_hf_distance_to_retrain_stays_below_the_contraction_bound(seed):
     assert 0.1 <= c.max_lr  # the recipe meets the condition: the bound is a contraction
     rec = TrajectoryRecorder(dtype=torch.float64)
     w0 = fit_hf(model, ds, rec, epochs=4)
-    w = hf.flat_params(model)
+    w = autodiff.flat_params(model)
     strategy = HFUnlearner(model, rec, constants=c, release=ReleaseConfig(noise=False))
     forgotten: set[int] = set()
     g = torch.Generator().manual_seed(seed)
@@ -134,7 +134,7 @@ def test_replay_sgd_is_the_recorded_sgd_and_the_reference_retrain():
     model = sgd_model(lr=0.1, l2=0.1)
     rec = TrajectoryRecorder(dtype=torch.float64)
     w0 = fit_hf(model, ds, rec, epochs=2)
-    data, loss = table(ds), hf.ModuleLoss(model, rec.l2)
+    data, loss = table(ds), autodiff.ModuleLoss(model, rec.l2)
     occ_rows, occ_steps = rec.occurrences()
 
     def batches(removed: set[int]) -> list:
@@ -145,7 +145,7 @@ def test_replay_sgd_is_the_recorded_sgd_and_the_reference_retrain():
         return out
 
     full = hf.replay_sgd(loss, w0, batches(set()), rec.lrs, rec.batch_sizes)
-    assert torch.allclose(full, hf.flat_params(model), rtol=0, atol=1e-12)
+    assert torch.allclose(full, autodiff.flat_params(model), rtol=0, atol=1e-12)
     less = hf.replay_sgd(loss, w0, batches({1, 2, 30}), rec.lrs, rec.batch_sizes)
     reference = replay_steps(model, rec, w0, data, {1, 2, 30}, range(rec.n_steps))
     assert torch.allclose(less, reference, rtol=0, atol=1e-12) and not torch.allclose(less, full)
@@ -164,7 +164,7 @@ def test_hf_bound_covers_training_continued_from_a_published_model():
         model, rec, constants=c, release=ReleaseConfig(epsilon=20.0, delta=1e-5, seed=7)
     )  # seeded: test only
     strategy.forget(ForgetRequest.samples([3, 9]))
-    noise = hf.flat_params(model) - strategy.clean_parameters()
+    noise = autodiff.flat_params(model) - strategy.clean_parameters()
     assert float(noise.norm()) > 0
     fit_hf(model, second, rec, epochs=2)  # learning continues from the published (noised) model
     cert = strategy.forget(ForgetRequest.samples([20, 1005])).certificate
@@ -181,11 +181,11 @@ def test_hf_step_size_above_the_condition_is_refused_and_the_recipe_named():
     rec = TrajectoryRecorder(dtype=torch.float64)
     fit_hf(model, ds, rec, epochs=1)
     c = linear_model_constants(12.0, 0.1)  # a larger feature norm: 2/(M + lambda) = 0.02751 < lr = 0.1
-    weights = hf.flat_params(model)
+    weights = autodiff.flat_params(model)
     refusal = r"refuses a certified release: step size lr = 0.1 exceeds .* lr <= 0.02751 "
     with pytest.raises(ReleaseRefused, match=refusal):
         HFUnlearner(model, rec, constants=c).forget(ForgetRequest.samples([1]))
-    assert torch.equal(hf.flat_params(model), weights) and not bool(rec.catalog.forgotten.any())
+    assert torch.equal(autodiff.flat_params(model), weights) and not bool(rec.catalog.forgotten.any())
     with pytest.warns(UserWarning, match="not certified"):
         cert = (
             HFUnlearner(model, rec, constants=c, release=ReleaseConfig(noise=False))
@@ -229,7 +229,7 @@ def test_ccl_distances_to_retrain_stay_below_the_contraction_bounds(seed):
         for request, kept in requests:
             cert = strategy.forget(request).certificate
             ref_check = TaskOptimality(1e-5)
-            retrain = hf.flat_params(fit_chain(kept, [ref_check]))
+            retrain = autodiff.flat_params(fit_chain(kept, [ref_check]))
             assert ref_check.problem(len(kept)) is None
             # the retrain itself is within len(kept) * tau/(mu + lambda) of the exact retrained chain
             slack = len(kept) * 1e-5 / (0.05 + 1.0)
@@ -262,7 +262,7 @@ def test_safe_contraction_bound_covers_the_retrained_sgd_recipe():
     model = sgd_model(lr=0.1, l2=0.1)
     c = module_constants(model, [ds.dataset.tensors[0]])
     rec, srec = TrajectoryRecorder(dtype=torch.float64), StreamingRecorder(3, seed=0)
-    w0 = hf.flat_params(model).clone()
+    w0 = autodiff.flat_params(model).clone()
     loader = DataLoader(ds, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(1))
     trainer([rec, srec], max_epochs=4).fit(model, loader)
     forgotten: set[int] = set()
@@ -279,7 +279,7 @@ def test_safe_contraction_bound_covers_the_retrained_sgd_recipe():
         plain.forget(ForgetRequest.samples(ids), data=ds)
         forgotten |= set(ids)
         retrain = replay_steps(model, rec, w0, table(ds), forgotten, range(rec.n_steps))
-        served = hf.flat_params(plain.module)
+        served = autodiff.flat_params(plain.module)
         assert float((served - retrain).norm()) <= cert.bounds["sensitivity"]
         assert cert.bounds["sensitivity"] == pytest.approx(cert.bounds["divergence"] + cert.bounds["step_size"])
         assert cert.bounds["sensitivity"] < 2 * cert.bounds["W"]  # far below Theorem 2(iii)'s 2W here

@@ -43,7 +43,7 @@ from helpers_faults import (
 from torch.utils.data import Dataset
 
 import lightning_unlearn
-import lightning_unlearn.core.ledger as ledger_module
+import lightning_unlearn.core.ledger
 from lightning_unlearn import Certificate, ForgetRequest, Ledger, ReleaseConfig
 from lightning_unlearn.core.digest import LEGACY, digest_matches, weights_digest
 from lightning_unlearn.core.ledger import KEY_ENV, LedgerError
@@ -184,7 +184,7 @@ def test_a_failed_directory_fsync_when_the_ledger_is_created_changes_nothing(run
         raise OSError(errno.EIO, "Input/output error")
 
     with monkeypatch.context() as m:
-        m.setattr(ledger_module, "_fsync_directory", failing)
+        m.setattr(lightning_unlearn.core.ledger, "_fsync_directory", failing)
         with pytest.raises(OSError, match="Input/output error"):
             s.forget(requests("acu")[1], data("acu"))
     assert same(snapshot(s), before) and (tmp_path / "new.jsonl").read_bytes() == b""

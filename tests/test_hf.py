@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig, ReleaseRefused
 from lightning_unlearn.callbacks import TrajectoryRecorder
-from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import autodiff, hf
 from lightning_unlearn.privacy import analytic_sigma
 from lightning_unlearn.unlearners import HFUnlearner
 
@@ -40,7 +40,7 @@ def fitted():
 def fresh_copy(fitted):
     ds, model, rec, w0 = fitted
     m2 = sgd_model()
-    hf.set_flat_params(m2, hf.flat_params(model))
+    autodiff.set_flat_params(m2, autodiff.flat_params(model))
     r2 = TrajectoryRecorder(dtype=torch.float64)
     r2.load_state_dict(rec.state_dict())
     return ds, m2, r2, w0
@@ -48,13 +48,13 @@ def fresh_copy(fitted):
 
 def test_replay_without_removal_reproduces_training(fitted):
     ds, model, rec, w0 = fitted
-    assert torch.allclose(replay(model, rec, w0, ds, set()), hf.flat_params(model), atol=1e-12)
+    assert torch.allclose(replay(model, rec, w0, ds, set()), autodiff.flat_params(model), atol=1e-12)
 
 
 def test_deletion_closer_to_retrain_and_within_bound(fitted):
     ds, model, rec, w0 = fresh_copy(fitted)
     U = [3, 17, 40, 77]
-    w, w_retrain = hf.flat_params(model), replay(model, rec, w0, ds, set(U))
+    w, w_retrain = autodiff.flat_params(model), replay(model, rec, w0, ds, set(U))
     strategy = HFUnlearner(model, rec, release=ReleaseConfig(epsilon=EPS, delta=DELTA, seed=0))
     result = strategy.forget(ForgetRequest.samples(U))
     w_bar = strategy.clean_parameters()
@@ -62,7 +62,7 @@ def test_deletion_closer_to_retrain_and_within_bound(fitted):
     # tolerance: HF's pre-noise weights are >= 10x closer to retraining than the original model
     assert approx <= 0.1 * original, (approx, original)
     assert approx <= result.certificate.bounds["sensitivity"]  # Theorem 4 bound (sum form of Eq. (56))
-    assert not torch.allclose(hf.flat_params(model), w_bar)  # noise was published
+    assert not torch.allclose(autodiff.flat_params(model), w_bar)  # noise was published
 
 
 def test_online_stream_equals_batch_deletion(fitted):
@@ -104,7 +104,7 @@ def test_sigma_matches_formula(fitted):
         gamma * math.sqrt(2 * math.log(1.25 / DELTA)) / EPS, rel=1e-12
     )
     assert cert.seeded and not cert.certified  # a seeded release is reproducible, hence not private
-    noise = hf.flat_params(model) - strategy.clean_parameters()
+    noise = autodiff.flat_params(model) - strategy.clean_parameters()
     expected = cert.sigma * torch.randn(noise.shape, generator=torch.Generator().manual_seed(3), dtype=noise.dtype)
     assert torch.allclose(noise, expected, rtol=1e-9, atol=1e-9)
     # a second request is calibrated on all 3 deletions so far
@@ -128,10 +128,10 @@ def test_analytic_gaussian_is_tight(fitted):
 def slow_recursion(model: nn.Module, rec: TrajectoryRecorder, w0: torch.Tensor, ds) -> torch.Tensor:
     """The recursion of Eq. (10) with one autograd HVP / gradient per sample and per step (no vmap)."""
     x_all, y_all = ds.dataset.tensors
-    spec = hf.param_spec(model)
+    spec = autodiff.param_spec(model)
 
     def objective(theta, x, y):
-        logits = torch.func.functional_call(model, hf.unflatten(theta, spec), (x,))
+        logits = torch.func.functional_call(model, autodiff.unflatten(theta, spec), (x,))
         return nn.functional.cross_entropy(logits, y) + 0.5 * rec.l2 * theta.pow(2).sum()
 
     A = torch.zeros(len(ds), w0.numel(), dtype=torch.float64)
@@ -207,12 +207,12 @@ def test_bad_input_changes_nothing(fitted):
     ds, model, rec, _ = fresh_copy(fitted)
     strategy = HFUnlearner(model, rec, capacity="error", max_deletions=3, release=ReleaseConfig(seed=0))
     strategy.forget(ForgetRequest.samples([0, 1]))
-    before_w, before_stats, before_ledger = hf.flat_params(model), recorded(rec), len(strategy.ledger)
+    before_w, before_stats, before_ledger = autodiff.flat_params(model), recorded(rec), len(strategy.ledger)
     bad = [([1], "already forgotten"), ([9999], "unknown"), ([2, 3], "capacity")]
     for ids, msg in bad:
         with pytest.raises(ValueError, match=msg):
             strategy.forget(ForgetRequest.samples(ids))
-        assert torch.equal(hf.flat_params(model), before_w) and same_state(recorded(rec), before_stats)
+        assert torch.equal(autodiff.flat_params(model), before_w) and same_state(recorded(rec), before_stats)
         assert len(strategy.ledger) == before_ledger and int(rec.catalog.forgotten.sum()) == 2
     other = sgd_model(nn.Linear(D_IN, N_CLASSES + 1).double())
     with pytest.raises(ValueError, match="trainable parameters"):
@@ -227,10 +227,10 @@ def test_untracked_samples_and_unsupported_training_are_errors():
     model, rec = sgd_model(), TrajectoryRecorder(track=range(16))
     fit_hf(model, ds, rec, epochs=1)
     assert rec.n_rows == 16 and len(rec.catalog) == 32
-    w = hf.flat_params(model)
+    w = autodiff.flat_params(model)
     with pytest.raises(ValueError, match="not tracked"):
         HFUnlearner(model, rec).forget(ForgetRequest.samples([20]))
-    assert torch.equal(hf.flat_params(model), w) and not bool(rec.catalog.forgotten.any())
+    assert torch.equal(autodiff.flat_params(model), w) and not bool(rec.catalog.forgotten.any())
     late = TrajectoryRecorder(track=range(24, 32))  # the first batches hold no tracked sample
     trainer([late]).fit(sgd_model(), DataLoader(ds, batch_size=8))
     assert late.n_rows == 8 and late.n_steps == 4 and bool(late.A[:8].abs().sum(1).gt(0).all())
@@ -250,8 +250,8 @@ def test_recursion_continues_across_experiences():
     fit_hf(model, second, rec, epochs=2)
     assert rec.catalog.experiences.unique().tolist() == [0, 1] and rec.n_steps == 12
     both = concat_indexed(first, second)
-    assert torch.allclose(replay(model, rec, w0, both, set()), hf.flat_params(model), atol=1e-12)
-    w, w_retrain = hf.flat_params(model), replay(model, rec, w0, both, {7, 120})
+    assert torch.allclose(replay(model, rec, w0, both, set()), autodiff.flat_params(model), atol=1e-12)
+    w, w_retrain = autodiff.flat_params(model), replay(model, rec, w0, both, {7, 120})
     strategy = HFUnlearner(model, rec, release=ReleaseConfig(noise=False))
     strategy.forget(ForgetRequest.samples([7, 120]))
     assert float((strategy.clean_parameters() - w_retrain).norm()) <= 0.1 * float((w - w_retrain).norm())
@@ -281,7 +281,7 @@ def test_sigma_override_is_reported_as_uncertified(fitted):
     strategy = HFUnlearner(model, rec, release=ReleaseConfig(sigma_override=0.01, seed=0))
     cert = strategy.forget(ForgetRequest.samples([8])).certificate
     assert cert.epsilon is None and not cert.certified and cert.sigma == 0.01 and cert.bounds["sigma_formula"] > 0.01
-    noise = hf.flat_params(model) - strategy.clean_parameters()
+    noise = autodiff.flat_params(model) - strategy.clean_parameters()
     assert torch.allclose(
         noise, 0.01 * torch.randn(noise.shape, generator=torch.Generator().manual_seed(0), dtype=noise.dtype)
     )
@@ -294,9 +294,11 @@ def test_user_module_with_its_own_loss_meets_the_exactness_tests():
     model, rec = user_model(lr=0.1, weight_decay=0.1), TrajectoryRecorder(dtype=torch.float64)
     w0 = fit_hf(model, ds, rec)
     assert rec.l2 == 0.1  # read from the optimizer
-    assert torch.allclose(replay(model, rec, w0, ds, set()), hf.flat_params(model), atol=1e-12)  # float64 trajectory
+    assert torch.allclose(
+        replay(model, rec, w0, ds, set()), autodiff.flat_params(model), atol=1e-12
+    )  # float64 trajectory
     U = [3, 17, 40, 77]
-    w, w_retrain = hf.flat_params(model), replay(model, rec, w0, ds, set(U))
+    w, w_retrain = autodiff.flat_params(model), replay(model, rec, w0, ds, set(U))
     strategy = HFUnlearner(model, rec, release=ReleaseConfig(epsilon=EPS, delta=DELTA, seed=0))
     cert = strategy.forget(ForgetRequest.samples(U)).certificate
     approx = float((strategy.clean_parameters() - w_retrain).norm())
@@ -306,14 +308,14 @@ def test_user_module_with_its_own_loss_meets_the_exactness_tests():
 def test_label_smoothed_training_loss_is_refused_at_fit_start():
     ds = blobs(32, seed=4)
     smoothed = user_model(smoothing=0.1)
-    w = hf.flat_params(smoothed)
+    w = autodiff.flat_params(smoothed)
     with pytest.raises(
         ValueError,
         match=r"loss_fn disagrees with UserModule.training_step on a batch: "
         r"mean loss_fn = [0-9.]+, training loss = [0-9.]+",
     ):
         fit_hf(smoothed, ds, TrajectoryRecorder(), epochs=1)
-    assert torch.equal(hf.flat_params(smoothed), w)  # refused before the first step
+    assert torch.equal(autodiff.flat_params(smoothed), w)  # refused before the first step
     # the per-sample form of the same loss is accepted, and the recursion follows it
     smooth_ce = lambda out, y: nn.functional.cross_entropy(out, y, label_smoothing=0.1, reduction="none")  # noqa: E731
     rec = TrajectoryRecorder(dtype=torch.float64, loss_fn=smooth_ce)
@@ -356,8 +358,8 @@ def test_cnn_forget_without_noise_reports_an_infinite_bound_instead_of_overflowi
     model = user_model(_FrozenNormCNN().double(), lr=0.05, weight_decay=0.01)
     rec = TrajectoryRecorder(dtype=torch.float64)
     w0 = fit_hf(model, ds, rec, epochs=2, batch_size=8)
-    assert torch.allclose(replay(model, rec, w0, ds, set()), hf.flat_params(model), atol=1e-12)
-    w, w_retrain = hf.flat_params(model), replay(model, rec, w0, ds, {5})
+    assert torch.allclose(replay(model, rec, w0, ds, set()), autodiff.flat_params(model), atol=1e-12)
+    w, w_retrain = autodiff.flat_params(model), replay(model, rec, w0, ds, {5})
     strategy = HFUnlearner(
         model, rec, smoothness=1e60, bound="paper", release=ReleaseConfig(noise=False)
     )  # rho = lr M - 1 ~ 5e58: 1e410

@@ -9,7 +9,7 @@ from helpers_certified import blobs, fit_hf, sgd_model
 
 from lightning_unlearn import ForgetRequest, ReleaseConfig
 from lightning_unlearn.callbacks import TrajectoryRecorder
-from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import autodiff, hf
 from lightning_unlearn.unlearners import HFUnlearner
 
 # float64 throughout; the running sum adds the terms in another order than the re-summation (and m * C_1
@@ -68,7 +68,7 @@ def test_running_bound_equals_resummed_bound(monkeypatch):
     # recorder's deleted rows, then runs again)
     resumed, model2 = TrajectoryRecorder(dtype=torch.float64), sgd_model()
     resumed.load_state_dict(rec.state_dict())
-    hf.set_flat_params(model2, hf.flat_params(model))
+    autodiff.set_flat_params(model2, autodiff.flat_params(model))
     strategy2 = HFUnlearner(model2, resumed, max_deletions=100, bound="paper", release=ReleaseConfig(noise=False))
     for ids in ([60], [61, 62, 63]):
         check(strategy2, ids)

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig
 from lightning_unlearn.callbacks import TrajectoryRecorder
-from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import autodiff, hf
 from lightning_unlearn.unlearners import HFUnlearner
 from lightning_unlearn.warnings import UnlearningWarning
 
@@ -40,8 +40,8 @@ def test_step_objective_hvp_and_sample_grads_match_autograd():
     ds = blobs(10, seed=3)
     x, y = ds.dataset.tensors
     net = nn.Sequential(nn.Linear(D_IN, 4), nn.Tanh(), nn.Linear(4, N_CLASSES)).double()
-    loss = hf.ModuleLoss(net, 0.05)
-    theta = hf.flat_params(net)
+    loss = autodiff.ModuleLoss(net, 0.05)
+    theta = autodiff.flat_params(net)
     step = hf.StepObjective(loss, theta, x, y, chunk_size=2)
     V = torch.randn(5, theta.numel(), dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     reference = torch.stack([torch.autograd.functional.hvp(lambda t: loss.mean(t, x, y), theta, v)[1] for v in V])
@@ -70,7 +70,7 @@ def _bn_model() -> L.LightningModule:
 
 def _manual_batch_loss(theta: torch.Tensor, spec, x: torch.Tensor, y: torch.Tensor, l2: float, n: int) -> torch.Tensor:
     """``n`` times the batch-statistics loss of :class:`_BatchNormNet` written out by hand (sum form)."""
-    p = hf.unflatten(theta, spec)
+    p = autodiff.unflatten(theta, spec)
     h = x @ p["net.net.0.weight"].T + p["net.net.0.bias"]
     h = (h - h.mean(0)) / torch.sqrt(h.var(0, unbiased=False) + 1e-5) * p["net.net.1.weight"] + p["net.net.1.bias"]
     logits = torch.tanh(h) @ p["net.net.3.weight"].T + p["net.net.3.bias"]
@@ -92,7 +92,7 @@ def test_batchnorm_in_training_mode_rows_follow_the_batch_loss_and_buffers_are_u
     for (name, a), b in zip(model.state_dict().items(), plain.state_dict().values(), strict=True):
         assert torch.equal(a, b), name  # recording changes neither the weights nor BatchNorm's running buffers
 
-    spec, l2 = hf.param_spec(model), rec.l2
+    spec, l2 = autodiff.param_spec(model), rec.l2
     rows, steps = rec.occurrences()
     A, theta = torch.zeros(24, w0.numel(), dtype=torch.float64), w0.clone()
     for t in range(rec.n_steps):
@@ -106,7 +106,7 @@ def test_batchnorm_in_training_mode_rows_follow_the_batch_loss_and_buffers_are_u
             loo = torch.func.grad(_manual_batch_loss)(theta, spec, xb[keep], yb[keep], l2, b - 1)
             new[u] += lr / b * (full - loo)
         A, theta = new, theta - lr * full / b
-    assert torch.allclose(theta, hf.flat_params(model), rtol=0, atol=1e-12)  # the reference replays the fit
+    assert torch.allclose(theta, autodiff.flat_params(model), rtol=0, atol=1e-12)  # the reference replays the fit
     fast = rec.A[[rec.row_of[i] for i in range(24)]]
     assert fast.abs().max() > 1e-3
     assert torch.allclose(fast, A, rtol=1e-8, atol=1e-10)  # float64: the same sums in another order

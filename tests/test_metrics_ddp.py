@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import run_script
 
-from lightning_unlearn.functional import metrics as fm
+from lightning_unlearn.functional import metrics
 from lightning_unlearn.metrics import LossThresholdMIA, MIAUnlearning, OfflineLiRA
 
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]
@@ -28,9 +28,9 @@ def one_process_values() -> dict[str, float]:
     for k, name in enumerate(("target", "member", "nonmember")):
         mia.update(out["loss"][role == k], name)
     audit = role != 1
-    target = fm.logit_confidence(out["probs"][audit], out["labels"][audit])
-    shadows = torch.stack([fm.logit_confidence(p[audit], out["labels"][audit]) for p in out["shadow"]])
-    gaps = fm.lira_offline_scores(target, shadows).sort().values.diff()
+    target = metrics.logit_confidence(out["probs"][audit], out["labels"][audit])
+    shadows = torch.stack([metrics.logit_confidence(p[audit], out["labels"][audit]) for p in out["shadow"]])
+    gaps = metrics.lira_offline_scores(target, shadows).sort().values.diff()
     # a rank computes each score in a batch of its own, which can move it by an ulp: with no two scores within
     # 1e-9, that cannot reorder them, and the ROC (hence AUC and TPRs) is the same to the last bit
     assert float(gaps.min()) > 1e-9

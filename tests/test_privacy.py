@@ -17,7 +17,7 @@ from torch.func import grad, hessian, vmap
 
 from lightning_unlearn import ForgetRequest, Ledger, ReleaseConfig, ReleaseRefused
 from lightning_unlearn.callbacks import TrajectoryRecorder
-from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import autodiff
 from lightning_unlearn.functional.bounds import linear_model_constants, module_constants
 from lightning_unlearn.privacy import (
     PrivacyAccountant,
@@ -26,9 +26,9 @@ from lightning_unlearn.privacy import (
     classical_sigma,
     gaussian_delta,
     gaussian_noise,
+    noise,
     secure_gaussian,
 )
-from lightning_unlearn.privacy import noise as noise_module
 from lightning_unlearn.privacy.analysis import gaussian_epsilon
 from lightning_unlearn.unlearners import HFUnlearner
 
@@ -159,10 +159,10 @@ def test_secure_bytes_are_the_chacha20_keystream_of_the_os_key(monkeypatch):
     for the key and nonce os.urandom gave."""
     key, nonce = bytes(range(32)), bytes(range(100, 116))
     given = iter([key, nonce])
-    monkeypatch.setattr(noise_module.os, "urandom", lambda n: next(given))
-    monkeypatch.setattr(noise_module, "_CHUNK", 4096)
+    monkeypatch.setattr(noise.os, "urandom", lambda n: next(given))
+    monkeypatch.setattr(noise, "_CHUNK", 4096)
     keystream = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor().update(bytes(100_003))
-    assert noise_module.secure_bytes(100_003) == keystream
+    assert noise.secure_bytes(100_003) == keystream
 
 
 # -- closed-form constants ---------------------------------------------------------------------------------
@@ -269,7 +269,7 @@ def test_two_releases_with_the_same_inputs_differ_and_a_seeded_one_reproduces(bo
             .forget(ForgetRequest.samples([7]))
             .certificate
         )
-        outs.append((hf.flat_params(model), cert))
+        outs.append((autodiff.flat_params(model), cert))
     assert not torch.equal(outs[0][0], outs[1][0])
     assert torch.equal(outs[2][0], outs[3][0])
     assert outs[2][1].seeded and not outs[2][1].certified and "seeded: not private" in str(outs[2][1])
@@ -279,10 +279,12 @@ def test_recipe_guard_refuses_a_step_size_above_two_over_m_plus_lambda(bounded):
     model, rec, c = copy_of(bounded)
     tight = type(c)(smoothness=c.smoothness * 10, grad_bound=c.grad_bound, strong_convexity=c.strong_convexity)
     strategy = HFUnlearner(model, rec, constants=tight)
-    before = hf.flat_params(model)
+    before = autodiff.flat_params(model)
     with pytest.raises(ValueError, match=r"lr = .* exceeds 2/\(M \+ lambda\).*M = .*lambda = 0.5"):
         strategy.forget(ForgetRequest.samples([3]))
-    assert torch.equal(hf.flat_params(model), before) and len(strategy.ledger) == 0 and len(strategy.accountant) == 0
+    assert (
+        torch.equal(autodiff.flat_params(model), before) and len(strategy.ledger) == 0 and len(strategy.accountant) == 0
+    )
 
 
 def test_budget_refusal_changes_nothing(bounded):
@@ -290,13 +292,13 @@ def test_budget_refusal_changes_nothing(bounded):
     strategy = HFUnlearner(model, rec, constants=c, release=ReleaseConfig(epsilon=1.0, delta=DELTA, budget=1.2))
     strategy.forget(ForgetRequest.samples([3]))
     weights, state, n_active = (
-        hf.flat_params(model),
+        autodiff.flat_params(model),
         copy.deepcopy(rec.state_dict()),
         len(strategy.catalog.active_ids()),
     )
     with pytest.raises(ReleaseRefused, match="privacy budget exceeded"):
         strategy.forget(ForgetRequest.samples([4]))  # two releases at epsilon = 1 compose to about 1.4 > 1.2
-    assert torch.equal(hf.flat_params(model), weights) and len(strategy.catalog.active_ids()) == n_active
+    assert torch.equal(autodiff.flat_params(model), weights) and len(strategy.catalog.active_ids()) == n_active
     assert len(strategy.accountant) == 1 and len(strategy.ledger) == 1
     assert torch.equal(rec.state_dict()["A"], state["A"]) and rec.privacy == state["privacy"]
 

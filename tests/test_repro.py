@@ -167,7 +167,7 @@ def test_task_requests_forget_whole_tasks_and_name_a_missing_one():
 
 def test_ccl_requests_run_inside_the_stream_and_later_tasks_learn_from_what_they_leave():
     # [CCL] Alg. 2: request i runs once task t_i is learned; the next task starts from the post-forget model
-    from lightning_unlearn.functional import hf
+    from lightning_unlearn.functional import autodiff
     from lightning_unlearn.progress import progress
     from lightning_unlearn_bench.loop import _run
 
@@ -189,8 +189,8 @@ def test_ccl_requests_run_inside_the_stream_and_later_tasks_learn_from_what_they
     assert retained == [sizes[1], sizes[1]]
     assert ref.end is not None and ref.end[1].active_ids().numel() == sizes[1] + sum(sizes[4:])
     # noise-free Alg. 2 ends close to the reference (tolerance: 10% of the weights' norm; measured ~0.1%)
-    distance = float((hf.flat_params(run.end[0]) - hf.flat_params(ref.end[0])).norm())
-    assert distance < 0.1 * float(hf.flat_params(ref.end[0]).norm())
+    distance = float((autodiff.flat_params(run.end[0]) - autodiff.flat_params(ref.end[0])).norm())
+    assert distance < 0.1 * float(autodiff.flat_params(ref.end[0]).norm())
 
 
 def test_arrival_times_must_follow_the_tasks_they_name():

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from lightning_unlearn import ForgetRequest, ReleaseConfig
 from lightning_unlearn.callbacks import StreamingRecorder
-from lightning_unlearn.functional import streaming as safe
+from lightning_unlearn.functional import streaming
 from lightning_unlearn.metrics import accuracy
 from lightning_unlearn.models import SupervisedClassifier
 from lightning_unlearn.privacy import analytic_sigma
@@ -93,7 +93,7 @@ def test_anchor_statistics_equal_direct_computation_on_the_training_data(fitted)
     assert math.isclose(
         float(rec.loss_sum), float(nn.functional.cross_entropy(model(x), y, reduction="sum")), rel_tol=1e-10
     )
-    u = safe.project(x, rec.V)
+    u = streaming.project(x, rec.V)
     for c in range(N_CLASSES):  # Eq. (21): class mean and covariance of the projection
         uc = u[y == c]
         assert rec.counts[c] == len(uc)
@@ -113,7 +113,7 @@ def test_a_round_updates_statistics_to_those_of_the_retained_data_without_seeing
     direct = direct_grad_sum(at_w0(rec, model), x, y)
     for n in direct:  # Eq. (15) kept as a sum: exactly the retained data's gradient at w_0
         assert torch.allclose(rec.grad_sum[n], direct[n], rtol=1e-10, atol=1e-10), n
-    n, s1, s2 = safe.class_sums(safe.project(x, rec.V), y, N_CLASSES)  # Eq. (22)-(23) in exact (sum) form
+    n, s1, s2 = streaming.class_sums(streaming.project(x, rec.V), y, N_CLASSES)  # Eq. (22)-(23) in exact (sum) form
     assert (
         torch.equal(rec.counts, n) and torch.allclose(rec.s1, s1, atol=1e-9) and torch.allclose(rec.s2, s2, atol=1e-8)
     )

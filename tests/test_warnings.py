@@ -179,10 +179,10 @@ def test_the_first_forward_mode_product_of_a_process_shows_no_torch_jit_warning(
     the library's HVPs load them without that warning (a fresh process: torch does it once per process)."""
     code = (
         "import torch\n"
-        "from lightning_unlearn.functional import hf\n"
-        "loss = hf.ModuleLoss(torch.nn.Linear(3, 2), 0.1)\n"
+        "from lightning_unlearn.functional import autodiff\n"
+        "loss = autodiff.ModuleLoss(torch.nn.Linear(3, 2), 0.1)\n"
         "x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])\n"
-        "H = hf.hvps(loss, hf.flat_params(loss.module).detach(), x, y, torch.eye(8))\n"
+        "H = autodiff.hvps(loss, autodiff.flat_params(loss.module).detach(), x, y, torch.eye(8))\n"
         "assert torch.allclose(H, H.T, atol=1e-5), H\n"
     )
     run = subprocess.run(

@@ -60,7 +60,7 @@ from lightning_unlearn.callbacks import (
 )
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.data import IndexedDataset
-from lightning_unlearn.functional import convex, hf
+from lightning_unlearn.functional import autodiff, convex, hf
 from lightning_unlearn.functional.bounds import linear_model_constants, module_constants
 from lightning_unlearn.metrics import accuracy, lira_auc, mia_u_auc, shadow_models
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
@@ -456,9 +456,9 @@ def _retrain_same_batches(setup: _Setup, rec: TrajectoryRecorder) -> SupervisedC
         (setup.x[ids[kept & (occ_steps == t)]], setup.y[ids[kept & (occ_steps == t)]]) for t in range(rec.n_steps)
     ]
     theta = hf.replay_sgd(
-        hf.ModuleLoss(model, setup.recipe.l2), hf.flat_params(model), batches, rec.lrs, rec.batch_sizes
+        autodiff.ModuleLoss(model, setup.recipe.l2), autodiff.flat_params(model), batches, rec.lrs, rec.batch_sizes
     )
-    hf.set_flat_params(model, theta)
+    autodiff.set_flat_params(model, theta)
     return model
 
 

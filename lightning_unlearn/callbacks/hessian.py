@@ -10,9 +10,7 @@ from torch import Tensor, nn
 
 from lightning_unlearn import contract
 from lightning_unlearn.callbacks.base import RecorderCallback
-from lightning_unlearn.functional import certified as cl
-from lightning_unlearn.functional import hf
-from lightning_unlearn.functional import newton as nt
+from lightning_unlearn.functional import autodiff, certified, newton
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.progress import status
 from lightning_unlearn.regularization import ProximalRegularizer
@@ -98,12 +96,12 @@ class TaskDeltaRecorder(RecorderCallback):
     def task_index(self, experience: int) -> int:
         return self.experience_ids.index(experience)
 
-    def module_loss(self, module: nn.Module) -> hf.ModuleLoss:
+    def module_loss(self, module: nn.Module) -> autodiff.ModuleLoss:
         """[CCL]'s per-sample loss ``l`` of ``module`` (``loss_fn`` plus the ridge ``mu = l2``)."""
-        return hf.ModuleLoss(module, float(self.l2 or 0.0), self.loss_fn)
+        return autodiff.ModuleLoss(module, float(self.l2 or 0.0), self.loss_fn)
 
     def _device(self, module: nn.Module) -> torch.device:
-        return torch.device("cpu") if self.offload else hf.flat_params(module).device
+        return torch.device("cpu") if self.offload else autodiff.flat_params(module).device
 
     # -- the contract: regulariser, optimizer, loss ---------------------------------------------------
     def read_optimizer(self, optimizers: list[torch.optim.Optimizer], module: nn.Module) -> None:
@@ -163,7 +161,7 @@ class TaskDeltaRecorder(RecorderCallback):
         if self.regularizer is None:
             raise RuntimeError(f"{type(self).__name__} committed an experience that begin_experience did not set up")
         start = self.regularizer.anchor_vector(module).detach().clone().to(device)
-        end = hf.flat_params(module).clone().to(device)
+        end = autodiff.flat_params(module).clone().to(device)
         n = int(sum(t.numel() for t in self._staged_ids))
         if self._fit_experience in self.experience_ids:  # a fit resumed within this experience
             i = self.task_index(self._fit_experience)
@@ -219,17 +217,17 @@ class HessianRecorder(TaskDeltaRecorder):
 
     ``hessian="exact"`` stores the dense ``d x d`` matrix (``d**2`` floats per task: use up to
     ~1e4 parameters); ``"factored"`` stores the same matrix as ``{"factor": F, "ridge": mu, "top": ...}`` with
-    ``H_i = F^T F + mu I`` (``F``: ``n_i K x d``, the Gauss-Newton factor of :func:`nt.gauss_newton_factor` over
+    ``H_i = F^T F + mu I`` (``F``: ``n_i K x d``, the Gauss-Newton factor of :func:`newton.gauss_newton_factor` over
     ``sqrt(n_i)``, ``K`` the module's outputs), exact when the module's output is affine in its parameters (a
     linear head: checked by a probe; ``ValueError`` otherwise), ``n_i K d`` floats per task and solved by
-    :func:`cl.factored_solver`; ``"diagonal"`` stores a Hutchinson estimate ``mean_k z_k * (H z_k)`` with
+    :func:`certified.factored_solver`; ``"diagonal"`` stores a Hutchinson estimate ``mean_k z_k * (H z_k)`` with
     ``n_probes`` Rademacher probes, clamped below at ``l2`` [approximation, not in the paper;
     ``d`` floats per task]; ``"lowrank"`` stores the top ``rank`` eigenpairs from Lanczos on HVPs,
     the complement given curvature ``l2`` [approximation, not in the paper; ``rank * d`` floats];
     ``"auto"`` picks factored when the module is affine in its parameters and ``n_i K < d`` (the factor is smaller
     than the matrix), else exact up to ``max_exact_dim`` parameters, diagonal above. The estimators and
-    inverse solvers are :func:`cl.dense_hessian`, :func:`cl.hutchinson_diagonal`, :func:`cl.lanczos`
-    and :func:`cl.inverse_solver`; this callback only records.
+    inverse solvers are :func:`certified.dense_hessian`, :func:`certified.hutchinson_diagonal`,
+    :func:`certified.lanczos` and :func:`certified.inverse_solver`; this callback only records.
     The task's samples are held (on the module's device, CPU with ``offload``) only until the end of
     the experience, to evaluate ``H_i`` at the solution, then dropped. The recorder also keeps the
     largest per-sample gradient norm and Hessian norm seen at the solutions (estimates of L and M for
@@ -316,7 +314,7 @@ class HessianRecorder(TaskDeltaRecorder):
         reg, lam, l2 = self.regularizer, self.reg_lambda, self.l2
         if reg is None or lam is None or l2 is None:
             raise RuntimeError(f"{type(self).__name__} committed an experience that begin_experience did not set up")
-        theta = hf.flat_params(module)
+        theta = autodiff.flat_params(module)
         empty = theta.new_zeros(0)
         x = torch.cat(self._x).to(theta.device) if self._x else empty
         y = torch.cat(self._y).to(theta.device) if self._y else empty.long()
@@ -340,29 +338,31 @@ class HessianRecorder(TaskDeltaRecorder):
 
                 # the top of the spectrum by Lanczos (a lower bound, converging much faster than the
                 # power iteration: LANCZOS_STEPS products instead of POWER_ITERS)
-                values, _ = cl.lanczos(apply_factored, d, min(LANCZOS_STEPS, d), theta.dtype, g, theta.device)
+                values, _ = certified.lanczos(apply_factored, d, min(LANCZOS_STEPS, d), theta.dtype, g, theta.device)
                 top = float(values.max())
                 f64 = torch.float64  # the scalars exactly (float32 would round l2 = 0.05)
                 H = {"factor": F, "ridge": torch.tensor(float(l2), dtype=f64), "top": torch.tensor(top, dtype=f64)}
             elif kind == "exact":
                 # the mean over this rank's rows, by the Gauss-Newton product when the module is affine in theta
                 # (NewtonRecorder's; ~7x fewer flops than d HVPs for a linear softmax), else by HVPs
-                H = nt.hessian_sum(loss, theta, x, y, self.chunk_size).div_(max(len(x), 1))
+                H = newton.hessian_sum(loss, theta, x, y, self.chunk_size).div_(max(len(x), 1))
                 H = self.sum_over_ranks(H * share)
                 # |lambda_max| by power iteration, O(d^2) per step as NewtonRecorder's; never above the true value
                 # (a full eigvalsh is O(d^3): over 10 minutes per task at d = 7,850, MNIST's linear model, here)
-                top, _ = hf.top_eigenvalue(lambda v: H @ v, torch.ones_like(theta), POWER_ITERS)
+                top, _ = autodiff.top_eigenvalue(lambda v: H @ v, torch.ones_like(theta), POWER_ITERS)
             else:
-                local = cl.hessian_operator(loss, theta, x, y, self.chunk_size) if len(x) else torch.zeros_like
+                local = certified.hessian_operator(loss, theta, x, y, self.chunk_size) if len(x) else torch.zeros_like
 
                 def apply_h(V: Tensor) -> Tensor:
                     return self.sum_over_ranks(local(V) * share)
 
                 if kind == "diagonal":
-                    H = cl.hutchinson_diagonal(apply_h, d, self.n_probes, float(l2), g, theta.dtype, theta.device)
+                    H = certified.hutchinson_diagonal(
+                        apply_h, d, self.n_probes, float(l2), g, theta.dtype, theta.device
+                    )
                     top = float(H.abs().max())
                 else:
-                    values, vectors = cl.lanczos(
+                    values, vectors = certified.lanczos(
                         lambda v: apply_h(v[None])[0], d, min(self.rank, d), theta.dtype, g, theta.device
                     )
                     H, top = {"values": values, "vectors": vectors}, float(values.abs().max())
@@ -370,7 +370,7 @@ class HessianRecorder(TaskDeltaRecorder):
             step = self.chunk_size or max(len(x), 1)
             for k in range(0, len(x), step):
                 xb, yb = x[k : k + step], y[k : k + step]
-                gb = hf.per_sample_grads(loss, theta, xb, yb)
+                gb = autodiff.per_sample_grads(loss, theta, xb, yb)
                 grad_max = max(grad_max, float(gb.norm(dim=1).max()))
                 grad_sum += gb.sum(0)
                 if self.store_sample_gradients:
@@ -399,11 +399,11 @@ class HessianRecorder(TaskDeltaRecorder):
         self.sample_grads.update(grads)
 
     def _factor(
-        self, module: nn.Module, loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, n: int
+        self, module: nn.Module, loss: autodiff.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, n: int
     ) -> Tensor | None:
         """This rank's rows of the task's factor ``F`` (``H_i = F^T F + mu I``) when the Hessian is stored
         factored (``"factored"``, or ``"auto"`` with ``n K < d``), else ``None``; one probe of the module's
-        affinity (:func:`nt.gauss_newton_factor`) per chunk of ``chunk_size`` samples.
+        affinity (:func:`newton.gauss_newton_factor`) per chunk of ``chunk_size`` samples.
 
         Raises:
             ValueError: ``hessian="factored"`` on a module whose output is not affine in its parameters (or whose
@@ -418,7 +418,7 @@ class HessianRecorder(TaskDeltaRecorder):
         step = self.chunk_size or max(len(x), 1)
         parts = []
         for k in range(0, len(x), step):
-            part = nt.gauss_newton_factor(loss, theta, x[k : k + step], y[k : k + step])
+            part = newton.gauss_newton_factor(loss, theta, x[k : k + step], y[k : k + step])
             if part is None:
                 if self.hessian == "auto":
                     return None

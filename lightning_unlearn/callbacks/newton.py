@@ -11,8 +11,7 @@ from torch import Tensor, nn
 
 from lightning_unlearn import contract
 from lightning_unlearn.callbacks.base import RecorderCallback
-from lightning_unlearn.functional import hf
-from lightning_unlearn.functional import newton as nt
+from lightning_unlearn.functional import autodiff, newton
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.progress import status
 from lightning_unlearn.warnings import warn
@@ -104,14 +103,14 @@ class HessianSumRecorder(RecorderCallback):
     def state_key(self) -> str:
         return self._generate_state_key(form=self.form, damping=self.damping)
 
-    def module_loss(self, module: nn.Module) -> hf.ModuleLoss:
+    def module_loss(self, module: nn.Module) -> autodiff.ModuleLoss:
         """The per-sample loss ``l`` of ``module`` (``loss_fn`` plus the recorded ridge ``l2``)."""
-        return hf.ModuleLoss(module, float(self.l2 or 0.0), self.loss_fn)
+        return autodiff.ModuleLoss(module, float(self.l2 or 0.0), self.loss_fn)
 
     def check_module(self, module: nn.Module) -> None:
         """``ValueError`` if ``module``'s dense Hessian would exceed ``max_bytes`` (names d and the memory)."""
-        theta = hf.flat_params(module)
-        nt.check_dense(theta.numel(), theta.dtype, self.max_bytes, type(self).__name__)
+        theta = autodiff.flat_params(module)
+        newton.check_dense(theta.numel(), theta.dtype, self.max_bytes, type(self).__name__)
 
     # -- Lightning hooks -------------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -155,12 +154,12 @@ class HessianSumRecorder(RecorderCallback):
         self._y.append(y.detach().to(device))
 
     def _device(self, module: nn.Module) -> torch.device:
-        return torch.device("cpu") if self.offload else hf.flat_params(module).device
+        return torch.device("cpu") if self.offload else autodiff.flat_params(module).device
 
     def _commit(self, module: nn.Module) -> None:
         self.check_module(module)
         self.l2 = self._l2_of_fit if self._l2_of_fit is not None else self.l2
-        theta = hf.flat_params(module)
+        theta = autodiff.flat_params(module)
         empty = theta.new_zeros(0)
         x = torch.cat(self._x).to(theta.device) if self._x else empty
         y = torch.cat(self._y).to(theta.device) if self._y else empty.long()
@@ -169,15 +168,15 @@ class HessianSumRecorder(RecorderCallback):
         status(f"{type(self).__name__}: dense Hessian over {n} samples, {d} parameters")
         start = perf_counter()
         with eval_mode(module):
-            H = self.sum_over_ranks(nt.hessian_sum(loss, theta, x, y, self.chunk_size))
+            H = self.sum_over_ranks(newton.hessian_sum(loss, theta, x, y, self.chunk_size))
             grad_max, grad_sum = 0.0, torch.zeros_like(theta)
             step = self.chunk_size or max(len(x), 1)
             for k in range(0, len(x), step):
-                g = hf.per_sample_grads(loss, theta, x[k : k + step], y[k : k + step])
+                g = autodiff.per_sample_grads(loss, theta, x[k : k + step], y[k : k + step])
                 grad_max, grad_sum = max(grad_max, float(g.norm(dim=1).max())), grad_sum + g.sum(0)
         grad_sum, grad_max = self.sum_over_ranks(grad_sum), self.max_over_ranks(grad_max)
-        top, _ = hf.top_eigenvalue(lambda v: H @ v / n, torch.ones_like(theta), 100)
-        inverse, definite = nt.jackknife_inverse(H, n, self.damping)
+        top, _ = autodiff.top_eigenvalue(lambda v: H @ v / n, torch.ones_like(theta), 100)
+        inverse, definite = newton.jackknife_inverse(H, n, self.damping)
         if not definite:
             warn(
                 f"the damped mean Hessian (damping {self.damping:g}) is indefinite at the trained model (a non-convex "

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from lightning_unlearn import contract
 from lightning_unlearn.callbacks.base import RecorderCallback, _gather
 from lightning_unlearn.data import unpack_batch
-from lightning_unlearn.functional import streaming as safe
+from lightning_unlearn.functional import streaming
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.progress import progress
 from lightning_unlearn.regularization import ProximalRegularizer
@@ -62,7 +62,7 @@ class StreamingRecorder(RecorderCallback):
     Device: the statistics live on the module's device (``offload=True``: on the CPU); the per-batch
     class sums and the anchor pass's gradient sums are computed there (no per-batch transfer), and
     :class:`StreamingUnlearner` computes its rounds on the module's device. The deletion update of the
-    class statistics is :func:`safe.remove_samples`.
+    class statistics is :func:`streaming.remove_samples`.
 
     ``l`` is the prediction loss of Eq. (1) ("e.g. cross-entropy"): ``loss_fn(outputs, targets)``, the
     module's own per-sample loss, checked on the first batch of every fit against the module's
@@ -161,7 +161,7 @@ class StreamingRecorder(RecorderCallback):
         return list(self.w0) if self.w0 is not None else []
 
     def moments(self, counts: Tensor, s1: Tensor, s2: Tensor) -> tuple[Tensor, Tensor]:
-        return safe.class_moments(counts, s1, s2, self.ridge)
+        return streaming.class_moments(counts, s1, s2, self.ridge)
 
     def require_anchor(self) -> Anchor:
         """The anchor ``w_0`` and its statistics; ``ValueError`` unless a fit has recorded them."""
@@ -216,8 +216,8 @@ class StreamingRecorder(RecorderCallback):
             raise ValueError(f"inputs have {p} features but the recorded projection V expects {self.V.shape[0]}")
         if self._V_device is None or self._V_device.device != x.device:
             self._V_device = self.V.to(x.device)
-        n, s1, s2 = safe.class_sums(
-            safe.project(x.detach(), self._V_device), y, self.num_classes
+        n, s1, s2 = streaming.class_sums(
+            streaming.project(x.detach(), self._V_device), y, self.num_classes
         )  # on the batch's device
         if self._staged is not None:
             n, s1, s2 = n + self._staged[0], s1 + self._staged[1], s2 + self._staged[2]
@@ -301,7 +301,7 @@ class StreamingRecorder(RecorderCallback):
                     keep = self._fit_rows(gather(ids), seen)
                     keep = keep[(keep >= start) & (keep < start + len(ids))] - start
                 if keep.numel():
-                    g, value = safe.summed_loss_grad(module, params, buffers, x[keep], y[keep], self.loss_fn)
+                    g, value = streaming.summed_loss_grad(module, params, buffers, x[keep], y[keep], self.loss_fn)
                     for n in names:
                         grads[n] += g[n].detach().double()
                     loss += value.double()
@@ -345,7 +345,7 @@ class StreamingRecorder(RecorderCallback):
         Only the ids of ``F_t`` are kept (for the sum over ``F_1..F_t`` of Eq. (25)), never its inputs.
         """
         V, home = self.require_anchor().V.to(x.device), self.counts.device
-        counts, s1, s2 = safe.remove_samples(self.counts, self.s1, self.s2, safe.project(x, V), y)
+        counts, s1, s2 = streaming.remove_samples(self.counts, self.s1, self.s2, streaming.project(x, V), y)
         return {
             "counts": counts,
             "s1": s1,

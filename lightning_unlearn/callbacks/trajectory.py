@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from lightning_unlearn import contract
 from lightning_unlearn.callbacks.base import RecorderCallback, _gather
 from lightning_unlearn.data import unpack_batch
-from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import autodiff, hf
 from lightning_unlearn.regularization import ProximalRegularizer
 from lightning_unlearn.store import RowStore
 from lightning_unlearn.warnings import warn
@@ -297,7 +297,7 @@ class TrajectoryRecorder(RecorderCallback):
         self.l2 = l2
         super().begin_experience(module)
         if self._rows is not None and not self._rows.mapped and not self.offload:
-            self._rows.data = self._rows.data.to(hf.flat_params(module).device)
+            self._rows.data = self._rows.data.to(autodiff.flat_params(module).device)
         self._in_fit, self._check_module, self._chunk = True, True, self.chunk_size
         self._steps_before_fit = self.n_steps
 
@@ -365,7 +365,7 @@ class TrajectoryRecorder(RecorderCallback):
             return  # DDP: the rows are allocated by _step_sharded from the gathered ids
         new = [i for i in ids.tolist() if (self.track is None or i in self.track) and i not in self.row_of]
         if new:
-            theta = hf.flat_params(module)
+            theta = autodiff.flat_params(module)
             self._allocate(new, theta.numel(), torch.device("cpu") if self.offload else theta.device)
 
     def _allocate(
@@ -407,9 +407,9 @@ class TrajectoryRecorder(RecorderCallback):
     def _step(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, lr: float) -> None:
         """One recursion step at ``w_t`` (Eq. (10); :func:`hf.propagate`) on all live vectors, ``row_block``
         rows at a time (bounded memory for a memory-mapped store), accumulated in the parameters' dtype."""
-        theta = hf.flat_params(module)
+        theta = autodiff.flat_params(module)
         step = hf.StepObjective(
-            hf.ModuleLoss(module, float(self.l2 or 0.0), self.loss_fn), theta, x, y, self._chunk_for(module, x, y)
+            autodiff.ModuleLoss(module, float(self.l2 or 0.0), self.loss_fn), theta, x, y, self._chunk_for(module, x, y)
         )
         live = self.active.nonzero().flatten()
         rows, in_batch = self._live_rows(ids)
@@ -453,7 +453,7 @@ class TrajectoryRecorder(RecorderCallback):
         owner, this rank's bracket, and a sum reduction back to the owner. ``all_ids`` are every rank's ids of
         the step, rank-major (the ranks' batches have one size)."""
         W, me = self.world_size, self.global_rank
-        theta = hf.flat_params(module)
+        theta = autodiff.flat_params(module)
         new: dict[int, int] = {}  # id -> owner: the first rank (in rank order) whose batch holds it
         for k, i in enumerate(all_ids.tolist()):
             if (self.track is None or i in self.track) and i not in self.row_of and i not in new:
@@ -462,7 +462,7 @@ class TrajectoryRecorder(RecorderCallback):
             device = torch.device("cpu") if self.offload else theta.device
             self._allocate(list(new), theta.numel(), device, list(new.values()))
         step = hf.StepObjective(
-            hf.ModuleLoss(module, float(self.l2 or 0.0), self.loss_fn), theta, x, y, self._chunk_for(module, x, y)
+            autodiff.ModuleLoss(module, float(self.l2 or 0.0), self.loss_fn), theta, x, y, self._chunk_for(module, x, y)
         )  # this rank's local batch
         live = self.active.nonzero().flatten()
         rows, in_batch = self._live_rows(ids.cpu())  # this rank's occurrences with a live vector
@@ -507,8 +507,8 @@ class TrajectoryRecorder(RecorderCallback):
         """Rows per HVP call: ``chunk_size``, or :func:`~lightning_unlearn.functional.hf.hvp_chunk` measured on this
         fit's first step."""
         if self._chunk is None:
-            loss = hf.ModuleLoss(module, float(self.l2 or 0.0), self.loss_fn)
-            self._chunk = hf.hvp_chunk(loss, hf.flat_params(module), x, y)
+            loss = autodiff.ModuleLoss(module, float(self.l2 or 0.0), self.loss_fn)
+            self._chunk = hf.hvp_chunk(loss, autodiff.flat_params(module), x, y)
         return self._chunk
 
     def _live_rows(self, ids: Tensor) -> tuple[Tensor, Tensor]:
@@ -547,7 +547,7 @@ class TrajectoryRecorder(RecorderCallback):
             value = float(first_hv.norm())
             self._eig = first_hv / max(value, 1e-30)
             if self.power_iters > 1:
-                value, self._eig = hf.top_eigenvalue(apply_h, self._eig, self.power_iters - 1)
+                value, self._eig = autodiff.top_eigenvalue(apply_h, self._eig, self.power_iters - 1)
             self.smoothness = max(self.smoothness, value)
         if grads.numel():
             self.grad_max = max(self.grad_max, float(grads.norm(dim=1).max()))
@@ -576,13 +576,13 @@ class TrajectoryRecorder(RecorderCallback):
         each rank adds the vectors it holds and an all-reduce gives every rank the total (every rank must call
         it with the same rows)."""
         if self._shards == 1:
-            return hf.sum_rows(self._store().data, rows, like)
+            return autodiff.sum_rows(self._store().data, rows, like)
         if self._strategy is None or self.world_size != self._shards:
             raise ValueError(
                 f"TrajectoryRecorder vectors are spread over {self._shards} DDP processes: forget requests must "
                 "be executed by all of them together, after the DDP fit (every rank calls forget with the same ids)"
             )
-        part = hf.sum_rows(self._store().data, self._owned_slots(rows), like).clone()
+        part = autodiff.sum_rows(self._store().data, self._owned_slots(rows), like).clone()
         return self.sum_over_ranks(part.to(self._strategy.root_device)).to(like.device)
 
     def occurrences(self) -> tuple[Tensor, Tensor]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import autodiff
 from lightning_unlearn.functional.newton import conjugate_gradients
 
 
@@ -180,22 +180,24 @@ def _chunks(x: Tensor, y: Tensor, chunk_size: int | None) -> list[tuple[Tensor, 
     return [(x[k : k + step], y[k : k + step], min(step, len(x) - k) / len(x)) for k in range(0, len(x), step)]
 
 
-def dense_hessian(loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = 256) -> Tensor:
+def dense_hessian(
+    loss: autodiff.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = 256
+) -> Tensor:
     """``H = (1/n) sum_z hess l(theta; z)``, dense ``(d, d)`` ([CCL] Alg. 2 line 5), ``chunk_size`` samples at a
     time."""
     H = torch.zeros(theta.numel(), theta.numel(), dtype=theta.dtype, device=theta.device)
     for xb, yb, weight in _chunks(x, y, chunk_size):
-        H += hf.batch_hessian(loss, theta, xb, yb, chunk_size) * weight
+        H += autodiff.batch_hessian(loss, theta, xb, yb, chunk_size) * weight
     return H
 
 
 def hessian_operator(
-    loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = 256
+    loss: autodiff.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = 256
 ) -> Callable[[Tensor], Tensor]:
     """``V -> V H`` for the rows of ``V`` (``H`` the mean Hessian over all of ``x``), by chunked batched HVPs."""
 
     def apply(V: Tensor) -> Tensor:
-        parts = [hf.hvps(loss, theta, xb, yb, V, chunk_size=8) * w for xb, yb, w in _chunks(x, y, chunk_size)]
+        parts = [autodiff.hvps(loss, theta, xb, yb, V, chunk_size=8) * w for xb, yb, w in _chunks(x, y, chunk_size)]
         return torch.stack(parts).sum(0)
 
     return apply

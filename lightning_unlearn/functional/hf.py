@@ -1,180 +1,35 @@
 """Hessian-Free online certified unlearning ([HF]), pure torch.
 
-Equation numbers refer to [HF]. Parameters are handled as one flat vector ``theta`` of length ``d``
-(trainable parameters of a module, in ``named_parameters`` order); the per-sample loss is
-``l(theta; z) = loss_fn(f_theta(x), y) + (l2/2)||theta||^2`` (:class:`ModuleLoss`), whose batch mean is
-exactly the objective plain SGD with ``weight_decay=l2`` follows.
+Equation numbers refer to [HF]. Parameters are one flat vector ``theta`` of length ``d`` and the per-sample loss is
+:class:`~lightning_unlearn.functional.autodiff.ModuleLoss`, whose batch mean is exactly the objective plain SGD with
+``weight_decay=l2`` follows.
 
-Everything is batched: per-sample gradients are ``vmap(grad(l))``; the Hessian-vector products of
-the recursion come from :class:`StepObjective`, forward-over-reverse (``jvp`` of the step's batch
-gradient) ``vmap``-ed over the vectors, so that each vector costs one HVP and the step's forward and
-backward are paid once per chunk of vectors. :func:`propagate`
-applies one step of the recursion to a chunk of rows. BatchNorm layers in training mode are
-supported (the Hessian and the gradients are those of the step's actual batch loss, with batch
-statistics; running buffers are not updated by these passes, :func:`batch_statistics_only`).
+The Hessian-vector products of the recursion come from :class:`StepObjective`, forward-over-reverse (``jvp`` of the
+step's batch gradient) ``vmap``-ed over the vectors, so that each vector costs one HVP and the step's forward and
+backward are paid once per chunk of vectors. :func:`propagate` applies one step of the recursion to a chunk of rows.
+BatchNorm layers in training mode are supported (the Hessian and the gradients are those of the step's actual batch
+loss, with batch statistics; running buffers are not updated by these passes,
+:func:`~lightning_unlearn.functional.autodiff.batch_statistics_only`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from functools import cached_property
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.func import functional_call, grad, jvp, vmap
 
+from lightning_unlearn.functional import autodiff
 from lightning_unlearn.functional.forward_ad import load_forward_ad
-
-ParamSpec = list[tuple[str, torch.Size]]
-
-
-# -- flat parameters ------------------------------------------------------------------------------
-def param_spec(module: nn.Module) -> ParamSpec:
-    """Names and shapes of the trainable parameters, in ``named_parameters`` order."""
-    return [(n, p.shape) for n, p in module.named_parameters() if p.requires_grad]
-
-
-def unflatten(theta: Tensor, spec: ParamSpec) -> dict[str, Tensor]:
-    """Split a flat vector into named parameter tensors (views; works under ``vmap``)."""
-    out, start = {}, 0
-    for name, shape in spec:
-        size = math.prod(shape)
-        out[name] = theta[start : start + size].view(shape)
-        start += size
-    if start != theta.shape[-1]:
-        raise ValueError(f"flat vector has {theta.shape[-1]} entries but the parameters need {start}")
-    return out
-
-
-def flat_params(module: nn.Module) -> Tensor:
-    """The trainable parameters as one detached flat vector."""
-    return torch.cat([p.detach().reshape(-1) for p in module.parameters() if p.requires_grad])
-
-
-def sum_rows(A: Tensor, rows: Tensor, like: Tensor) -> Tensor:
-    """``sum_r A[r]`` over ``rows`` in ``like``'s dtype and device, added in place one row view at a time (no
-    gathered ``len(rows) x d`` copy; about 10x faster than gathering on the CPU). For one row of a matching
-    ``A`` the result is a view of that row."""
-    if not rows.numel():
-        return torch.zeros_like(like)
-    first, *rest = rows.tolist()
-    if not rest:
-        return A[first].to(like)
-    total = A[first].to(like, copy=True)
-    for r in rest:
-        total.add_(A[r].to(like.device))
-    return total
-
-
-def set_flat_params(module: nn.Module, theta: Tensor) -> None:
-    """Write a flat vector into the module's trainable parameters (in place)."""
-    params = unflatten(theta, param_spec(module))
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if p.requires_grad:
-                p.copy_(params[name].to(p))
-
-
-def cross_entropy(outputs: Tensor, targets: Tensor) -> Tensor:
-    """Per-sample cross-entropy (no reduction): the default ``loss_fn`` of the recorders."""
-    logits = outputs.to(torch.promote_types(outputs.dtype, torch.float32))
-    return nn.functional.cross_entropy(logits, targets.reshape(-1).long(), reduction="none")
-
-
-class ModuleLoss:
-    """The per-sample loss ``l(theta; x, y) = loss_fn(f_theta(x), y) + (l2/2)||theta||^2`` of a module
-    ([HF] Eq. (2); [CCL]'s ``l`` with ``mu = l2``), with ``f_theta`` the module called on the flat parameters.
-
-    Calling it evaluates ONE sample (for ``vmap(grad(.))``); :meth:`mean` evaluates the batch mean
-    ``F_B(theta)`` with one batched forward (the objective of an SGD step, [HF] Eq. (3)). The module's
-    buffers are used as they are (BatchNorm must be in eval mode for a per-sample loss to exist).
-
-    Args:
-        module: the network; only its trainable parameters are replaced by ``theta``.
-        l2: ridge coefficient (the optimizer's ``weight_decay`` in the recorders).
-        loss_fn: ``loss_fn(outputs, targets) -> (n,)`` per-sample loss (default: cross-entropy).
-    """
-
-    def __init__(
-        self, module: nn.Module, l2: float = 0.0, loss_fn: Callable[[Tensor, Tensor], Tensor] = cross_entropy
-    ) -> None:
-        self.module, self.l2, self.loss_fn, self.spec = module, float(l2), loss_fn, param_spec(module)
-
-    def mean(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        outputs = functional_call(self.module, unflatten(theta, self.spec), (x,))
-        return self.loss_fn(outputs, y).mean() + 0.5 * self.l2 * theta.pow(2).sum()
-
-    def __call__(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        return self.mean(theta, x.unsqueeze(0), y.reshape(1, *y.shape))
-
-
-def batch_mean_loss(loss: ModuleLoss, x: Tensor, y: Tensor) -> Callable[[Tensor], Tensor]:
-    """``F_B(theta) = (1/|B|) sum_{i in B} l(theta; z_i)``, the objective of one SGD step (Eq. (3))."""
-    return lambda theta: loss.mean(theta, x, y)
-
-
-# -- batched derivatives ---------------------------------------------------------------------------
-def per_sample_grads(loss: ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = None) -> Tensor:
-    """``(n, d)`` matrix of ``grad l(theta; z_i)``, one ``vmap`` over samples."""
-    return vmap(grad(loss), in_dims=(None, 0, 0), chunk_size=chunk_size)(theta, x, y)
-
-
-def hvps(loss: ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, V: Tensor, chunk_size: int | None = None) -> Tensor:
-    """``V H_B`` for the rows of ``V`` (``H_B`` the mean batch Hessian of Eq. (8), symmetric).
-
-    Forward-over-reverse (``jvp`` of ``grad``), ``vmap``-ed over the vectors (Appendix B.3:
-    each product costs about one gradient).
-    """
-    load_forward_ad()
-    g = grad(batch_mean_loss(loss, x, y))
-    return vmap(lambda v: jvp(g, (theta,), (v,))[1], chunk_size=chunk_size)(V)
-
-
-def batch_hessian(loss: ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = 256) -> Tensor:
-    """Dense ``(d, d)`` mean batch Hessian, built column-block by column-block from HVPs."""
-    eye = torch.eye(theta.numel(), dtype=theta.dtype, device=theta.device)
-    H = hvps(loss, theta, x, y, eye, chunk_size)
-    return 0.5 * (H + H.T)
-
-
-def top_eigenvalue(apply_h: Callable[[Tensor], Tensor], v: Tensor, iters: int) -> tuple[float, Tensor]:
-    """Power iteration for ``|lambda_max(H)|`` (warm-started from ``v``); an estimate of M (Assumption 1)."""
-    v = v / v.norm().clamp_min(1e-30)
-    value = 0.0
-    for _ in range(iters):
-        hv = apply_h(v)
-        value = float(hv.norm())
-        v = hv / max(value, 1e-30)
-    return value, v
-
-
-# -- one SGD step's objective ------------------------------------------------------------------------
-@contextmanager
-def batch_statistics_only(module: nn.Module) -> Iterator[bool]:
-    """For the duration, BatchNorm layers in training mode normalise with the batch's statistics without
-    updating their running buffers (``track_running_stats`` off; the forward is the training forward).
-    Yields whether such a layer exists (then the per-sample losses of a batch are coupled)."""
-    layers = [
-        m
-        for m in module.modules()
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats
-    ]
-    for m in layers:
-        m.track_running_stats = False
-    try:
-        yield bool(layers)
-    finally:
-        for m in layers:
-            m.track_running_stats = True
-
 
 #: peak memory, in bytes, that :func:`hvp_chunk` gives one ``vmap`` call of :meth:`StepObjective.hvp`
 HVP_MEMORY = 2**30
 
 
-def activation_bytes(loss: ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -> int:
+def activation_bytes(loss: autodiff.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -> int:
     """Bytes the batch objective's forward saves for its backward at ``theta`` (activations and the weights the
     backward reads), counted with ``torch.autograd.graph.saved_tensors_hooks`` on one forward."""
     total = 0
@@ -187,14 +42,14 @@ def activation_bytes(loss: ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -> i
     th = theta.detach().requires_grad_(True)
     with (
         torch.enable_grad(),
-        batch_statistics_only(loss.module),
+        autodiff.batch_statistics_only(loss.module),
         torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
     ):
         loss.mean(th, x, y)
     return total
 
 
-def hvp_chunk(loss: ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, memory: int = HVP_MEMORY) -> int:
+def hvp_chunk(loss: autodiff.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, memory: int = HVP_MEMORY) -> int:
     """Rows per ``vmap`` call of :meth:`StepObjective.hvp` within ``memory`` bytes: each row's tangent carries
     the forward's saved tensors through the forward and the backward, about three times :func:`activation_bytes`
     (a small model takes all rows at once: the call's fixed cost, a primal forward and backward plus the
@@ -211,30 +66,32 @@ class StepObjective:
     tangent through the same operations (Appendix B.3: each product costs about one gradient). The rows are
     split into the parameters' tangents as views, the ridge's ``l2 V`` is added once. BatchNorm layers in
     training mode use the batch's statistics (the step's actual loss) and their running buffers stay untouched
-    (:func:`batch_statistics_only`).
+    (:func:`~lightning_unlearn.functional.autodiff.batch_statistics_only`).
 
     Args:
-        loss: the module's per-sample loss (:class:`ModuleLoss`).
+        loss: the module's per-sample loss (:class:`~lightning_unlearn.functional.autodiff.ModuleLoss`).
         theta: flat parameters ``w_t``.
         x, y: the step's batch.
         chunk_size: rows per ``vmap`` call in :meth:`hvp` and per-sample gradients per chunk (peak memory about
             ``chunk_size`` times the step's activations, :func:`activation_bytes`); ``None``: all at once.
     """
 
-    def __init__(self, loss: ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = None) -> None:
+    def __init__(
+        self, loss: autodiff.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor, chunk_size: int | None = None
+    ) -> None:
         self.loss, self.x, self.y, self.chunk_size = loss, x.detach(), y.detach(), chunk_size
         self.theta = theta.detach()
-        with batch_statistics_only(loss.module) as coupled:
+        with autodiff.batch_statistics_only(loss.module) as coupled:
             self.coupled = coupled
         # contiguous copies, like the tangents below: forward-mode AD takes a slow path (about 3x on a ResNet) for a
         # tangent whose storage offset differs from its primal's, and views of theta have offsets
-        self._params = {name: p.clone() for name, p in unflatten(self.theta, loss.spec).items()}
+        self._params = {name: p.clone() for name, p in autodiff.unflatten(self.theta, loss.spec).items()}
 
     @cached_property
     def grad(self) -> Tensor:
         """``grad F_B(theta)``: one forward and backward over the batch (batch statistics for BatchNorm)."""
-        with batch_statistics_only(self.loss.module):
-            return grad(batch_mean_loss(self.loss, self.x, self.y))(self.theta)
+        with autodiff.batch_statistics_only(self.loss.module):
+            return grad(autodiff.batch_mean_loss(self.loss, self.x, self.y))(self.theta)
 
     def _data_loss(self, params: dict[str, Tensor]) -> Tensor:
         outputs = functional_call(self.loss.module, params, (self.x,))
@@ -261,7 +118,7 @@ class StepObjective:
                 )
                 for name, a, b, shape in spans
             }
-            with batch_statistics_only(self.loss.module):
+            with autodiff.batch_statistics_only(self.loss.module):
                 products = vmap(lambda t: jvp(data_grad, (self._params,), (t,))[1])(tangents)
             for name, a, b, _ in spans:
                 out[lo : lo + len(block), a:b] = products[name].reshape(len(block), b - a)
@@ -285,7 +142,7 @@ class StepObjective:
         if positions.numel() == 0:
             return theta.new_zeros(0, theta.numel())
         if not self.coupled:
-            return per_sample_grads(self.loss, theta, x, y, self.chunk_size)
+            return autodiff.per_sample_grads(self.loss, theta, x, y, self.chunk_size)
         n = self.x.shape[0]
         if n == 1:  # the batch without its only element is empty: the step loses its whole gradient
             return n * self.grad[None]
@@ -293,7 +150,7 @@ class StepObjective:
         for p in positions.tolist():
             keep = torch.arange(n, device=self.x.device) != p
             th = theta.clone().requires_grad_(True)
-            with torch.enable_grad(), batch_statistics_only(self.loss.module):
+            with torch.enable_grad(), autodiff.batch_statistics_only(self.loss.module):
                 (g,) = torch.autograd.grad((n - 1) * self.loss.mean(th, self.x[keep], self.y[keep]), th)
             out.append(n * self.grad - g)
         return torch.stack(out)
@@ -436,7 +293,11 @@ def deletion_capacity(epsilon: float, delta: float, lr: float, dim: int, rho: fl
 
 # -- the retrain the bounds compare with ([HF] Eqs. (4)-(5)) --------------------------------------------------------
 def replay_sgd(
-    loss: ModuleLoss, theta: Tensor, batches: Iterable[tuple[Tensor, Tensor]], lrs: list[float], batch_sizes: list[int]
+    loss: autodiff.ModuleLoss,
+    theta: Tensor,
+    batches: Iterable[tuple[Tensor, Tensor]],
+    lrs: list[float],
+    batch_sizes: list[int],
 ) -> Tensor:
     """[HF] Eqs. (4)-(5): plain SGD from ``theta`` over ``batches`` (step ``t``'s retained samples), each step's sum of
     per-sample gradients divided by the recorded ``batch_sizes[t]`` (the original ``|B_t|``: the step size per
@@ -444,5 +305,5 @@ def replay_sgd(
     the contraction bounds of :mod:`lightning_unlearn.functional.bounds` compare with."""
     for (x, y), lr, size in zip(batches, lrs, batch_sizes, strict=True):
         if len(y):
-            theta = theta - lr / size * per_sample_grads(loss, theta, x, y).sum(0)
+            theta = theta - lr / size * autodiff.per_sample_grads(loss, theta, x, y).sum(0)
     return theta

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 from torch.func import functional_call, hessian, jacrev, vmap
 
-from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import autodiff
 from lightning_unlearn.functional.forward_ad import load_forward_ad
 
 
@@ -61,12 +61,14 @@ PAIRS_PER_CALL = 32768
 AFFINE_PROBE_ULPS = 1000
 
 
-def _outputs(loss: hf.ModuleLoss, theta: Tensor, xu: Tensor) -> Tensor:
+def _outputs(loss: autodiff.ModuleLoss, theta: Tensor, xu: Tensor) -> Tensor:
     """The module's output for ONE sample at ``theta``, flattened."""
-    return functional_call(loss.module, hf.unflatten(theta, loss.spec), (xu.unsqueeze(0),)).reshape(-1)
+    return functional_call(loss.module, autodiff.unflatten(theta, loss.spec), (xu.unsqueeze(0),)).reshape(-1)
 
 
-def _gauss_newton_factors(loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor] | None:
+def _gauss_newton_factors(
+    loss: autodiff.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor
+) -> tuple[Tensor, Tensor] | None:
     """``(J, S)`` such that ``sum_u (J_u^T S_u J_u + l2 I)`` is the Hessian sum over the rows of ``x``, else ``None``.
 
     ``J_u`` (``K x d``) is the Jacobian of the module's (flattened) output ``z_u`` in ``theta`` and ``S_u``
@@ -78,7 +80,7 @@ def _gauss_newton_factors(loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tens
     """
     z = vmap(lambda xu: _outputs(loss, theta, xu))(x)
     J = vmap(jacrev(_outputs, argnums=1), in_dims=(None, None, 0))(loss, theta, x)  # (k, K, d)
-    shape = functional_call(loss.module, hf.unflatten(theta, loss.spec), (x[:1],)).shape[1:]
+    shape = functional_call(loss.module, autodiff.unflatten(theta, loss.spec), (x[:1],)).shape[1:]
 
     def loss_of_output(zu: Tensor, yu: Tensor) -> Tensor:
         return loss.loss_fn(zu.reshape(1, *shape), yu.reshape(1, *yu.shape)).sum()
@@ -88,7 +90,7 @@ def _gauss_newton_factors(loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tens
     S = 0.5 * (S + S.mT)
     g = torch.Generator(device=theta.device).manual_seed(0)
     v = torch.randn(theta.shape, generator=g, dtype=theta.dtype, device=theta.device)
-    exact = hf.hvps(loss, theta, x, y, v[None])[0] * len(x)
+    exact = autodiff.hvps(loss, theta, x, y, v[None])[0] * len(x)
     formula = torch.einsum("kod,ko->d", J, torch.einsum("kop,kp->ko", S, J @ v)) + loss.l2 * len(x) * v
     tolerance = AFFINE_PROBE_ULPS * torch.finfo(theta.dtype).eps * float(exact.norm())
     return (J, S) if float((exact - formula).norm()) <= tolerance else None
@@ -113,7 +115,7 @@ def _low_rank_update(src: Tensor | None, left: Tensor, right: Tensor, sign: floa
     return result
 
 
-def gauss_newton_sum(loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -> Tensor | None:
+def gauss_newton_sum(loss: autodiff.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -> Tensor | None:
     """``sum_u (J_u^T S_u J_u + l2 I)`` over the rows of ``x``, dense ``(d, d)``, if it is the Hessian sum (the module's
     output is affine in ``theta``, :func:`_gauss_newton_factors`), else ``None``.
 
@@ -130,7 +132,7 @@ def gauss_newton_sum(loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -
     return H
 
 
-def gauss_newton_factor(loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -> Tensor | None:
+def gauss_newton_factor(loss: autodiff.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor) -> Tensor | None:
     """``F`` (``k K x d``) with ``F^T F + k l2 I`` the Hessian sum over the ``k`` rows of ``x``, if the module's output
     is affine in ``theta`` (:func:`_gauss_newton_factors`) and every ``S_u`` is positive semi-definite (a convex
     ``loss_fn`` in the outputs, e.g. cross-entropy: ``S = diag(p) - p p^T``), else ``None``. [derived]
@@ -153,7 +155,7 @@ def gauss_newton_factor(loss: hf.ModuleLoss, theta: Tensor, x: Tensor, y: Tensor
 
 
 def hessian_sum(
-    loss: hf.ModuleLoss,
+    loss: autodiff.ModuleLoss,
     theta: Tensor,
     x: Tensor,
     y: Tensor,
@@ -191,7 +193,7 @@ def hessian_sum(
             continue
         affine = False  # the module is not affine in theta: the other chunks' probes would fail too
         eye = torch.eye(d, dtype=theta.dtype, device=theta.device)
-        part = hf.hvps(loss, theta, xb, yb, eye, chunk_size=max(1, PAIRS_PER_CALL // len(xb))) * len(xb)
+        part = autodiff.hvps(loss, theta, xb, yb, eye, chunk_size=max(1, PAIRS_PER_CALL // len(xb))) * len(xb)
         part = (part + part.T).mul_(0.5 * sign)
         if result is not None:
             result.add_(part)

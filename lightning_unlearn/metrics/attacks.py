@@ -28,7 +28,7 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
-from lightning_unlearn.functional import metrics as fm
+from lightning_unlearn.functional import metrics
 
 #: the roles of a sample in :class:`LossThresholdMIA`
 ROLES = ("member", "nonmember", "target")
@@ -82,7 +82,7 @@ class LossThresholdMIA(_AttackMetric):
 
     def compute(self) -> Tensor:
         member, nonmember, target = (self._values(role) for role in ROLES)
-        return torch.tensor(fm.loss_threshold_mia(member, nonmember, target), dtype=torch.float64)
+        return torch.tensor(metrics.loss_threshold_mia(member, nonmember, target), dtype=torch.float64)
 
 
 class OfflineLiRA(_AttackMetric):
@@ -106,7 +106,7 @@ class OfflineLiRA(_AttackMetric):
 
     higher_is_better = False  # for the unlearned model: the attack should fail
 
-    def __init__(self, fprs: tuple[float, ...] = fm.LIRA_FPRS, **kwargs: Any) -> None:
+    def __init__(self, fprs: tuple[float, ...] = metrics.LIRA_FPRS, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         bad = [f for f in fprs if not 0.0 < f <= 1.0]
         if bad:
@@ -126,17 +126,17 @@ class OfflineLiRA(_AttackMetric):
                 f"expected probs (n, C), shadow_probs (S, n, C), labels (n,) and members (n,), got "
                 f"{tuple(probs.shape)}, {tuple(shadow_probs.shape)}, {tuple(labels.shape)} and {tuple(members.shape)}"
             )
-        target = fm.logit_confidence(probs.detach().double(), labels)
-        shadows = torch.stack([fm.logit_confidence(p.detach().double(), labels) for p in shadow_probs])
-        self._add("scores", fm.lira_offline_scores(target, shadows))
+        target = metrics.logit_confidence(probs.detach().double(), labels)
+        shadows = torch.stack([metrics.logit_confidence(p.detach().double(), labels) for p in shadow_probs])
+        self._add("scores", metrics.lira_offline_scores(target, shadows))
         self._add("members", members)
 
     def compute(self) -> dict[str, Tensor]:
         scores, members = self._values("scores"), self._values("members").bool()
         defined = 0 < int(members.sum()) < len(members)
         nan = float("nan")
-        out = {"auc": fm.roc_auc(scores, members) if defined else nan}
-        out |= {fm.tpr_key(f): fm.tpr_at_fpr(scores, members, f) if defined else nan for f in self.fprs}
+        out = {"auc": metrics.roc_auc(scores, members) if defined else nan}
+        out |= {metrics.tpr_key(f): metrics.tpr_at_fpr(scores, members, f) if defined else nan for f in self.fprs}
         return {k: torch.tensor(v, dtype=torch.float64) for k, v in out.items()}
 
 
@@ -169,8 +169,8 @@ class MIAUnlearning(_AttackMetric):
         self, num_classes: int, feature: str = "direct_diff", folds: int = 5, seed: int = 0, **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
-        if feature not in fm.MIA_U_FEATURES:
-            raise ValueError(f"MIA-U feature must be one of {fm.MIA_U_FEATURES}, got {feature!r}")
+        if feature not in metrics.MIA_U_FEATURES:
+            raise ValueError(f"MIA-U feature must be one of {metrics.MIA_U_FEATURES}, got {feature!r}")
         self.num_classes, self.feature, self.folds, self.seed = int(num_classes), feature, int(folds), int(seed)
         self._cat_states("features", "members")
 
@@ -186,7 +186,7 @@ class MIAUnlearning(_AttackMetric):
                 f"expected before and after of shape ({n}, {self.num_classes}), got {tuple(before.shape)} and "
                 f"{tuple(after.shape)}"
             )
-        features = fm.mia_u_features(before.detach().double(), after.detach().double(), self.feature)
+        features = metrics.mia_u_features(before.detach().double(), after.detach().double(), self.feature)
         self._add("features", features)
         self._add("members", members)
 
@@ -197,7 +197,7 @@ class MIAUnlearning(_AttackMetric):
             return torch.tensor(float("nan"), dtype=torch.float64)
         rows = self._values("features").view(len(members), -1)
         inside, outside = (_sorted_rows(rows[mask]) for mask in (members, ~members))
-        return torch.tensor(fm.attack_auc(inside, outside, folds, self.seed), dtype=torch.float64)
+        return torch.tensor(metrics.attack_auc(inside, outside, folds, self.seed), dtype=torch.float64)
 
 
 def _sorted_rows(rows: Tensor) -> Tensor:

@@ -15,8 +15,7 @@ from lightning_unlearn.callbacks.optimality import TaskOptimality
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.core.refusal import ReleaseRefused
-from lightning_unlearn.functional import certified as cl
-from lightning_unlearn.functional import hf
+from lightning_unlearn.functional import autodiff, certified
 from lightning_unlearn.functional.bounds import ModelConstants, forgetting_chain, newton_chain
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.privacy import ReleaseConfig
@@ -62,7 +61,7 @@ class _ContinualCertified(ReleasingUnlearner):
     ``tau / (mu + lambda)``: :func:`~lightning_unlearn.functional.bounds.forgetting_chain` and
     :func:`~lightning_unlearn.functional.bounds.newton_chain`, ``docs/certificates.md``), with the
     :class:`TaskOptimality` tolerance as ``tau``; ``bound="paper"``: the paper's Theorem 4.1 / Prop. 5.1
-    forms (:func:`cl.sensitivity_natural_forgetting`, :func:`cl.sensitivity_hessian`), to reproduce its
+    forms (:func:`certified.sensitivity_natural_forgetting`, :func:`certified.sensitivity_hessian`), to reproduce its
     table. The certificate's ``assumptions`` list what the bound rests on and how each was checked.
 
     Args:
@@ -111,12 +110,12 @@ class _ContinualCertified(ReleasingUnlearner):
         """The noise-free internal model after the last request (flat); the module's weights if none."""
         rec = self.recorder
         if self._internal is None or self._internal_end is None or not torch.equal(self._internal_end, rec.ends[-1]):
-            return hf.flat_params(self.module)
+            return autodiff.flat_params(self.module)
         return self._internal.clone()
 
     def restore_internal(self) -> None:
         """Write the noise-free internal model into the module (before learning the next task)."""
-        hf.set_flat_params(self.module, self.clean_parameters())
+        autodiff.set_flat_params(self.module, self.clean_parameters())
 
     def publish(self) -> Certificate:
         """Publish the internal model at a time without a request: once something is forgotten, [CCL] Alg. 1
@@ -150,14 +149,14 @@ class _ContinualCertified(ReleasingUnlearner):
     statement: ClassVar[str]
 
     @abstractmethod
-    def _paper_bounds(self, status: list[cl.TaskStatus], c: cl.CLConstants) -> dict[str, float]:
+    def _paper_bounds(self, status: list[certified.TaskStatus], c: certified.CLConstants) -> dict[str, float]:
         """The paper's sensitivity bound of the method for ``status`` and its terms."""
 
     @abstractmethod
-    def _contraction_bound(self, status: list[cl.TaskStatus], c: ModelConstants) -> float:
+    def _contraction_bound(self, status: list[certified.TaskStatus], c: ModelConstants) -> float:
         """[derived] The contraction-based sensitivity of the method for ``status``."""
 
-    def _bounds(self, status: list[cl.TaskStatus], c: cl.CLConstants) -> dict[str, float]:
+    def _bounds(self, status: list[certified.TaskStatus], c: certified.CLConstants) -> dict[str, float]:
         """Both sensitivities; ``bounds["sensitivity"]``, the one of :attr:`bound`, calibrates the noise."""
         paper = self._paper_bounds(status, c)
         contraction = self._contraction_bound(status, self.bound_constants(c))
@@ -170,11 +169,11 @@ class _ContinualCertified(ReleasingUnlearner):
             "tolerance": self.tolerance(),
         }
 
-    def _chain(self, status: list[cl.TaskStatus]) -> tuple[list[int], list[int], list[float]]:
+    def _chain(self, status: list[certified.TaskStatus]) -> tuple[list[int], list[int], list[float]]:
         """Task sizes, forgotten counts and between-task gaps, the inputs of the chain bounds."""
         return [s.n for s in status], [s.m for s in status], self.chain_gaps()
 
-    def bound_constants(self, c: cl.CLConstants) -> ModelConstants:
+    def bound_constants(self, c: certified.CLConstants) -> ModelConstants:
         """The constants of the contraction bounds: ``constants`` as given (with ``L_CE``, the ball and ``K`` of a
         closed form), else ``(M, L, mu)`` alone (``L`` then also bounds the data term's gradients)."""
         if self.model_constants is not None:
@@ -195,7 +194,7 @@ class _ContinualCertified(ReleasingUnlearner):
         measured: list[float] = getattr(self.recorder, "stationarity", None) or [0.0]
         return max(measured)
 
-    def bound_problems(self, status: list[cl.TaskStatus], c: ModelConstants) -> list[str | None]:
+    def bound_problems(self, status: list[certified.TaskStatus], c: ModelConstants) -> list[str | None]:
         """Why the contraction bound's assumptions may fail (``None`` entries: checked). Here: the gradient bound
         ``G`` at the anchor of a fully forgotten task, whose norm must lie in the ball ``||w|| <= Theta`` of the
         constants."""
@@ -257,7 +256,7 @@ class _ContinualCertified(ReleasingUnlearner):
             )
         return float(L), float(M)
 
-    def constants(self) -> tuple[cl.CLConstants, str]:
+    def constants(self) -> tuple[certified.CLConstants, str]:
         """Assumption 2.1's constants and their kind (``"bounded"``, ``"given"`` or ``"estimated"``)."""
         rec = self.recorder
         L, M = self.require_constants()
@@ -272,7 +271,7 @@ class _ContinualCertified(ReleasingUnlearner):
             kind = self.model_constants.kind
         else:
             kind = "given" if self.lipschitz is not None and self.smoothness is not None else "estimated"
-        cc = cl.CLConstants(
+        cc = certified.CLConstants(
             lipschitz=float(L), smoothness=float(M), strong_convexity=float(rec.l2), reg_lambda=float(rec.reg_lambda)
         )
         return cc, kind
@@ -284,7 +283,7 @@ class _ContinualCertified(ReleasingUnlearner):
 
     def check_shapes(self) -> None:
         """``ValueError`` if the module's parameters do not match the recorded task vectors."""
-        d, recorded = hf.flat_params(self.module).numel(), self.recorder.ends[-1].numel()
+        d, recorded = autodiff.flat_params(self.module).numel(), self.recorder.ends[-1].numel()
         if d != recorded:
             raise ValueError(f"module has {d} trainable parameters but the recorded task vectors have {recorded}")
 
@@ -294,17 +293,17 @@ class _ContinualCertified(ReleasingUnlearner):
         previous = [torch.zeros_like(rec.ends[0])] + rec.ends[:-1]
         return [float((s - p).norm()) for s, p in zip(rec.starts, previous)]
 
-    def task_status(self, ids: Tensor) -> list[cl.TaskStatus]:
+    def task_status(self, ids: Tensor) -> list[certified.TaskStatus]:
         """``(n_i, m_i)`` per recorded task once ``ids`` are forgotten too."""
         rec, cat = self.recorder, self.catalog
         requested = cat.experiences_of(ids) if ids.numel() else torch.zeros(0, dtype=torch.long)
         status = []
         for e, n in zip(rec.experience_ids, rec.sizes):
             m = int((cat.forgotten & (cat.experiences == e)).sum()) + int((requested == e).sum())
-            status.append(cl.TaskStatus(n=n, m=m))
+            status.append(certified.TaskStatus(n=n, m=m))
         return status
 
-    def _warn_assumptions(self, c: cl.CLConstants) -> None:
+    def _warn_assumptions(self, c: certified.CLConstants) -> None:
         if c.strong_convexity == 0:
             warn("l2 = 0: mu = 0 so rho = 1 and the [CCL] bound does not decay (certificate vacuous)", stacklevel=5)
         if not _is_linear(self.module):
@@ -314,7 +313,7 @@ class _ContinualCertified(ReleasingUnlearner):
             )
 
     def _publish(
-        self, internal: Tensor, status: list[cl.TaskStatus], c: cl.CLConstants, kind: str, statement: str
+        self, internal: Tensor, status: list[certified.TaskStatus], c: certified.CLConstants, kind: str, statement: str
     ) -> UnlearningUpdate:
         """The update publishing ``internal`` with Gaussian noise calibrated on the sensitivity of ``status``
         (:meth:`_bounds`, [AGM]), accounted."""
@@ -346,7 +345,7 @@ class _ContinualCertified(ReleasingUnlearner):
         )
         return UnlearningUpdate(
             certificate,
-            weights=hf.unflatten(published.weights, hf.param_spec(self.module)),
+            weights=autodiff.unflatten(published.weights, autodiff.param_spec(self.module)),
             state={"_internal": internal, "_internal_end": self.recorder.ends[-1], **published.state},
             extra={"noise_norm": published.noise_norm},
         )
@@ -366,10 +365,10 @@ class GradientCertifiedUnlearner(_ContinualCertified):
     method = "gradient"
     statement = "[CCL] Alg. 1 / Theorem 4.1: ||w_retrain - w_t|| <= gamma^NF; Gaussian mechanism"
 
-    def _paper_bounds(self, status: list[cl.TaskStatus], c: cl.CLConstants) -> dict[str, float]:
-        return cl.sensitivity_natural_forgetting(status, c, self.chain_gaps())
+    def _paper_bounds(self, status: list[certified.TaskStatus], c: certified.CLConstants) -> dict[str, float]:
+        return certified.sensitivity_natural_forgetting(status, c, self.chain_gaps())
 
-    def _contraction_bound(self, status: list[cl.TaskStatus], c: ModelConstants) -> float:
+    def _contraction_bound(self, status: list[certified.TaskStatus], c: ModelConstants) -> float:
         """[derived] :func:`~lightning_unlearn.functional.bounds.forgetting_chain` at the last task."""
         rec = self.recorder
         return forgetting_chain(*self._chain(status), c, float(rec.reg_lambda or 0.0), self.tolerance())[-1]
@@ -388,12 +387,12 @@ class HessianCertifiedUnlearner(_ContinualCertified):
     """[CCL] Alg. 2: the Newton-style correction of the corrected Eq. (13), then noise.
 
     The correction runs the linearised error recursion over all recorded tasks
-    (:func:`cl.hessian_correction`): kept tasks transport the error by
+    (:func:`certified.hessian_correction`): kept tasks transport the error by
     ``P_i = (H_i + lambda I)^{-1} lambda``, deleted tasks add their ``Delta_i``, and partially
     deleted tasks (sample-level requests, [derived]) add the Newton step of their own
     solution, which needs ``sum_{u in U} grad l(end_i; u)``: from the recorder's stored per-sample
     gradients or from ``data`` (the samples to forget), kept per task as a running sum. Noise:
-    ``gamma^H`` ([interp, derived], :func:`cl.sensitivity_hessian`).
+    ``gamma^H`` ([interp, derived], :func:`certified.sensitivity_hessian`).
     """
 
     method = "hessian"
@@ -408,10 +407,10 @@ class HessianCertifiedUnlearner(_ContinualCertified):
         super().__init__(module, recorder, ledger, **kwargs)
         self.recorder: HessianRecorder = recorder
 
-    def _paper_bounds(self, status: list[cl.TaskStatus], c: cl.CLConstants) -> dict[str, float]:
-        return cl.sensitivity_hessian(status, c, self.chain_gaps())
+    def _paper_bounds(self, status: list[certified.TaskStatus], c: certified.CLConstants) -> dict[str, float]:
+        return certified.sensitivity_hessian(status, c, self.chain_gaps())
 
-    def bound_problems(self, status: list[cl.TaskStatus], c: ModelConstants) -> list[str | None]:
+    def bound_problems(self, status: list[certified.TaskStatus], c: ModelConstants) -> list[str | None]:
         """The base checks, and the recorded Hessians' spectra within ``[mu, M]`` (the transports' first-order
         error; checked for diagonal and low-rank approximations, exact by the constants' proof otherwise: dense or
         factored)."""
@@ -419,21 +418,21 @@ class HessianCertifiedUnlearner(_ContinualCertified):
         tops = [
             float(H["values"].max()) if isinstance(H, dict) else float(H.max())
             for H in rec.hessians
-            if not cl.is_exact(H)
+            if not certified.is_exact(H)
         ]
         bad = [v for v in tops if v > M * (1 + 1e-9)]
         spectrum = f"a recorded Hessian approximation has curvature {bad[0]:.4g} > M = {M:.4g}" if bad else None
         return [*super().bound_problems(status, c), spectrum]
 
-    def _contraction_bound(self, status: list[cl.TaskStatus], c: ModelConstants) -> float:
+    def _contraction_bound(self, status: list[certified.TaskStatus], c: ModelConstants) -> float:
         """[derived] :func:`~lightning_unlearn.functional.bounds.newton_chain`; its second-order form needs the exact
         task Hessians (an approximate one keeps the first order, valid while its spectrum lies in ``[mu, M]``)."""
         rec = self.recorder
-        if not all(cl.is_exact(H) for H in rec.hessians):
+        if not all(certified.is_exact(H) for H in rec.hessians):
             c = replace(c, hessian_lipschitz=None)
         return newton_chain(*self._chain(status), c, float(rec.reg_lambda or 0.0), self.tolerance())
 
-    def _gradient_sums(self, ids: Tensor, data: ForgetData, status: list[cl.TaskStatus]) -> list[Tensor | None]:
+    def _gradient_sums(self, ids: Tensor, data: ForgetData, status: list[certified.TaskStatus]) -> list[Tensor | None]:
         """Running ``sum grad l(end_i; u)`` per partially deleted task, including ``ids``."""
         rec = self.recorder
         sums: list[Tensor | None] = list(rec.forgotten_grad_sums)
@@ -458,10 +457,10 @@ class HessianCertifiedUnlearner(_ContinualCertified):
                 g = torch.stack([rec.sample_grads[int(u)] for u in ids[mine].tolist()]).sum(0)
             else:
                 x, y = samples
-                theta = rec.ends[i].to(hf.flat_params(self.module))
+                theta = rec.ends[i].to(autodiff.flat_params(self.module))
                 with eval_mode(self.module):
                     xm, ym = x[mine].to(theta.device), y[mine].to(theta.device)
-                    g = hf.per_sample_grads(rec.module_loss(self.module), theta, xm, ym).sum(0)
+                    g = autodiff.per_sample_grads(rec.module_loss(self.module), theta, xm, ym).sum(0)
             previous = sums[i]
             sums[i] = g if previous is None else previous + g
         return sums
@@ -473,11 +472,11 @@ class HessianCertifiedUnlearner(_ContinualCertified):
         status = self.task_status(ids)
         sums = self._gradient_sums(ids, data, status)
         solves = [
-            None if s.kind == "deleted" else cl.inverse_solver(rec.hessians[i], c.strong_convexity, c.reg_lambda)
+            None if s.kind == "deleted" else certified.inverse_solver(rec.hessians[i], c.strong_convexity, c.reg_lambda)
             for i, s in enumerate(status)
         ]
         current = rec.ends[-1]
-        e = cl.hessian_correction(status, rec.starts, rec.ends, current, solves, sums, c.reg_lambda)  # Eq. (13)
+        e = certified.hessian_correction(status, rec.starts, rec.ends, current, solves, sums, c.reg_lambda)  # Eq. (13)
         internal = current + e
         update = self._publish(internal, status, c, kind, self.statement)
         gone = set(ids.tolist())  # a forgotten sample's stored gradient is a per-sample statistic: erased

@@ -12,9 +12,8 @@ from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.core.refusal import ReleaseRefused
-from lightning_unlearn.functional import bounds as cb
-from lightning_unlearn.functional import hf
-from lightning_unlearn.functional.bounds import ModelConstants
+from lightning_unlearn.functional import autodiff, hf
+from lightning_unlearn.functional.bounds import ModelConstants, SGDBound, contraction_condition, sgd_bound
 from lightning_unlearn.privacy import ReleaseConfig
 from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate
 from lightning_unlearn.unlearners.release import ReleasingUnlearner
@@ -37,7 +36,7 @@ class TrajectoryTerms:
         lr_max: the largest step size.
         rho, q: Lemma 3's contraction factor and the step-size ratio of :func:`hf.per_sample_bound`.
         taylor: the per-sample Taylor term ``C_1`` (the same for every sample, Eq. (53)).
-        problem: why the step sizes break the theorem (:func:`cb.contraction_condition`),
+        problem: why the step sizes break the theorem (:func:`contraction_condition`),
             or ``None``.
         occ_steps, occ_start: occurrence steps grouped by row: row ``r``'s are
             ``occ_steps[occ_start[r]:occ_start[r + 1]]``.
@@ -77,7 +76,7 @@ class TrajectoryTerms:
             rho=rho,
             q=q,
             taylor=hf.taylor_term(lrs, c.grad_bound, rho, q),
-            problem=cb.contraction_condition(lrs, c),
+            problem=contraction_condition(lrs, c),
             occ_steps=occ_steps[order],
             occ_start=start,
         )
@@ -216,7 +215,7 @@ class HFUnlearner(ReleasingUnlearner):
 
     def _clean(self) -> Tensor:
         if self._internal is None or self._internal_step != self.recorder.n_steps:
-            return hf.flat_params(self.module)
+            return autodiff.flat_params(self.module)
         return self._internal
 
     def trajectory_terms(self, c: ModelConstants) -> TrajectoryTerms:
@@ -282,7 +281,7 @@ class HFUnlearner(ReleasingUnlearner):
             return False
         return self._trained_after_release or self._internal is None or self._internal_step != rec.n_steps
 
-    def contraction_bound(self, rows: Tensor, c: ModelConstants, released_before: bool) -> cb.SGDBound:
+    def contraction_bound(self, rows: Tensor, c: ModelConstants, released_before: bool) -> SGDBound:
         """[derived] :func:`~lightning_unlearn.functional.bounds.sgd_bound` of the recorded trajectory for every row
         deleted so far and ``rows``: each step's count of them is read from the recorded occurrences."""
         rec = self.recorder
@@ -291,13 +290,13 @@ class HFUnlearner(ReleasingUnlearner):
         occ_rows, occ_steps = rec.occurrences()
         removed = torch.bincount(occ_steps[deleted[occ_rows]], minlength=rec.n_steps)
         lrs = torch.tensor(rec.lrs, dtype=torch.float64)
-        return cb.sgd_bound(lrs, torch.tensor(rec.batch_sizes), removed, c, released_before=released_before)
+        return sgd_bound(lrs, torch.tensor(rec.batch_sizes), removed, c, released_before=released_before)
 
     def _assumptions(self, c: ModelConstants, problems: list[str], released_before: bool) -> list[str]:
         rec = self.recorder
         lines = [c.describe()]
         lr_max = max(rec.lrs)
-        if cb.contraction_condition(torch.tensor(rec.lrs), c) is None:
+        if contraction_condition(torch.tensor(rec.lrs), c) is None:
             lines.append(f"checked: every recorded step size <= 2/(M + lambda) = {c.max_lr:.4g} (largest {lr_max:.4g})")
         lines += [f"FAILS: {p}" for p in problems]
         if not any(p.startswith("observed") for p in problems):
@@ -327,7 +326,7 @@ class HFUnlearner(ReleasingUnlearner):
         return lines
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
-        rec, spec = self.recorder, hf.param_spec(self.module)
+        rec, spec = self.recorder, autodiff.param_spec(self.module)
         d = sum(math.prod(shape) for _, shape in spec)
         if rec.A is None or rec.A.shape[1] != d:
             raise ValueError(
@@ -402,7 +401,7 @@ class HFUnlearner(ReleasingUnlearner):
         )
         return UnlearningUpdate(
             certificate,
-            weights=hf.unflatten(published.weights, hf.param_spec(self.module)),
+            weights=autodiff.unflatten(published.weights, autodiff.param_spec(self.module)),
             state={
                 "_internal": internal,
                 "_internal_step": rec.n_steps,

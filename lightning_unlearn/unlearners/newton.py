@@ -11,8 +11,7 @@ from lightning_unlearn.callbacks.newton import HessianSumRecorder
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.core.refusal import ReleaseRefused
-from lightning_unlearn.functional import hf
-from lightning_unlearn.functional import newton as nt
+from lightning_unlearn.functional import autodiff, newton
 from lightning_unlearn.functional.bounds import ModelConstants
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.privacy import ReleaseConfig
@@ -100,7 +99,7 @@ class _SecondOrderUnlearner(ReleasingUnlearner):
         """The noise-free internal model ``w + step(U)`` (flat) after the last request; the module's weights if none."""
         rec = self.recorder
         if self._step is None or rec.theta is None:
-            return hf.flat_params(self.module)
+            return autodiff.flat_params(self.module)
         return rec.theta.to(self._step) + self._step
 
     def _gradient_sum(self, ids: Tensor, data: ForgetData) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -109,7 +108,7 @@ class _SecondOrderUnlearner(ReleasingUnlearner):
         rec = self.recorder
         if rec.theta is None:
             raise ValueError(f"{type(rec).__name__} holds no trained model")
-        flat = hf.flat_params(self.module)
+        flat = autodiff.flat_params(self.module)
         if flat.numel() != rec.theta.numel():
             raise ValueError(
                 f"module has {flat.numel()} trainable parameters but the recorded Hessian is for {rec.theta.numel()}"
@@ -123,7 +122,7 @@ class _SecondOrderUnlearner(ReleasingUnlearner):
         theta = rec.theta.to(flat)
         x, y = (t.to(theta.device) for t in self.forget_samples(ids, data))
         with eval_mode(self.module):
-            g = hf.per_sample_grads(rec.module_loss(self.module), theta, x, y)
+            g = autodiff.per_sample_grads(rec.module_loss(self.module), theta, x, y)
         G = g.sum(0) if self._grad_sum is None else self._grad_sum + g.sum(0)
         return G, theta, x, y
 
@@ -184,7 +183,7 @@ class _SecondOrderUnlearner(ReleasingUnlearner):
         )
         return UnlearningUpdate(
             certificate,
-            weights=hf.unflatten(published.weights, hf.param_spec(self.module)),
+            weights=autodiff.unflatten(published.weights, autodiff.param_spec(self.module)),
             state={"_grad_sum": G, "_step": step, "_forgotten": m, **published.state},
             extra={
                 "n_forgotten": int(ids.numel()),
@@ -212,7 +211,7 @@ class NewtonStepUnlearner(_SecondOrderUnlearner):
     form = "hessian"
 
     def _bound(self, m: int, c: ModelConstants, M: float) -> dict[str, float]:
-        return nt.newton_sensitivity(m, self.recorder.n, c.grad_bound, c.strong_convexity, M, self.recorder.damping)
+        return newton.newton_sensitivity(m, self.recorder.n, c.grad_bound, c.strong_convexity, M, self.recorder.damping)
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         rec = self.recorder
@@ -225,12 +224,12 @@ class NewtonStepUnlearner(_SecondOrderUnlearner):
                 spare = self._spare
                 if spare is None or spare is base or spare.shape != base.shape or spare.dtype != base.dtype:
                     spare = None
-                retained = nt.hessian_sum(loss, theta, x, y, rec.chunk_size, base=base, sign=-1.0, out=spare)
+                retained = newton.hessian_sum(loss, theta, x, y, rec.chunk_size, base=base, sign=-1.0, out=spare)
             else:
-                retained = base - nt.hessian_sum(loss, theta, x, y, rec.chunk_size).to(base)
+                retained = base - newton.hessian_sum(loss, theta, x, y, rec.chunk_size).to(base)
         m = self._forgotten + int(ids.numel())
         norm = rec.n * rec.smoothness if rec.smoothness > 0 else None  # ||H_ret|| <= ||H|| for a convex loss
-        solve = nt.newton_step(retained, rec.n - m, G, rec.damping, rec.preconditioner, self._step, norm)
+        solve = newton.newton_step(retained, rec.n - m, G, rec.damping, rec.preconditioner, self._step, norm)
         if solve.definite is False:
             warn(
                 f"NS: the damped mean Hessian (damping {rec.damping:g}) of the retained samples is indefinite (a "
@@ -255,11 +254,11 @@ class InfinitesimalJackknifeUnlearner(_SecondOrderUnlearner):
 
     def _bound(self, m: int, c: ModelConstants, M: float) -> dict[str, float]:
         rec = self.recorder
-        return nt.jackknife_sensitivity(m, rec.n, c.grad_bound, c.smoothness, c.strong_convexity, M, rec.damping)
+        return newton.jackknife_sensitivity(m, rec.n, c.grad_bound, c.smoothness, c.strong_convexity, M, rec.damping)
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         G, _, _, _ = self._gradient_sum(ids, data)
         if self.recorder.matrix is None:
             raise ValueError("IJ has no recorded inverse Hessian")
-        step = nt.jackknife_step(self.recorder.matrix, self.recorder.n, G)  # the recorder warned if indefinite
+        step = newton.jackknife_step(self.recorder.matrix, self.recorder.n, G)  # the recorder warned if indefinite
         return self._publish(ids, G, step, "[IJ] / [HF] Eq. (16): ||w_retrain - w_IJ|| <= gamma [derived]")

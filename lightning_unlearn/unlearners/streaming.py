@@ -11,9 +11,8 @@ from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.core.refusal import ReleaseRefused
 from lightning_unlearn.data import select_by_ids
-from lightning_unlearn.functional import bounds as cb
-from lightning_unlearn.functional import streaming as safe
-from lightning_unlearn.functional.bounds import ModelConstants
+from lightning_unlearn.functional import streaming
+from lightning_unlearn.functional.bounds import ModelConstants, contraction_condition, sgd_bound
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.privacy import ReleaseConfig, gaussian_noise
 from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate
@@ -174,7 +173,7 @@ class StreamingUnlearner(ReleasingUnlearner):
 
         # Eq. (15): retention gradient (and risk) at w_0 over D_t = D_{t-1} \ F_t, with the module's own loss
         with eval_mode(self.module):
-            g_f, loss_f = safe.summed_loss_grad(self.module, w0, buffers, x, labels, rec.loss_fn)
+            g_f, loss_f = streaming.summed_loss_grad(self.module, w0, buffers, x, labels, rec.loss_fn)
         grad_sum = {n: rec.grad_sum[n].to(device) - g_f[n].detach().double() for n in names}
         loss_sum = rec.loss_sum.to(device) - loss_f.double()
         n_t = rec.n_retained - int(ids.numel())
@@ -183,28 +182,28 @@ class StreamingUnlearner(ReleasingUnlearner):
                 f"{self.method}: the request would leave no retained sample; SAFE's retention term (Eq. (14)) is "
                 "undefined"
             )
-        g_ret = safe.flatten(grad_sum, names) / n_t
+        g_ret = streaming.flatten(grad_sum, names) / n_t
 
         # Eq. (22)-(24): class statistics of D_t and the pseudo-targets of the forget buffer
-        u_new = safe.project(x, V)
-        dn, ds1, ds2 = safe.class_sums(u_new, labels, rec.num_classes)
+        u_new = streaming.project(x, V)
+        dn, ds1, ds2 = streaming.class_sums(u_new, labels, rec.num_classes)
         counts = rec.counts.to(device) - dn
         moments_t = rec.moments(counts, rec.s1.to(device) - ds1, rec.s2.to(device) - ds2)
         moments_0 = (anchor.ref_mean.to(device), anchor.ref_cov.to(device))
         ref_counts = anchor.ref_counts.to(device)
         bx, by = self._scope(x, labels, data)
-        log_q = safe.log_shift_ratio(safe.project(bx, V), counts, ref_counts, moments_t, moments_0)
+        log_q = streaming.log_shift_ratio(streaming.project(bx, V), counts, ref_counts, moments_t, moments_0)
         with eval_mode(self.module), torch.no_grad():
             logits_0 = torch.func.functional_call(self.module, {**w0, **buffers}, (bx,))
         self._check_outputs(logits_0, len(bx))
-        target = safe.pseudo_target(logits_0.double(), log_q)
+        target = streaming.pseudo_target(logits_0.double(), log_q)
 
         # Eq. (25)-(27): forgetting gradient at w_0, total gradient, one normalised step from w_0
         with eval_mode(self.module):
-            g_fg_d, fg_w0 = safe.forgetting_grad(
+            g_fg_d, fg_w0 = streaming.forgetting_grad(
                 self.module, w0, buffers, bx, target, self.forget_weight, self.kl_direction
             )
-        g_fg = safe.flatten(g_fg_d, names)
+        g_fg = streaming.flatten(g_fg_d, names)
         g = g_ret + g_fg
         if not bool(torch.isfinite(g).all()):
             raise ValueError(
@@ -213,16 +212,16 @@ class StreamingUnlearner(ReleasingUnlearner):
         step = (
             self.fixed_step
             if self.fixed_step is not None
-            else safe.step_size(
-                float(safe.flatten(anchor.w0, names).norm()), self.lr_constant, max(t, self.expected_rounds)
+            else streaming.step_size(
+                float(streaming.flatten(anchor.w0, names).norm()), self.lr_constant, max(t, self.expected_rounds)
             )
         )
-        flat0 = safe.flatten(w0, names)
+        flat0 = streaming.flatten(w0, names)
         W = self.weight_bound if self.weight_bound is not None else float(flat0.norm())
         published, sensitivity = None, {"sensitivity": 2 * W}
         if self.release.epsilon is not None:  # Theorem 2(iii), or the contraction bound: -b_t ~ N(0, sigma^2 I)
             sensitivity = self._sensitivity(ids, W, step)
-            internal = safe.normalised_step(flat0, g, step, torch.zeros_like(flat0))
+            internal = streaming.normalised_step(flat0, g, step, torch.zeros_like(flat0))
             published = self._release(sensitivity["sensitivity"], internal)
             flat_t = published.weights
         else:
@@ -232,16 +231,18 @@ class StreamingUnlearner(ReleasingUnlearner):
                 if std
                 else torch.zeros_like(flat0)
             )
-            flat_t = safe.normalised_step(flat0, g, step, noise)
-        w_t = safe.unflatten(flat_t, anchor.w0, names)
+            flat_t = streaming.normalised_step(flat0, g, step, noise)
+        w_t = streaming.unflatten(flat_t, anchor.w0, names)
 
         with eval_mode(self.module), torch.no_grad():
             logits_t = torch.func.functional_call(self.module, {**w_t, **buffers}, (bx,))
-            fg_t = float(self.forget_weight * safe.kl_to_target(logits_t.double(), target, self.kl_direction).mean())
+            fg_t = float(
+                self.forget_weight * streaming.kl_to_target(logits_t.double(), target, self.kl_direction).mean()
+            )
         retain_risk_w0 = float(loss_sum) / n_t
         surrogate = retain_risk_w0 + float(g_ret @ (flat_t - flat0)) + fg_t
         n_forgotten = int(rec.forget_ids.numel() + ids.numel())
-        own_ratio = safe.log_density_ratio(u_new, moments_t, moments_0).gather(1, labels[:, None]).mean()
+        own_ratio = streaming.log_density_ratio(u_new, moments_t, moments_0).gather(1, labels[:, None]).mean()
         extra = {
             "round": t,
             "n_forget_round": int(ids.numel()),
@@ -257,7 +258,7 @@ class StreamingUnlearner(ReleasingUnlearner):
             "forget_risk": fg_t,
             "surrogate_risk": surrogate,
             "cumulative_surrogate_risk": rec.cumulative_surrogate + surrogate,
-            "theorem1_bound": safe.theorem1_bound(rec.num_classes, n_forgotten, n_t),
+            "theorem1_bound": streaming.theorem1_bound(rec.num_classes, n_forgotten, n_t),
             "label_shift": ((counts / ref_counts.clamp(min=1)) * rec.n_anchor / n_t).tolist(),
             "mean_log_density_ratio": float(own_ratio),
         }
@@ -290,7 +291,7 @@ class StreamingUnlearner(ReleasingUnlearner):
         occ_rows, occ_steps = traj.occurrences()
         removed = torch.bincount(occ_steps[mask[occ_rows]], minlength=traj.n_steps)
         lrs = torch.tensor(traj.lrs, dtype=torch.float64)
-        divergence = cb.sgd_bound(lrs, torch.tensor(traj.batch_sizes), removed, c).divergence
+        divergence = sgd_bound(lrs, torch.tensor(traj.batch_sizes), removed, c).divergence
         return {"sensitivity": divergence + step, "divergence": divergence, "step_size": step}
 
     def _contraction_inputs(self) -> tuple[TrajectoryRecorder, ModelConstants]:
@@ -304,7 +305,7 @@ class StreamingUnlearner(ReleasingUnlearner):
         problems = []
         if set(traj.catalog.ids.tolist()) != set(self.recorder.catalog.ids.tolist()):
             problems.append("the trajectory recorder did not watch the same fits as the StreamingRecorder")
-        condition = cb.contraction_condition(torch.tensor(traj.lrs, dtype=torch.float64), c)
+        condition = contraction_condition(torch.tensor(traj.lrs, dtype=torch.float64), c)
         if condition is not None:
             problems.append(condition)
         if traj.grad_max > c.grad_bound * (1 + 1e-6):

@@ -26,7 +26,7 @@ from lightning_unlearn.callbacks import (  # noqa: E402
     StreamingRecorder,
     TrajectoryRecorder,
 )
-from lightning_unlearn.functional import hf  # noqa: E402
+from lightning_unlearn.functional import autodiff  # noqa: E402
 from lightning_unlearn.unlearners import HFUnlearner  # noqa: E402
 
 warnings.filterwarnings("ignore")
@@ -97,11 +97,11 @@ def main(out: str, devices: int) -> None:
     # from OS entropy (every rank must publish the same model)
     strategy = HFUnlearner(model, traj, max_deletions=10, release=ReleaseConfig(noise=False))
     clean = strategy.forget(ForgetRequest.samples([3, 50, 77]))
-    published_clean = hf.flat_params(model)
+    published_clean = autodiff.flat_params(model)
     noised = HFUnlearner(model, traj, max_deletions=10, release=ReleaseConfig(sigma_override=0.01)).forget(
         ForgetRequest.samples([10])
     )
-    published_noised = hf.flat_params(model)
+    published_noised = autodiff.flat_params(model)
     hess = HessianRecorder()
     hess_rows = count_rows(hess)
     model = proximal_model()

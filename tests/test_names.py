@@ -1,0 +1,101 @@
+"""One name, one place (issue 27, item 1): a module of the library or the bench is imported under its own name, never
+an alias (``from lightning_unlearn.functional import newton as nt``), and the autodiff helpers every method shares
+are defined in ``functional/autodiff.py`` only, not in ``functional/hf.py``."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: where each first-party package's sources live
+PACKAGES = {"lightning_unlearn": ROOT, "lightning_unlearn_bench": ROOT / "bench"}
+SOURCES = ["lightning_unlearn", "bench", "tests", "benchmarks", "examples"]
+MOVED = [
+    "ParamSpec",
+    "param_spec",
+    "unflatten",
+    "flat_params",
+    "set_flat_params",
+    "sum_rows",
+    "cross_entropy",
+    "ModuleLoss",
+    "batch_mean_loss",
+    "batch_statistics_only",
+    "per_sample_grads",
+    "hvps",
+    "batch_hessian",
+    "top_eigenvalue",
+]
+
+
+def is_module(dotted: str) -> bool:
+    """Whether ``dotted`` names a module or package of the library or the bench (from the files, importing nothing)."""
+    package = dotted.split(".")[0]
+    if package not in PACKAGES:
+        return False
+    path = PACKAGES[package].joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def module_aliases(source: str) -> list[str]:
+    """The imports in ``source`` that bind a first-party module to a name other than its own."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                if alias.asname not in (None, alias.name) and is_module(f"{node.module}.{alias.name}"):
+                    found.append(f"from {node.module} import {alias.name} as {alias.asname}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname not in (None, alias.name.rsplit(".", 1)[-1]) and is_module(alias.name):
+                    found.append(f"import {alias.name} as {alias.asname}")
+    return found
+
+
+def defined(path: Path) -> set[str]:
+    """The names a module's top level defines (functions, classes, assignments)."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+@pytest.mark.parametrize(
+    ("source", "flagged"),
+    [
+        ("from lightning_unlearn.functional import newton as nt", True),
+        ("import lightning_unlearn.core.ledger as ledger_module", True),
+        ("from lightning_unlearn_bench import cli as c", True),
+        ("from lightning_unlearn.functional import newton", False),
+        ("from lightning_unlearn.functional.newton import newton_step as step", False),  # a function, not a module
+        ("import lightning_unlearn.unlearners.base as base", False),  # its own name
+        ("import numpy as np", False),
+    ],
+)
+def test_the_alias_finder_tells_modules_from_functions(source, flagged):
+    assert module_aliases(source) == ([source] if flagged else [])
+
+
+def test_no_first_party_module_is_imported_under_an_alias():
+    files = [f for folder in SOURCES for f in sorted((ROOT / folder).rglob("*.py"))]
+    assert len(files) > 200  # the sources were found
+    found = [f"{f.relative_to(ROOT)}: {line}" for f in files for line in module_aliases(f.read_text())]
+    assert found == []
+
+
+def test_the_shared_autodiff_helpers_are_defined_in_autodiff_only():
+    functional = ROOT / "lightning_unlearn" / "functional"
+    assert set(MOVED) <= defined(functional / "autodiff.py")
+    assert set(MOVED) & defined(functional / "hf.py") == set()
+    # no re-export either: hf.py imports the module autodiff, none of its names
+    hf = ast.parse((functional / "hf.py").read_text())
+    imported = {a.asname or a.name for n in ast.walk(hf) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert set(MOVED) & imported == set()
