@@ -30,7 +30,6 @@ executed forget requests refuses to have its state replaced unless told so (:met
 from __future__ import annotations
 
 import ast
-import uuid
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -46,6 +45,7 @@ from lightning_unlearn.contract import BatchKeys, unpack_batch
 from lightning_unlearn.core.binding import Binding
 from lightning_unlearn.core.catalog import SampleCatalog, fingerprints
 from lightning_unlearn.core.digest import tensors_digest
+from lightning_unlearn.core.state import UnlearningState
 from lightning_unlearn.warnings import warn
 
 _R = TypeVar("_R", bound="RecorderCallback")
@@ -75,18 +75,9 @@ class RecorderCallback(L.Callback):
         self.catalog = SampleCatalog()
         self.fingerprint = fingerprint
         self.batch_keys = batch_keys
-        #: ``{"count", "head", "keyed"}`` of the ledger file after the last request: a strategy verifies the ledger
-        #: it is given against it before executing anything (a checkpoint carries it)
-        self.ledger_anchor: dict[str, Any] | None = None
-        #: every ledger an operator accepted although it did not match the anchor (``Unlearner.accept_ledger``)
-        self.ledger_overrides: list[dict[str, Any]] = []
-        #: ids of committed requests whose rows :meth:`erase_forgotten` has not erased yet (it failed): erased by
-        #: :meth:`erase_pending` before the next request, ``redo_pending`` or ``state_dict``
-        self.unerased: list[Tensor] = []
-        #: accountant state of each noise-adding strategy's releases, by method (survives checkpoints)
-        self.privacy: dict[str, Any] | None = None
-        #: a random id of this recorder's run, kept in checkpoints; the ledger entries of its requests carry it
-        self.lineage = uuid.uuid4().hex
+        #: the unlearner's state kept with the statistics (ledger anchor, accepted ledgers, privacy accountants, the
+        #: run's lineage, ids pending erasure); saved in this recorder's checkpoint state
+        self.unlearning = UnlearningState()
         self.experience: int | None = None
         # the Trainer of the last Lightning fit, held weakly (:attr:`trainer`)
         self._trainer_ref: weakref.ref[L.Trainer] | None = None
@@ -297,14 +288,16 @@ class RecorderCallback(L.Callback):
         Erasing twice is harmless (:meth:`erase_pending` retries after a failure)."""
 
     def erase_pending(self) -> None:
-        """Erase the rows of committed requests still in :attr:`unerased` (an earlier erasure failed), oldest first.
+        """Erase the rows of committed requests still pending erasure (``unlearning.unerased``: an earlier erasure
+        failed), oldest first.
 
         Raises:
             OSError: the erasure failed again (e.g. the memory-mapped store cannot be written); the ids stay pending.
         """
-        while self.unerased:
-            self.erase_forgotten(self.unerased[0])
-            self.unerased.pop(0)
+        unerased = self.unlearning.unerased
+        while unerased:
+            self.erase_forgotten(unerased[0])
+            unerased.pop(0)
 
     # -- Lightning hooks -------------------------------------------------------------------------
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
@@ -556,7 +549,7 @@ class RecorderCallback(L.Callback):
     @property
     def executed_requests(self) -> bool:
         """Whether this recorder's state has executed forget requests (samples forgotten, or a ledger anchored)."""
-        return bool(self.catalog.forgotten.any()) or self.ledger_anchor is not None
+        return bool(self.catalog.forgotten.any()) or self.unlearning.ledger_anchor is not None
 
     @contextmanager
     def replacing(self) -> Iterator[None]:
@@ -590,7 +583,7 @@ class RecorderCallback(L.Callback):
             return
         raise ValueError(
             f"{type(self).__name__} has executed forget requests ({int(self.catalog.forgotten.sum())} samples "
-            f"forgotten, {_anchored(self.ledger_anchor)}): {what} would replace its state with {why}, and the next "
+            f"forgotten, {self.unlearning.describe_anchor()}): {what} would replace its state with {why}, and the next "
             "request would continue this run's ledger from it. Load it into a new recorder (and unlearner), or "
             "replace on purpose: `with recorder.replacing(): ...` around the load (e.g. trainer.fit(..., "
             "ckpt_path=...)), or recorder.load_from_checkpoint(path, replace=True)"
@@ -600,10 +593,11 @@ class RecorderCallback(L.Callback):
         """What ``state`` is if loading it would lose what this recorder's requests did: another run's state, one at
         another point of the ledger, or one still holding samples they forgot; ``None`` for this run's state at this
         point (e.g. the checkpoint this recorder was restored from, restored again by a fit)."""
-        if state.get("lineage") != self.lineage:
+        saved = UnlearningState.from_state_dict(state)
+        if saved.lineage != self.unlearning.lineage:  # (a state without one gets a new one)
             return "another run's state"
-        if state.get("ledger_anchor") != self.ledger_anchor:
-            return f"one {_anchored(state.get('ledger_anchor'))}"
+        if saved.ledger_anchor != self.unlearning.ledger_anchor:
+            return f"one {saved.describe_anchor()}"
         catalog = state.get("catalog") or {}
         ids, forgotten = catalog.get("ids"), catalog.get("forgotten")
         theirs = (
@@ -624,10 +618,7 @@ class RecorderCallback(L.Callback):
         self.erase_pending()  # a checkpoint never holds rows of forgotten samples
         state = {
             "catalog": self.catalog.state_dict(),
-            "ledger_anchor": self.ledger_anchor,
-            "ledger_overrides": list(self.ledger_overrides),
-            "privacy": self.privacy,
-            "lineage": self.lineage,
+            **self.unlearning.state_dict(),  # its keys at the top level, as in the checkpoints of earlier versions
             "binding": None if self.binding is None else self.binding.state_dict(),
         }
         if self._fitting:  # saved mid-fit (e.g. by ModelCheckpoint): the running fit, to resume it
@@ -661,10 +652,7 @@ class RecorderCallback(L.Callback):
                 "with, then save a new checkpoint (it holds the binding)"
             )
         self.binding, self._binding_unchecked = binding, True
-        self.ledger_anchor = state_dict.get("ledger_anchor")
-        self.ledger_overrides = list(state_dict.get("ledger_overrides", []))
-        self.privacy = state_dict.get("privacy")
-        self.lineage = state_dict.get("lineage", self.lineage)
+        self.unlearning.load_state_dict(state_dict)
         self._resume = state_dict.get("fit")
 
     def _check_settings(self, states: Mapping[str, Any], where: str) -> None:
@@ -725,13 +713,6 @@ def _settings(state_key: str, name: str) -> dict[str, Any] | None:
     except (ValueError, SyntaxError):
         return {"state_key": state_key}
     return settings if isinstance(settings, dict) else {"state_key": state_key}
-
-
-def _anchored(anchor: Mapping[str, Any] | None) -> str:
-    if anchor is None:
-        return "no ledger anchored"
-    count = anchor.get("count")
-    return f"ledger anchored at {count} {'entry' if count == 1 else 'entries'}"
 
 
 def _repeated_ids_message(name: str, clashes: list[int], total: int, ids: Tensor, source: Any, ranks: bool) -> str:
