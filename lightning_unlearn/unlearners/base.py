@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from time import perf_counter
@@ -60,6 +60,7 @@ from lightning_unlearn.core.interrupts import deferred_interrupts
 from lightning_unlearn.core.ledger import EMPTY_ANCHOR, Ledger, LedgerEntry, LedgerError, LedgerReport
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.core.result import UnlearningResult
+from lightning_unlearn.core.undo import Undo, applied, replace_attributes, undoing
 from lightning_unlearn.data import select_by_ids
 from lightning_unlearn.modes import module_device
 from lightning_unlearn.privacy.accountant import PrivacyAccountant, Release
@@ -78,7 +79,6 @@ __all__ = [
 _log = logging.getLogger("lightning_unlearn.ledger")
 
 ForgetData = Dataset | DataLoader | None
-Undo = Callable[[], None]
 
 
 class ErasurePendingError(RuntimeError):
@@ -135,35 +135,16 @@ def swap_weights(module: nn.Module, weights: Mapping[str, Tensor]) -> Undo:
             )
     old = {k: targets[k].data for k in weights}
 
+    def change() -> None:
+        for k, new in weights.items():
+            t = targets[k]
+            t.data = new.detach().to(device=t.device, dtype=t.dtype)
+
     def undo() -> None:
         for k, data in old.items():
             targets[k].data = data
 
-    try:
-        for k, new in weights.items():
-            t = targets[k]
-            t.data = new.detach().to(device=t.device, dtype=t.dtype)
-    except BaseException:
-        undo()  # a failure part-way leaves every tensor as it was
-        raise
-    return undo
-
-
-def replace_attributes(obj: object, values: Mapping[str, Any]) -> Undo:
-    """Set attributes of ``obj`` to new values (no copies); return the undo."""
-    old = {k: getattr(obj, k) for k in values}
-
-    def undo() -> None:
-        for k, v in old.items():
-            setattr(obj, k, v)
-
-    try:
-        for k, v in values.items():
-            setattr(obj, k, v)
-    except BaseException:
-        undo()
-        raise
-    return undo
+    return applied(change, undo)  # a failure part-way leaves every tensor as it was
 
 
 class Unlearner(ABC):
@@ -483,19 +464,14 @@ class Unlearner(ABC):
         """Apply ``update`` and append the ledger entry, all or nothing; then the state derived from the entry
         (see the module docstring). Returns the erasure's failure, if any (the request is executed all the same)."""
         ids = result.removed_ids
-        undo: list[Undo] = []
         with deferred_interrupts():
-            try:
+            with undoing() as undo:
                 undo.append(self.catalog.restorer(ids))  # the undo first: marking may be cut short
                 self.catalog.mark_forgotten(ids)
                 undo.append(self.recorder.apply_forget(ids, update.statistics))
                 undo.append(swap_weights(self.module, update.weights))
                 undo.append(replace_attributes(self, update.state))
                 self.ledger.append(result, self.module, recorder=self.recorder.unlearning.lineage)
-            except BaseException:
-                for step in reversed(undo):
-                    step()
-                raise
             # committed: the entry is durable; what follows derives from it, and only the erasure can fail
             if self.ledger.path is not None:
                 self.recorder.unlearning.ledger_anchor = self.ledger.anchor()
