@@ -41,11 +41,12 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
-from lightning_unlearn.contract import BatchKeys, unpack_batch
+from lightning_unlearn.contract import BatchKeys, LossFn, resolve_loss_fn, unpack_batch
 from lightning_unlearn.core.binding import Binding
 from lightning_unlearn.core.catalog import SampleCatalog, fingerprints
 from lightning_unlearn.core.digest import tensors_digest
 from lightning_unlearn.core.state import UnlearningState
+from lightning_unlearn.core.undo import replace_attributes
 from lightning_unlearn.warnings import warn
 
 _R = TypeVar("_R", bound="RecorderCallback")
@@ -101,6 +102,7 @@ class RecorderCallback(L.Callback):
         self._epoch_ids: dict[int, tuple[int, int]] = {}  # this rank's ids of the recorded epoch: (label, print)
         self._ids_epoch: int | None = None  # the epoch of _epoch_ids
         self._checked_prints: tuple[Tensor, Tensor] | None = None  # (inputs, fingerprints) of the last checked batch
+        self._loss_unchecked = False  # the running fit's first batch is still to check (checks_loss_on_first_batch)
 
     @property
     def trainer(self) -> L.Trainer | None:
@@ -267,19 +269,7 @@ class RecorderCallback(L.Callback):
         unknown = [k for k in change if not hasattr(self, k)]
         if unknown:
             raise ValueError(f"{type(self).__name__} has no statistics named {unknown}")
-        old = {k: getattr(self, k) for k in change}
-
-        def undo() -> None:
-            for k, v in old.items():
-                setattr(self, k, v)
-
-        try:
-            for k, v in change.items():
-                setattr(self, k, v)
-        except BaseException:
-            undo()
-            raise
-        return undo
+        return replace_attributes(self, change)
 
     def erase_forgotten(self, ids: Tensor) -> None:
         """Overwrite what the recorder still holds of ``ids`` once their request is committed (its ledger
@@ -336,6 +326,7 @@ class RecorderCallback(L.Callback):
             self._first_epoch = trainer.current_epoch
             self.begin_experience(pl_module)
         self._fitting = True
+        self._loss_unchecked = self.checks_loss_on_first_batch
 
     def _resume_fit(
         self, trainer: L.Trainer, module: L.LightningModule, resume: dict[str, Any] | None, mid_epoch: bool, where: str
@@ -367,12 +358,33 @@ class RecorderCallback(L.Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        """Check the batch's sample ids (:meth:`check_batch_ids`) before its training step, in recorded epochs."""
-        if trainer.current_epoch > self._first_epoch and not self.records_every_epoch:
+        """Check the batch's sample ids (:meth:`check_batch_ids`) before its training step, in recorded epochs; then,
+        on the fit's first batch, the module's training loss (:meth:`check_loss_once`)."""
+        if trainer.current_epoch <= self._first_epoch or self.records_every_epoch:
+            x, y, ids = unpack_batch(batch, self.batch_keys)
+            source = getattr(trainer.train_dataloader, "dataset", None)
+            self.check_batch_ids(x, y, ids, trainer.current_epoch, source)
+        self.check_loss_once(trainer, pl_module, batch)
+
+    def check_loss_once(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any) -> None:
+        """Once per fit, on its first batch, for a recorder that :attr:`checks_loss_on_first_batch`: refuse a module
+        whose own training loss on ``batch`` is not :attr:`loss_fn` (plus :meth:`loss_penalty`), as
+        :func:`~lightning_unlearn.contract.resolve_loss_fn` checks it.
+
+        Raises:
+            ValueError: the module's training loss is another one (the check is repeated on the next batch).
+        """
+        if not self._loss_unchecked:
             return
-        x, y, ids = unpack_batch(batch, self.batch_keys)
-        source = getattr(trainer.train_dataloader, "dataset", None)
-        self.check_batch_ids(x, y, ids, trainer.current_epoch, source)
+        penalty = self.loss_penalty(trainer)
+        resolve_loss_fn(pl_module, self.loss_fn, batch, keys=self.batch_keys, penalty=penalty)
+        self._loss_unchecked = False
+
+    def loss_penalty(self, trainer: L.Trainer) -> Callable[[nn.Module], Tensor] | None:
+        """The penalty the module adds to its own training loss on top of :attr:`loss_fn`, for
+        :meth:`check_loss_once`: none here; recorders of a module trained with an ``in_loss``
+        :class:`~lightning_unlearn.regularization.ProximalRegularizer` return its ``penalty``."""
+        return None
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -381,10 +393,10 @@ class RecorderCallback(L.Callback):
             return
         x, y, ids = unpack_batch(batch, self.batch_keys)
         if trainer.world_size > 1 and not self.gathers_inputs:
-            self.record_shard(pl_module, x, y, ids, outputs, lambda t: _gather(pl_module, t), trainer.global_rank)
+            self.record_shard(pl_module, x, y, ids, outputs, lambda t: gather_batch(pl_module, t), trainer.global_rank)
             return
         if trainer.world_size > 1:
-            x, y, ids = (_gather(pl_module, t) for t in (x, y, ids))
+            x, y, ids = (gather_batch(pl_module, t) for t in (x, y, ids))
             outputs = _gather_outputs(pl_module, outputs)
         self.record(pl_module, x, y, ids, outputs)
 
@@ -411,6 +423,11 @@ class RecorderCallback(L.Callback):
     #: statistics are sums over samples set it to False: each rank records the samples it holds
     #: (:meth:`record_shard`) and adds the ranks' sums once per experience with :meth:`sum_over_ranks`
     gathers_inputs: bool = True
+    #: whether each fit's first batch checks that the module's own training loss is :attr:`loss_fn`
+    #: (:meth:`check_loss_once`)
+    checks_loss_on_first_batch: ClassVar[bool] = False
+    #: the per-sample loss the statistics are about, in recorders that take one (``None``: cross-entropy)
+    loss_fn: LossFn | None = None
 
     #: staged statistics that are sums over this rank's samples, declared with their reduction like torchmetrics'
     #: states (``add_state(name, dist_reduce_fx="sum")``): attributes holding a tensor, a tuple of tensors, or
@@ -758,14 +775,16 @@ def _all_gather(gather: Callable[[Tensor], Any], t: Tensor) -> Any:
         return gather(t)
 
 
-def _gather(module: L.LightningModule, t: Tensor) -> Tensor:
+def gather_batch(module: L.LightningModule, t: Tensor) -> Tensor:
+    """Every rank's ``t`` (of one shape on every rank, as ``DistributedSampler`` makes batches) concatenated along
+    dim 0, rank-major: ``module.all_gather`` flattened (a collective: every rank must call it)."""
     g = cast(Tensor, _all_gather(module.all_gather, t))  # all_gather returns a tensor for a tensor
     return g.flatten(0, 1)
 
 
 def _gather_outputs(module: L.LightningModule, outputs: Any) -> Any:
     if isinstance(outputs, dict):
-        return {k: _gather(module, v) if isinstance(v, Tensor) and v.ndim > 0 else v for k, v in outputs.items()}
+        return {k: gather_batch(module, v) if isinstance(v, Tensor) and v.ndim > 0 else v for k, v in outputs.items()}
     return outputs
 
 
