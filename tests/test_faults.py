@@ -722,3 +722,17 @@ def _dependencies() -> list[str]:
     import tomllib
 
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+
+
+def test_undoing_runs_the_undos_newest_first_when_a_step_fails():
+    from types import SimpleNamespace
+
+    from lightning_unlearn.core.undo import replace_attributes, undoing
+
+    box, seen = SimpleNamespace(a=1, b=2), []
+    with pytest.raises(RuntimeError, match="the third step"):
+        with undoing() as undo:
+            undo.append(replace_attributes(box, {"a": 10, "b": 20}))
+            undo.append(lambda: seen.append(box.a))  # undone first: the attributes are still replaced
+            raise RuntimeError("the third step")
+    assert seen == [10] and (box.a, box.b) == (1, 2)

@@ -62,10 +62,10 @@ class HessianSumRecorder(RecorderCallback):
         ValueError: an unknown ``form``, or a negative ``damping``.
     """
 
+    checks_loss_on_first_batch = True
     #: the Hessian is taken at the end of the fit, at the trained model
     records_every_epoch = True
     records_parameters = True
-    checks_loss_on_first_batch = True
     #: under DDP only ids, labels and fingerprints are gathered; each rank adds its samples' Hessians
     gathers_inputs = False
 
