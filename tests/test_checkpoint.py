@@ -161,14 +161,14 @@ def test_the_unlearning_state_keeps_the_top_level_keys_of_older_checkpoints():
     data = toy_dataset(60)
     model, rec = analytic_model(), AnalyticRecorder(ridge=0.5)
     quiet_trainer([rec]).fit(model, DataLoader(data, batch_size=32))
-    rec.unlearning.ledger_anchor = {"count": 1, "head": "ab", "keyed": False}
-    rec.unlearning.privacy = {"hf": {"history": [[1.0, 1e-5]]}}
+    rec.unlearning_state.ledger_anchor = {"count": 1, "head": "ab", "keyed": False}
+    rec.unlearning_state.privacy = {"hf": {"history": [[1.0, 1e-5]]}}
     state = rec.state_dict()
-    assert state["ledger_anchor"] == rec.unlearning.ledger_anchor and state["lineage"] == rec.unlearning.lineage
+    assert state["ledger_anchor"] == rec.unlearning_state.ledger_anchor and state["lineage"] == rec.unlearning_state.lineage
     older = {k: v for k, v in state.items() if k != "ledger_overrides"}  # saved before accepted ledgers were kept
     restored = AnalyticRecorder(ridge=0.5)
     restored.load_state_dict(older)
-    assert restored.unlearning == rec.unlearning and restored.unlearning.ledger_overrides == []
+    assert restored.unlearning_state == rec.unlearning_state and restored.unlearning_state.ledger_overrides == []
 
 
 def test_unlearning_state_example_runs_as_a_doctest():

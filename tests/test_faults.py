@@ -101,7 +101,7 @@ def uninterrupted(runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
     for method, run in runs.items():
         s, _ = resumed(method, run, tmp_path_factory.mktemp(f"{method}_ref"))
         s.forget(requests(method)[1], data(method))
-        out[method] = {"outcome": outcome(s), "accountant": s.recorder.unlearning.privacy}
+        out[method] = {"outcome": outcome(s), "accountant": s.recorder.unlearning_state.privacy}
     return out
 
 
@@ -109,12 +109,12 @@ def agrees(s, path: Path) -> None:
     """Model, statistics, catalog and ledger agree: the file verifies against the recorder's anchor, the samples
     it records as removed are exactly the catalog's forgotten ones, and its last entry pins the module's weights."""
     ledger = Ledger(path)
-    report = ledger.verify(s.recorder.unlearning.ledger_anchor)
-    assert report.count == len(ledger) and s.recorder.unlearning.ledger_anchor["head"] == report.head
+    report = ledger.verify(s.recorder.unlearning_state.ledger_anchor)
+    assert report.count == len(ledger) and s.recorder.unlearning_state.ledger_anchor["head"] == report.head
     catalog = s.recorder.catalog
     assert ledger.forgotten_ids() == set(catalog.ids[catalog.forgotten].tolist())
     assert digest_matches(s.module, ledger[-1].weights_digest)
-    assert s.recorder.unlearning.unerased == []
+    assert s.recorder.unlearning_state.unerased == []
 
 
 # -- a full disk ------------------------------------------------------------------------------------------------------
@@ -170,7 +170,7 @@ def test_a_disk_full_at_any_write_or_fsync_changes_nothing_and_the_retry_is_exac
         k += 1
     assert k > 10  # the entry took more than ten writes, and the disk filled at each of them
     assert same(outcome(s), uninterrupted[method]["outcome"])
-    assert s.recorder.unlearning.privacy == uninterrupted[method]["accountant"]
+    assert s.recorder.unlearning_state.privacy == uninterrupted[method]["accountant"]
     agrees(s, path)
 
 
@@ -315,9 +315,9 @@ def test_a_failed_erasure_leaves_an_executed_accounted_request_and_is_completed_
         with pytest.raises(ErasurePendingError, match="executed and recorded") as e:
             s.forget(ForgetRequest.samples([3, 4]))
         assert e.value.result.removed_ids.tolist() == [3, 4] and s.history == [e.value.result]
-        assert rec.unlearning.ledger_anchor == Ledger(path).anchor() and len(Ledger(path)) == 1
-        assert len(s.accountant) == 1 and rec.unlearning.privacy["hf"] == s.accountant.state_dict()
-        assert rec.catalog.live([3, 4]) == [] and [t.tolist() for t in rec.unlearning.unerased] == [[3, 4]]
+        assert rec.unlearning_state.ledger_anchor == Ledger(path).anchor() and len(Ledger(path)) == 1
+        assert len(s.accountant) == 1 and rec.unlearning_state.privacy["hf"] == s.accountant.state_dict()
+        assert rec.catalog.live([3, 4]) == [] and [t.tolist() for t in rec.unlearning_state.unerased] == [[3, 4]]
         with pytest.raises(OSError, match="msync failed"):
             rec.state_dict()  # no checkpoint while the forgotten rows are there
         with pytest.raises(OSError, match="msync failed"):
@@ -326,7 +326,7 @@ def test_a_failed_erasure_leaves_an_executed_accounted_request_and_is_completed_
     s.forget(ForgetRequest.samples([5]))
     on_disk = torch.frombuffer(bytearray((tmp_path / "A.bin").read_bytes()), dtype=torch.float64)
     on_disk = on_disk.view(64, -1)
-    assert bool((on_disk[rows] == 0).all()) and rec.unlearning.unerased == []
+    assert bool((on_disk[rows] == 0).all()) and rec.unlearning_state.unerased == []
     agrees(s, path)
 
 
@@ -414,9 +414,9 @@ def _recover_every_stage(method, run, results, second, d, tmp_path):
         assert same(got, expected), stage
         agrees(s, path)
         if method == "safe":
-            history = reference.recorder.unlearning.privacy["safe"]["history"]
+            history = reference.recorder.unlearning_state.privacy["safe"]["history"]
             expected = [*history[:1], *history[1:] * (2 if stage in DURABLE else 1)]
-            assert rec.unlearning.privacy["safe"]["history"] == expected, stage
+            assert rec.unlearning_state.privacy["safe"]["history"] == expected, stage
 
 
 def test_a_full_small_filesystem_rolls_back_the_torn_write(child, tmp_path):
@@ -473,7 +473,7 @@ def anchored(runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
     save(run / "run.ckpt", model, rec)
     other = tmp_path_factory.mktemp("other")  # another run's ledger: the same model and requests, its own entries
     model, rec = restore("acu", runs["acu"] / "fitted.ckpt")
-    rec.unlearning.lineage = "another run"
+    rec.unlearning_state.lineage = "another run"
     s = strategy("acu", model, rec, Ledger(other / "ledger.jsonl"))
     for ids in ([1], [2], [3]):
         s.forget(ForgetRequest.samples(ids), data("acu"))
@@ -520,7 +520,7 @@ def test_a_tampered_ledger_is_refused_before_anything_runs_and_an_operator_can_o
     s = strategy("acu", model, rec, Ledger(path))
     if when == "while open":
         report = s.check_ledger()
-        anchor = rec.unlearning.ledger_anchor
+        anchor = rec.unlearning_state.ledger_anchor
         assert report.count == 3 and report.head == anchor["head"] and report.anchor == anchor
         _tamper(path, how, anchored)
     before = snapshot(s)
@@ -538,10 +538,10 @@ def test_a_tampered_ledger_is_refused_before_anything_runs_and_an_operator_can_o
     with caplog.at_level(logging.WARNING, logger="lightning_unlearn.ledger"):
         s.accept_ledger("restored from the 2026-11-20 backup")
     assert "restored from the 2026-11-20 backup" in caplog.text
-    assert rec.unlearning.ledger_overrides[-1]["replaced_anchor"]["count"] == 3
+    assert rec.unlearning_state.ledger_overrides[-1]["replaced_anchor"]["count"] == 3
     assert rec.state_dict()["ledger_overrides"][-1]["reason"] == "restored from the 2026-11-20 backup"
     s.forget(ForgetRequest.samples([10]), data("acu"))
-    assert Ledger(path).verify(rec.unlearning.ledger_anchor).count == rec.unlearning.ledger_anchor["count"]
+    assert Ledger(path).verify(rec.unlearning_state.ledger_anchor).count == rec.unlearning_state.ledger_anchor["count"]
 
 
 def test_a_keyed_ledger_cannot_be_downgraded(runs, tmp_path, monkeypatch):
@@ -554,7 +554,7 @@ def test_a_keyed_ledger_cannot_be_downgraded(runs, tmp_path, monkeypatch):
     s = strategy("acu", model, rec, Ledger(path))
     s.forget(ForgetRequest.samples([1]), data("acu"))
     s.forget(ForgetRequest.samples([2]), data("acu"))
-    assert rec.unlearning.ledger_anchor["keyed"] and s.check_ledger().keyed
+    assert rec.unlearning_state.ledger_anchor["keyed"] and s.check_ledger().keyed
     original = [json.loads(line) for line in path.read_text().splitlines()]
     assert all(e["keyed"] for e in original) and "auditor-secret" not in path.read_text()
     downgraded = _rehash([{**e, "keyed": False} for e in original])
@@ -572,7 +572,7 @@ def test_a_keyed_ledger_cannot_be_downgraded(runs, tmp_path, monkeypatch):
         Ledger(path)
     _write(path, downgraded)
     with pytest.raises(LedgerError, match="made with an HMAC-keyed chain"):
-        Ledger(path).verify(rec.unlearning.ledger_anchor)
+        Ledger(path).verify(rec.unlearning_state.ledger_anchor)
 
 
 def test_legacy_xxh3_digests_are_read_compared_and_reported(runs, anchored, tmp_path):

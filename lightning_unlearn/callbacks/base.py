@@ -78,7 +78,7 @@ class RecorderCallback(L.Callback):
         self.batch_keys = batch_keys
         #: the unlearner's state kept with the statistics (ledger anchor, accepted ledgers, privacy accountants, the
         #: run's lineage, ids pending erasure); saved in this recorder's checkpoint state
-        self.unlearning = UnlearningState()
+        self.unlearning_state = UnlearningState()
         self.experience: int | None = None
         # the Trainer of the last Lightning fit, held weakly (:attr:`trainer`)
         self._trainer_ref: weakref.ref[L.Trainer] | None = None
@@ -284,7 +284,7 @@ class RecorderCallback(L.Callback):
         Raises:
             OSError: the erasure failed again (e.g. the memory-mapped store cannot be written); the ids stay pending.
         """
-        unerased = self.unlearning.unerased
+        unerased = self.unlearning_state.unerased
         while unerased:
             self.erase_forgotten(unerased[0])
             unerased.pop(0)
@@ -566,7 +566,7 @@ class RecorderCallback(L.Callback):
     @property
     def executed_requests(self) -> bool:
         """Whether this recorder's state has executed forget requests (samples forgotten, or a ledger anchored)."""
-        return bool(self.catalog.forgotten.any()) or self.unlearning.ledger_anchor is not None
+        return bool(self.catalog.forgotten.any()) or self.unlearning_state.ledger_anchor is not None
 
     @contextmanager
     def replacing(self) -> Iterator[None]:
@@ -600,7 +600,7 @@ class RecorderCallback(L.Callback):
             return
         raise ValueError(
             f"{type(self).__name__} has executed forget requests ({int(self.catalog.forgotten.sum())} samples "
-            f"forgotten, {self.unlearning.describe_anchor()}): {what} would replace its state with {why}, and the next "
+            f"forgotten, {self.unlearning_state.describe_anchor()}): {what} would replace its state with {why}, and the next "
             "request would continue this run's ledger from it. Load it into a new recorder (and unlearner), or "
             "replace on purpose: `with recorder.replacing(): ...` around the load (e.g. trainer.fit(..., "
             "ckpt_path=...)), or recorder.load_from_checkpoint(path, replace=True)"
@@ -611,9 +611,9 @@ class RecorderCallback(L.Callback):
         another point of the ledger, or one still holding samples they forgot; ``None`` for this run's state at this
         point (e.g. the checkpoint this recorder was restored from, restored again by a fit)."""
         saved = UnlearningState.from_state_dict(state)
-        if saved.lineage != self.unlearning.lineage:  # (a state without one gets a new one)
+        if saved.lineage != self.unlearning_state.lineage:  # (a state without one gets a new one)
             return "another run's state"
-        if saved.ledger_anchor != self.unlearning.ledger_anchor:
+        if saved.ledger_anchor != self.unlearning_state.ledger_anchor:
             return f"one {saved.describe_anchor()}"
         catalog = state.get("catalog") or {}
         ids, forgotten = catalog.get("ids"), catalog.get("forgotten")
@@ -635,7 +635,7 @@ class RecorderCallback(L.Callback):
         self.erase_pending()  # a checkpoint never holds rows of forgotten samples
         state = {
             "catalog": self.catalog.state_dict(),
-            **self.unlearning.state_dict(),  # its keys at the top level, as in the checkpoints of earlier versions
+            **self.unlearning_state.state_dict(),  # its keys at the top level, as in the checkpoints of earlier versions
             "binding": None if self.binding is None else self.binding.state_dict(),
         }
         if self._fitting:  # saved mid-fit (e.g. by ModelCheckpoint): the running fit, to resume it
@@ -669,7 +669,7 @@ class RecorderCallback(L.Callback):
                 "with, then save a new checkpoint (it holds the binding)"
             )
         self.binding, self._binding_unchecked = binding, True
-        self.unlearning.load_state_dict(state_dict)
+        self.unlearning_state.load_state_dict(state_dict)
         self._resume = state_dict.get("fit")
 
     def _check_settings(self, states: Mapping[str, Any], where: str) -> None:
