@@ -164,7 +164,8 @@ def test_the_unlearning_state_keeps_the_top_level_keys_of_older_checkpoints():
     rec.unlearning_state.ledger_anchor = {"count": 1, "head": "ab", "keyed": False}
     rec.unlearning_state.privacy = {"hf": {"history": [[1.0, 1e-5]]}}
     state = rec.state_dict()
-    assert state["ledger_anchor"] == rec.unlearning_state.ledger_anchor and state["lineage"] == rec.unlearning_state.lineage
+    held = rec.unlearning_state
+    assert state["ledger_anchor"] == held.ledger_anchor and state["lineage"] == held.lineage
     older = {k: v for k, v in state.items() if k != "ledger_overrides"}  # saved before accepted ledgers were kept
     restored = AnalyticRecorder(ridge=0.5)
     restored.load_state_dict(older)

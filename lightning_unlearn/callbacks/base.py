@@ -600,7 +600,8 @@ class RecorderCallback(L.Callback):
             return
         raise ValueError(
             f"{type(self).__name__} has executed forget requests ({int(self.catalog.forgotten.sum())} samples "
-            f"forgotten, {self.unlearning_state.describe_anchor()}): {what} would replace its state with {why}, and the next "
+            f"forgotten, {self.unlearning_state.describe_anchor()}): {what} would replace its state with {why}, and "
+            "the next "
             "request would continue this run's ledger from it. Load it into a new recorder (and unlearner), or "
             "replace on purpose: `with recorder.replacing(): ...` around the load (e.g. trainer.fit(..., "
             "ckpt_path=...)), or recorder.load_from_checkpoint(path, replace=True)"
@@ -635,7 +636,7 @@ class RecorderCallback(L.Callback):
         self.erase_pending()  # a checkpoint never holds rows of forgotten samples
         state = {
             "catalog": self.catalog.state_dict(),
-            **self.unlearning_state.state_dict(),  # its keys at the top level, as in the checkpoints of earlier versions
+            **self.unlearning_state.state_dict(),  # its keys at the top level, as in earlier versions' checkpoints
             "binding": None if self.binding is None else self.binding.state_dict(),
         }
         if self._fitting:  # saved mid-fit (e.g. by ModelCheckpoint): the running fit, to resume it

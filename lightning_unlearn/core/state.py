@@ -15,8 +15,8 @@ __all__ = ["UnlearningState"]
 @dataclass
 class UnlearningState:
     """The unlearner's persisted state: the ledger anchor, the accepted ledgers, the privacy accountants and the
-    run's lineage. The recorder holds one (``recorder.unlearning_state``) and saves it in its checkpoint state, at the top
-    level of that state (the keys of :meth:`state_dict`, as checkpoints of earlier versions hold them).
+    run's lineage. The recorder holds one (``recorder.unlearning_state``) and saves it in its checkpoint state, at
+    the top level of that state (the keys of :meth:`state_dict`, as checkpoints of earlier versions hold them).
 
     Args:
         ledger_anchor: ``{"count", "head", "keyed"}`` of the ledger file after the last request; a strategy verifies
