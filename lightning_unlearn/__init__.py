@@ -44,6 +44,7 @@ _EXPORTS = {
         "ReleaseRefused",
         "SampleCatalog",
         "UnlearningResult",
+        "UnlearningState",
     ),
     "data": (
         "IndexedDataset",
@@ -140,6 +141,7 @@ __all__ = [
     "TaskOptimality",
     "TrajectoryRecorder",
     "UnlearningResult",
+    "UnlearningState",
     "Unlearner",
     "UnlearningWarning",
     "WoodFisherUnlearner",
@@ -172,6 +174,7 @@ if TYPE_CHECKING:
         ReleaseRefused,
         SampleCatalog,
         UnlearningResult,
+        UnlearningState,
     )
     from lightning_unlearn.data import IndexedDataset, select_by_ids
     from lightning_unlearn.models import (

@@ -155,3 +155,27 @@ def test_a_module_whose_head_differs_from_the_recorder_is_refused():
     with pytest.raises(ValueError, match=r"module's head \['head.weight'\] differs from the recorder's W"):
         ACUUnlearner(model, rec).forget(ForgetRequest.samples([4]), data)
     assert torch.equal(rec.W, W) and rec.catalog.n_active == 60
+
+
+def test_the_unlearning_state_keeps_the_top_level_keys_of_older_checkpoints():
+    data = toy_dataset(60)
+    model, rec = analytic_model(), AnalyticRecorder(ridge=0.5)
+    quiet_trainer([rec]).fit(model, DataLoader(data, batch_size=32))
+    rec.unlearning_state.ledger_anchor = {"count": 1, "head": "ab", "keyed": False}
+    rec.unlearning_state.privacy = {"hf": {"history": [[1.0, 1e-5]]}}
+    state = rec.state_dict()
+    held = rec.unlearning_state
+    assert state["ledger_anchor"] == held.ledger_anchor and state["lineage"] == held.lineage
+    older = {k: v for k, v in state.items() if k != "ledger_overrides"}  # saved before accepted ledgers were kept
+    restored = AnalyticRecorder(ridge=0.5)
+    restored.load_state_dict(older)
+    assert restored.unlearning_state == rec.unlearning_state and restored.unlearning_state.ledger_overrides == []
+
+
+def test_unlearning_state_example_runs_as_a_doctest():
+    import doctest
+
+    from lightning_unlearn.core import state
+
+    failed, attempted = doctest.testmod(state, optionflags=doctest.ELLIPSIS)
+    assert (failed, attempted) == (0, 7)

@@ -101,7 +101,7 @@ def uninterrupted(runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
     for method, run in runs.items():
         s, _ = resumed(method, run, tmp_path_factory.mktemp(f"{method}_ref"))
         s.forget(requests(method)[1], data(method))
-        out[method] = {"outcome": outcome(s), "accountant": s.recorder.privacy}
+        out[method] = {"outcome": outcome(s), "accountant": s.recorder.unlearning_state.privacy}
     return out
 
 
@@ -109,12 +109,12 @@ def agrees(s, path: Path) -> None:
     """Model, statistics, catalog and ledger agree: the file verifies against the recorder's anchor, the samples
     it records as removed are exactly the catalog's forgotten ones, and its last entry pins the module's weights."""
     ledger = Ledger(path)
-    report = ledger.verify(s.recorder.ledger_anchor)
-    assert report.count == len(ledger) and s.recorder.ledger_anchor["head"] == report.head
+    report = ledger.verify(s.recorder.unlearning_state.ledger_anchor)
+    assert report.count == len(ledger) and s.recorder.unlearning_state.ledger_anchor["head"] == report.head
     catalog = s.recorder.catalog
     assert ledger.forgotten_ids() == set(catalog.ids[catalog.forgotten].tolist())
     assert digest_matches(s.module, ledger[-1].weights_digest)
-    assert s.recorder.unerased == []
+    assert s.recorder.unlearning_state.unerased == []
 
 
 # -- a full disk ------------------------------------------------------------------------------------------------------
@@ -170,7 +170,7 @@ def test_a_disk_full_at_any_write_or_fsync_changes_nothing_and_the_retry_is_exac
         k += 1
     assert k > 10  # the entry took more than ten writes, and the disk filled at each of them
     assert same(outcome(s), uninterrupted[method]["outcome"])
-    assert s.recorder.privacy == uninterrupted[method]["accountant"]
+    assert s.recorder.unlearning_state.privacy == uninterrupted[method]["accountant"]
     agrees(s, path)
 
 
@@ -315,9 +315,9 @@ def test_a_failed_erasure_leaves_an_executed_accounted_request_and_is_completed_
         with pytest.raises(ErasurePendingError, match="executed and recorded") as e:
             s.forget(ForgetRequest.samples([3, 4]))
         assert e.value.result.removed_ids.tolist() == [3, 4] and s.history == [e.value.result]
-        assert rec.ledger_anchor == Ledger(path).anchor() and len(Ledger(path)) == 1
-        assert len(s.accountant) == 1 and rec.privacy["hf"] == s.accountant.state_dict()
-        assert rec.catalog.live([3, 4]) == [] and [t.tolist() for t in rec.unerased] == [[3, 4]]
+        assert rec.unlearning_state.ledger_anchor == Ledger(path).anchor() and len(Ledger(path)) == 1
+        assert len(s.accountant) == 1 and rec.unlearning_state.privacy["hf"] == s.accountant.state_dict()
+        assert rec.catalog.live([3, 4]) == [] and [t.tolist() for t in rec.unlearning_state.unerased] == [[3, 4]]
         with pytest.raises(OSError, match="msync failed"):
             rec.state_dict()  # no checkpoint while the forgotten rows are there
         with pytest.raises(OSError, match="msync failed"):
@@ -326,7 +326,7 @@ def test_a_failed_erasure_leaves_an_executed_accounted_request_and_is_completed_
     s.forget(ForgetRequest.samples([5]))
     on_disk = torch.frombuffer(bytearray((tmp_path / "A.bin").read_bytes()), dtype=torch.float64)
     on_disk = on_disk.view(64, -1)
-    assert bool((on_disk[rows] == 0).all()) and rec.unerased == []
+    assert bool((on_disk[rows] == 0).all()) and rec.unlearning_state.unerased == []
     agrees(s, path)
 
 
@@ -414,9 +414,9 @@ def _recover_every_stage(method, run, results, second, d, tmp_path):
         assert same(got, expected), stage
         agrees(s, path)
         if method == "safe":
-            history = reference.recorder.privacy["safe"]["history"]
+            history = reference.recorder.unlearning_state.privacy["safe"]["history"]
             expected = [*history[:1], *history[1:] * (2 if stage in DURABLE else 1)]
-            assert rec.privacy["safe"]["history"] == expected, stage
+            assert rec.unlearning_state.privacy["safe"]["history"] == expected, stage
 
 
 def test_a_full_small_filesystem_rolls_back_the_torn_write(child, tmp_path):
@@ -473,7 +473,7 @@ def anchored(runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
     save(run / "run.ckpt", model, rec)
     other = tmp_path_factory.mktemp("other")  # another run's ledger: the same model and requests, its own entries
     model, rec = restore("acu", runs["acu"] / "fitted.ckpt")
-    rec.lineage = "another run"
+    rec.unlearning_state.lineage = "another run"
     s = strategy("acu", model, rec, Ledger(other / "ledger.jsonl"))
     for ids in ([1], [2], [3]):
         s.forget(ForgetRequest.samples(ids), data("acu"))
@@ -520,7 +520,8 @@ def test_a_tampered_ledger_is_refused_before_anything_runs_and_an_operator_can_o
     s = strategy("acu", model, rec, Ledger(path))
     if when == "while open":
         report = s.check_ledger()
-        assert report.count == 3 and report.head == rec.ledger_anchor["head"] and report.anchor == rec.ledger_anchor
+        anchor = rec.unlearning_state.ledger_anchor
+        assert report.count == 3 and report.head == anchor["head"] and report.anchor == anchor
         _tamper(path, how, anchored)
     before = snapshot(s)
     on_disk = path.read_bytes() if path.exists() else None
@@ -537,10 +538,10 @@ def test_a_tampered_ledger_is_refused_before_anything_runs_and_an_operator_can_o
     with caplog.at_level(logging.WARNING, logger="lightning_unlearn.ledger"):
         s.accept_ledger("restored from the 2026-11-20 backup")
     assert "restored from the 2026-11-20 backup" in caplog.text
-    assert rec.ledger_overrides[-1]["replaced_anchor"]["count"] == 3
+    assert rec.unlearning_state.ledger_overrides[-1]["replaced_anchor"]["count"] == 3
     assert rec.state_dict()["ledger_overrides"][-1]["reason"] == "restored from the 2026-11-20 backup"
     s.forget(ForgetRequest.samples([10]), data("acu"))
-    assert Ledger(path).verify(rec.ledger_anchor).count == rec.ledger_anchor["count"]
+    assert Ledger(path).verify(rec.unlearning_state.ledger_anchor).count == rec.unlearning_state.ledger_anchor["count"]
 
 
 def test_a_keyed_ledger_cannot_be_downgraded(runs, tmp_path, monkeypatch):
@@ -553,7 +554,7 @@ def test_a_keyed_ledger_cannot_be_downgraded(runs, tmp_path, monkeypatch):
     s = strategy("acu", model, rec, Ledger(path))
     s.forget(ForgetRequest.samples([1]), data("acu"))
     s.forget(ForgetRequest.samples([2]), data("acu"))
-    assert rec.ledger_anchor["keyed"] and s.check_ledger().keyed
+    assert rec.unlearning_state.ledger_anchor["keyed"] and s.check_ledger().keyed
     original = [json.loads(line) for line in path.read_text().splitlines()]
     assert all(e["keyed"] for e in original) and "auditor-secret" not in path.read_text()
     downgraded = _rehash([{**e, "keyed": False} for e in original])
@@ -571,7 +572,7 @@ def test_a_keyed_ledger_cannot_be_downgraded(runs, tmp_path, monkeypatch):
         Ledger(path)
     _write(path, downgraded)
     with pytest.raises(LedgerError, match="made with an HMAC-keyed chain"):
-        Ledger(path).verify(rec.ledger_anchor)
+        Ledger(path).verify(rec.unlearning_state.ledger_anchor)
 
 
 def test_legacy_xxh3_digests_are_read_compared_and_reported(runs, anchored, tmp_path):
@@ -721,3 +722,17 @@ def _dependencies() -> list[str]:
     import tomllib
 
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+
+
+def test_undoing_runs_the_undos_newest_first_when_a_step_fails():
+    from types import SimpleNamespace
+
+    from lightning_unlearn.core.undo import replace_attributes, undoing
+
+    box, seen = SimpleNamespace(a=1, b=2), []
+    with pytest.raises(RuntimeError, match="the third step"):
+        with undoing() as undo:
+            undo.append(replace_attributes(box, {"a": 10, "b": 20}))
+            undo.append(lambda: seen.append(box.a))  # undone first: the attributes are still replaced
+            raise RuntimeError("the third step")
+    assert seen == [10] and (box.a, box.b) == (1, 2)

@@ -99,7 +99,7 @@ def test_an_empty_replacement_is_detected_against_the_anchor(tmp_path):
     path, rec, _, _ = _ledger_with_requests(tmp_path, 1)
     path.write_text("")
     with pytest.raises(LedgerError, match="has 0 entries but the checkpoint anchors 1"):
-        Ledger(path).verify(rec.ledger_anchor)
+        Ledger(path).verify(rec.unlearning_state.ledger_anchor)
 
 
 def test_a_rewritten_chain_is_detected_by_the_anchor_and_by_the_key(tmp_path, monkeypatch):
@@ -137,7 +137,7 @@ def test_an_unkeyed_rewritten_chain_is_detected_by_the_anchor(tmp_path):
     path.write_text("".join(json.dumps(e, sort_keys=True) + "\n" for e in entries))
     Ledger(path)  # a consistent unkeyed chain
     with pytest.raises(LedgerError, match="differs from the checkpoint's anchor"):
-        Ledger(path).verify(rec.ledger_anchor)
+        Ledger(path).verify(rec.unlearning_state.ledger_anchor)
 
 
 def test_a_torn_last_line_is_named_and_can_be_recovered(tmp_path):

@@ -80,13 +80,13 @@ def test_an_executed_entry_appended_again_with_its_chain_rehashed_is_refused(che
     assert len(Ledger(path)) == 3  # the chain itself is intact
     message = r"entry 2 forgets sample ids \[2, 3\] that entry 1 of the same run \(lineage [0-9a-f]{32}\) already"
     with pytest.raises(LedgerError, match=message):
-        Ledger(path).verify(s.recorder.ledger_anchor)
+        Ledger(path).verify(s.recorder.unlearning_state.ledger_anchor)
     with pytest.raises(LedgerError, match=message):
         Ledger(path).verify()
     refused(s, path, message)
     with pytest.raises(LedgerError, match=message):
         s.accept_ledger("looks fine to me")  # a repeated execution is never accepted
-    assert s.recorder.ledger_overrides == []
+    assert s.recorder.unlearning_state.ledger_overrides == []
     path.write_bytes(anchored)
     append_forged(path, 1, None if key is None else key.encode(), extra={**s.ledger[1].extra, "redo_of": 0})
     with pytest.raises(LedgerError, match="entry 2 says it redoes entry 0, which is not the same request"):
@@ -95,7 +95,7 @@ def test_an_executed_entry_appended_again_with_its_chain_rehashed_is_refused(che
     s.rollback_ledger("entry 2 repeats entry 1")  # the way out: the record is chained and hashed with the key
     assert path.read_bytes().startswith(anchored) and Ledger(path)[2].keyed == (key is not None)
     s.forget(ForgetRequest.samples([30]), DATA)
-    assert Ledger(path).verify(s.recorder.ledger_anchor).count == 4
+    assert Ledger(path).verify(s.recorder.unlearning_state.ledger_anchor).count == 4
 
 
 def test_a_copy_disguised_as_a_redo_is_listed_after_the_anchor_and_refused(checkpoint, tmp_path):
@@ -106,7 +106,7 @@ def test_a_copy_disguised_as_a_redo_is_listed_after_the_anchor_and_refused(check
     s.forget(ForgetRequest.samples([1]), DATA)
     s.forget(ForgetRequest.samples([2, 3]), DATA)
     append_forged(path, 1, extra={**s.ledger[1].extra, "redo_of": 1})
-    report = Ledger(path).verify(s.recorder.ledger_anchor)
+    report = Ledger(path).verify(s.recorder.unlearning_state.ledger_anchor)
     assert [e.seq for e in report.beyond_anchor] == [2]
     refused(s, path, r"entry 2 \(acu samples\[2\]\(2, 3\), .* forgets sample ids \[2, 3\] this state does not hold")
 
@@ -117,20 +117,21 @@ def test_verify_lists_the_entries_after_the_anchor(checkpoint, tmp_path):
     path = tmp_path / "ledger.jsonl"
     s = restored(checkpoint, path)
     s.forget(ForgetRequest.samples([1]), DATA)
-    anchor = dict(s.recorder.ledger_anchor)
+    anchor = dict(s.recorder.unlearning_state.ledger_anchor)
     s.forget(ForgetRequest.of_class(2), DATA)
     s.forget(ForgetRequest.samples([5, 7]), DATA)
     report = Ledger(path).verify(anchor)
     assert report.count == 3 and report.anchor == anchor
     assert [(e.seq, e.request["kind"], e.lineage) for e in report.beyond_anchor] == [
-        (1, "class", s.recorder.lineage),
-        (2, "samples", s.recorder.lineage),
+        (1, "class", s.recorder.unlearning_state.lineage),
+        (2, "samples", s.recorder.unlearning_state.lineage),
     ]
     assert [e.timestamp for e in report.beyond_anchor] == [s.ledger[1].timestamp, s.ledger[2].timestamp]
     text = str(report)
-    assert f"after the anchor: entry 1 (acu class=2, lineage {s.recorder.lineage}, {s.ledger[1].timestamp})" in text
+    lineage = s.recorder.unlearning_state.lineage
+    assert f"after the anchor: entry 1 (acu class=2, lineage {lineage}, {s.ledger[1].timestamp})" in text
     assert "after the anchor: entry 2 (acu samples[2](5, 7)" in text
-    assert Ledger(path).verify(s.recorder.ledger_anchor).beyond_anchor == ()
+    assert Ledger(path).verify(s.recorder.unlearning_state.ledger_anchor).beyond_anchor == ()
 
 
 def test_another_runs_ledger_is_refused_naming_its_lineage_and_the_operator_can_adopt_it(checkpoint, tmp_path, caplog):
@@ -194,7 +195,7 @@ def test_a_rollback_cuts_after_the_anchor_atomically_and_is_recorded(checkpoint,
         (e.seq, e.hash, e.lineage, e.request) for e in cut
     ]
     assert all("removed_ids" not in c for c in record.extra["cut"])
-    assert s.recorder.ledger_anchor == Ledger(path).anchor() and not list(tmp_path.glob("*.rollback"))
+    assert s.recorder.unlearning_state.ledger_anchor == Ledger(path).anchor() and not list(tmp_path.glob("*.rollback"))
     after = snapshot(s)  # the weights and the statistics are as they were; the anchor is the record's
     after["recorder"].pop("ledger_anchor"), before["recorder"].pop("ledger_anchor")
     assert same(after, before)
@@ -202,7 +203,8 @@ def test_a_rollback_cuts_after_the_anchor_atomically_and_is_recorded(checkpoint,
         s.rollback_ledger("again")
     s.forget(ForgetRequest.samples([4]), DATA)
     ledger = Ledger(path)
-    assert [e.seq for e in ledger] == [0, 1, 2, 3] and ledger.verify(s.recorder.ledger_anchor).beyond_anchor == ()
+    anchor = s.recorder.unlearning_state.ledger_anchor
+    assert [e.seq for e in ledger] == [0, 1, 2, 3] and ledger.verify(anchor).beyond_anchor == ()
 
 
 def test_a_failed_rollback_leaves_the_ledger_as_it_was_and_a_rollback_is_fsynced_before_it_replaces(
@@ -284,5 +286,6 @@ def test_rolling_back_a_stopped_runs_release_keeps_it_counted(tmp_path):
     assert s.accountant.history == stopped.accountant.history[:1] and [e.seq for e in s.pending()] == [1]
     record = s.rollback_ledger("the second request was withdrawn")
     assert record.extra["cut"][0]["release"] == release and s.pending() == []
-    assert s.accountant.history == stopped.accountant.history and rec.privacy["safe"] == s.accountant.state_dict()
+    accountants = rec.unlearning_state.privacy
+    assert s.accountant.history == stopped.accountant.history and accountants["safe"] == s.accountant.state_dict()
     assert rec.catalog.live(list(second.sample_ids)) == list(second.sample_ids)  # the request is not executed

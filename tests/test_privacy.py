@@ -300,7 +300,7 @@ def test_budget_refusal_changes_nothing(bounded):
         strategy.forget(ForgetRequest.samples([4]))  # two releases at epsilon = 1 compose to about 1.4 > 1.2
     assert torch.equal(autodiff.flat_params(model), weights) and len(strategy.catalog.active_ids()) == n_active
     assert len(strategy.accountant) == 1 and len(strategy.ledger) == 1
-    assert torch.equal(rec.state_dict()["A"], state["A"]) and rec.privacy == state["privacy"]
+    assert torch.equal(rec.state_dict()["A"], state["A"]) and rec.unlearning_state.privacy == state["privacy"]
 
 
 def test_accountant_survives_a_checkpoint_and_a_ledger(bounded, tmp_path):

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_unlearn.callbacks.frozen import FrozenFeatureRecorder
+from lightning_unlearn.core.undo import applied
 from lightning_unlearn.functional import acu
 
 _STATISTICS = ("R", "Q", "T", "W")
@@ -250,15 +251,14 @@ class AnalyticRecorder(FrozenFeatureRecorder):
                 self._pending_rows, self._pending_targets = old_rows, old_targets
             self.W = old_W
 
-        try:
+        def hold() -> None:
+            nonlocal held
             self.W = change["W"]
             self._pending_rows, self._pending_targets = rows, targets
             self._pending_T = update
             held = True
-        except BaseException:
-            undo()
-            raise
-        return undo
+
+        return applied(hold, undo)
 
     # -- state --------------------------------------------------------------------------------------
     def check_consistency(self) -> None:

@@ -30,7 +30,6 @@ executed forget requests refuses to have its state replaced unless told so (:met
 from __future__ import annotations
 
 import ast
-import uuid
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -42,10 +41,12 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
-from lightning_unlearn.contract import BatchKeys, unpack_batch
+from lightning_unlearn.contract import BatchKeys, LossFn, resolve_loss_fn, unpack_batch
 from lightning_unlearn.core.binding import Binding
 from lightning_unlearn.core.catalog import SampleCatalog, fingerprints
 from lightning_unlearn.core.digest import tensors_digest
+from lightning_unlearn.core.state import UnlearningState
+from lightning_unlearn.core.undo import replace_attributes
 from lightning_unlearn.warnings import warn
 
 _R = TypeVar("_R", bound="RecorderCallback")
@@ -75,18 +76,9 @@ class RecorderCallback(L.Callback):
         self.catalog = SampleCatalog()
         self.fingerprint = fingerprint
         self.batch_keys = batch_keys
-        #: ``{"count", "head", "keyed"}`` of the ledger file after the last request: a strategy verifies the ledger
-        #: it is given against it before executing anything (a checkpoint carries it)
-        self.ledger_anchor: dict[str, Any] | None = None
-        #: every ledger an operator accepted although it did not match the anchor (``Unlearner.accept_ledger``)
-        self.ledger_overrides: list[dict[str, Any]] = []
-        #: ids of committed requests whose rows :meth:`erase_forgotten` has not erased yet (it failed): erased by
-        #: :meth:`erase_pending` before the next request, ``redo_pending`` or ``state_dict``
-        self.unerased: list[Tensor] = []
-        #: accountant state of each noise-adding strategy's releases, by method (survives checkpoints)
-        self.privacy: dict[str, Any] | None = None
-        #: a random id of this recorder's run, kept in checkpoints; the ledger entries of its requests carry it
-        self.lineage = uuid.uuid4().hex
+        #: the unlearner's state kept with the statistics (ledger anchor, accepted ledgers, privacy accountants, the
+        #: run's lineage, ids pending erasure); saved in this recorder's checkpoint state
+        self.unlearning_state = UnlearningState()
         self.experience: int | None = None
         # the Trainer of the last Lightning fit, held weakly (:attr:`trainer`)
         self._trainer_ref: weakref.ref[L.Trainer] | None = None
@@ -110,6 +102,7 @@ class RecorderCallback(L.Callback):
         self._epoch_ids: dict[int, tuple[int, int]] = {}  # this rank's ids of the recorded epoch: (label, print)
         self._ids_epoch: int | None = None  # the epoch of _epoch_ids
         self._checked_prints: tuple[Tensor, Tensor] | None = None  # (inputs, fingerprints) of the last checked batch
+        self._loss_unchecked = False  # the running fit's first batch is still to check (checks_loss_on_first_batch)
 
     @property
     def trainer(self) -> L.Trainer | None:
@@ -276,19 +269,7 @@ class RecorderCallback(L.Callback):
         unknown = [k for k in change if not hasattr(self, k)]
         if unknown:
             raise ValueError(f"{type(self).__name__} has no statistics named {unknown}")
-        old = {k: getattr(self, k) for k in change}
-
-        def undo() -> None:
-            for k, v in old.items():
-                setattr(self, k, v)
-
-        try:
-            for k, v in change.items():
-                setattr(self, k, v)
-        except BaseException:
-            undo()
-            raise
-        return undo
+        return replace_attributes(self, change)
 
     def erase_forgotten(self, ids: Tensor) -> None:
         """Overwrite what the recorder still holds of ``ids`` once their request is committed (its ledger
@@ -297,14 +278,16 @@ class RecorderCallback(L.Callback):
         Erasing twice is harmless (:meth:`erase_pending` retries after a failure)."""
 
     def erase_pending(self) -> None:
-        """Erase the rows of committed requests still in :attr:`unerased` (an earlier erasure failed), oldest first.
+        """Erase the rows of committed requests still pending erasure (``unlearning.unerased``: an earlier erasure
+        failed), oldest first.
 
         Raises:
             OSError: the erasure failed again (e.g. the memory-mapped store cannot be written); the ids stay pending.
         """
-        while self.unerased:
-            self.erase_forgotten(self.unerased[0])
-            self.unerased.pop(0)
+        unerased = self.unlearning_state.unerased
+        while unerased:
+            self.erase_forgotten(unerased[0])
+            unerased.pop(0)
 
     # -- Lightning hooks -------------------------------------------------------------------------
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
@@ -343,6 +326,7 @@ class RecorderCallback(L.Callback):
             self._first_epoch = trainer.current_epoch
             self.begin_experience(pl_module)
         self._fitting = True
+        self._loss_unchecked = self.checks_loss_on_first_batch
 
     def _resume_fit(
         self, trainer: L.Trainer, module: L.LightningModule, resume: dict[str, Any] | None, mid_epoch: bool, where: str
@@ -374,12 +358,33 @@ class RecorderCallback(L.Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        """Check the batch's sample ids (:meth:`check_batch_ids`) before its training step, in recorded epochs."""
-        if trainer.current_epoch > self._first_epoch and not self.records_every_epoch:
+        """Check the batch's sample ids (:meth:`check_batch_ids`) before its training step, in recorded epochs; then,
+        on the fit's first batch, the module's training loss (:meth:`check_loss_once`)."""
+        if trainer.current_epoch <= self._first_epoch or self.records_every_epoch:
+            x, y, ids = unpack_batch(batch, self.batch_keys)
+            source = getattr(trainer.train_dataloader, "dataset", None)
+            self.check_batch_ids(x, y, ids, trainer.current_epoch, source)
+        self.check_loss_once(trainer, pl_module, batch)
+
+    def check_loss_once(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any) -> None:
+        """Once per fit, on its first batch, for a recorder that :attr:`checks_loss_on_first_batch`: refuse a module
+        whose own training loss on ``batch`` is not :attr:`loss_fn` (plus :meth:`loss_penalty`), as
+        :func:`~lightning_unlearn.contract.resolve_loss_fn` checks it.
+
+        Raises:
+            ValueError: the module's training loss is another one (the check is repeated on the next batch).
+        """
+        if not self._loss_unchecked:
             return
-        x, y, ids = unpack_batch(batch, self.batch_keys)
-        source = getattr(trainer.train_dataloader, "dataset", None)
-        self.check_batch_ids(x, y, ids, trainer.current_epoch, source)
+        penalty = self.loss_penalty(trainer)
+        resolve_loss_fn(pl_module, self.loss_fn, batch, keys=self.batch_keys, penalty=penalty)
+        self._loss_unchecked = False
+
+    def loss_penalty(self, trainer: L.Trainer) -> Callable[[nn.Module], Tensor] | None:
+        """The penalty the module adds to its own training loss on top of :attr:`loss_fn`, for
+        :meth:`check_loss_once`: none here; recorders of a module trained with an ``in_loss``
+        :class:`~lightning_unlearn.regularization.ProximalRegularizer` return its ``penalty``."""
+        return None
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -388,10 +393,10 @@ class RecorderCallback(L.Callback):
             return
         x, y, ids = unpack_batch(batch, self.batch_keys)
         if trainer.world_size > 1 and not self.gathers_inputs:
-            self.record_shard(pl_module, x, y, ids, outputs, lambda t: _gather(pl_module, t), trainer.global_rank)
+            self.record_shard(pl_module, x, y, ids, outputs, lambda t: gather_batch(pl_module, t), trainer.global_rank)
             return
         if trainer.world_size > 1:
-            x, y, ids = (_gather(pl_module, t) for t in (x, y, ids))
+            x, y, ids = (gather_batch(pl_module, t) for t in (x, y, ids))
             outputs = _gather_outputs(pl_module, outputs)
         self.record(pl_module, x, y, ids, outputs)
 
@@ -418,6 +423,11 @@ class RecorderCallback(L.Callback):
     #: statistics are sums over samples set it to False: each rank records the samples it holds
     #: (:meth:`record_shard`) and adds the ranks' sums once per experience with :meth:`sum_over_ranks`
     gathers_inputs: bool = True
+    #: whether each fit's first batch checks that the module's own training loss is :attr:`loss_fn`
+    #: (:meth:`check_loss_once`)
+    checks_loss_on_first_batch: ClassVar[bool] = False
+    #: the per-sample loss the statistics are about, in recorders that take one (``None``: cross-entropy)
+    loss_fn: LossFn | None = None
 
     #: staged statistics that are sums over this rank's samples, declared with their reduction like torchmetrics'
     #: states (``add_state(name, dist_reduce_fx="sum")``): attributes holding a tensor, a tuple of tensors, or
@@ -556,7 +566,7 @@ class RecorderCallback(L.Callback):
     @property
     def executed_requests(self) -> bool:
         """Whether this recorder's state has executed forget requests (samples forgotten, or a ledger anchored)."""
-        return bool(self.catalog.forgotten.any()) or self.ledger_anchor is not None
+        return bool(self.catalog.forgotten.any()) or self.unlearning_state.ledger_anchor is not None
 
     @contextmanager
     def replacing(self) -> Iterator[None]:
@@ -590,7 +600,8 @@ class RecorderCallback(L.Callback):
             return
         raise ValueError(
             f"{type(self).__name__} has executed forget requests ({int(self.catalog.forgotten.sum())} samples "
-            f"forgotten, {_anchored(self.ledger_anchor)}): {what} would replace its state with {why}, and the next "
+            f"forgotten, {self.unlearning_state.describe_anchor()}): {what} would replace its state with {why}, and "
+            "the next "
             "request would continue this run's ledger from it. Load it into a new recorder (and unlearner), or "
             "replace on purpose: `with recorder.replacing(): ...` around the load (e.g. trainer.fit(..., "
             "ckpt_path=...)), or recorder.load_from_checkpoint(path, replace=True)"
@@ -600,10 +611,11 @@ class RecorderCallback(L.Callback):
         """What ``state`` is if loading it would lose what this recorder's requests did: another run's state, one at
         another point of the ledger, or one still holding samples they forgot; ``None`` for this run's state at this
         point (e.g. the checkpoint this recorder was restored from, restored again by a fit)."""
-        if state.get("lineage") != self.lineage:
+        saved = UnlearningState.from_state_dict(state)
+        if saved.lineage != self.unlearning_state.lineage:  # (a state without one gets a new one)
             return "another run's state"
-        if state.get("ledger_anchor") != self.ledger_anchor:
-            return f"one {_anchored(state.get('ledger_anchor'))}"
+        if saved.ledger_anchor != self.unlearning_state.ledger_anchor:
+            return f"one {saved.describe_anchor()}"
         catalog = state.get("catalog") or {}
         ids, forgotten = catalog.get("ids"), catalog.get("forgotten")
         theirs = (
@@ -624,10 +636,7 @@ class RecorderCallback(L.Callback):
         self.erase_pending()  # a checkpoint never holds rows of forgotten samples
         state = {
             "catalog": self.catalog.state_dict(),
-            "ledger_anchor": self.ledger_anchor,
-            "ledger_overrides": list(self.ledger_overrides),
-            "privacy": self.privacy,
-            "lineage": self.lineage,
+            **self.unlearning_state.state_dict(),  # its keys at the top level, as in earlier versions' checkpoints
             "binding": None if self.binding is None else self.binding.state_dict(),
         }
         if self._fitting:  # saved mid-fit (e.g. by ModelCheckpoint): the running fit, to resume it
@@ -661,10 +670,7 @@ class RecorderCallback(L.Callback):
                 "with, then save a new checkpoint (it holds the binding)"
             )
         self.binding, self._binding_unchecked = binding, True
-        self.ledger_anchor = state_dict.get("ledger_anchor")
-        self.ledger_overrides = list(state_dict.get("ledger_overrides", []))
-        self.privacy = state_dict.get("privacy")
-        self.lineage = state_dict.get("lineage", self.lineage)
+        self.unlearning_state.load_state_dict(state_dict)
         self._resume = state_dict.get("fit")
 
     def _check_settings(self, states: Mapping[str, Any], where: str) -> None:
@@ -727,13 +733,6 @@ def _settings(state_key: str, name: str) -> dict[str, Any] | None:
     return settings if isinstance(settings, dict) else {"state_key": state_key}
 
 
-def _anchored(anchor: Mapping[str, Any] | None) -> str:
-    if anchor is None:
-        return "no ledger anchored"
-    count = anchor.get("count")
-    return f"ledger anchored at {count} {'entry' if count == 1 else 'entries'}"
-
-
 def _repeated_ids_message(name: str, clashes: list[int], total: int, ids: Tensor, source: Any, ranks: bool) -> str:
     """The refusal of a batch whose ids name other samples than their first occurrences (:meth:`check_batch_ids`)."""
     from_avalanche = type(source).__module__.split(".")[0] == "avalanche"
@@ -777,14 +776,16 @@ def _all_gather(gather: Callable[[Tensor], Any], t: Tensor) -> Any:
         return gather(t)
 
 
-def _gather(module: L.LightningModule, t: Tensor) -> Tensor:
+def gather_batch(module: L.LightningModule, t: Tensor) -> Tensor:
+    """Every rank's ``t`` (of one shape on every rank, as ``DistributedSampler`` makes batches) concatenated along
+    dim 0, rank-major: ``module.all_gather`` flattened (a collective: every rank must call it)."""
     g = cast(Tensor, _all_gather(module.all_gather, t))  # all_gather returns a tensor for a tensor
     return g.flatten(0, 1)
 
 
 def _gather_outputs(module: L.LightningModule, outputs: Any) -> Any:
     if isinstance(outputs, dict):
-        return {k: _gather(module, v) if isinstance(v, Tensor) and v.ndim > 0 else v for k, v in outputs.items()}
+        return {k: gather_batch(module, v) if isinstance(v, Tensor) and v.ndim > 0 else v for k, v in outputs.items()}
     return outputs
 
 

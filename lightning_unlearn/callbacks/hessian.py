@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -62,6 +63,7 @@ class TaskDeltaRecorder(RecorderCallback):
     #: the task's end is its solution: commit when the fit ends, not after its first epoch
     records_every_epoch = True
     records_parameters = True
+    checks_loss_on_first_batch = True
     #: under DDP only ids, labels and fingerprints are gathered (the task size counts them)
     gathers_inputs = False
 
@@ -82,7 +84,6 @@ class TaskDeltaRecorder(RecorderCallback):
         self.l2: float | None = None
         self.weight_decay: float | None = None
         self.forgotten_grad_sums: list[Tensor | None] = []  # sum of grad l(end_i; u) over forgotten u of task i
-        self._check_loss = False
 
     @property
     def state_key(self) -> str:
@@ -140,17 +141,11 @@ class TaskDeltaRecorder(RecorderCallback):
             self.regularizer = found[0]
         self.read_optimizer(trainer.optimizers, pl_module)
         super().on_train_start(trainer, pl_module)
-        self._check_loss = True
 
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
-        if self._check_loss:
-            reg = self.regularizer
-            penalty = reg.penalty if reg is not None and reg.in_loss else None
-            contract.resolve_loss_fn(pl_module, self.loss_fn, batch, keys=self.batch_keys, penalty=penalty)
-            self._check_loss = False
+    def loss_penalty(self, trainer: L.Trainer) -> Callable[[nn.Module], Tensor] | None:
+        """The penalty of :attr:`regularizer` if the module adds it to its loss (``in_loss``)."""
+        reg = self.regularizer
+        return reg.penalty if reg is not None and reg.in_loss else None
 
     # -- recording ---------------------------------------------------------------------------------
     def _record(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any) -> None:

@@ -61,6 +61,7 @@ class HessianSumRecorder(RecorderCallback):
         ValueError: an unknown ``form``, or a negative ``damping``.
     """
 
+    checks_loss_on_first_batch = True
     #: the Hessian is taken at the end of the fit, at the trained model
     records_every_epoch = True
     records_parameters = True
@@ -94,7 +95,6 @@ class HessianSumRecorder(RecorderCallback):
         self.smoothness = 0.0
         self.stationarity = 0.0
         self.precompute_seconds = 0.0
-        self._check_loss = False
         self._l2_of_fit: float | None = None  # the running fit's optimizer weight_decay
         self._x: list[Tensor] = []
         self._y: list[Tensor] = []
@@ -118,15 +118,6 @@ class HessianSumRecorder(RecorderCallback):
         recipe = contract.read_optimizer(trainer.optimizers, pl_module, type(self).__name__)
         self._l2_of_fit = recipe.weight_decay
         super().on_train_start(trainer, pl_module)
-        self._check_loss = True
-
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
-        if self._check_loss:
-            contract.resolve_loss_fn(pl_module, self.loss_fn, batch, keys=self.batch_keys)
-            self._check_loss = False
 
     # -- recording ---------------------------------------------------------------------------------------
     def begin_experience(self, module: nn.Module) -> None:

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_unlearn import contract
-from lightning_unlearn.callbacks.base import RecorderCallback, _gather
+from lightning_unlearn.callbacks.base import RecorderCallback, gather_batch
 from lightning_unlearn.data import unpack_batch
 from lightning_unlearn.functional import streaming
 from lightning_unlearn.modes import eval_mode
@@ -100,6 +100,7 @@ class StreamingRecorder(RecorderCallback):
 
     gathers_inputs = False
     records_parameters = True
+    checks_loss_on_first_batch = True
 
     def __init__(
         self,
@@ -124,7 +125,6 @@ class StreamingRecorder(RecorderCallback):
         )
         self.loss_fn: contract.LossFn = loss_fn or contract.per_sample_cross_entropy
         self.offload = offload
-        self._check_loss = False
         self.V: Tensor | None = None
         self.counts = torch.zeros(self.num_classes, dtype=torch.float64)
         self.s1 = torch.zeros(self.num_classes, self.proj_dim, dtype=torch.float64)
@@ -172,19 +172,10 @@ class StreamingRecorder(RecorderCallback):
         return Anchor(V, w0, counts, mean, cov)
 
     # -- recording -------------------------------------------------------------------------------
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_train_start(trainer, pl_module)
-        self._check_loss = True
-
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
-        if self._check_loss:  # once per fit, on its first batch: the module's own loss is loss_fn's
-            regs = [c for c in trainer.callbacks if isinstance(c, ProximalRegularizer) and c.in_loss]  # type: ignore[attr-defined]
-            penalty = regs[0].penalty if regs else None
-            contract.resolve_loss_fn(pl_module, self.loss_fn, batch, keys=self.batch_keys, penalty=penalty)
-            self._check_loss = False
+    def loss_penalty(self, trainer: L.Trainer) -> Callable[[nn.Module], Tensor] | None:
+        """The penalty of the first ``in_loss`` :class:`ProximalRegularizer` among the trainer's callbacks, if any."""
+        regs = [c for c in trainer.callbacks if isinstance(c, ProximalRegularizer) and c.in_loss]  # type: ignore[attr-defined]
+        return regs[0].penalty if regs else None
 
     def _home(self, module: nn.Module) -> torch.device:
         """Where the statistics live: the module's device, or the CPU with ``offload``."""
@@ -267,7 +258,7 @@ class StreamingRecorder(RecorderCallback):
             for batch in loader:
                 yield tuple(t.to(module.device) for t in unpack_batch(batch, self.batch_keys))  # type: ignore[misc]
 
-        gather = (lambda t: _gather(module, t)) if trainer.world_size > 1 else None
+        gather = (lambda t: gather_batch(module, t)) if trainer.world_size > 1 else None
         self.anchor_on(module, batches(), trainer.global_step, gather)
 
     def anchor_on(

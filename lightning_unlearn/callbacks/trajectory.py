@@ -11,7 +11,8 @@ import torch
 from torch import Tensor, nn
 
 from lightning_unlearn import contract
-from lightning_unlearn.callbacks.base import RecorderCallback, _gather
+from lightning_unlearn.callbacks.base import RecorderCallback, gather_batch
+from lightning_unlearn.core.undo import applied
 from lightning_unlearn.data import unpack_batch
 from lightning_unlearn.functional import autodiff, hf
 from lightning_unlearn.regularization import ProximalRegularizer
@@ -150,6 +151,7 @@ class TrajectoryRecorder(RecorderCallback):
 
     records_every_epoch = True
     records_parameters = True
+    checks_loss_on_first_batch = True
     gathers_inputs = False  # under DDP: ids, labels and fingerprints only; vectors sharded (class docstring)
 
     def __init__(
@@ -320,8 +322,6 @@ class TrajectoryRecorder(RecorderCallback):
     ) -> None:
         super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
         x, y, ids = unpack_batch(batch, self.batch_keys)
-        if self._check_module:  # once per fit, on its first batch: the module's own loss is loss_fn's
-            contract.resolve_loss_fn(pl_module, self.loss_fn, batch, keys=self.batch_keys)
         lr = float(trainer.optimizers[0].param_groups[0]["lr"])
         if self.n_rows and self._shards != trainer.world_size:
             raise ValueError(
@@ -335,7 +335,9 @@ class TrajectoryRecorder(RecorderCallback):
         if self._check_module:
             self.check_module(pl_module)
             self._check_module = False
-        all_ids = self.record_shard(pl_module, x, y, ids, None, lambda t: _gather(pl_module, t), trainer.global_rank)
+        all_ids = self.record_shard(
+            pl_module, x, y, ids, None, lambda t: gather_batch(pl_module, t), trainer.global_rank
+        )
         self._step_sharded(pl_module, x.detach(), y.detach(), ids, all_ids, lr)
 
     def on_train_batch_end(
@@ -600,15 +602,13 @@ class TrajectoryRecorder(RecorderCallback):
             raise ValueError(f"TrajectoryRecorder.apply_forget takes no statistics change, got {sorted(change)}")
         rows = self.rows_for(ids)
 
+        def delete() -> None:
+            self.active[rows] = False
+
         def undo() -> None:
             self.active[rows] = True
 
-        try:
-            self.active[rows] = False
-        except BaseException:
-            undo()
-            raise
-        return undo
+        return applied(delete, undo)
 
     def erase_forgotten(self, ids: Tensor) -> None:
         """Overwrite the committed request's rows with zeros (written through to a memory-mapped file);

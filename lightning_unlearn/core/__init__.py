@@ -6,6 +6,7 @@ from lightning_unlearn.core.ledger import Ledger, LedgerEntry, LedgerError, Ledg
 from lightning_unlearn.core.refusal import ReleaseRefused
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.core.result import UnlearningResult
+from lightning_unlearn.core.state import UnlearningState
 
 __all__ = [
     "Certificate",
@@ -17,4 +18,5 @@ __all__ = [
     "ReleaseRefused",
     "SampleCatalog",
     "UnlearningResult",
+    "UnlearningState",
 ]

@@ -23,7 +23,7 @@ log (the ledger entry is the durable record; everything after it is derived from
    ledger anchor, its copy of the accountant, the strategy's history; then the recorder overwrites the
    rows it still holds of the forgotten samples (:meth:`RecorderCallback.erase_forgotten`, so rollback
    needs no copy of them). An erasure that fails (a memory-mapped store that cannot be written) leaves
-   the ids in :attr:`RecorderCallback.unerased`: they are erased before the next request, ``redo_pending``
+   the ids in ``recorder.unlearning_state.unerased``: they are erased before the next request, ``redo_pending``
    or ``state_dict`` (which saves nothing until they are), and the caller gets an
    :class:`ErasurePendingError` holding the executed request's result;
 5. the result's metrics go to the loggers of the Trainer the recorder last recorded with
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from time import perf_counter
@@ -60,6 +60,7 @@ from lightning_unlearn.core.interrupts import deferred_interrupts
 from lightning_unlearn.core.ledger import EMPTY_ANCHOR, Ledger, LedgerEntry, LedgerError, LedgerReport
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.core.result import UnlearningResult
+from lightning_unlearn.core.undo import Undo, applied, replace_attributes, undoing
 from lightning_unlearn.data import select_by_ids
 from lightning_unlearn.modes import module_device
 from lightning_unlearn.privacy.accountant import PrivacyAccountant, Release
@@ -78,12 +79,11 @@ __all__ = [
 _log = logging.getLogger("lightning_unlearn.ledger")
 
 ForgetData = Dataset | DataLoader | None
-Undo = Callable[[], None]
 
 
 class ErasurePendingError(RuntimeError):
     """A request was executed and recorded in the ledger, but the recorder could not erase the rows it still holds
-    of the forgotten samples yet (they stay in :attr:`RecorderCallback.unerased` and are erased later).
+    of the forgotten samples yet (they stay in ``recorder.unlearning_state.unerased`` and are erased later).
 
     Attributes:
         result: the executed request's :class:`UnlearningResult` (as ``forget`` would have returned it).
@@ -135,35 +135,16 @@ def swap_weights(module: nn.Module, weights: Mapping[str, Tensor]) -> Undo:
             )
     old = {k: targets[k].data for k in weights}
 
+    def change() -> None:
+        for k, new in weights.items():
+            t = targets[k]
+            t.data = new.detach().to(device=t.device, dtype=t.dtype)
+
     def undo() -> None:
         for k, data in old.items():
             targets[k].data = data
 
-    try:
-        for k, new in weights.items():
-            t = targets[k]
-            t.data = new.detach().to(device=t.device, dtype=t.dtype)
-    except BaseException:
-        undo()  # a failure part-way leaves every tensor as it was
-        raise
-    return undo
-
-
-def replace_attributes(obj: object, values: Mapping[str, Any]) -> Undo:
-    """Set attributes of ``obj`` to new values (no copies); return the undo."""
-    old = {k: getattr(obj, k) for k in values}
-
-    def undo() -> None:
-        for k, v in old.items():
-            setattr(obj, k, v)
-
-    try:
-        for k, v in values.items():
-            setattr(obj, k, v)
-    except BaseException:
-        undo()
-        raise
-    return undo
+    return applied(change, undo)  # a failure part-way leaves every tensor as it was
 
 
 class Unlearner(ABC):
@@ -274,7 +255,7 @@ class Unlearner(ABC):
         report: LedgerReport | None = None
         failure: LedgerError | None = None
         try:
-            report = self.ledger.verify(self.recorder.ledger_anchor or EMPTY_ANCHOR)
+            report = self.ledger.verify(self.recorder.unlearning_state.ledger_anchor or EMPTY_ANCHOR)
             self._check_beyond_anchor(report)
         except LedgerError as err:
             failure = err
@@ -286,7 +267,7 @@ class Unlearner(ABC):
         """``LedgerError`` naming the first entry after the anchor that is neither this run's to redo (its samples
         all still learned here: :meth:`pending`) nor a rollback record of this run, nor, in a ``shared`` ledger,
         another run's."""
-        lineage, count = self.recorder.lineage, report.count - len(report.beyond_anchor)
+        lineage, count = self.recorder.unlearning_state.lineage, report.count - len(report.beyond_anchor)
         remedy = "accept_ledger(reason) adopts the entries after the anchor, rollback_ledger(reason) cuts them"
         for e in report.beyond_anchor:
             where = f"ledger {report.path} {e.summary()}, written after the recorder's anchor ({count} entries),"
@@ -328,7 +309,7 @@ class Unlearner(ABC):
         record = {
             "time": datetime.now(timezone.utc).isoformat(),
             "path": report.path,
-            "replaced_anchor": self.recorder.ledger_anchor,
+            "replaced_anchor": self.recorder.unlearning_state.ledger_anchor,
             "accepted_anchor": self.ledger.anchor(),
             "reason": reason,
         }
@@ -340,8 +321,8 @@ class Unlearner(ABC):
             report.head[:16],
             reason,
         )
-        self.recorder.ledger_overrides.append(record)
-        self.recorder.ledger_anchor = self.ledger.anchor()
+        self.recorder.unlearning_state.ledger_overrides.append(record)
+        self.recorder.unlearning_state.ledger_anchor = self.ledger.anchor()
         return report
 
     def pending(self) -> list[LedgerEntry]:
@@ -350,7 +331,7 @@ class Unlearner(ABC):
         of such an entry (a run stopped again before its next checkpoint) is the same request, not listed again."""
         if not len(self.ledger):
             return []
-        lineage = self.recorder.lineage
+        lineage = self.recorder.unlearning_state.lineage
         ours = [e for e in self.ledger if e.lineage == lineage and self.catalog.live(e.removed_ids)]
         seqs = {e.seq for e in ours}
         return [e for e in ours if e.extra.get("redo_of") not in seqs]
@@ -417,12 +398,12 @@ class Unlearner(ABC):
             LedgerError: the ledger's chain is broken, or it does not hold the recorder's anchor (truncated or
                 replaced: :meth:`accept_ledger` is the way out then).
         """
-        anchor = self.recorder.ledger_anchor or EMPTY_ANCHOR
+        anchor = self.recorder.unlearning_state.ledger_anchor or EMPTY_ANCHOR
         with deferred_interrupts():  # the file, the anchor and the accountant change together
-            cut = self.ledger.rollback(anchor, reason, self.module, recorder=self.recorder.lineage)
-            record, self.recorder.ledger_anchor = self.ledger[-1], self.ledger.anchor()
+            cut = self.ledger.rollback(anchor, reason, self.module, recorder=self.recorder.unlearning_state.lineage)
+            record, self.recorder.unlearning_state.ledger_anchor = self.ledger[-1], self.ledger.anchor()
             for entry in cut:
-                stopped = entry.lineage == self.recorder.lineage and entry.method == self.method
+                stopped = entry.lineage == self.recorder.unlearning_state.lineage and entry.method == self.method
                 if stopped and len(self.catalog.live(entry.removed_ids)) == len(entry.removed_ids):
                     self.accountant = self._with_release_of(entry)
             self.mirror_accountant()
@@ -483,26 +464,21 @@ class Unlearner(ABC):
         """Apply ``update`` and append the ledger entry, all or nothing; then the state derived from the entry
         (see the module docstring). Returns the erasure's failure, if any (the request is executed all the same)."""
         ids = result.removed_ids
-        undo: list[Undo] = []
         with deferred_interrupts():
-            try:
+            with undoing() as undo:
                 undo.append(self.catalog.restorer(ids))  # the undo first: marking may be cut short
                 self.catalog.mark_forgotten(ids)
                 undo.append(self.recorder.apply_forget(ids, update.statistics))
                 undo.append(swap_weights(self.module, update.weights))
                 undo.append(replace_attributes(self, update.state))
-                self.ledger.append(result, self.module, recorder=self.recorder.lineage)
-            except BaseException:
-                for step in reversed(undo):
-                    step()
-                raise
+                self.ledger.append(result, self.module, recorder=self.recorder.unlearning_state.lineage)
             # committed: the entry is durable; what follows derives from it, and only the erasure can fail
             if self.ledger.path is not None:
-                self.recorder.ledger_anchor = self.ledger.anchor()
+                self.recorder.unlearning_state.ledger_anchor = self.ledger.anchor()
             self.mirror_accountant()
             self.recorder.bind(self.module)  # the statistics now belong to the updated module (e.g. a retrained trunk)
             self.history.append(result)
-            self.recorder.unerased.append(ids)
+            self.recorder.unlearning_state.unerased.append(ids)
             try:
                 self.recorder.erase_pending()
             except Exception as err:  # noqa: BLE001 - executed all the same; the ids stay pending (module docstring)
@@ -512,12 +488,13 @@ class Unlearner(ABC):
     def mirror_accountant(self) -> None:
         """Copy this method's accountant state into the recorder's (so that checkpoints keep it)."""
         if self.accountant is not None:
-            self.recorder.privacy = {**(self.recorder.privacy or {}), self.method: self.accountant.state_dict()}
+            state = self.recorder.unlearning_state
+            state.privacy = {**(state.privacy or {}), self.method: self.accountant.state_dict()}
 
     def restore_accountant(self, mechanism: str = "pld") -> PrivacyAccountant:
         """The accountant of this method's earlier releases: from the recorder's state (a checkpoint),
         else rebuilt from the ledger's entries, else empty."""
-        saved = (self.recorder.privacy or {}).get(self.method)
+        saved = (self.recorder.unlearning_state.privacy or {}).get(self.method)
         if saved is not None:
             return PrivacyAccountant.from_state_dict(saved)
         return PrivacyAccountant.from_ledger(self.ledger, self.method, mechanism)

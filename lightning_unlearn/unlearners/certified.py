@@ -15,11 +15,12 @@ from lightning_unlearn.callbacks.optimality import TaskOptimality
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.core.refusal import ReleaseRefused
+from lightning_unlearn.core.undo import replace_attributes, undoing
 from lightning_unlearn.functional import autodiff, certified
 from lightning_unlearn.functional.bounds import ModelConstants, forgetting_chain, newton_chain
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.privacy import ReleaseConfig
-from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate, replace_attributes, swap_weights
+from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate, swap_weights
 from lightning_unlearn.unlearners.release import ReleasingUnlearner
 from lightning_unlearn.warnings import warn
 
@@ -136,12 +137,9 @@ class _ContinualCertified(ReleasingUnlearner):
         c, kind = self.constants()
         status = self.task_status(torch.zeros(0, dtype=torch.long))
         update = self._publish(self.clean_parameters(), status, c, kind, self.statement + "; published at t")
-        undo = swap_weights(self.module, update.weights)
-        try:
+        with undoing() as undo:
+            undo.append(swap_weights(self.module, update.weights))
             replace_attributes(self, update.state)
-        except BaseException:
-            undo()
-            raise
         self.mirror_accountant()
         return update.certificate
 
