@@ -37,6 +37,7 @@ define checks
 	$(1)/bin/python -m mypy
 	$(1)/bin/lint-imports
 	NO_MKDOCS_2_WARNING=1 $(1)/bin/mkdocs build --strict
+	$(1)/bin/python -m pytest -q -p no:cacheprovider --doctest-modules lightning_unlearn bench/lightning_unlearn_bench
 	$(1)/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
 endef
 
