@@ -101,6 +101,11 @@ BASE_FRACTION = 0.3
 LIRA_SHADOWS = 4
 
 
+def _release_at(eps: float, delta: float) -> ReleaseConfig:
+    """The release of one column of the table: certified at ``eps``, or the noise-free update at ``eps = inf``."""
+    return ReleaseConfig(epsilon=1.0 if eps == math.inf else eps, delta=delta, noise=eps != math.inf)
+
+
 def tradeoff_splits(data: Any, seed: int) -> tuple[str, dict[str, tuple[Tensor, Tensor]]]:
     """The data's name and its ``base`` (held out), ``train`` and ``test`` splits as float64 ``(x, y)`` tensors,
     ``x`` flattened: digits (``data=None``), or a user's datamodule or ``(train, test)`` pair whose training set loses
@@ -352,7 +357,7 @@ def run_tradeoff(
                     m2,
                     r2,
                     constants=constants,
-                    release=ReleaseConfig(epsilon=1.0 if eps == math.inf else eps, delta=delta, noise=eps != math.inf),
+                    release=_release_at(eps, delta),
                 )
                 rows.append(_row("hf", eps, m2, model, retrain_acc, setup, shadows, _requests(setup, hf_strategy)))
                 log(_line(rows[-1]))
@@ -395,7 +400,7 @@ def run_tradeoff(
                     hr2,
                     constants=constants,
                     optimality=check,
-                    release=ReleaseConfig(epsilon=1.0 if eps == math.inf else eps, delta=delta, noise=eps != math.inf),
+                    release=_release_at(eps, delta),
                 )
                 cert = _requests(setup, ccl_strategy, setup.train if ccl_strategy.reads_data else None)
                 rows.append(_row(name, eps, m2, model, retrain_acc, setup, shadows, cert))
@@ -428,9 +433,7 @@ def _head_rows(
                 "resolve",
                 m2,
                 r2,
-                release=ReleaseConfig(
-                    epsilon=1.0 if eps == math.inf else eps, delta=setup.delta, noise=eps != math.inf
-                ),
+                release=_release_at(eps, setup.delta),
             )
             rows.append(_row("resolve", eps, m2, model, retrain_acc, setup, shadows, _requests(setup, strategy)))
             log(_line(rows[-1]))
