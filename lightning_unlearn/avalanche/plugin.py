@@ -32,80 +32,47 @@ from lightning_unlearn.unlearners.base import (
 
 
 class UnlearningPlugin(SupervisedPlugin):
-    """Adds recording (and forget requests between experiences) to an Avalanche training strategy
-    (``Naive``, ``EWC``, ``Replay``, ``DER``, ...)::
-
-        strategy = Naive(model, optimizer, criterion, plugins=[UnlearningPlugin(recorder, unlearning, requests)])
-
-    (``strategy`` here is Avalanche's training strategy, what learns the stream; ``unlearning``
-    is the :class:`Unlearner` that executes the forget requests.)
+    """Adds recording, and forget requests between experiences, to an Avalanche training strategy (``Naive``,
+    ``EWC``, ``Replay``, ``DER``, ...): ``Naive(model, optimizer, criterion, plugins=[UnlearningPlugin(...)])``.
 
     The experiences' datasets carry sample ids as Avalanche's data attribute ``sample_id``
-    (:func:`~lightning_unlearn.avalanche.with_sample_ids`,
-    :func:`~lightning_unlearn.avalanche.benchmark_with_sample_ids`);
-    their items stay ``(x, y, t)``, and so does every mini-batch the strategy and its plugins read
-    (:mod:`lightning_unlearn.avalanche.minibatch` carries the ids beside it). Avalanche hooks used:
-
-    * ``before_training``: a certified unlearner's noise-free internal model is restored
-      (``restore_internal``, also before each experience), forgotten samples leave the replay buffers; for a
-      recorder that solves a head, the model gets a forward pre-hook and a forward hook (see below).
-    * ``after_train_dataset_adaptation``: the experience's training data reads its ids in
-      ``__getitem__``; replay buffers are purged (before any plugin's ``before_training_exp`` builds a
-      loader over them, whatever the plugin order).
-    * ``before_training_exp``: a module with ``start_task()`` (:class:`ProximalClassifier`) anchors its
-      regulariser; the recorder begins the experience (a per-step recorder also checks the optimizer).
-    * ``before_training_epoch``: the strategy's loader (its own, ``Replay``'s, ...) is wrapped to take the
-      ids off each batch.
-    * ``before_training_iteration``: the batch's inputs, labels and ids are kept (DER then prepends
-      replayed rows to ``mbatch``: they are not the experience's samples).
-    * ``before_update`` (``w_t``, before the optimizer step): a solved head's gradients are dropped (see below);
-      a per-step recorder (:class:`TrajectoryRecorder`, anything with ``before_step``) runs its recursion.
-    * ``after_training_iteration``: other recorders record the experience's samples of the batch (first
-      epoch only unless they record every epoch); replayed rows are not recorded again, and a batch
-      holding a forgotten sample of the experience is refused.
-    * ``after_training_exp``: the recorder commits the experience; ``end_task()`` of the module;
-      a recorder with ``anchor_on`` (:class:`StreamingRecorder`) takes its anchor pass over the
-      experience; the requests ``requests[k]`` run (forget data: the experiences seen so far),
-      each result's :func:`lightning_unlearn.reporting.result_metrics` is published to the
-      Avalanche strategy's ``EvaluationPlugin`` (at ``x = clock.train_iterations``; its loggers receive them
-      in the same hook), and forgotten samples leave the replay buffers (a ``DER`` buffer with their
-      stored logits; :mod:`lightning_unlearn.avalanche.replay`).
-    * ``after_training``: the replay buffers again (a ``ReplayPlugin`` listed after this one fills its
-      buffer in its own ``after_training_exp``); the model's hooks of ``before_training`` are removed.
-
-    List it before other plugins that read mini-batches in ``before_training_iteration`` (it keeps the
-    batch there before the strategy changes it). DER's stored logits of retained samples were computed by
-    the model of their experience, which had learned samples forgotten since: they are kept as DER stored
-    them. Memories other than ``ExemplarsBuffer`` storage policies (GEM's, A-GEM's) are not purged.
-
-    The Avalanche strategy's criterion and optimizer must be the loss the recorder assumes (see
-    :mod:`lightning_unlearn.contract`: e.g. for :class:`ProximalClassifier` and the [CCL] recorders,
-    ``lambda out, y: cross_entropy(out, y) + model.regularizer.penalty(model)``; for HF, cross-entropy and
-    ``SGD(weight_decay=l2)``).
-
-    A recorder that solves a head on a frozen backbone (:class:`AnalyticRecorder`, :class:`SoftmaxHeadRecorder`;
-    e.g. an :class:`AnalyticHeadModule`, or your own module with a batch-norm ``trunk``) works with the strategy's
-    usual optimizer and criterion:
-
-    * Avalanche puts the whole model in train mode (at each ``train``; EWC's importance pass and DER's logits pass
-      again), which would update the frozen backbone's batch-norm statistics. The modules the recorder requires
-      unchanged (its ``backbone``; without one, every module outside the head) are put in eval mode when training
-      starts, by a forward pre-hook on the model before each of its forward passes while the strategy trains
-      (whoever calls it: GEM's and A-GEM's memory passes too), and after training; they stay in eval mode.
-    * The head is the recorder's closed-form solution: no optimizer step moves it (its gradients are dropped before
-      each step). When no parameter of the model takes a gradient (an :class:`AnalyticHead`), the model's output
-      is handed on, while it trains with gradients enabled, as a leaf that takes one (the same values): the
-      strategy's backward (and EWC's importance pass) reaches no parameter, and its optimizer step changes nothing.
+    (:func:`~lightning_unlearn.avalanche.benchmark_with_sample_ids`); items and mini-batches stay ``(x, y, t)``.
+    After each experience the recorder commits it and the experience's requests run, each result appended to
+    :attr:`results` and published to the strategy's ``EvaluationPlugin``; forgotten samples leave the replay buffers,
+    and a training batch holding one is refused. The strategy's criterion and optimizer must be the loss the
+    recorder assumes (:mod:`lightning_unlearn.contract`); a head the recorder solves on a frozen backbone keeps the
+    strategy's own optimizer (no step moves the head, the backbone stays in eval mode). List it before other
+    plugins that read mini-batches in ``before_training_iteration``.
+    Hooks, replay buffers and solved heads: docs/avalanche.md.
 
     Args:
-        recorder: the recorder (also the ``unlearning`` strategy's recorder).
-        unlearning: executes the requests; it must forget from the model the Avalanche strategy trains.
-        requests: forget requests per experience (by ``current_experience``).
-        anchor_batch_size: batch size of a recorder's anchor pass.
+        recorder: the recorder (also the ``unlearning`` unlearner's recorder).
+        unlearning: the :class:`Unlearner` that executes the requests; it must forget from the model the Avalanche
+            strategy trains. ``None``: record only.
+        requests: forget requests per experience, keyed by ``current_experience`` (forget data: the experiences
+            seen so far).
+        anchor_batch_size: batch size of a recorder's anchor pass (:class:`StreamingRecorder`); default 256.
 
     Raises:
-        ValueError: requests without an unlearner, one with another recorder, or a certified
-            one lacking its constants (here, before any training).
+        ValueError: If there are requests without an unlearner, the unlearner has another recorder, or a certified
+            one lacks its constants (here, before any training); while training, see docs/avalanche.md.
+
+    Example::
+
+        >>> from torch import nn
+        >>> from lightning_unlearn import ForgetRequest
+        >>> from lightning_unlearn.avalanche import UnlearningPlugin
+        >>> from lightning_unlearn.callbacks import StreamingRecorder
+        >>> from lightning_unlearn.unlearners import StreamingUnlearner
+        >>> model, recorder = nn.Linear(4, 2), StreamingRecorder(num_classes=2)
+        >>> requests = {1: [ForgetRequest.of_class(0)]}  # after the second experience
+        >>> plugin = UnlearningPlugin(recorder, StreamingUnlearner(model, recorder), requests)
+        >>> plugin.results  # one UnlearningResult per executed request
+        []
+        >>> UnlearningPlugin(recorder, requests=requests)
+        Traceback (most recent call last):
+        ...
+        ValueError: forget requests need an Unlearner to execute them
     """
 
     def __init__(

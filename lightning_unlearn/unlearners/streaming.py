@@ -25,78 +25,62 @@ _DIRECTIONS = ("model_to_target", "target_to_model")
 
 
 class StreamingUnlearner(ReleasingUnlearner):
-    """SAFE ([SAFE] Algorithm 1): each request is one round ``t``; the model becomes one step from ``w_0``.
+    """SAFE streaming unlearning ([SAFE] Algorithm 1): each forget request is one round ``t``, and the model becomes
+    one normalised step from the anchor ``w_0``: ``w_t = w_0 - gamma g_t/||g_t|| - b_t``.
 
-    Needs only the samples to forget (``data`` of :meth:`forget`) and the
-    :class:`StreamingRecorder`'s statistics, never the retained data. Round ``t``:
-
-    1. ``|D_t| = |D_{t-1}| - |F_t|`` and the retention gradient at ``w_0`` (Eq. (15), kept as a
-       float64 sum: ``G_t = G_{t-1} - sum_{F_t} grad l(w_0)``, ``grad R_t^ret(w_0) = G_t / |D_t|``,
-       algebraically identical; Alg. 1 line 6).
-    2. The class statistics lose ``F_t``'s projections (exact form of Eq. (22)-(23); line 7).
-    3. For the forget buffer ``F_1 .. F_t`` (``forget_scope="all"``, Eq. (25); ``"current"``: only
-       ``F_t``, as Alg. 1 line 8 reads) the pseudo-target ``softmax(logits(x; w_0) + log q_t(x))``
-       (Eq. (24), per-class reading [interp]) and the gradient at ``w_0`` of
-       ``lambda * mean d_KL(f(x; w), target)`` (Eq. (25)-(26); line 8).
-    4. ``g_t = grad R^ret + grad R~^fg`` and ``w_t = w_0 - gamma g_t/||g_t|| - b_t`` (Eq. (27); lines 9-11),
-       with ``b_t ~ N(0, sigma^2 I)`` over the trainable parameters (with the release's ``epsilon``, the
-       release of :class:`~lightning_unlearn.unlearners.release.ReleasingUnlearner` adds ``-b_t``, the same law).
-
-    The release (:class:`~lightning_unlearn.privacy.ReleaseConfig`) is uncertified by default
-    (``ReleaseConfig(epsilon=None, delta=None)``: ``b_t = 0``, or of the fixed std ``sigma_override``; [interp], the
-    paper reports no value): Theorem 2(i)-(ii) bound the expected dynamic regret, not the distance to retraining.
-    With ``epsilon`` and ``delta``, ``b_t`` is calibrated for an (epsilon, delta) certificate (Theorem 2(iii)) by
-    the analytic Gaussian mechanism ([AGM]) with sensitivity ``2W`` ([derived]: the published and the retrained
-    model both lie in the ball ``||w||_2 <= W``, so they are at most ``2W`` apart; the theorem's
-    ``phi_t = W sqrt(2 ln(1.25/delta))/epsilon`` uses ``W`` and the classical formula, valid for epsilon <= 1
-    only), or on the contraction sensitivity (``bound``). The noise is of the order of the whole weight norm,
-    which erases most of what the model knows. Every such release is accounted (:attr:`accountant`, total in the
-    certificate); a release beyond the budget is refused and nothing changes.
-
-    The step always starts at ``w_0`` (not at ``w_{t-1}``); module buffers (BN statistics) are
-    reset to their ``w_0`` values. Gradients are taken in eval mode.
-
-    Per-round quantities in ``result.extra``: ``round``, ``n_forget_round``,
-    ``n_forgotten_total`` (``sum_i |F_i|``), ``n_retained`` (``|D_t|``), ``step_size`` (``gamma``),
-    ``grad_norm_retain``, ``grad_norm_forget``, ``cos_retain_forget``, ``step_norm``
-    (``||w_t - w_0||``), ``retain_risk_w0`` (``R_t^ret(w_0)``, Eq. (14), exact from the recorded
-    sums), ``forget_risk_w0`` and ``forget_risk`` (``R~_t^fg`` at ``w_0`` and ``w_t``, Eq. (25)),
-    ``surrogate_risk`` (``R~_t(w_t)`` of Eq. (28) with the retention term to first order around
-    ``w_0``: ``R_t^ret(w_0) + grad R_t^ret(w_0) . (w_t - w_0) + R~_t^fg(w_t)``; [interp], the paper
-    states no per-round proxy), ``cumulative_surrogate_risk`` (its sum over rounds, the
-    ``Obj_stream`` of Eq. (6) in this proxy), ``theorem1_bound`` (``C sum_i|F_i| / |D_t|^{3/2}``),
-    ``label_shift`` (``n_t(c)/n_0(c) * |D_0|/|D_t|`` per class, Eq. (20)) and
-    ``mean_log_density_ratio`` (mean over ``F_t`` of the Gaussian log-ratio at the sample's own class).
+    Reads the samples to forget (``data`` of :meth:`forget`) and the :class:`StreamingRecorder`'s statistics, never
+    the retained data. The step starts at ``w_0`` every round, with module buffers (BatchNorm) reset to their ``w_0``
+    values; the module's outputs must be class logits. Uncertified by default (Theorem 2 bounds the expected dynamic
+    regret, not the distance to retraining); with ``release=ReleaseConfig(epsilon=, delta=)`` the noise ``b_t`` is
+    calibrated for an (epsilon, delta) certificate on the sensitivity ``2W`` or, [derived], the contraction bound
+    ``D_T + gamma``. Per-round quantities are in ``result.extra``.
+    Derivation, certificate and ``result.extra``: docs/methods/safe.md.
 
     Args:
-        module: the trained module (weights are overwritten with ``w_t``).
+        module: the trained module (its weights are overwritten with ``w_t``).
         recorder: the :class:`StreamingRecorder` that watched the fit.
-        forget_weight: ``lambda`` of Eq. (10)/(25). Default 1000 (Sec. 4.1, MNIST; App. B.2 says 2000).
-        lr_constant: ``K`` of Theorem 2's ``gamma = sqrt(W)/(K sqrt(T))``; default 2.5 (App. B.5, MNIST).
-            ``W`` is ``||w_0||_2`` ([interp]; the paper gives no value).
-        expected_rounds: the horizon ``T`` (20 in the paper); after more rounds ``T = t``.
+        forget_weight: ``lambda`` of Eq. (10)/(25); default 1000 (Sec. 4.1, MNIST).
+        lr_constant: ``K`` of Theorem 2's ``gamma = sqrt(W)/(K sqrt(T))``, ``W = ||w_0||_2``; default 2.5.
+        expected_rounds: the horizon ``T`` (default 20, as in the paper); after more rounds ``T = t``.
         step_size: ``gamma`` directly (overrides ``lr_constant`` and ``expected_rounds``).
-        forget_scope: ``"all"`` (Eq. (25)) or ``"current"`` (Alg. 1 line 8).
-        kl_direction: ``"model_to_target"`` (``KL(f(x;w) || target)``, [interp]) or ``"target_to_model"``.
-        release: the noise, its calibration and accounting (:class:`~lightning_unlearn.privacy.ReleaseConfig`; see
-            above).
-        weight_bound: ``W`` of Theorem 2, an assumed bound on ``||w||_2`` of every model (constants
-            ``"given"``); default ``||w_0||_2`` ([interp]), which no model after a step is bound to
-            respect: constants ``"estimated"``, so the certificate is not certified.
-        constants, trajectory: for the contraction sensitivity [derived] (``docs/certificates.md``): the
-            model's Assumption 1 constants (e.g. :func:`~lightning_unlearn.functional.bounds.module_constants`
-            of a linear model) and the :class:`TrajectoryRecorder` that watched the same SGD fits (its step
-            sizes, batch sizes and the forgotten samples' batches). The served model ``w_0 - gamma g/||g||`` is
-            then within ``D_T + gamma`` of the SGD recipe retrained without every sample forgotten so far
-            (same batches, [HF] Eq. (5)), ``D_T`` the trajectory's divergence bound
-            (:func:`~lightning_unlearn.functional.bounds.sgd_bound`); a certified release is refused when the
-            step sizes break ``lr <= 2/(M + lambda)`` or the observed gradients exceed ``G``.
-        bound: ``"auto"`` (default: the contraction sensitivity when ``constants`` and ``trajectory`` are
-            given, else Theorem 2(iii)'s ``2W``), ``"contraction"`` or ``"paper"`` (``2W``).
+        forget_scope: ``"all"`` (default: ``F_1..F_t``, Eq. (25); ``data`` must hold the earlier rounds' samples
+            too) or ``"current"`` (``F_t``, Alg. 1 line 8).
+        kl_direction: ``"model_to_target"`` (default, ``KL(f(x;w) || target)``, [interp]) or ``"target_to_model"``.
+        release: noise, calibration and accounting (:class:`~lightning_unlearn.privacy.ReleaseConfig`); default
+            ``ReleaseConfig(epsilon=None, delta=None)``: no noise (or the fixed ``sigma_override``), uncertified.
+        weight_bound: ``W``, an assumed bound on every model's ``||w||_2`` (constants ``"given"``); default
+            ``||w_0||_2``, estimated, so the certificate is not certified.
+        ledger: where executed requests are recorded (default: a new in-memory :class:`Ledger`).
+        constants: the model's Assumption 1 constants (e.g.
+            :func:`~lightning_unlearn.functional.bounds.module_constants`), for the contraction sensitivity.
+        trajectory: the :class:`TrajectoryRecorder` that watched the same SGD fits, for the contraction sensitivity.
+        bound: ``"auto"`` (default: ``"contraction"`` when ``constants`` and ``trajectory`` are given, else
+            ``"paper"``), ``"contraction"`` (``D_T + gamma``) or ``"paper"`` (Theorem 2(iii)'s ``2W``).
 
     Raises:
-        TypeError: the recorder is not a :class:`StreamingRecorder`.
-        ValueError: a bad option, named.
+        TypeError: If ``recorder`` is not a :class:`StreamingRecorder` or ``release`` not a ``ReleaseConfig``.
+        ValueError: If ``forget_weight < 0``, ``lr_constant <= 0``, ``expected_rounds < 1``, ``step_size <= 0``,
+            ``weight_bound <= 0``, ``bound``, ``forget_scope`` or ``kl_direction`` is unknown, or
+            ``bound="contraction"`` lacks ``constants`` or ``trajectory``.
+
+    Example::
+
+        >>> import lightning as L
+        >>> import torch
+        >>> from torch import nn
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> from lightning_unlearn import ForgetRequest, IndexedDataset
+        >>> from lightning_unlearn.callbacks import StreamingRecorder
+        >>> from lightning_unlearn.models import SupervisedClassifier
+        >>> _ = torch.manual_seed(0)
+        >>> data = IndexedDataset(TensorDataset(torch.randn(32, 4), torch.arange(32) % 2))
+        >>> model = SupervisedClassifier(nn.Linear(4, 2), lr=0.1)
+        >>> recorder = StreamingRecorder(num_classes=2, proj_dim=2)
+        >>> L.Trainer(max_epochs=1, callbacks=[recorder], logger=False, enable_checkpointing=False,
+        ...           enable_progress_bar=False, enable_model_summary=False).fit(model, DataLoader(data, batch_size=8))
+        >>> result = StreamingUnlearner(model, recorder).forget(ForgetRequest.samples([0, 1]), data)
+        >>> result.extra["round"], result.extra["n_retained"], result.certificate.certified
+        (1, 30, False)
     """
 
     method = "safe"
