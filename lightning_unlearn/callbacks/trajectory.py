@@ -96,7 +96,7 @@ class TrajectoryRecorder(RecorderCallback):
     records_every_epoch = True
     records_parameters = True
     checks_loss_on_first_batch = True
-    gathers_inputs = False  # under DDP: ids, labels and fingerprints only; vectors sharded (class docstring)
+    gathers_inputs = False  # under DDP: ids, labels and fingerprints only; vectors sharded (docs/methods/hf.md)
 
     def __init__(
         self,
@@ -394,7 +394,7 @@ class TrajectoryRecorder(RecorderCallback):
         self.batch_sizes.append(len(ids))
 
     def _step_sharded(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, all_ids: Tensor, lr: float) -> None:
-        """One DDP recursion step on this rank's local batch (the scheme of the class docstring): rows of new
+        """One DDP recursion step on this rank's local batch (the scheme of docs/methods/hf.md): rows of new
         samples allocated on their owners, then for each owner's blocks of live vectors a broadcast from the
         owner, this rank's bracket, and a sum reduction back to the owner. ``all_ids`` are every rank's ids of
         the step, rank-major (the ranks' batches have one size)."""
