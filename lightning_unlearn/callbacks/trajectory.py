@@ -35,124 +35,68 @@ _STATE_KEYS = (
 
 
 class TrajectoryRecorder(RecorderCallback):
-    """Keeps, for every tracked training sample ``u``, HF's approximator ``a^{-u}`` (Eq. (10)-(11)).
+    """Keeps, for every tracked training sample ``u``, [HF]'s approximator ``a^{-u}`` (Eq. (10)-(11)), so that
+    ``w + a^{-u}`` approximates the model retrained without ``u`` (same initialisation and batch order).
 
-    Before every SGD step ``t`` (``on_train_batch_start``, at ``w_t``) it applies the canonical
-    forward recursion (Eq. (10)) to all stored vectors, ``row_block`` rows at a time
-    (:func:`~lightning_unlearn.functional.hf.propagate`)::
+    Before every SGD step, at ``w_t``, it updates every live vector with the step's actual learning rate, batch
+    and mean batch Hessian ``H_t`` (about one Hessian-vector product per tracked sample per step)::
 
         a_u <- (I - eta_t H_t) a_u + 1[u in B_t] (eta_t / |B_t|) grad l(w_t; u)
 
-    with ``H_t`` the mean Hessian of the step's batch objective, the actual learning rate and batch
-    size. Cost per step: per ``chunk_size`` vectors, one ``vmap``-ed forward-over-reverse product through the
-    batch (:class:`~lightning_unlearn.functional.hf.StepObjective`: the batch's forward and backward once, every
-    vector's tangent batched through them), i.e. about one Hessian-vector product per tracked sample (one
-    dense Hessian instead when ``d`` is small), plus one gradient per tracked occurrence in the batch. After
-    fit, ``w + a_u`` approximates the model retrained without ``u`` with the same initialisation and batch
-    order (Eqs. (4)-(5), (11)).
-
-    The per-sample loss is ``l = loss_fn(module(x), y) + (l2/2)||theta||^2`` with ``l2`` the SGD
-    ``weight_decay`` (:mod:`lightning_unlearn.contract`): any LightningModule whose ``training_step``
-    returns ``mean loss_fn`` works; this is checked on the first batch of every fit (a label-smoothed
-    loss with the plain cross-entropy ``loss_fn`` is refused, naming both values).
-
-    Continual learning (design decision): the recursion runs over the concatenated SGD
-    trajectory of all experiences of that objective (no previous-task penalty), never reset:
-    earlier samples' vectors keep contracting during later experiences, new samples start at 0
-    ([derived]). Statistics of deleted samples are zeroed and no longer propagated.
-
-    Memory: ``n_tracked * d * bytes(dtype)`` for the vectors (``d`` = trainable parameters;
-    e.g. 10k samples x 1e5 parameters = 4 GB in float32, 2 GB in float16) plus the step log
-    (``O(#steps * |B|)`` integers). ``store="mmap"`` keeps the vectors in a memory-mapped file of
-    ``capacity`` rows (:class:`~lightning_unlearn.store.RowStore`: created new, never over an existing
-    file or a symlink, locked while the recorder uses it, deleted rows overwritten with zeros); its
-    checkpoints reference the file and a BLAKE3 digest of its rows instead of copying them, so they
-    restore only with the file as it was when they were saved (:meth:`close` releases the file);
-    ``track`` restricts the vectors to a forgettable subset (user-level deletion, [HF] App. B.1).
-
-    Float16 storage halves the memory; each step accumulates in the parameters' dtype (float32) and
-    rounds the stored rows once, a relative error of at most ``u = 2^-11`` per entry (``2^-25`` absolute
-    below float16's normal range). While the steps contract (``rho <= 1``, Lemma 3) these errors do not
-    grow, so after ``T`` steps a row is off by at most ``u * sum_t ||a_t|| <= T u max_t ||a_t||``
-    ([derived]; e.g. 0.05% per step, 5% after 100 steps in the worst case, far less when rounding errors
-    cancel). A row that leaves float16's range (65504) is an error naming its sample.
-
-    DDP (sharded rows): every rank keeps the same bookkeeping (ids, rows, occurrences, step sizes,
-    estimates of M and G; only sample ids are gathered per step, never inputs), but each vector lives on
-    one rank only, its *owner*: the rank whose batch held the sample when it was first seen (the first in
-    rank order if ``DistributedSampler`` padding put it on several), so each rank stores about
-    ``n_tracked / world_size`` vectors. A DDP step follows ``(1/W) sum_r mean_{B_r} l``, the mean over the
-    ``W`` ranks of each rank's local batch mean, so Eq. (10) reads
-
-        a_u <- a_u + sum_r [ -(eta_t/W) a_u H_{B_r} + 1[u in B_r] (eta_t / (W |B_r|)) grad l(w_t; u) ]
-
-    and the bracket of rank ``r`` needs only rank ``r``'s batch. Per step, for each owner and each block
-    of at most ``row_block`` of its live vectors: the owner broadcasts the block, every rank computes its
-    bracket for it (batched HVPs on its local batch, plus its local per-sample gradient terms), and a sum
-    reduction to the owner returns the total, which the owner adds to its rows. Communication per step:
-    each live vector is sent once to every other rank and its ``W - 1`` brackets are sent back, i.e.
-    ``2 n_live d (W - 1) / W`` floats received and sent per rank on average (the row traffic of a
-    reduce-scatter), plus the gathered ids and one all-reduce of ``d`` floats per power-iteration step.
-    Peak memory per rank: its own vectors plus two blocks of ``row_block x d``. The HVP work per rank is
-    ``n_live`` products on a local batch of ``|B| / W`` samples.
-
-    A request is executed collectively (every rank calls ``forget`` with the same ids):
-    :meth:`row_sum` adds each rank's owned vectors of the request and an all-reduce gives every rank the
-    same ``a^{-U}``; :class:`~lightning_unlearn.unlearners.hf.HFUnlearner` then publishes rank 0's noise on
-    every rank (:meth:`broadcast_from_rank0`), so all ranks hold the same model. Checkpoints: Lightning saves
-    rank 0's callback state only. With ``store="mmap"`` each rank maps its own file, ``path`` suffixed
-    ``.rank<r>``, and :meth:`state_dict` (a collective under DDP: Lightning calls it on every rank when it
-    saves) gathers every rank's file reference and BLAKE3 digest into the state, so a DDP run of the same
-    world size restores it, each rank reopening its own file under its digest. With ``store="memory"`` the
-    other ranks' vectors cannot be in the checkpoint: :meth:`load_state_dict` refuses such a state, naming
-    ``store="mmap"``.
-
-    Requirements (checked at fit start, ``ValueError`` otherwise): plain SGD (``weight_decay`` is the
-    ridge; no momentum / Nesterov), no gradient accumulation or clipping, no
-    :class:`ProximalRegularizer`, no Dropout in training mode (a random step objective), a training loss
-    equal to ``mean loss_fn``.
-
-    BatchNorm in training mode: ``H_t`` is the Hessian of the step's actual batch loss (batch
-    statistics), and the injection of ``u`` is the gradient the step loses without ``u``,
-    ``grad S_B - grad S_{B without u}`` with ``S`` the batch sum (one extra forward/backward of the batch
-    per tracked occurrence; equal to ``grad l(w_t; u)`` without BatchNorm) [derived]. These passes do not
-    update the running buffers. The running buffers themselves are computed from every sample,
-    forgotten ones included, and are not part of HF's update (a warning says so at fit start). Outside Lightning,
-    call :meth:`check_optimizer` (it reads ``l2``), :meth:`begin_experience`, then :meth:`before_step`
-    at ``w_t`` before every optimizer step,
-    then :meth:`end_experience` (``UnlearningPlugin`` does it from Avalanche's ``before_update``
-    hook). A checkpoint saved mid-fit (``ModelCheckpoint`` at an epoch or step end) holds the
-    trajectory up to that step, consistent with the weights it saves, and registers the
-    samples seen so far; resuming from it (``ckpt_path``) continues the recursion (mid-epoch only
-    with a training loader that resumes mid-epoch, see :class:`RecorderCallback`). An exception
-    during fit invalidates the statistics.
+    over the whole trajectory of all experiences, never reset; deleted samples' vectors are zeroed. It needs plain
+    SGD (``weight_decay`` is the ridge ``l2``), a training loss equal to ``mean loss_fn``, no Dropout in training
+    mode; BatchNorm running buffers are not forgotten (a warning). Memory: ``n_tracked * d * bytes(dtype)``.
+    Outside Lightning: :meth:`check_optimizer`, :meth:`begin_experience`, :meth:`before_step` before every
+    optimizer step, :meth:`end_experience`. Derivation, cost, float16 error, DDP sharding, checkpoints:
+    docs/methods/hf.md.
 
     Args:
         dtype: storage dtype of the vectors (float32 or float16; float64 for verification).
-        store: ``"memory"`` or ``"mmap"``.
-        path: file of the memory map (``store="mmap"``).
+        store: ``"memory"`` or ``"mmap"`` (a new memory-mapped file; checkpoints reference it by its digest).
+        path: file of the memory map (``store="mmap"``; under DDP suffixed ``.rank<r>``).
         capacity: rows to allocate for ``store="mmap"``.
         track: sample ids to keep vectors for (``None``: all).
-        hessian: ``"hvp"``, ``"dense"`` or ``"auto"`` (dense when ``d <= 2048`` and there are
-            more vectors than parameters).
-        chunk_size: vectors per batched HVP call and per-sample gradients per ``vmap`` chunk (peak memory
-            about ``chunk_size`` times the step's activations); ``None``: as many as fit in ``hf.HVP_MEMORY``
-            bytes (:func:`~lightning_unlearn.functional.hf.hvp_chunk`, measured on the first step of each fit).
-            Each call pays the step's forward and backward once.
-        power_iters: power-iteration steps per SGD step to estimate ``M = ||H_t||``, warm-started from the
-            previous step's estimate (a power iteration continued along the trajectory); the first one rides in
-            the recursion's batched HVP call, each further one costs a separate call (about the price of all K HVPs
-            on a small CNN).
+        hessian: ``"hvp"``, ``"dense"`` or ``"auto"`` (dense when ``d <= 2048`` and there are more vectors than
+            parameters).
+        chunk_size: vectors per batched HVP call and per-sample gradients per ``vmap`` chunk; ``None``: as many
+            as fit in ``hf.HVP_MEMORY`` bytes, measured on the first step of each fit.
+        power_iters: power-iteration steps per SGD step estimating ``M = ||H_t||`` (warm-started).
         row_block: vectors processed at a time (peak memory ``row_block * d`` besides the store).
         loss_fn: ``loss_fn(outputs, targets) -> (n,)`` per-sample loss (default: cross-entropy).
-        offload: keep the vectors of an in-memory store on the CPU instead of the module's device
-            (each row block then visits the device for its step).
+        offload: keep the vectors of an in-memory store on the CPU instead of the module's device.
+
+    Raises:
+        ValueError: at construction, an unknown ``dtype``, ``store`` or ``hessian``, or ``store="mmap"`` without
+            ``path`` and ``capacity``; at fit start, an optimizer other than plain SGD, gradient accumulation or
+            clipping, a ``ProximalRegularizer``, Dropout in training mode, or a loss other than ``mean loss_fn``
+            (first batch); during fit, a vector leaving ``dtype``'s range (naming its sample); on load, a DDP
+            state saved with ``store="memory"``.
+
+    Example::
+
+        >>> import lightning as L
+        >>> import torch
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> from lightning_unlearn import IndexedDataset, SupervisedClassifier, TrajectoryRecorder
+        >>> _ = torch.manual_seed(0)
+        >>> data = IndexedDataset(TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,))))
+        >>> model = SupervisedClassifier(torch.nn.Linear(4, 2), lr=0.1, l2=0.5)  # plain SGD, weight_decay=l2
+        >>> recorder = TrajectoryRecorder(track=range(8))  # vectors for samples 0-7 only
+        >>> trainer = L.Trainer(max_epochs=1, callbacks=[recorder], logger=False, enable_checkpointing=False,
+        ...                     enable_progress_bar=False, enable_model_summary=False)
+        >>> trainer.fit(model, DataLoader(data, batch_size=8))
+        >>> recorder.n_steps, recorder.n_rows, recorder.A.shape[1], recorder.l2  # 4 steps, 8 vectors of d = 10
+        (4, 8, 10, 0.5)
+        >>> TrajectoryRecorder(store="mmap")
+        Traceback (most recent call last):
+        ...
+        ValueError: store='mmap' needs a file path and a capacity (maximum number of tracked samples)
     """
 
     records_every_epoch = True
     records_parameters = True
     checks_loss_on_first_batch = True
-    gathers_inputs = False  # under DDP: ids, labels and fingerprints only; vectors sharded (class docstring)
+    gathers_inputs = False  # under DDP: ids, labels and fingerprints only; vectors sharded (docs/methods/hf.md)
 
     def __init__(
         self,
@@ -450,7 +394,7 @@ class TrajectoryRecorder(RecorderCallback):
         self.batch_sizes.append(len(ids))
 
     def _step_sharded(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, all_ids: Tensor, lr: float) -> None:
-        """One DDP recursion step on this rank's local batch (the scheme of the class docstring): rows of new
+        """One DDP recursion step on this rank's local batch (the scheme of docs/methods/hf.md): rows of new
         samples allocated on their owners, then for each owner's blocks of live vectors a broadcast from the
         owner, this rank's bracket, and a sum reduction back to the owner. ``all_ids`` are every rank's ids of
         the step, rank-major (the ranks' batches have one size)."""

@@ -115,63 +115,66 @@ class DeletionBound:
 
 
 class HFUnlearner(ReleasingUnlearner):
-    """Forget samples by vector addition ``w_bar = w + sum_{u in U} a^{-u}`` (Alg. 1 line 13, Theorem 1), then noise.
+    """Forget samples by vector addition ``w_bar = w + sum_{u in U} a^{-u}`` ([HF] Alg. 1 line 13, Theorem 1),
+    then publish ``w_bar + N(0, sigma^2 I)``: (epsilon, delta)-certified, reading no data.
 
-    Works per request in a stream (online: each request adds its vectors to the noise-free
-    internal model) and in batches (one request with many ids); by Theorem 1 both give the same
-    internal model. Reads no data. Each release publishes ``internal + N(0, sigma^2 I)`` with
-    fresh noise from the OS entropy source (``seed`` for experiments only: the certificate is then
-    marked seeded, not private), calibrated by the analytic Gaussian mechanism ([AGM]) on ``gamma``, a
-    bound on ``||w_retrain - (w + a^{-U})||`` for ALL samples ``U`` deleted so far:
-
-    * ``bound="contraction"`` (default) [derived]: ``gamma = min(D_T + A_T, E_T)`` of
-      :func:`~lightning_unlearn.functional.bounds.sgd_bound`: the per-step contraction ``1 - eta_t lambda``
-      of the gradient step with the removed samples' gradient mismatch, and the second-order error
-      recursion (``docs/certificates.md``); it does not grow with the number of steps. The retrain it
-      compares with is [HF]'s (Eqs. (4)-(5)): the same initialisation and batches with the forgotten
-      samples left out, each step's sum still divided by the original ``|B_t|``.
-    * ``bound="paper"``: ``gamma = sum over the deleted samples of the per-sample bound`` (sum form of
-      Eq. (56), :func:`hf.per_sample_bound`), to reproduce the paper's table.
-
-    Every release is recorded in :attr:`accountant`; the certificate
-    reports the total (epsilon, delta) of all releases so far, and the release's ``budget`` refuses a release
-    that would exceed it (nothing changes).
-
-    Constants (Assumption 1): ``constants`` (e.g. :func:`~lightning_unlearn.functional.bounds.module_constants`,
-    proved bounds for a linear model), or ``smoothness`` M and ``grad_bound`` G asserted by the
-    caller (``"given"``), else the recorder's observed maxima (``"estimated"``: the certificate is
-    then not certified). lambda is ``strong_convexity`` (default: the recorder's ``l2``).
-
-    Recipe guard: a certified release requires every recorded step size (what the Trainer's
-    optimizer and scheduler actually used) to satisfy ``eta <= 2/(M + lambda)`` with ``lambda > 0``
-    (:func:`~lightning_unlearn.functional.bounds.contraction_condition`); otherwise ``forget`` raises
-    ``ValueError`` naming lr, M, lambda and the step size that would satisfy it: the recipe is never
-    changed here. Uncertified releases (``noise=False`` or ``sigma_override`` in the release) warn and their
-    certificate says which condition failed. The certificate's ``assumptions`` list everything the bound rests on
-    (constants and their origin, the step-size check, the observed gradients against ``G``, the retrain
-    compared with).
-
-    The noise-free internal model is :meth:`clean_parameters`; if the recorder has taken SGD
-    steps since the last request (a new experience was learned), the module's current weights
-    become the internal model (the published, noised state then continues).
-
-    Deletion capacity: Eq. (21) with its O-constant set to 1 (:func:`hf.deletion_capacity`, checked with
-    ``bound="paper"``: it is that bound's), or ``max_deletions`` (checked with either bound). Exceeding it
-    warns (``capacity="warn"``) or raises ``ValueError`` and changes nothing (``capacity="error"``). The
-    paper's Taylor-remainder step (Eq. (53)) is its own argument.
+    Online requests and one batched request give the same noise-free internal model (:meth:`clean_parameters`;
+    after a new experience is learned, the module's current weights). ``sigma`` is calibrated by the analytic
+    Gaussian mechanism ([AGM]) on ``gamma``, a bound on ``||w_retrain - (w + a^{-U})||`` for ALL samples deleted so
+    far, ``w_retrain`` [HF]'s retrain (Eqs. (4)-(5): same initialisation and batches, the forgotten samples left
+    out); noise from the OS entropy source; the certificate reports the total (epsilon, delta) of all releases.
+    A certified release needs proved constants and every recorded step size ``eta <= 2/(M + lambda)``,
+    ``lambda > 0`` (uncertified releases warn instead); the certificate's ``assumptions`` list everything the bound
+    rests on. Derivation: docs/methods/hf.md and docs/certificates.md.
 
     Args:
         module: the trained module (its weights are replaced by the published model).
         recorder: the :class:`TrajectoryRecorder` that watched the fit.
-        ledger: where executed requests are recorded.
-        constants, strong_convexity, smoothness, grad_bound: Assumption 1's constants (see above).
-        capacity, max_deletions: the deletion capacity check (see above).
-        bound: ``"contraction"`` or ``"paper"`` (see above).
-        release: the noise, its calibration and accounting (:class:`~lightning_unlearn.privacy.ReleaseConfig`).
+        ledger: where executed requests are recorded (``None``: an in-memory
+            :class:`~lightning_unlearn.core.ledger.Ledger`).
+        constants: Assumption 1's constants, e.g.
+            :func:`~lightning_unlearn.functional.bounds.module_constants` (proved for a linear model).
+        strong_convexity, smoothness, grad_bound: lambda (default: the recorder's ``l2``), M and G instead of
+            ``constants``; M and G asserted (``"given"``), else the recorder's observed maxima (``"estimated"``: not
+            certified).
+        capacity: past the deletion capacity, ``"warn"`` (default) or ``"error"`` (``ValueError``, nothing changes).
+        max_deletions: the deletion capacity (checked with either bound); ``None``: [HF] Eq. (21) with its
+            O-constant 1, checked with ``bound="paper"`` only.
+        bound: ``"contraction"`` (default, [derived]: ``min(D_T + A_T, E_T)`` of
+            :func:`~lightning_unlearn.functional.bounds.sgd_bound`, not growing with the steps) or ``"paper"``
+            (the sum form of [HF] Eq. (56), to reproduce the paper's tables).
+        release: the noise, its calibration, seed and budget (:class:`~lightning_unlearn.privacy.ReleaseConfig`; a
+            release past the budget is refused, nothing changes).
 
     Raises:
         ValueError: ``capacity`` not ``"warn"``/``"error"``, an unknown ``bound``, or both ``constants`` and
-            individual constants given.
+            individual constants given. At ``forget``: :class:`~lightning_unlearn.core.refusal.ReleaseRefused` (a
+            ``ValueError``; nothing changes) for a certified release whose step sizes break the condition (naming
+            lr, M, lambda and a step size that satisfies it) or whose observed gradients exceed G; ``ValueError``
+            for ``constants`` of another lambda than the recorded ``l2``, or past the capacity with ``"error"``.
+
+    Example::
+
+        >>> import lightning as L
+        >>> import torch
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> from lightning_unlearn import (ForgetRequest, HFUnlearner, IndexedDataset, ReleaseConfig,
+        ...                                SupervisedClassifier, TrajectoryRecorder)
+        >>> from lightning_unlearn.functional.bounds import module_constants
+        >>> _ = torch.manual_seed(0)
+        >>> x, y = torch.randn(32, 4), torch.randint(0, 2, (32,))
+        >>> model = SupervisedClassifier(torch.nn.Linear(4, 2), lr=0.1, l2=0.5)
+        >>> constants = module_constants(model, [x])  # proved M, G, lambda; before training
+        >>> recorder = TrajectoryRecorder()
+        >>> L.Trainer(max_epochs=1, callbacks=[recorder], logger=False, enable_checkpointing=False,
+        ...           enable_progress_bar=False, enable_model_summary=False,
+        ...           ).fit(model, DataLoader(IndexedDataset(TensorDataset(x, y)), batch_size=8))
+        >>> unlearn = HFUnlearner(model, recorder, constants=constants, release=ReleaseConfig(epsilon=1.0))
+        >>> certificate = unlearn.forget(ForgetRequest.samples([0, 1])).certificate
+        >>> certificate.epsilon, certificate.constants, certificate.recipe  # proved constants, step sizes checked
+        (1.0, 'bounded', 'checked')
+        >>> certificate.bounds["sensitivity"] <= certificate.bounds["paper_sensitivity"]
+        True
     """
 
     method = "hf"
