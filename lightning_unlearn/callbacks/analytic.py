@@ -60,6 +60,23 @@ class AnalyticRecorder(FrozenFeatureRecorder):
 
     Raises:
         ValueError: ``ridge`` is not positive.
+
+    Example::
+
+        >>> import lightning as L
+        >>> import torch
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> from lightning_unlearn import AnalyticClassifier, AnalyticRecorder, IndexedDataset
+        >>> data = IndexedDataset(TensorDataset(torch.randn(32, 4), torch.randint(0, 3, (32,))))  # items (x, y, id)
+        >>> model = AnalyticClassifier(torch.nn.Linear(4, 8), backbone_dim=8, num_classes=3)  # features: d_F = 8
+        >>> recorder = AnalyticRecorder(ridge=1.0)
+        >>> trainer = L.Trainer(max_epochs=1, callbacks=[recorder], logger=False, enable_checkpointing=False,
+        ...                     enable_progress_bar=False, enable_model_summary=False)
+        >>> trainer.fit(model, DataLoader(data, batch_size=8))
+        >>> tuple(recorder.R.shape), tuple(recorder.Q.shape), recorder.R.dtype  # sum f^T f, sum f^T y
+        ((8, 8), (8, 3), torch.float64)
+        >>> torch.equal(model.head.weight.T, recorder.W)  # the ridge solution W, written into the head
+        True
     """
 
     gathers_inputs = False

@@ -27,6 +27,25 @@ class ACUUnlearner(Unlearner):
     updated in place at commit, see :meth:`AnalyticRecorder.apply_forget`); once ``k`` is a sizeable
     fraction of ``d_F`` re-solving eq. (8) from ``R - F^T F`` is cheaper and is used instead
     (:func:`~lightning_unlearn.functional.acu.woodbury_is_cheaper`). Both are exact.
+
+    Args:
+        module, recorder, ledger: see :class:`~lightning_unlearn.unlearners.base.Unlearner`.
+
+    Example::
+
+        >>> import lightning as L
+        >>> import torch
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> from lightning_unlearn import (ACUUnlearner, AnalyticClassifier, AnalyticRecorder, ForgetRequest,
+        ...                                IndexedDataset)
+        >>> data = IndexedDataset(TensorDataset(torch.randn(32, 4), torch.randint(0, 3, (32,))))
+        >>> model, recorder = AnalyticClassifier(torch.nn.Linear(4, 8), 8, num_classes=3), AnalyticRecorder(ridge=1.0)
+        >>> L.Trainer(max_epochs=1, callbacks=[recorder], logger=False, enable_checkpointing=False,
+        ...           enable_progress_bar=False, enable_model_summary=False).fit(model, DataLoader(data, batch_size=8))
+        >>> unlearn = ACUUnlearner(model, recorder)  # an in-memory Ledger(); Ledger("ledger.jsonl") keeps a file
+        >>> result = unlearn.forget(ForgetRequest.samples([3, 7]), data=data)  # reads only samples 3 and 7
+        >>> result.certificate.exact, result.removed_ids.tolist()  # W: the ridge solution on the 30 retained
+        (True, [3, 7])
     """
 
     method = "acu"
