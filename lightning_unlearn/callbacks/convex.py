@@ -53,6 +53,23 @@ class SoftmaxHeadRecorder(FrozenFeatureRecorder):
 
     Raises:
         ValueError: ``l2``, ``radius`` or ``loss_perturbation`` not positive.
+
+    Example::
+
+        >>> import lightning as L
+        >>> import torch
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> from lightning_unlearn import AnalyticClassifier, IndexedDataset, SoftmaxHeadRecorder
+        >>> data = IndexedDataset(TensorDataset(torch.randn(32, 4), torch.randint(0, 3, (32,))))  # items (x, y, id)
+        >>> model = AnalyticClassifier(torch.nn.Linear(4, 8), backbone_dim=8, num_classes=3)  # frozen, features d = 8
+        >>> recorder = SoftmaxHeadRecorder(l2=0.1)
+        >>> trainer = L.Trainer(max_epochs=1, callbacks=[recorder], logger=False, enable_checkpointing=False,
+        ...                     enable_progress_bar=False, enable_model_summary=False)
+        >>> trainer.fit(model, DataLoader(data, batch_size=8))
+        >>> tuple(recorder.feature_rows.shape), recorder.row_ids[:4].tolist()  # one float64 row per sample
+        ((32, 8), [0, 1, 2, 3])
+        >>> recorder.solution["gradient_norm"] <= recorder.tolerance  # the head W is within radius of the optimum
+        True
     """
 
     gathers_inputs = False
