@@ -61,6 +61,24 @@ class ResolveUnlearner(ReleasingUnlearner):
     Args:
         module, recorder, ledger: see :class:`~lightning_unlearn.unlearners.base.Unlearner`.
         release: the noise, its calibration and accounting (:class:`~lightning_unlearn.privacy.ReleaseConfig`).
+
+    Example::
+
+        >>> import lightning as L
+        >>> import torch
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> from lightning_unlearn import (AnalyticClassifier, ForgetRequest, IndexedDataset, ResolveUnlearner,
+        ...                                SoftmaxHeadRecorder)
+        >>> data = IndexedDataset(TensorDataset(torch.randn(32, 4), torch.randint(0, 3, (32,))))
+        >>> model, recorder = AnalyticClassifier(torch.nn.Linear(4, 8), 8, num_classes=3), SoftmaxHeadRecorder(l2=0.1)
+        >>> L.Trainer(max_epochs=1, callbacks=[recorder], logger=False, enable_checkpointing=False,
+        ...           enable_progress_bar=False, enable_model_summary=False).fit(model, DataLoader(data, batch_size=8))
+        >>> unlearn = ResolveUnlearner(model, recorder)  # default release: (1, 1e-5), noise from OS entropy
+        >>> result = unlearn.forget(ForgetRequest.samples([3, 7]))  # reads the recorder's rows, no data
+        >>> result.certificate.exact, result.certificate.certified, len(recorder.feature_rows)
+        (False, True, 30)
+        >>> print(result.certificate)
+        resolve: (1, 1e-05) certified, sigma=0.000746, total epsilon 1 after 1 releases
     """
 
     method = "resolve"
