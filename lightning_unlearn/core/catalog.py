@@ -44,7 +44,23 @@ def fingerprints(x: Tensor) -> Tensor:
 
 
 class SampleCatalog:
-    """Ids, labels and experience of every learned sample, plus a forgotten mask."""
+    """Ids, labels and experience of every learned sample, plus a forgotten mask.
+
+    Example::
+
+        >>> import torch
+        >>> from lightning_unlearn import ForgetRequest, SampleCatalog
+        >>> catalog = SampleCatalog()
+        >>> catalog.add(torch.tensor([10, 11, 12, 13]), torch.tensor([0, 1, 0, 1]), experience=0)
+        >>> ids = catalog.resolve(ForgetRequest.of_class(1))
+        >>> catalog.mark_forgotten(ids)
+        >>> ids.tolist(), len(catalog), catalog.active_ids().tolist()
+        ([11, 13], 4, [10, 12])
+        >>> catalog.resolve(ForgetRequest.samples([11]))
+        Traceback (most recent call last):
+        ...
+        ValueError: sample ids already forgotten: [11]
+    """
 
     def __init__(self) -> None:
         self.ids = torch.empty(0, dtype=torch.long)

@@ -37,6 +37,26 @@ class Certificate:
     * ``assumptions``: what the bound's proof rests on, one line each, saying whether it was checked
       (and against what), asserted by the caller, or estimated from the data (empty in entries written
       before the field existed).
+
+    Raises:
+        ValueError: an exact certificate with an epsilon or noise; an epsilon not positive and finite, a delta
+            outside (0, 1) or a sigma below 0; an unknown ``constants`` or ``recipe``.
+
+    Example::
+
+        >>> from lightning_unlearn import Certificate
+        >>> exact = Certificate("retrain", exact=True, statement="retrained on the retained data")
+        >>> exact.certified, exact.exact
+        (True, True)
+        >>> print(exact)
+        retrain: exact (retrained on the retained data)
+        >>> noised = Certificate("hf", exact=False, epsilon=1.0, delta=1e-5, sigma=0.25, constants="bounded")
+        >>> noised.certified, noised.exact, noised.guarantee
+        (True, False, '(1,1e-05)')
+        >>> print(noised)
+        hf: (1, 1e-05) certified, sigma=0.25
+        >>> print(Certificate("hf", exact=False, epsilon=1.0, delta=1e-5, sigma=0.25, constants="estimated"))
+        hf: (1, 1e-05) NOT certified (estimated constants), sigma=0.25
     """
 
     method: str

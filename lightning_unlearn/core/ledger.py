@@ -343,6 +343,23 @@ class Ledger:
     Raises:
         LedgerError: the file's chain is broken, keyed without the key (or unkeyed with it), or its last
             line is torn (and ``recover`` is off).
+
+    Example::
+
+        >>> import tempfile, torch
+        >>> from lightning_unlearn import Certificate, ForgetRequest, Ledger, UnlearningResult
+        >>> len(Ledger()), Ledger().verify().count  # in memory
+        (0, 0)
+        >>> cert = Certificate("retrain", exact=True, statement="retrained on the retained data")
+        >>> result = UnlearningResult(ForgetRequest.samples([7, 8]), torch.tensor([7, 8]), cert, wall_time_s=0.1)
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     ledger = Ledger(f"{tmp}/ledger.jsonl")
+        ...     entry = ledger.append(result, torch.nn.Linear(2, 1))  # the module after the request
+        ...     report = Ledger(f"{tmp}/ledger.jsonl").verify(ledger.anchor())  # reopened, checked
+        >>> len(ledger), entry.seq, entry.method, entry.removed_ids
+        (1, 0, 'retrain', [7, 8])
+        >>> report.count, report.head == entry.hash, report.beyond_anchor
+        (1, True, ())
     """
 
     def __init__(self, path: str | Path | None = None, recover: bool = False, shared: bool = False) -> None:

@@ -39,6 +39,28 @@ class ForgetRequest:
     Build one with :meth:`samples`, :meth:`of_class` or :meth:`of_experience`. The request
     only *names* data; which sample ids it covers is decided against what was actually learned
     (:meth:`SampleCatalog.resolve`), so a request for data never learned fails there, loudly.
+
+    Args:
+        kind: ``"samples"``, ``"class"`` or ``"experience"``.
+        sample_ids: the sample ids to forget (``kind="samples"`` only).
+        target: the class or experience to forget (the other kinds).
+
+    Raises:
+        ValueError: an unknown ``kind``; no, duplicate or non-integer sample ids; a target that is not a
+            non-negative integer; ids or a target beyond 64 bits; ids and a target mixed.
+
+    Example::
+
+        >>> from lightning_unlearn import ForgetRequest
+        >>> request = ForgetRequest.samples([3, 1, 4])
+        >>> request.kind, request.sample_ids
+        ('samples', (3, 1, 4))
+        >>> print(ForgetRequest.of_class(2), ForgetRequest.of_experience(0))
+        class=2 experience=0
+        >>> ForgetRequest.samples([1, 1])
+        Traceback (most recent call last):
+        ...
+        ValueError: ForgetRequest names sample ids more than once: [1]
     """
 
     kind: RequestKind
