@@ -99,3 +99,31 @@ def test_the_shared_autodiff_helpers_are_defined_in_autodiff_only():
     hf = ast.parse((functional / "hf.py").read_text())
     imported = {a.asname or a.name for n in ast.walk(hf) if isinstance(n, ast.ImportFrom) for a in n.names}
     assert set(MOVED) & imported == set()
+
+
+#: names this project retired, with what replaced them: none may come back in the sources, docs or commands
+RETIRED = {
+    "lightning_unlearn.harness": "lightning_unlearn_bench (the bench is its own distribution)",
+    "lightning_unlearn/harness": "bench/lightning_unlearn_bench",
+    "python -m lightning_unlearn ": "python -m lightning_unlearn_bench, or the lightning-unlearn command",
+    "strategies/": "unlearners/",
+    "XXH3 digest": "BLAKE3 (the ledger's and the store's digests)",
+    "recorder.ledger_anchor": "recorder.unlearning_state.ledger_anchor",
+}
+TEXTS = ["lightning_unlearn", "bench", "docs", "examples", "benchmarks", "README.md", "Makefile", "mkdocs.yml"]
+
+
+def _texts() -> list[Path]:
+    files: list[Path] = []
+    for name in TEXTS:
+        path = ROOT / name
+        suffixes = {".py", ".md", ".yml", ".yaml"}
+        found = [path] if path.is_file() else [p for p in path.rglob("*") if p.suffix in suffixes]
+        files += [p for p in found if "results" not in p.parts]
+    return files
+
+
+@pytest.mark.parametrize("retired", sorted(RETIRED))
+def test_no_retired_name_comes_back(retired: str) -> None:
+    hits = [f"{p.relative_to(ROOT)}" for p in _texts() if retired in p.read_text(encoding="utf-8", errors="replace")]
+    assert not hits, f"{retired!r} is retired (now {RETIRED[retired]}), found in {hits}"

@@ -19,7 +19,7 @@ class Certificate:
     Gaussian noise of standard deviation ``sigma`` was added, calibrated on the bound terms in
     ``bounds`` (e.g. the gradient-residual or parameter-distance bound ``gamma``).
     An uncertified heuristic (fine-tuning, NegGrad, ...) has ``exact=False`` and ``epsilon=None``; if it
-    added noise all the same (a fixed noise std, SAFE's ``noise_std``), ``sigma`` says how much, and
+    added noise all the same (a fixed noise std, ``ReleaseConfig(sigma_override=...)``), ``sigma`` says how much, and
     :attr:`guarantee` calls it uncertified noise.
 
     A noised release states what its (epsilon, delta) rests on, and is :attr:`certified` only if
