@@ -173,7 +173,7 @@ def round_up(bound: float, operations: int = 4) -> float:
     return bound * (1 + (operations + 1) * _EPS64)
 
 
-_EPS64 = 2.0**-52
+_EPS64 = torch.finfo(torch.float64).eps  # 2^-52, as functional/convex.py spells it
 
 
 @torch.no_grad()
