@@ -71,56 +71,55 @@ def fit_stream(
     requests: RequestsByExperience | None = None,
     after_experience: Callable[[Any, L.Trainer, list[UnlearningResult]], None] | None = None,
 ) -> list[UnlearningResult]:
-    """Learn a stream of experiences with one Lightning ``Trainer``, one ``Trainer.fit`` per experience.
+    """Learn a stream of experiences with one Lightning ``Trainer``, one ``Trainer.fit`` per experience, and run the
+    forget requests between them.
 
-    An experience is an Avalanche experience, a dataset, a ``DataLoader`` or a ``LightningDataModule``
-    (:mod:`lightning_unlearn.avalanche.experiences`); its training items carry sample ids. The same
-    ``Trainer`` (its callbacks, loggers and counters) fits every experience, each for ``max_epochs``
-    epochs (and at most ``max_steps`` steps) of ``trainer_kwargs``, with a fresh optimizer from the
-    module's ``configure_optimizers``: recorders keep their statistics, and training, validation, test and
-    request metrics share one increasing step axis. Per experience ``k`` (its ``current_experience``, else
-    its position):
-
-    1. a certified unlearner's internal model is restored (:func:`restore_internal`);
-    2. ``Trainer.fit``, validating on ``val_stream[i]`` (the experience at the same position) if given, or
-       on a data module's own ``val_dataloader``;
-    3. the requests ``requests[k]`` run with ``unlearning`` (forget data: the experiences seen so far), each
-       logged at the trainer's step (:func:`lightning_unlearn.reporting.log_to_trainer`);
-    4. ``Trainer.test`` on every experience of ``test_stream`` if given (the metrics reach the loggers, one
-       ``dataloader_idx`` per test experience, and ``trainer.callback_metrics``);
-    5. with ``dirpath``, the checkpoint ``dirpath/experience=k.ckpt`` (:mod:`lightning_unlearn.avalanche.checkpoints`:
-       weights, recorders, counters; no optimizer state);
-    6. ``after_experience(experience, trainer, results)``.
-
-    ``ckpt_path`` (one of those checkpoints) resumes the stream: experiences up to the saved one are not
-    trained again (their data still counts as seen), and the next ``fit`` restores the module, the
-    callbacks' states and the step axis from the checkpoint (Lightning's ``Trainer.fit(ckpt_path=...)``).
-    An unlearner's own state beyond its recorder's is not in the checkpoint.
+    An experience is an Avalanche experience, a dataset, a ``DataLoader`` or a ``LightningDataModule`` whose training
+    items carry sample ids. Each is fitted for ``trainer_kwargs``' ``max_epochs`` with a fresh optimizer; recorders
+    keep their statistics, and training, test and request metrics share one step axis. After experience ``k`` the
+    requests ``requests[k]`` run, then ``test_stream`` is tested and the checkpoint ``dirpath/experience=k.ckpt`` is
+    saved (the steps, their order and what a checkpoint holds: ``docs/avalanche.md``, "fit_stream, step by step").
 
     Args:
         module: the LightningModule to train.
-        stream: the experiences, e.g. an Avalanche ``train_stream`` (see above).
+        stream: the experiences, e.g. an Avalanche ``train_stream``.
         callbacks: the recorder (and any other callbacks).
-        trainer_kwargs: further ``Trainer`` arguments (default one epoch per experience, no logger; progress through
-            :func:`~lightning_unlearn.progress.progress_bar` unless they or ``callbacks`` decide it).
+        trainer_kwargs: further ``Trainer`` arguments (default one epoch per experience, no logger).
         batch_size, num_workers: the loaders made for experiences given as datasets, and for evaluation.
         sampler: makes the training sampler of a dataset experience (default: shuffling).
-        val_stream: validation data per experience, aligned with ``stream`` (e.g. Avalanche's
-            ``valid_stream``); the module needs a ``validation_step``.
-        test_stream: data to test after each experience (e.g. Avalanche's ``test_stream``); the module needs
-            a ``test_step``.
+        val_stream: validation data per experience, aligned with ``stream``; the module needs a ``validation_step``.
+        test_stream: data tested after each experience; the module needs a ``test_step``.
         dirpath: folder of the checkpoints saved after each experience.
-        ckpt_path: a checkpoint of ``dirpath`` to resume the stream from.
+        ckpt_path: a checkpoint of ``dirpath`` to resume the stream from (later experiences only are trained).
         unlearning: executes the requests; its recorder must be among ``callbacks``.
-        requests: forget requests per experience (by experience number).
-        after_experience: called after each experience (and its requests, tests and checkpoint).
+        requests: forget requests per experience (by experience number: ``current_experience``, else position).
+        after_experience: called as ``after_experience(experience, trainer, results)`` after each experience.
+
+    Returns:
+        The results of the executed requests, in order.
 
     Raises:
-        ValueError: requests without an unlearner, one whose recorder is not among the
-            callbacks, a certified unlearner lacking its constants, validation or test data for a
-            module without ``validation_step``/``test_step``, ``val_stream`` beside data-module experiences,
-            a ``ckpt_path`` not saved by ``fit_stream`` (all before any training), or an experience whose
-            training data carry no sample ids.
+        ValueError: requests without an unlearner, one whose recorder is not among the callbacks, a certified
+            unlearner lacking its constants, validation or test data for a module without
+            ``validation_step``/``test_step``, ``val_stream`` beside data-module experiences, a ``ckpt_path`` not
+            saved by ``fit_stream`` (all before any training), or an experience whose data carry no sample ids.
+
+    Example::
+
+        >>> import torch
+        >>> from torch.utils.data import TensorDataset
+        >>> from lightning_unlearn import AnalyticClassifier, AnalyticRecorder, ForgetRequest, IndexedDataset
+        >>> from lightning_unlearn.avalanche import fit_stream
+        >>> from lightning_unlearn.unlearners import ACUUnlearner
+        >>> data = IndexedDataset(TensorDataset(torch.randn(40, 4), torch.randint(0, 3, (40,))))  # items (x, y, id)
+        >>> stream = [torch.utils.data.Subset(data, range(0, 20)), torch.utils.data.Subset(data, range(20, 40))]
+        >>> model = AnalyticClassifier(torch.nn.Linear(4, 8), backbone_dim=8, num_classes=3)
+        >>> recorder = AnalyticRecorder(ridge=1.0)
+        >>> results = fit_stream(model, stream, callbacks=[recorder], unlearning=ACUUnlearner(model, recorder),
+        ...                      requests={1: [ForgetRequest.samples([3, 25])]},
+        ...                      trainer_kwargs={"enable_progress_bar": False})
+        >>> [(r.removed_ids.tolist(), r.certificate.exact) for r in results]
+        [([3, 25], True)]
     """
     check_unlearning(unlearning, requests)
     if unlearning is not None and not any(c is unlearning.recorder for c in callbacks):
