@@ -98,6 +98,24 @@ class RBMUnlearner(_Trained):
 
     Raises:
         ValueError: an unknown masking, a saliency level out of range, or ``alpha < 0``.
+
+    Example::
+
+        >>> import lightning as L
+        >>> import torch
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> from lightning_unlearn import (ForgetRequest, IndexedDataset, RBMUnlearner, SampleRecorder,
+        ...                                SupervisedClassifier)
+        >>> data = IndexedDataset(TensorDataset(torch.randn(32, 4), torch.randint(0, 3, (32,))))
+        >>> model, recorder = SupervisedClassifier(torch.nn.Linear(4, 3)), SampleRecorder()
+        >>> L.Trainer(max_epochs=1, callbacks=[recorder], logger=False, enable_checkpointing=False,
+        ...           enable_progress_bar=False, enable_model_summary=False).fit(model, DataLoader(data, batch_size=8))
+        >>> unlearn = RBMUnlearner(model, recorder, data, epochs=2, trainer_kwargs={"enable_progress_bar": False})
+        >>> result = unlearn.forget(ForgetRequest.samples([3, 7]), data=data)  # the forget set is read from data
+        >>> result.certificate.exact, result.certificate.certified  # a heuristic: no guarantee
+        (False, False)
+        >>> 0 < result.extra["trainable_fraction"] < 1  # only the weights outside the retained data's saliency mask
+        True
     """
 
     reads_data = True
