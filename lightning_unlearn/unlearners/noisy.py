@@ -99,6 +99,23 @@ class NoisyFinetuneUnlearner(ReleasingUnlearner):
         ValueError: a bad option (named), a release without a target or with another accountant,
             ``update="convex"`` on a module that is not a linear head, or ``finetune_epochs`` for a module without
             its own training recipe.
+
+    Example::
+
+        >>> import lightning as L
+        >>> import torch
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> from lightning_unlearn import (ForgetRequest, IndexedDataset, NoisyFinetuneUnlearner, ReleaseConfig,
+        ...                                SampleRecorder, SupervisedClassifier)
+        >>> data = IndexedDataset(TensorDataset(torch.randn(32, 4), torch.randint(0, 3, (32,))))
+        >>> model, recorder = SupervisedClassifier(torch.nn.Linear(4, 3)), SampleRecorder()
+        >>> L.Trainer(max_epochs=1, callbacks=[recorder], logger=False, enable_checkpointing=False,
+        ...           enable_progress_bar=False, enable_model_summary=False).fit(model, DataLoader(data, batch_size=8))
+        >>> release = ReleaseConfig(epsilon=1.0, delta=1e-5, accountant="rdp")  # noise from OS entropy
+        >>> unlearn = NoisyFinetuneUnlearner(model, recorder, data, steps=10, release=release)
+        >>> certificate = unlearn.forget(ForgetRequest.samples([3, 7])).certificate  # 10 clipped noisy steps
+        >>> certificate.certified, certificate.epsilon, round(certificate.sigma, 2)  # sigma from the PABI bound
+        (True, 1.0, 3.84)
     """
 
     method = "noisy_finetune"
