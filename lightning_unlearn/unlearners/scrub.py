@@ -116,6 +116,22 @@ class SCRUBUnlearner(_Trained):
 
     Raises:
         ValueError: ``msteps`` outside ``[0, epochs]``, ``alpha`` or ``gamma`` negative, ``temperature <= 0``.
+
+    Example::
+
+        >>> import lightning as L
+        >>> import torch
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> from lightning_unlearn import (ForgetRequest, IndexedDataset, SampleRecorder, SCRUBUnlearner,
+        ...                                SupervisedClassifier)
+        >>> data = IndexedDataset(TensorDataset(torch.randn(32, 4), torch.randint(0, 3, (32,))))
+        >>> model, recorder = SupervisedClassifier(torch.nn.Linear(4, 3)), SampleRecorder()
+        >>> L.Trainer(max_epochs=1, callbacks=[recorder], logger=False, enable_checkpointing=False,
+        ...           enable_progress_bar=False, enable_model_summary=False).fit(model, DataLoader(data, batch_size=8))
+        >>> unlearn = SCRUBUnlearner(model, recorder, data, epochs=2, trainer_kwargs={"enable_progress_bar": False})
+        >>> result = unlearn.forget(ForgetRequest.samples([3, 7]), data=data)  # the teacher: the model before
+        >>> result.certificate.certified, result.extra["n_retained"]  # a heuristic distilled on the 30 retained
+        (False, 30)
     """
 
     method = "scrub"
