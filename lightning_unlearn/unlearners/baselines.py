@@ -493,9 +493,38 @@ class RetrainUnlearner(Unlearner):
     ``training_step`` and optimizer; a batch of a single sample runs with batch norm in eval mode
     (see the module docstring). Exact by construction, and the slowest method by far.
 
+    Args:
+        module: the ``LightningModule`` to retrain, changed in place.
+        recorder: tracks the learned and forgotten ids (a :class:`SampleRecorder`).
+        train: the training data, yielding ``(x, y, sample_id, ...)`` or dicts.
+        initial_state: the module's ``state_dict`` before it learned anything.
+        fit_callbacks: makes the callbacks of each retrain.
+        trainer_kwargs: the ``Trainer`` options of each fit (default one epoch).
+        batch_size: the retraining batch size.
+        seed: seeds each experience's fit and shuffling (``seed + experience``).
+        ledger: see :class:`~lightning_unlearn.unlearners.base.Unlearner`.
+
     Raises:
         TypeError: ``module`` is not a ``LightningModule`` (it has no recipe to replay).
         ValueError: ``initial_state`` does not name the module's tensors.
+
+    Example::
+
+        >>> import copy
+        >>> import lightning as L
+        >>> import torch
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> from lightning_unlearn import (ForgetRequest, IndexedDataset, RetrainUnlearner, SampleRecorder,
+        ...                                SupervisedClassifier)
+        >>> data = IndexedDataset(TensorDataset(torch.randn(32, 4), torch.randint(0, 3, (32,))))
+        >>> model, recorder = SupervisedClassifier(torch.nn.Linear(4, 3)), SampleRecorder()
+        >>> initial = copy.deepcopy(model.state_dict())
+        >>> L.Trainer(max_epochs=1, callbacks=[recorder], logger=False, enable_checkpointing=False,
+        ...           enable_progress_bar=False, enable_model_summary=False).fit(model, DataLoader(data, batch_size=8))
+        >>> unlearn = RetrainUnlearner(model, recorder, data, initial, trainer_kwargs={"enable_progress_bar": False})
+        >>> result = unlearn.forget(ForgetRequest.samples([3, 7]))  # one fit on the 30 retained samples
+        >>> result.certificate.exact, len(recorder.catalog.active_ids())
+        (True, 30)
     """
 
     method = "retrain"
