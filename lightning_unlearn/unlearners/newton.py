@@ -205,6 +205,32 @@ class NewtonStepUnlearner(_SecondOrderUnlearner):
     :func:`~lightning_unlearn.functional.newton.newton_step`). ``extra["cg_iterations"]`` reports the
     iterations (0: factorised). Noise: :func:`~lightning_unlearn.functional.newton.newton_sensitivity`. See
     :class:`_SecondOrderUnlearner`.
+
+    Example::
+
+        >>> import lightning as L
+        >>> import torch
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> from lightning_unlearn import (ForgetRequest, HessianSumRecorder, IndexedDataset, NewtonStepUnlearner,
+        ...                                SupervisedClassifier)
+        >>> from lightning_unlearn.functional.bounds import module_constants
+        >>> from lightning_unlearn.functional.newton import hessian_lipschitz_bound
+        >>> x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+        >>> data = IndexedDataset(TensorDataset(x, (x[:, 0] > 0).long()))
+        >>> model, recorder = SupervisedClassifier(torch.nn.Linear(4, 2), lr=0.5, l2=0.1), HessianSumRecorder()
+        >>> constants = module_constants(model, [x])  # L, beta, lambda of the ridge-regularised linear model
+        >>> L.Trainer(max_epochs=100, callbacks=[recorder], logger=False, enable_checkpointing=False,
+        ...           enable_progress_bar=False, enable_model_summary=False).fit(model, DataLoader(data, batch_size=64))
+        >>> M = hessian_lipschitz_bound(float(x.norm(dim=1).max()))
+        >>> unlearn = NewtonStepUnlearner(model, recorder, constants=constants, hessian_lipschitz=M)
+        >>> weights = float(torch.cat([p.flatten() for p in model.parameters()]).norm())  # before the release
+        >>> certificate = unlearn.forget(ForgetRequest.samples([3]), data=data).certificate
+        >>> certificate.certified, certificate.constants  # the theorem's constants, bounded, not estimated
+        (True, 'bounded')
+        >>> certificate.sigma > 100 * weights
+        True
+
+    The last line is [NS]'s worst-case bound at work: its noise is far above the weights (``docs/methods/ns.md``).
     """
 
     method = "ns"
