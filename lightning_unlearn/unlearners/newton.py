@@ -223,7 +223,7 @@ class NewtonStepUnlearner(_SecondOrderUnlearner):
         ...           enable_progress_bar=False, enable_model_summary=False).fit(model, DataLoader(data, batch_size=64))
         >>> M = hessian_lipschitz_bound(float(x.norm(dim=1).max()))
         >>> unlearn = NewtonStepUnlearner(model, recorder, constants=constants, hessian_lipschitz=M)
-        >>> weights = float(torch.cat([p.flatten() for p in model.parameters()]).norm())  # before the release
+        >>> weights = float(torch.cat([p.detach().flatten() for p in model.parameters()]).norm())  # before release
         >>> certificate = unlearn.forget(ForgetRequest.samples([3]), data=data).certificate
         >>> certificate.certified, certificate.constants  # the theorem's constants, bounded, not estimated
         (True, 'bounded')
