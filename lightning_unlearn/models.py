@@ -93,32 +93,38 @@ class AnalyticHead(nn.Module):
 
 class AnalyticHeadModule(L.LightningModule):
     """Base class of your own ``LightningModule`` whose only learned part is an :class:`AnalyticHead` that an
-    :class:`AnalyticRecorder` solves in closed form (a frozen backbone beside it)::
+    :class:`AnalyticRecorder` solves in closed form, beside a frozen backbone.
 
-        class MyNet(AnalyticHeadModule):
-            def __init__(self) -> None:
-                super().__init__()
-                self.trunk = torchvision.models.resnet18(weights=...).requires_grad_(False)
-                self.trunk.fc = nn.Identity()
-                self.head = AnalyticHead(512, 10, expansion_dim=2048)
-
-            def forward(self, x):
-                return self.head(self.trunk(x))
-
-        trainer = L.Trainer(callbacks=[AnalyticRecorder(ridge=1.0, backbone="trunk", head="head")])
-
-    No gradient trains such a module: the recorder runs the named backbone itself, in float64 and eval mode,
-    and writes the head. A cross-entropy ``training_step`` fails (nothing requires a gradient: torch's
-    "element 0 of tensors does not require grad"), and returning ``None`` with no optimizer makes Lightning
-    warn that ``training_step`` returned ``None`` and ``configure_optimizers`` returned ``None``. This class
-    gives the module the form Lightning accepts without a warning: manual optimization, a ``training_step``
-    that computes nothing and steps an optimizer that changes nothing (SGD with ``lr=0`` over the heads'
-    parameters, which take no gradient) once per batch, so that Lightning counts the batches as steps
-    (``max_steps``, ``ModelCheckpoint(every_n_train_steps=...)``, the step requests are logged at), as
-    :class:`AnalyticClassifier` does. Override ``validation_step``/``test_step`` as usual.
+    No gradient trains such a module: the recorder runs the named backbone itself (float64, eval mode) and writes the
+    head. This class gives the module the form Lightning accepts without a warning: manual optimization and a
+    ``training_step`` that steps an optimizer changing nothing (SGD with ``lr=0`` over the heads' parameters) once per
+    batch, so that Lightning counts the batches as steps (``max_steps``, step-based checkpoints, the step requests
+    are logged at). Override ``validation_step``/``test_step`` as usual.
 
     Raises:
         ValueError: at fit start, the module holds no :class:`AnalyticHead`.
+
+    Example::
+
+        >>> import lightning as L
+        >>> import torch
+        >>> from torch import nn
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> from lightning_unlearn import AnalyticHead, AnalyticHeadModule, AnalyticRecorder, IndexedDataset
+        >>> class MyNet(AnalyticHeadModule):  # e.g. a torchvision resnet18 trunk with fc = nn.Identity()
+        ...     def __init__(self) -> None:
+        ...         super().__init__()
+        ...         self.trunk = nn.Sequential(nn.Linear(4, 16), nn.ReLU()).requires_grad_(False)
+        ...         self.head = AnalyticHead(16, 3, expansion_dim=32)
+        ...     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ...         return self.head(self.trunk(x))
+        >>> data = IndexedDataset(TensorDataset(torch.randn(32, 4), torch.randint(0, 3, (32,))))
+        >>> model, recorder = MyNet(), AnalyticRecorder(ridge=1.0, backbone="trunk", head="head")
+        >>> trainer = L.Trainer(max_epochs=1, callbacks=[recorder], logger=False, enable_checkpointing=False,
+        ...                     enable_progress_bar=False, enable_model_summary=False)
+        >>> trainer.fit(model, DataLoader(data, batch_size=8))
+        >>> trainer.global_step, tuple(model.head.linear.weight.shape)  # 4 steps counted; the head solved
+        (4, (3, 32))
     """
 
     def __init__(self) -> None:
