@@ -13,7 +13,7 @@ from torch.utils.data import TensorDataset
 
 from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig, SampleRecorder, TrajectoryRecorder
 from lightning_unlearn.schedule import Schedule, make_schedule, validate_schedule
-from lightning_unlearn.unlearners import ACUUnlearner, HFUnlearner, RBMUnlearner, StreamingUnlearner
+from lightning_unlearn.unlearners import ACUUnlearner, HFUnlearner, RBMUnlearner, SAFEUnlearner
 from lightning_unlearn_bench import (
     TABLE1,
     MethodSpec,
@@ -292,10 +292,10 @@ def test_registry_options_are_the_strategy_constructors_keyword_only_parameters(
         "constants",
         "trajectory",
         "bound",
-    } == keyword_options(StreamingUnlearner) - HARNESS_ARGUMENTS
+    } == keyword_options(SAFEUnlearner) - HARNESS_ARGUMENTS
     safe = method_spec("safe")
     assert safe.managed == {"constants", "trajectory"}  # the contraction bound's inputs: the harness sets neither
-    assert keyword_options(StreamingUnlearner) - HARNESS_ARGUMENTS - safe.managed <= safe.options()
+    assert keyword_options(SAFEUnlearner) - HARNESS_ARGUMENTS - safe.managed <= safe.options()
 
 
 def test_registry_options_reach_the_strategy_and_names_are_the_certificates_method(info):
@@ -317,7 +317,6 @@ def test_registry_reads_one_release_config_from_release_or_its_fields(info):
         get_method("hf", release=ReleaseConfig(), epsilon=0.5)
     with pytest.raises(ValueError, match="sigma_override must be finite and >= 0, got -1.0"):
         get_method("hf", sigma_override=-1.0)  # refused as the method is configured, before anything trains
-
 
 
 class _YourNet(L.LightningModule):
@@ -353,6 +352,7 @@ def test_registry_makes_a_named_strategy_on_your_own_module_and_recorder():
         unlearner("hf", module, TrajectoryRecorder(), lr=0.1)
     with pytest.raises(ValueError, match="unknown method 'sisa'"):
         unlearner("sisa", module, SampleRecorder())
+
 
 def test_every_certified_and_masking_method_runs_in_the_harness(info):
     """HF, [CCL] Hessian/gradient, SAFE, RBM and SalUn on their model families, against their references."""

@@ -8,7 +8,7 @@ Table 1, ``scrub`` ([SCRUB]), ``l1_sparse`` and ``woodfisher`` ([Sparse]). The b
 family (default: analytic, [ACU]'s protocol; their defaults are [ACU] App. E.3's);
 [HF] (option ``track``: the sample ids its recorder keeps vectors for) and its Hessian-based baselines [NS] and
 [IJ] on the linear family, [CCL]'s Hessian and gradient methods on the proximal family (with a
-:class:`HessianRecorder` and a :class:`TaskDeltaRecorder`: Alg. 1 needs no Hessian; both certify with closed-form
+:class:`CCLHessianRecorder` and a :class:`CCLRecorder`: Alg. 1 needs no Hessian; both certify with closed-form
 constants), [SAFE] on the supervised family by default.
 """
 
@@ -19,13 +19,13 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from lightning_unlearn.callbacks.analytic import AnalyticRecorder
+from lightning_unlearn.callbacks.acu import AnalyticRecorder
+from lightning_unlearn.callbacks.ccl import CCLHessianRecorder, CCLRecorder
 from lightning_unlearn.callbacks.convex import SoftmaxHeadRecorder
-from lightning_unlearn.callbacks.hessian import HessianRecorder, TaskDeltaRecorder
+from lightning_unlearn.callbacks.hf import TrajectoryRecorder
 from lightning_unlearn.callbacks.newton import MAX_BYTES, HessianSumRecorder
 from lightning_unlearn.callbacks.optimality import TaskOptimality
-from lightning_unlearn.callbacks.streaming import StreamingRecorder
-from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
+from lightning_unlearn.callbacks.safe import SAFERecorder
 from lightning_unlearn.functional.bounds import linear_head, linear_model_constants, max_feature_norm, module_constants
 from lightning_unlearn.functional.newton import hessian_lipschitz_bound
 from lightning_unlearn.privacy import ReleaseConfig
@@ -38,18 +38,19 @@ from lightning_unlearn.unlearners.baselines import (
     RandomLabelUnlearner,
     RetrainUnlearner,
 )
-from lightning_unlearn.unlearners.certified import (
-    GradientCertifiedUnlearner,
-    HessianCertifiedUnlearner,
+from lightning_unlearn.unlearners.ccl import (
+    CCLGradientUnlearner,
+    CCLHessianUnlearner,
 )
 from lightning_unlearn.unlearners.convex import CertifiedRemovalUnlearner, ResolveUnlearner
 from lightning_unlearn.unlearners.hf import HFUnlearner
+from lightning_unlearn.unlearners.l1_sparse import L1SparseUnlearner
 from lightning_unlearn.unlearners.newton import InfinitesimalJackknifeUnlearner, NewtonStepUnlearner
-from lightning_unlearn.unlearners.noisy import NoisyFinetuneUnlearner
+from lightning_unlearn.unlearners.noisy_finetune import NoisyFinetuneUnlearner
 from lightning_unlearn.unlearners.rbm import RBMUnlearner
+from lightning_unlearn.unlearners.safe import SAFEUnlearner
 from lightning_unlearn.unlearners.scrub import SCRUBUnlearner
-from lightning_unlearn.unlearners.sparse import L1SparseUnlearner, WoodFisherUnlearner
-from lightning_unlearn.unlearners.streaming import StreamingUnlearner
+from lightning_unlearn.unlearners.woodfisher import WoodFisherUnlearner
 from lightning_unlearn_bench.spec import MethodSpec
 from lightning_unlearn_bench.types import BenchmarkInfo
 
@@ -79,12 +80,12 @@ def _trajectory(info: BenchmarkInfo, track: Collection[int] | None) -> Trajector
     return TrajectoryRecorder(track=track)
 
 
-def _hessian(info: BenchmarkInfo, hessian: str) -> HessianRecorder:
-    return HessianRecorder(hessian=hessian)
+def _hessian(info: BenchmarkInfo, hessian: str) -> CCLHessianRecorder:
+    return CCLHessianRecorder(hessian=hessian)
 
 
-def _task_deltas(info: BenchmarkInfo) -> TaskDeltaRecorder:
-    return TaskDeltaRecorder()
+def _task_deltas(info: BenchmarkInfo) -> CCLRecorder:
+    return CCLRecorder()
 
 
 #: largest gradient residual of a proximal task's solution accepted for a certified [CCL] release
@@ -146,8 +147,8 @@ _CR_PERTURBATION = CertifiedRemovalUnlearner.perturbation_std(0.1, 1.0, 1e-5)
 _SOFTMAX_ON_MODULE = {"l2": 1e-3, "radius": 1e-3, "loss_perturbation": None, "backbone": None, "head": "head"}
 
 
-def _streaming(info: BenchmarkInfo, num_classes: int | None) -> StreamingRecorder:
-    return StreamingRecorder(num_classes or info.num_classes, seed=info.seed)
+def _streaming(info: BenchmarkInfo, num_classes: int | None) -> SAFERecorder:
+    return SAFERecorder(num_classes or info.num_classes, seed=info.seed)
 
 
 #: one-line descriptions for ``lightning-unlearn methods``: (guarantee, assumptions, cost, paper)
@@ -278,7 +279,7 @@ BUILTIN: tuple[MethodSpec, ...] = (
     ),
     MethodSpec(
         "hessian",
-        HessianCertifiedUnlearner,
+        CCLHessianUnlearner,
         families=("proximal",),
         recorder=_hessian,
         recorder_options={"hessian": "auto"},
@@ -295,7 +296,7 @@ BUILTIN: tuple[MethodSpec, ...] = (
     ),
     MethodSpec(
         "gradient",
-        GradientCertifiedUnlearner,
+        CCLGradientUnlearner,
         families=("proximal",),
         recorder=_task_deltas,
         label=certified_label("gradient"),
@@ -308,7 +309,7 @@ BUILTIN: tuple[MethodSpec, ...] = (
     ),
     MethodSpec(
         "safe",
-        StreamingUnlearner,
+        SAFEUnlearner,
         families=("supervised", "analytic", "linear", "proximal"),
         recorder=_streaming,
         recorder_options={"num_classes": None},

@@ -52,9 +52,9 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lightning_unlearn.callbacks import (
-    HessianRecorder,
+    CCLHessianRecorder,
+    SAFERecorder,
     SoftmaxHeadRecorder,
-    StreamingRecorder,
     TaskOptimality,
     TrajectoryRecorder,
 )
@@ -338,7 +338,7 @@ def run_tradeoff(
         rows += _head_rows(setup, grid, methods, log)
     if {"hf", "safe"} & set(methods):
         model, rec = setup.linear(), TrajectoryRecorder(dtype=torch.float64)
-        srec = StreamingRecorder(setup.num_classes, seed=seed)
+        srec = SAFERecorder(setup.num_classes, seed=seed)
         constants = module_constants(model, [setup.x])
         _trainer([rec, srec], epochs, setup.trainer_kwargs).fit(model, setup.loader(setup.x, setup.y))
         retrain = setup._sgd(setup.x[setup.keep], setup.y[setup.keep], seed)
@@ -381,7 +381,7 @@ def run_tradeoff(
                 )
                 log(_line(rows[-1]))
     if {"hessian", "gradient"} & set(methods):
-        model, hrec, check = setup.proximal(), HessianRecorder(hessian="exact"), TaskOptimality(1e-4)
+        model, hrec, check = setup.proximal(), CCLHessianRecorder(hessian="exact"), TaskOptimality(1e-4)
         setup.fit_proximal(model, setup.x, setup.y, [hrec, check])
         retrain = setup.fit_proximal(setup.proximal(), setup.x[setup.keep], setup.y[setup.keep], [])
         retrain_acc = accuracy(retrain, setup.test, setup.num_classes)

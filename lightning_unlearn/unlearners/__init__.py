@@ -9,21 +9,22 @@ from lightning_unlearn.unlearners.baselines import (
     RandomLabelUnlearner,
     RetrainUnlearner,
 )
-from lightning_unlearn.unlearners.certified import GradientCertifiedUnlearner, HessianCertifiedUnlearner
+from lightning_unlearn.unlearners.ccl import CCLGradientUnlearner, CCLHessianUnlearner
 from lightning_unlearn.unlearners.convex import CertifiedRemovalUnlearner, ResolveUnlearner
 from lightning_unlearn.unlearners.hf import HFUnlearner
+from lightning_unlearn.unlearners.l1_sparse import L1SparseUnlearner
 from lightning_unlearn.unlearners.newton import InfinitesimalJackknifeUnlearner, NewtonStepUnlearner
-from lightning_unlearn.unlearners.noisy import NoisyFinetuneUnlearner
+from lightning_unlearn.unlearners.noisy_finetune import NoisyFinetuneUnlearner
 from lightning_unlearn.unlearners.rbm import MaskProjection, RBMUnlearner
+from lightning_unlearn.unlearners.safe import SAFEUnlearner
 from lightning_unlearn.unlearners.scrub import SCRUBUnlearner
 from lightning_unlearn.unlearners.sliced import SlicedResolveUnlearner
-from lightning_unlearn.unlearners.sparse import L1SparseUnlearner, WoodFisherUnlearner
-from lightning_unlearn.unlearners.streaming import StreamingUnlearner
+from lightning_unlearn.unlearners.woodfisher import WoodFisherUnlearner
 
 __all__ = [
-    "GradientCertifiedUnlearner",
+    "CCLGradientUnlearner",
     "HFUnlearner",
-    "HessianCertifiedUnlearner",
+    "CCLHessianUnlearner",
     "InfinitesimalJackknifeUnlearner",
     "NewtonStepUnlearner",
     "ACUUnlearner",
@@ -35,7 +36,7 @@ __all__ = [
     "NegGradPlusUnlearner",
     "RandomLabelUnlearner",
     "RetrainUnlearner",
-    "StreamingUnlearner",
+    "SAFEUnlearner",
     "RBMUnlearner",
     "SCRUBUnlearner",
     "L1SparseUnlearner",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from lightning_unlearn.callbacks.analytic import AnalyticRecorder, require_statistic
+from lightning_unlearn.callbacks.acu import AnalyticRecorder, require_statistic
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.functional import acu

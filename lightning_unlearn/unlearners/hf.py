@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
+from lightning_unlearn.callbacks.hf import TrajectoryRecorder
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.core.refusal import ReleaseRefused
