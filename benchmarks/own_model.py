@@ -215,7 +215,7 @@ def build_all(
     t = fit(model, data, args.epochs, [rec, ProximalRegularizer(reg_lambda=1.0)])
     rows.append(("CCLRecorder", t, reference, state_bytes(rec)))
     gradient = CCLGradientUnlearner(model, rec, lipschitz=1.0, smoothness=1.0, release=ReleaseConfig(noise=False))
-    methods.append(("gradient", lambda: gradient.forget(FORGET)))
+    methods.append(("ccl_gradient", lambda: gradient.forget(FORGET)))
     if args.hessian:  # Hutchinson probes over the whole task at 11M parameters: tens of minutes on 2 CPU cores
         model, rec = UserResNet(), CCLHessianRecorder(hessian="diagonal", n_probes=2, chunk_size=16)
         callbacks = [rec, ProximalRegularizer(reg_lambda=1.0)]
@@ -223,7 +223,7 @@ def build_all(
         fitted = fit(model, data, args.epochs, callbacks)
         rows.append(("CCLHessianRecorder (diag)", fitted, reference, state_bytes(rec)))
         hessian = CCLHessianUnlearner(model, rec, lipschitz=1.0, smoothness=1.0, release=ReleaseConfig(noise=False))
-        methods.append(("hessian", lambda: hessian.forget(FORGET, data)))
+        methods.append(("ccl_hessian", lambda: hessian.forget(FORGET, data)))
 
     # [HF]: the user's BatchNorm in training mode, vectors for `track` samples
     model, rec = UserResNet(), TrajectoryRecorder(track=range(args.track) if args.track else None)

@@ -192,7 +192,7 @@ RUNS = {
     "acu": run_acu,
     "hf-memory": run_hf("memory"),
     "hf-mmap": run_hf("mmap"),
-    "hessian": run_hessian,
+    "ccl_hessian": run_hessian,
     "safe": run_safe,
     "neggrad": run_neggrad,
 }

@@ -73,7 +73,7 @@ from lightning_unlearn_bench.registry import unlearner
 EPSILONS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 100.0)
 #: the certified head's ridge (the convex family's default) and [CR]'s residual budget (sum form)
 HEAD_L2, CR_BUDGET = 1e-3, 0.1
-METHODS = ("resolve", "certified_removal", "hf", "hessian", "gradient", "safe")
+METHODS = ("resolve", "certified_removal", "hf", "ccl_hessian", "ccl_gradient", "safe")
 COLUMNS = (
     "method",
     "epsilon",
@@ -380,7 +380,7 @@ def run_tradeoff(
                     _row("safe", eps, m2, model, retrain_acc, setup, shadows, cert if eps != math.inf else None)
                 )
                 log(_line(rows[-1]))
-    if {"hessian", "gradient"} & set(methods):
+    if {"ccl_hessian", "ccl_gradient"} & set(methods):
         model, hrec, check = setup.proximal(), CCLHessianRecorder(hessian="exact"), TaskOptimality(1e-4)
         setup.fit_proximal(model, setup.x, setup.y, [hrec, check])
         retrain = setup.fit_proximal(setup.proximal(), setup.x[setup.keep], setup.y[setup.keep], [])
@@ -390,7 +390,7 @@ def run_tradeoff(
         rows.append(_row("never_forgot[lbfgs]", math.inf, model, model, retrain_acc, setup, shadows))
         constants = linear_model_constants(setup.feature_norm, setup.recipe.l2, init_norm=0.0)
         for eps in grid:
-            for name in ("hessian", "gradient"):
+            for name in ("ccl_hessian", "ccl_gradient"):
                 if name not in methods:
                     continue
                 m2, hr2 = copy.deepcopy(model), copy.deepcopy(hrec)
@@ -539,8 +539,8 @@ def write_tradeoff(
         "resolve": ("C4", "*"),
         "certified_removal": ("C5", "v"),
         "hf": ("C0", "o"),
-        "hessian": ("C1", "s"),
-        "gradient": ("C2", "^"),
+        "ccl_hessian": ("C1", "s"),
+        "ccl_gradient": ("C2", "^"),
         "safe": ("C3", "D"),
     }
     for method, (colour, marker) in styles.items():

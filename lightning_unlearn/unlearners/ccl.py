@@ -20,7 +20,7 @@ from lightning_unlearn.functional import autodiff, ccl
 from lightning_unlearn.functional.bounds import ModelConstants, forgetting_chain, newton_chain
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.privacy import ReleaseConfig
-from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate, swap_weights
+from lightning_unlearn.unlearners.base import ForgetData, MethodInfo, UnlearningUpdate, swap_weights
 from lightning_unlearn.unlearners.release import ReleasingUnlearner
 from lightning_unlearn.warnings import warn
 
@@ -31,6 +31,10 @@ BOUNDS = ("contraction", "paper")
 def _is_linear(module: nn.Module) -> bool:
     layers = [m for m in module.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
     return len(layers) == 1 and isinstance(layers[0], nn.Linear)
+
+
+#: the registry's assumptions of both [CCL] methods
+TASKS_SOLVED = "strong convexity, proved constants, each task solved to a checked tolerance (TaskOptimality)"
 
 
 class _ContinualCertified(ReleasingUnlearner):
@@ -358,7 +362,13 @@ class CCLGradientUnlearner(_ContinualCertified):
     internal model is the last trained one, so its pre-noise weights are the original weights by design.
     """
 
-    method = "gradient"
+    method = "ccl_gradient"
+    method_info = MethodInfo(
+        guarantee="(epsilon, delta): natural forgetting, noise only, gamma^NF ([CCL] Thm. 4.1)",
+        assumptions=TASKS_SOLVED,
+        cost="O(d) per request (noise); recording task sizes and end points",
+        paper="CCL",
+    )
     statement = "[CCL] Alg. 1 / Theorem 4.1: ||w_retrain - w_t|| <= gamma^NF; Gaussian mechanism"
 
     def _paper_bounds(self, status: list[ccl.TaskStatus], c: ccl.CLConstants) -> dict[str, float]:
@@ -391,7 +401,16 @@ class CCLHessianUnlearner(_ContinualCertified):
     ``gamma^H`` ([interp, derived], :func:`ccl.sensitivity_hessian`).
     """
 
-    method = "hessian"
+    method = "ccl_hessian"
+    method_info = MethodInfo(
+        guarantee="(epsilon, delta): a Newton correction over the task chain plus noise on gamma^H ([CCL] Alg. 2)",
+        assumptions=TASKS_SOLVED,
+        cost=(
+            "a solve with each recorded task Hessian per request (dense: O(d^3); factored, a linear head: conjugate "
+            "gradients, O(n_i K d) per iteration); recording a Hessian per task"
+        ),
+        paper="CCL",
+    )
     reads_data = True  # optional: the samples to forget, for sample-level requests without stored gradients
     statement = "[CCL] Alg. 2 / Prop. 5.1 (Lemma D.2 bound gamma^H): Newton correction + Gaussian mechanism"
 

@@ -16,8 +16,8 @@ from torch.utils.data import Dataset
 
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.functional.l1_sparse import l1_coefficient, l1_norm
-from lightning_unlearn.unlearners.base import ForgetData
-from lightning_unlearn.unlearners.baselines import Batch, EpochCounter, _Trained
+from lightning_unlearn.unlearners.base import ForgetData, MethodInfo
+from lightning_unlearn.unlearners.baselines import TRAINED, UNCERTIFIED, Batch, EpochCounter, _Trained
 
 
 class L1SparseUnlearner(_Trained):
@@ -47,6 +47,12 @@ class L1SparseUnlearner(_Trained):
     """
 
     method = "l1_sparse"
+    method_info = MethodInfo(
+        guarantee=UNCERTIFIED,
+        assumptions=TRAINED,
+        cost="`epochs` epochs over the retained set with a decaying L1 penalty per request",
+        paper="Sparse",
+    )
 
     def __init__(
         self,

@@ -15,7 +15,7 @@ from lightning_unlearn.functional import safe
 from lightning_unlearn.functional.bounds import ModelConstants, contraction_condition, sgd_bound
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.privacy import ReleaseConfig, gaussian_noise
-from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate
+from lightning_unlearn.unlearners.base import ForgetData, MethodInfo, UnlearningUpdate
 from lightning_unlearn.unlearners.release import Publication, ReleasingUnlearner
 
 _SCOPES = ("all", "current")
@@ -84,6 +84,12 @@ class SAFEUnlearner(ReleasingUnlearner):
     """
 
     method = "safe"
+    method_info = MethodInfo(
+        guarantee="none by default ([SAFE] Thm. 2 bounds regret); (epsilon, delta) with epsilon, delta, weight_bound",
+        assumptions="one request per round; the certified release needs the weight bound W (Thm. 2(iii))",
+        cost="one step from the anchor w_0 per request: gradients of the forget buffer at w_0",
+        paper="SAFE",
+    )
     reads_data = True
     needs_forget_data = True
     default_release = ReleaseConfig(epsilon=None, delta=None)

@@ -21,8 +21,8 @@ from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.functional.rbm import mean_loss_gradient
 from lightning_unlearn.functional.woodfisher import influence_direction, woodfisher_inverse_product
 from lightning_unlearn.modes import eval_mode
-from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate
-from lightning_unlearn.unlearners.baselines import _Trained, rows
+from lightning_unlearn.unlearners.base import ForgetData, MethodInfo, UnlearningUpdate
+from lightning_unlearn.unlearners.baselines import UNCERTIFIED, _Trained, rows
 
 
 class WoodFisherUnlearner(_Trained):
@@ -65,6 +65,12 @@ class WoodFisherUnlearner(_Trained):
     """
 
     method = "woodfisher"
+    method_info = MethodInfo(
+        guarantee=UNCERTIFIED,
+        assumptions="one influence step w + alpha F^-1 v, F the dampened empirical Fisher of retained gradients",
+        cost="gradients over the forget and retained sets and n_samples per-sample gradients, O(n_samples^2 d)",
+        paper="Sparse, WoodFisher",
+    )
     reads_data = True
     needs_forget_data = True
 
