@@ -486,7 +486,8 @@ def test_publish_without_a_request_releases_the_internal_model_at_the_bound_of_t
     gamma = 2 * rho**2 * ratio * L / lam + 1 * rho * ratio * gap
     assert cert.bounds["sensitivity"] == pytest.approx(gamma, rel=1e-12)
     assert cert.sigma == pytest.approx(analytic_sigma(gamma, EPS, DELTA), rel=1e-12)
-    assert len(strategy.accountant) == 2 and rec.unlearning_state.privacy["ccl_hessian"] == strategy.accountant.state_dict()
+    assert len(strategy.accountant) == 2
+    assert rec.unlearning_state.privacy["ccl_hessian"] == strategy.accountant.state_dict()
     assert float((autodiff.flat_params(model) - internal).norm()) > 0  # the module holds the published (noised) model
     assert torch.equal(strategy.clean_parameters(), internal)  # the next task starts from w_t itself
     assert len(strategy.ledger) == 1  # a publication forgets nothing: no ledger entry

@@ -17,18 +17,18 @@ the held-out ``base`` split, each with its own label (no model saw them, and the
 distribution by construction: a test split of another distribution would make a retrain look like a leak). LiRA's
 shadow models are trained with the recipe of the model they attack (:func:`~lightning_unlearn.metrics.shadow_models`):
 for the head's rows the head's own solve (a :class:`SoftmaxHeadRecorder` at :data:`HEAD_L2` and its tolerance), for
-``hf`` and ``safe`` the SGD recipe, for ``hessian`` and ``gradient`` the L-BFGS fit, each on :data:`LIRA_SHADOWS`
-random subsets, of the target's training-set size, of the retained samples and the rest of ``base``; the noise of a
-release and [CR]'s loss perturbation are not part of the shadows' recipe. Each family has a ``never_forgot[...]`` row,
-its model before any request: next to the retrain (LiRA ~0.5), it shows what the attack finds in a model that still
+``hf`` and ``safe`` the SGD recipe, for ``ccl_hessian`` and ``ccl_gradient`` the L-BFGS fit, each on
+:data:`LIRA_SHADOWS` random subsets, of the target's training-set size, of the retained samples and the rest of
+``base``; the noise of a release and [CR]'s loss perturbation are not part of the shadows' recipe. Each family has
+a ``never_forgot[...]`` row, its model before any request: next to the retrain (LiRA ~0.5), it shows what the attack finds in a model that still
 holds the forgotten samples. MIA-U compares the models before and after the requests: the retrain leaks under it by
 design ([MIAU]; [HF] Fig. 5), and ``never_forgot`` (no change) scores 0.5.
 
 Methods: ``resolve`` (the certified softmax head re-solved to a computed distance, [derived],
 ``docs/certified_head.md``) and ``certified_removal`` ([CR], Newton removal with a loss perturbation drawn for each
 epsilon), both at their own ``l2`` (:data:`HEAD_L2`) and against ``retrain[exact]`` (that head's optimum on the
-retained samples, solved from scratch); ``hf`` ([HF], SGD recipe), ``hessian`` and ``gradient`` ([CCL] Alg. 2 / Alg. 1,
-the task solved by full-batch L-BFGS to a checked tolerance), ``safe`` ([SAFE] Alg. 1's step); each
+retained samples, solved from scratch); ``hf`` ([HF], SGD recipe), ``ccl_hessian`` and ``ccl_gradient`` ([CCL]
+Alg. 2 / Alg. 1, the task solved by full-batch L-BFGS to a checked tolerance), ``safe`` ([SAFE] Alg. 1's step); each
 noise-free (``epsilon = inf``) and next to its retrained reference. Every certified release calibrates on
 the strategies' default, the contraction bound [derived] (``docs/certificates.md``; SAFE's from the same
 fit's :class:`TrajectoryRecorder`). Two SGD references: ``retrain[sgd]`` (the recipe retrained on the
