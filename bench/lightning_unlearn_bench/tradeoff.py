@@ -12,17 +12,17 @@ after the last request, the test accuracy, the gap to retraining, the last relea
 accountant's total epsilon over all releases (at the same delta), and two attacks (MIA-U AUC with
 DirectDiff features, offline LiRA AUC).
 
-The attacks' audit: the members are the forgotten samples, the non-members as many samples (at most half of it) of
-the held-out ``base`` split, each with its own label (no model saw them, and they come from the training data's
-distribution by construction: a test split of another distribution would make a retrain look like a leak). LiRA's
-shadow models are trained with the recipe of the model they attack (:func:`~lightning_unlearn.metrics.shadow_models`):
-for the head's rows the head's own solve (a :class:`SoftmaxHeadRecorder` at :data:`HEAD_L2` and its tolerance), for
-``hf`` and ``safe`` the SGD recipe, for ``ccl_hessian`` and ``ccl_gradient`` the L-BFGS fit, each on
-:data:`LIRA_SHADOWS` random subsets, of the target's training-set size, of the retained samples and the rest of
-``base``; the noise of a release and [CR]'s loss perturbation are not part of the shadows' recipe. Each family has
-a ``never_forgot[...]`` row, its model before any request: next to the retrain (LiRA ~0.5), it shows what the attack finds in a model that still
-holds the forgotten samples. MIA-U compares the models before and after the requests: the retrain leaks under it by
-design ([MIAU]; [HF] Fig. 5), and ``never_forgot`` (no change) scores 0.5.
+The attacks' audit: the members are the forgotten samples, the non-members as many samples (at most half of it) of the
+held-out ``base`` split, each with its own label (no model saw them, and they come from the training data's distribution
+by construction: a test split of another distribution would make a retrain look like a leak). LiRA's shadow models are
+trained with the recipe of the model they attack (:func:`~lightning_unlearn.metrics.shadow_models`): for the head's rows
+the head's own solve (a :class:`SoftmaxHeadRecorder` at :data:`HEAD_L2` and its tolerance), for ``hf`` and ``safe`` the
+SGD recipe, for ``ccl_hessian`` and ``ccl_gradient`` the L-BFGS fit, each on :data:`LIRA_SHADOWS` random subsets, of the
+target's training-set size, of the retained samples and the rest of ``base``; the noise of a release and [CR]'s loss
+perturbation are not part of the shadows' recipe. Each family has a ``never_forgot[...]`` row, its model before any
+request: next to the retrain (LiRA ~0.5), it shows what the attack finds in a model that still holds the forgotten
+samples. MIA-U compares the models before and after the requests: the retrain leaks under it by design ([MIAU]; [HF]
+Fig. 5), and ``never_forgot`` (no change) scores 0.5.
 
 Methods: ``resolve`` (the certified softmax head re-solved to a computed distance, [derived],
 ``docs/certified_head.md``) and ``certified_removal`` ([CR], Newton removal with a loss perturbation drawn for each
