@@ -317,15 +317,19 @@ def test_compare_runs_resolve_by_default(parser):
 
 def test_every_method_named_in_the_docs_is_registered_and_described(parser):
     index = (DOCS / "index.md").read_text()
-    rows = re.findall(r"^\| \[[^\]]+\]\((\w+)\.md\) \(([^)]*)\) \|", index, flags=re.MULTILINE)
-    assert sorted(page for page, _ in rows) == sorted(p.stem for p in DOCS.glob("*.md") if p.stem != "index")
-    names = [label.strip("`") for _, label in rows if re.fullmatch(r"`\w+`", label)]
+    # a method's row links its page, or its section of its family's page (ccl.md#ccl_hessian)
+    rows = re.findall(r"^\| \[[^\]]+\]\((\w+)\.md(?:#(\w+))?\) \(([^)]*)\) \|", index, flags=re.MULTILINE)
+    assert sorted({page for page, _, _ in rows}) == sorted(p.stem for p in DOCS.glob("*.md") if p.stem != "index")
+    names = [label.strip("`") for _, _, label in rows if re.fullmatch(r"`\w+`", label)]
     assert sorted(names) == registry.available_methods()  # each registered method documented, each name registered
-    for page, label in rows:
+    for page, section, label in rows:
         text = (DOCS / f"{page}.md").read_text()
         if label == "not in the registry":  # a library class outside the registry says so on its page too
             assert "not in the harness registry" in text, page
             continue
         name = label.strip("`")
-        assert page == name and text.splitlines()[0].endswith(f"(`{name}`)"), page
+        if section:  # a family's page: the method's section is headed by its key
+            assert section == name and re.search(rf"^## `{name}`: .* {{ #{name} }}$", text, flags=re.MULTILINE), page
+        else:
+            assert page == name and text.splitlines()[0].endswith(f"(`{name}`)"), page
         assert list_methods(parser.parse_args(["methods", name]).methods.name).startswith(f"{name}: ")
