@@ -9,7 +9,7 @@ minutes on 2 CPU cores). Prints:
   dense d x d Hessian would need 40 GB), and retraining from scratch; with ratios;
 * recording overhead of each callback as a ratio of the plain fit time: TrajectoryRecorder (HF,
   tracking a forgettable subset of K samples; its cost is linear in K, so it is also projected
-  to all N), TaskDeltaRecorder and HessianRecorder (diagonal approximation: a dense Hessian is
+  to all N), CCLRecorder and CCLHessianRecorder (diagonal approximation: a dense Hessian is
   out of reach at this d) on the proximal model of [CCL];
 * memory of the stored statistics, measured and by formula;
 * a ResNet-18 row (:func:`resnet18_row`): a user's torchvision ``resnet18`` (BatchNorm in training
@@ -18,7 +18,7 @@ minutes on 2 CPU cores). Prints:
   raw row addition vs retraining, next to the figures [HF] Table 6 (and Table 3) reports for
   ResNet-18 on CIFAR-10 on a GPU. All ratios come from the same run.
 
-Cheap fits (plain, TaskDeltaRecorder, retraining) are timed as the best of 3.
+Cheap fits (plain, CCLRecorder, retraining) are timed as the best of 3.
 
     python benchmarks/certified.py [--resnet-only] [--samples 512] [--epochs 1] [--tracked 4]
 """
@@ -40,11 +40,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig
-from lightning_unlearn.callbacks import HessianRecorder, TaskDeltaRecorder, TrajectoryRecorder
+from lightning_unlearn.callbacks import CCLHessianRecorder, CCLRecorder, TrajectoryRecorder
 from lightning_unlearn.functional import autodiff
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.progress import QUIET_TRAINER
-from lightning_unlearn.unlearners import HessianCertifiedUnlearner, HFUnlearner
+from lightning_unlearn.unlearners import CCLHessianUnlearner, HFUnlearner
 
 warnings.filterwarnings("ignore")
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -246,13 +246,13 @@ def mlp_rows() -> None:
     model, traj = sgd(), TrajectoryRecorder(track=range(TRACKED), power_iters=1)
     hf_fit = timed_fit(model, ds, [traj])
     plain_prox = best_of(3, proximal, ds)
-    delta_fit = best_of(3, proximal, ds, lambda: [TaskDeltaRecorder()])
-    hess = HessianRecorder(hessian="diagonal", n_probes=16, chunk_size=1000)
+    delta_fit = best_of(3, proximal, ds, lambda: [CCLRecorder()])
+    hess = CCLHessianRecorder(hessian="diagonal", n_probes=16, chunk_size=1000)
     hess_fit = timed_fit(proximal(), ds, [hess])
-    lowrank, prox = HessianRecorder(hessian="lowrank", rank=16, chunk_size=1000), proximal()
+    lowrank, prox = CCLHessianRecorder(hessian="lowrank", rank=16, chunk_size=1000), proximal()
     lowrank_fit = timed_fit(prox, ds, [lowrank])
     recorded_newton = (
-        HessianCertifiedUnlearner(prox, lowrank, release=ReleaseConfig(epsilon=1.0, delta=1e-5))
+        CCLHessianUnlearner(prox, lowrank, release=ReleaseConfig(epsilon=1.0, delta=1e-5))
         .forget(ForgetRequest.samples([20]), data=ds)
         .wall_time_s
     )
@@ -287,9 +287,9 @@ def mlp_rows() -> None:
     print(f"  TrajectoryRecorder, K = {TRACKED} tracked samples : {hf_fit:8.2f} s   ratio {hf_fit / plain:8.2f}")
     print(f"    projected to all N = {N:,} tracked (linear in K) : {projected:8.0f} s   ratio {projected / plain:8.0f}")
     print(f"  plain fit (ProximalClassifier)            : {plain_prox:8.2f} s")
-    print(f"  TaskDeltaRecorder                         : {delta_fit:8.2f} s   ratio {delta_fit / plain_prox:8.2f}")
-    print(f"  HessianRecorder (diagonal, 16 probes)     : {hess_fit:8.2f} s   ratio {hess_fit / plain_prox:8.2f}")
-    print(f"  HessianRecorder (low-rank Lanczos, k=16)  : {lowrank_fit:8.2f} s   ratio {lowrank_fit / plain_prox:8.2f}")
+    print(f"  CCLRecorder                               : {delta_fit:8.2f} s   ratio {delta_fit / plain_prox:8.2f}")
+    print(f"  CCLHessianRecorder (diagonal, 16 probes) : {hess_fit:8.2f} s   ratio {hess_fit / plain_prox:8.2f}")
+    print(f"  CCLHessianRecorder (Lanczos, k=16)       : {lowrank_fit:8.2f} s   ratio {lowrank_fit / plain_prox:8.2f}")
 
     mib = 2**20
     print("\nmemory of the stored statistics")
@@ -297,9 +297,9 @@ def mlp_rows() -> None:
         f"  TrajectoryRecorder: K x d x 4 B = {traj.memory_bytes() / mib:.1f} MiB measured (K = {TRACKED}); "
         f"all N: {N * d * 4 / 2**30:.2f} GiB float32, {N * d * 2 / 2**30:.2f} GiB float16 (use store='mmap' on disk)"
     )
-    print(f"  TaskDeltaRecorder : 2 d x 4 B per experience = {2 * d * 4 / mib:.2f} MiB")
+    print(f"  CCLRecorder : 2 d x 4 B per experience = {2 * d * 4 / mib:.2f} MiB")
     print(
-        f"  HessianRecorder   : diagonal d x 4 B + deltas = {(d * 4 + 2 * d * 4) / mib:.2f} MiB per experience; "
+        f"  CCLHessianRecorder   : diagonal d x 4 B + deltas = {(d * 4 + 2 * d * 4) / mib:.2f} MiB per experience; "
         f"low-rank k=16: (k + 2) d x 4 B = {18 * d * 4 / mib:.2f} MiB; "
         f"exact would be d^2 x 4 B = {d * d * 4 / 2**30:.1f} GiB"
     )

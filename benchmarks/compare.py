@@ -63,7 +63,7 @@ _BASELINES = ("rbm", "salun", "finetune", "neggrad", "neggrad_plus", "randomlabe
 GROUPS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "analytic": [("acu", {})] + [(n, {}) for n in _BASELINES],
     "supervised": [("safe", {})] + [(n, {"family": "supervised"}) for n in _BASELINES],
-    "certified": [(n, noise) for n in ("hf", "hessian", "gradient") for noise in ({}, {"noise": False})],
+    "certified": [(n, noise) for n in ("hf", "ccl_hessian", "ccl_gradient") for noise in ({}, {"noise": False})],
 }
 COLUMNS = ("l2_to_retrain", "retain_gap_pp", "forget_gap_pp", "test_gap_pp", "mia_gap")
 HEADS = ("dParams", "dRetain", "dForget", "dTest", "dMIA")

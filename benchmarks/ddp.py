@@ -1,8 +1,8 @@
 """Recorders under DDP: 1 vs 2 CPU processes (gloo), time and per-rank statistics memory (issue 11 benchmark).
 
 For each recorder (ACU's :class:`~lightning_unlearn.AnalyticRecorder`, SAFE's
-:class:`~lightning_unlearn.callbacks.StreamingRecorder`, [CCL]'s
-:class:`~lightning_unlearn.callbacks.HessianRecorder`, HF's
+:class:`~lightning_unlearn.callbacks.SAFERecorder`, [CCL]'s
+:class:`~lightning_unlearn.callbacks.CCLHessianRecorder`, HF's
 :class:`~lightning_unlearn.callbacks.TrajectoryRecorder`) and for a plain fit without recorder, one fit of
 one epoch on synthetic data (same global batch in both runs: the per-rank batch is halved with 2 processes),
 run once with ``devices=1`` and once with ``strategy="ddp", devices=2``. Reported per run:
@@ -56,7 +56,7 @@ def worker(name: str, devices: int, out: str) -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     from lightning_unlearn import AnalyticRecorder
-    from lightning_unlearn.callbacks import HessianRecorder, StreamingRecorder, TrajectoryRecorder
+    from lightning_unlearn.callbacks import CCLHessianRecorder, SAFERecorder, TrajectoryRecorder
     from lightning_unlearn.data import IndexedDataset
     from lightning_unlearn.models import AnalyticClassifier, ProximalClassifier, SupervisedClassifier, mlp_backbone
     from lightning_unlearn.progress import QUIET_TRAINER
@@ -74,7 +74,7 @@ def worker(name: str, devices: int, out: str) -> None:
     elif name == "[CCL]":
         net = nn.Sequential(nn.Linear(N_FEATURES, 16), nn.Tanh(), nn.Linear(16, N_CLASSES))
         model = ProximalClassifier(net, lr=0.1, l2=0.01, reg_lambda=1.0, optimizer="sgd")
-        recorder = HessianRecorder(hessian="exact", chunk_size=128)
+        recorder = CCLHessianRecorder(hessian="exact", chunk_size=128)
         commit = recorder._commit
 
         def measured_commit(module: nn.Module) -> None:
@@ -86,7 +86,7 @@ def worker(name: str, devices: int, out: str) -> None:
         net = nn.Sequential(nn.Linear(N_FEATURES, 64), nn.Tanh(), nn.Linear(64, N_CLASSES))
         model = SupervisedClassifier(net, lr=0.05, l2=0.01)
         recorder = {
-            "SAFE": lambda: StreamingRecorder(num_classes=N_CLASSES, proj_dim=16),
+            "SAFE": lambda: SAFERecorder(num_classes=N_CLASSES, proj_dim=16),
             "HF": lambda: TrajectoryRecorder(track=range(0, N_SAMPLES, 2)),
             "plain": lambda: None,
         }[name]()

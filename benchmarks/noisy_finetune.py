@@ -42,7 +42,7 @@ from torch.utils.data import DataLoader, Subset
 from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig
 from lightning_unlearn.callbacks import SampleRecorder
 from lightning_unlearn.progress import QUIET_TRAINER, quiet_lightning
-from lightning_unlearn.unlearners.noisy import NoisyFinetuneUnlearner
+from lightning_unlearn.unlearners.noisy_finetune import NoisyFinetuneUnlearner
 from lightning_unlearn_bench.datasets import MNIST5k
 
 EPSILON, DELTA, BATCH = 1.0, 1e-5, 64

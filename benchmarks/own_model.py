@@ -32,17 +32,17 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_unlearn import (
     ACUUnlearner,
     AnalyticRecorder,
+    CCLGradientUnlearner,
+    CCLHessianRecorder,
+    CCLHessianUnlearner,
+    CCLRecorder,
     ForgetRequest,
-    GradientCertifiedUnlearner,
-    HessianCertifiedUnlearner,
-    HessianRecorder,
     HFUnlearner,
     IndexedDataset,
     RBMUnlearner,
     ReleaseConfig,
-    StreamingRecorder,
-    StreamingUnlearner,
-    TaskDeltaRecorder,
+    SAFERecorder,
+    SAFEUnlearner,
     TrajectoryRecorder,
 )
 from lightning_unlearn.callbacks import HessianSumRecorder, ProximalRegularizer, SampleRecorder, SoftmaxHeadRecorder
@@ -64,7 +64,7 @@ from lightning_unlearn.unlearners.baselines import (
     RandomLabelUnlearner,
     RetrainUnlearner,
 )
-from lightning_unlearn.unlearners.noisy import NoisyFinetuneUnlearner
+from lightning_unlearn.unlearners.noisy_finetune import NoisyFinetuneUnlearner
 
 FORGET = ForgetRequest.samples([3, 14, 15, 29])
 
@@ -203,28 +203,27 @@ def build_all(
         methods.append((name, lambda s=strategy: s.forget(FORGET, data if s.reads_data else None)))
 
     # [SAFE]
-    model, rec = UserResNet(), StreamingRecorder(num_classes=10)
+    model, rec = UserResNet(), SAFERecorder(num_classes=10)
     reference = fit(UserResNet(), data, args.epochs, [])
-    rows.append(("StreamingRecorder", fit(model, data, args.epochs, [rec]), reference, state_bytes(rec)))
-    safe = StreamingUnlearner(model, rec, step_size=0.05)
+    rows.append(("SAFERecorder", fit(model, data, args.epochs, [rec]), reference, state_bytes(rec)))
+    safe = SAFEUnlearner(model, rec, step_size=0.05)
     methods.append(("safe", lambda: safe.forget(FORGET, data)))
 
     # [CCL]: task deltas and Hessians (diagonal: an exact 11M x 11M Hessian is out of reach)
-    model, rec = UserResNet(), TaskDeltaRecorder()
+    model, rec = UserResNet(), CCLRecorder()
     reference = fit(UserResNet(), data, args.epochs, [])
     t = fit(model, data, args.epochs, [rec, ProximalRegularizer(reg_lambda=1.0)])
-    rows.append(("TaskDeltaRecorder", t, reference, state_bytes(rec)))
-    gradient = GradientCertifiedUnlearner(model, rec, lipschitz=1.0, smoothness=1.0, release=ReleaseConfig(noise=False))
-    methods.append(("gradient", lambda: gradient.forget(FORGET)))
+    rows.append(("CCLRecorder", t, reference, state_bytes(rec)))
+    gradient = CCLGradientUnlearner(model, rec, lipschitz=1.0, smoothness=1.0, release=ReleaseConfig(noise=False))
+    methods.append(("ccl_gradient", lambda: gradient.forget(FORGET)))
     if args.hessian:  # Hutchinson probes over the whole task at 11M parameters: tens of minutes on 2 CPU cores
-        model, rec = UserResNet(), HessianRecorder(hessian="diagonal", n_probes=2, chunk_size=16)
+        model, rec = UserResNet(), CCLHessianRecorder(hessian="diagonal", n_probes=2, chunk_size=16)
         callbacks = [rec, ProximalRegularizer(reg_lambda=1.0)]
         reference = fit(UserResNet(), data, args.epochs, [])
-        rows.append(("HessianRecorder (diag)", fit(model, data, args.epochs, callbacks), reference, state_bytes(rec)))
-        hessian = HessianCertifiedUnlearner(
-            model, rec, lipschitz=1.0, smoothness=1.0, release=ReleaseConfig(noise=False)
-        )
-        methods.append(("hessian", lambda: hessian.forget(FORGET, data)))
+        fitted = fit(model, data, args.epochs, callbacks)
+        rows.append(("CCLHessianRecorder (diag)", fitted, reference, state_bytes(rec)))
+        hessian = CCLHessianUnlearner(model, rec, lipschitz=1.0, smoothness=1.0, release=ReleaseConfig(noise=False))
+        methods.append(("ccl_hessian", lambda: hessian.forget(FORGET, data)))
 
     # [HF]: the user's BatchNorm in training mode, vectors for `track` samples
     model, rec = UserResNet(), TrajectoryRecorder(track=range(args.track) if args.track else None)
@@ -268,7 +267,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=512)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--track", type=int, default=8, help="samples HF keeps vectors for (track=)")
-    parser.add_argument("--hessian", action="store_true", help="also the diagonal HessianRecorder (slow on a CPU)")
+    parser.add_argument("--hessian", action="store_true", help="also the diagonal CCLHessianRecorder (slow on a CPU)")
     args = parser.parse_args()
     torch.set_num_threads(2)
     data = fake_data(args.samples)

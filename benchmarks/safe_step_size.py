@@ -1,8 +1,8 @@
 """Benchmark: why SAFE at the paper's K = 2.5 breaks safe-table1's bundled MNIST model, measured (issue 21.3).
 
 safe-table1's bundled MNIST recipe (mnist-5k's 4,000 training digits, ``cnn2fc`` of width 16, plain SGD at lr 0.05,
-batch 32, the config's epochs), fitted once with a :class:`StreamingRecorder`; then 20 rounds of 27 random digits
-(the config's request set) with :class:`StreamingUnlearner` at several settings, each from a copy of the fitted
+batch 32, the config's epochs), fitted once with a :class:`SAFERecorder`; then 20 rounds of 27 random digits
+(the config's request set) with :class:`SAFEUnlearner` at several settings, each from a copy of the fitted
 model and recorder. SAFE's step ([SAFE] Eq. (27)) has the fixed length ``gamma = sqrt(||w_0||)/(K sqrt(T))``
 whatever the gradient, so ``K`` sets how far every round moves from ``w_0``; ``forget_weight=0`` steps along the
 retention gradient alone. Prints, per setting, the step length and the mean over the rounds of the retained,
@@ -29,11 +29,11 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn import ForgetRequest
-from lightning_unlearn.callbacks import StreamingRecorder
+from lightning_unlearn.callbacks import SAFERecorder
 from lightning_unlearn.data import IndexedDataset
 from lightning_unlearn.models import SupervisedClassifier
 from lightning_unlearn.progress import QUIET_TRAINER
-from lightning_unlearn.unlearners import StreamingUnlearner
+from lightning_unlearn.unlearners import SAFEUnlearner
 from lightning_unlearn_bench.datasets import MNIST5k
 from lightning_unlearn_bench.papers import get_config
 from lightning_unlearn_bench.repro.models import classifier
@@ -68,7 +68,7 @@ def main(out: Path) -> None:
     data = IndexedDataset(TensorDataset(x, y), ids=torch.arange(len(y)))
     torch.manual_seed(0)
     model = SupervisedClassifier(classifier(scale.model, 10, (1, 28, 28), scale.width), lr=scale.lr)
-    recorder = StreamingRecorder(num_classes=10, seed=0)
+    recorder = SAFERecorder(num_classes=10, seed=0)
     t0 = time.process_time()
     loader = DataLoader(data, batch_size=scale.batch_size, shuffle=True, generator=torch.Generator().manual_seed(0))
     L.Trainer(max_epochs=scale.epochs, callbacks=[recorder], **QUIET_TRAINER).fit(model, loader)
@@ -84,9 +84,9 @@ def main(out: Path) -> None:
     rows = []
     for setting in SETTINGS:
         options = {**entry.options, **setting}
-        module, rec = copy.deepcopy(model), StreamingRecorder(num_classes=10, seed=0)
+        module, rec = copy.deepcopy(model), SAFERecorder(num_classes=10, seed=0)
         rec.load_state_dict(recorder.state_dict())
-        strategy = StreamingUnlearner(module, rec, **options)
+        strategy = SAFEUnlearner(module, rec, **options)
         forgot = torch.zeros(len(y), dtype=torch.bool)
         sums, step = [0.0, 0.0, 0.0], float("nan")
         for t in range(k):

@@ -8,9 +8,9 @@ scikit-learn's digits:
    (``HFUnlearner``). Reference: retraining with the same initialisation and batch order,
    the forgotten samples' gradients dropped (HF's Eqs. (4)-(5)).
 2. [CCL]: the same MLP trained with [CCL]'s regulariser toward the previous task's model,
-   each task solved by full-batch L-BFGS, with a ``HessianRecorder`` (exact Hessian, d ~ 1.2k);
+   each task solved by full-batch L-BFGS, with a ``CCLHessianRecorder`` (exact Hessian, d ~ 1.2k);
    then one whole experience is forgotten by the Newton-style correction of Eq. (13) + noise
-   (``HessianCertifiedUnlearner``). Reference: the regularised chain re-run without that task.
+   (``CCLHessianUnlearner``). Reference: the regularised chain re-run without that task.
 
 For each: retain / forget / test accuracy, loss-threshold MIA score on the forgotten samples,
 L2 distance to the retrained model (before and after noise), and time per request. The MLP is
@@ -30,11 +30,11 @@ from torch.utils.data import Subset, TensorDataset
 
 from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig
 from lightning_unlearn.avalanche import benchmark_with_sample_ids, fit_stream
-from lightning_unlearn.callbacks import HessianRecorder, TrajectoryRecorder
+from lightning_unlearn.callbacks import CCLHessianRecorder, TrajectoryRecorder
 from lightning_unlearn.functional import autodiff
 from lightning_unlearn.metrics import evaluate_unlearning
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
-from lightning_unlearn.unlearners import HessianCertifiedUnlearner, HFUnlearner
+from lightning_unlearn.unlearners import CCLHessianUnlearner, HFUnlearner
 from lightning_unlearn_bench.digits import digits_splits
 
 # Lightning 2.6.6 (the newest) builds torch's deprecated LeafSpec in every fit, and torch warns about it: nothing
@@ -148,17 +148,18 @@ def main() -> None:
     def proximal() -> ProximalClassifier:
         return ProximalClassifier(mlp(), lr=1.0, l2=1e-3, reg_lambda=0.1, optimizer="lbfgs")
 
-    model, recorder = proximal(), HessianRecorder(hessian="exact")
+    model, recorder = proximal(), CCLHessianRecorder(hessian="exact")
     start = perf_counter()
     fit_stream(model, stream, callbacks=[recorder], batch_size=4096, trainer_kwargs={"max_epochs": 3})
     print(
-        f"\n[CCL] trained with HessianRecorder in {perf_counter() - start:.1f} s: {len(recorder.hessians)} Hessians of "
+        f"\n[CCL] trained with CCLHessianRecorder in {perf_counter() - start:.1f} s: "
+        f"{len(recorder.hessians)} Hessians of "
         f"{recorder.hessians[0].shape[0]}^2 floats "
         f"({sum(h.numel() * h.element_size() for h in recorder.hessians) / 2**20:.1f} MiB)"
     )
     original = with_params(model, autodiff.flat_params(model))
     forget_exp = 1
-    hessian = HessianCertifiedUnlearner(model, recorder, release=ReleaseConfig(epsilon=EPS, delta=DELTA))
+    hessian = CCLHessianUnlearner(model, recorder, release=ReleaseConfig(epsilon=EPS, delta=DELTA))
     result = hessian.forget(ForgetRequest.of_experience(forget_exp))
     reference = proximal()
     fit_stream(

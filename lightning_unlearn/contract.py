@@ -50,7 +50,7 @@ optimizer once per batch (Lightning then counts steps and warns about nothing).
   label-smoothed or otherwise custom loss is never silently replaced by cross-entropy.
 
 **The regulariser and the learning rate** (gradient-based recorders: :class:`TrajectoryRecorder`
-for [HF], :class:`TaskDeltaRecorder` / :class:`HessianRecorder` for [CCL]). The per-sample loss these
+for [HF], :class:`CCLRecorder` / :class:`CCLHessianRecorder` for [CCL]). The per-sample loss these
 recorders reason about is ``l(w; z) = loss_fn(module(x), y) + (l2/2)||w||^2``; ``l2`` is read from the
 Trainer's optimizer (:func:`read_optimizer`): its ``weight_decay`` (SGD's and Adam's add ``l2 * w`` to
 the gradient, the gradient of that ridge; AdamW's decoupled decay is refused), plus the ``ridge`` of a

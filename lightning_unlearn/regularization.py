@@ -28,7 +28,7 @@ class ProximalRegularizer(L.Callback):
 
     ``ridge`` is a ridge ``(ridge/2)||w||^2`` of [CCL]'s per-sample loss ``l`` (its strong convexity
     ``mu``) for optimizers without ``weight_decay`` (L-BFGS); with SGD put it in ``weight_decay``.
-    :class:`TaskDeltaRecorder` / :class:`HessianRecorder` read ``reg_lambda``, ``ridge`` and the anchors
+    :class:`CCLRecorder` / :class:`CCLHessianRecorder` read ``reg_lambda``, ``ridge`` and the anchors
     from here (the formulas: :mod:`lightning_unlearn.functional.proximal`). Lightning fits set the anchor
     at ``on_train_start`` (a fit resumed mid-experience restores the experience open and keeps the saved
     one; one Trainer may fit several experiences) and close the experience at ``on_train_end``; other loops call

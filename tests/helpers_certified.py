@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn import IndexedDataset
-from lightning_unlearn.callbacks import HessianRecorder, TaskDeltaRecorder, TrajectoryRecorder
+from lightning_unlearn.callbacks import CCLHessianRecorder, CCLRecorder, TrajectoryRecorder
 from lightning_unlearn.functional import autodiff
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
 
@@ -79,7 +79,7 @@ def proximal_model(l2: float = 0.05, reg_lambda: float = 1.0) -> ProximalClassif
 
 
 def fit_tasks(
-    tasks: list, recorder: TaskDeltaRecorder | None = None, model: ProximalClassifier | None = None
+    tasks: list, recorder: CCLRecorder | None = None, model: ProximalClassifier | None = None
 ) -> ProximalClassifier:
     """Learn each task as one experience (index = position), each solved by full-batch L-BFGS."""
     model = model if model is not None else proximal_model()
@@ -101,7 +101,7 @@ def without(ds: IndexedDataset, ids: set[int]) -> IndexedDataset:
     return IndexedDataset(TensorDataset(x[keep], y[keep]), ids=ds.ids[keep])
 
 
-def recorded(recorder: HessianRecorder | TrajectoryRecorder) -> dict:
+def recorded(recorder: CCLHessianRecorder | TrajectoryRecorder) -> dict:
     """A deep copy of a recorder's state, for "nothing changed" checks."""
     return {
         k: (

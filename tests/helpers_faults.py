@@ -17,9 +17,9 @@ from helpers_certified import N_CLASSES, blobs, trainer
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_unlearn import AnalyticRecorder, ForgetRequest, Ledger, ReleaseConfig, StreamingRecorder
+from lightning_unlearn import AnalyticRecorder, ForgetRequest, Ledger, ReleaseConfig, SAFERecorder
 from lightning_unlearn.models import SupervisedClassifier
-from lightning_unlearn.unlearners import ACUUnlearner, StreamingUnlearner, Unlearner
+from lightning_unlearn.unlearners import ACUUnlearner, SAFEUnlearner, Unlearner
 
 METHODS = ("acu", "safe")
 SAFE_RELEASE = ReleaseConfig(epsilon=1.0, delta=1e-5, seed=3)
@@ -40,7 +40,7 @@ def fresh(method: str) -> tuple[nn.Module, Any]:
     """An unfitted module and recorder of the method's kind (to restore a checkpoint into)."""
     if method == "acu":
         return analytic_model(), AnalyticRecorder(ridge=0.5)
-    return safe_model(), StreamingRecorder(num_classes=N_CLASSES, proj_dim=4)
+    return safe_model(), SAFERecorder(num_classes=N_CLASSES, proj_dim=4)
 
 
 def fitted(method: str) -> tuple[nn.Module, Any]:
@@ -55,7 +55,7 @@ def fitted(method: str) -> tuple[nn.Module, Any]:
 def strategy(method: str, model: nn.Module, rec: Any, ledger: Ledger) -> Unlearner:
     if method == "acu":
         return ACUUnlearner(model, rec, ledger)
-    return StreamingUnlearner(model, rec, ledger=ledger, weight_bound=50.0, release=SAFE_RELEASE)
+    return SAFEUnlearner(model, rec, ledger=ledger, weight_bound=50.0, release=SAFE_RELEASE)
 
 
 def requests(method: str) -> tuple[ForgetRequest, ForgetRequest]:
@@ -108,7 +108,7 @@ def same(a: Any, b: Any) -> bool:
 def noise_free(s: Unlearner) -> torch.Tensor:
     """SAFE's published parameters (flat, float64) less the seeded noise of its last release: the noise-free model
     ``w_t``, to within the rounding of adding and subtracting the noise (one ulp of the published entries)."""
-    from lightning_unlearn.functional.streaming import flatten
+    from lightning_unlearn.functional.safe import flatten
     from lightning_unlearn.privacy.noise import gaussian_noise
 
     assert s.accountant is not None

@@ -24,18 +24,18 @@ from torch.utils.data import TensorDataset
 from lightning_unlearn import (
     ACUUnlearner,
     AnalyticRecorder,
+    CCLGradientUnlearner,
+    CCLHessianRecorder,
+    CCLHessianUnlearner,
+    CCLRecorder,
     ForgetRequest,
-    GradientCertifiedUnlearner,
-    HessianCertifiedUnlearner,
-    HessianRecorder,
     HFUnlearner,
     ProximalClassifier,
     ProximalRegularizer,
     ReleaseConfig,
-    StreamingRecorder,
-    StreamingUnlearner,
+    SAFERecorder,
+    SAFEUnlearner,
     SupervisedClassifier,
-    TaskDeltaRecorder,
     TrajectoryRecorder,
 )
 from lightning_unlearn.callbacks.samples import SampleRecorder
@@ -232,16 +232,16 @@ def test_trajectory_recorder_refuses_a_momentum_optimizer_under_the_plugin(bm):
 
 
 def test_gradient_strategy_without_constants_fails_at_plugin_construction(bm):
-    model, rec = proximal(), TaskDeltaRecorder()
+    model, rec = proximal(), CCLRecorder()
     schedule = {1: [ForgetRequest.of_experience(0)]}
     with pytest.raises(ValueError, match="lipschitz"):
-        UnlearningPlugin(rec, GradientCertifiedUnlearner(model, rec), schedule)
+        UnlearningPlugin(rec, CCLGradientUnlearner(model, rec), schedule)
     with pytest.raises(ValueError, match="lipschitz"):  # and before any training in fit_stream
         fit_stream(
             model,
             bm.train_stream,
             callbacks=[rec],
-            unlearning=GradientCertifiedUnlearner(model, rec),
+            unlearning=CCLGradientUnlearner(model, rec),
             requests=schedule,
         )
     assert len(rec.catalog) == 0
@@ -251,9 +251,9 @@ def test_task_delta_recorder_anchors_each_task_under_the_plugin(bm):
     schedule = {1: [ForgetRequest.of_experience(0)]}
 
     def strategy(model, rec):
-        return GradientCertifiedUnlearner(model, rec, lipschitz=2.0, smoothness=1.0, release=ReleaseConfig(seed=5))
+        return CCLGradientUnlearner(model, rec, lipschitz=2.0, smoothness=1.0, release=ReleaseConfig(seed=5))
 
-    m1, r1 = proximal(), TaskDeltaRecorder()
+    m1, r1 = proximal(), CCLRecorder()
     lightning_log = logging.getLogger("lightning.pytorch")
     lightning_log.addHandler(said := Said())
     try:
@@ -262,7 +262,7 @@ def test_task_delta_recorder_anchors_each_task_under_the_plugin(bm):
         lightning_log.removeHandler(said)
     # the one Trainer of the stream keeps the module's regulariser: nothing replaced, nothing said about it
     assert not [m for m in said.messages if "configure_callbacks" in m], said.messages
-    m2, r2 = proximal(), TaskDeltaRecorder()
+    m2, r2 = proximal(), CCLRecorder()
     avalanche_run(bm, m2, UnlearningPlugin(r2, strategy(m2, r2), schedule), epochs=4)
 
     assert r2.experience_ids == [0, 1] and r2.sizes == r1.sizes == [N // 2, N // 2]
@@ -277,10 +277,10 @@ def test_hessian_recorder_and_restored_internal_model_under_the_plugin(bm):
     schedule = {0: [ForgetRequest.samples(exp_ids(bm, 0)[:3])], 1: [ForgetRequest.samples(exp_ids(bm, 1)[:2])]}
 
     def strategy(model, rec):
-        return HessianCertifiedUnlearner(model, rec, release=ReleaseConfig(seed=3))
+        return CCLHessianUnlearner(model, rec, release=ReleaseConfig(seed=3))
 
-    m1, r1 = proximal(), HessianRecorder(hessian="exact")
-    m2, r2 = proximal(), HessianRecorder(hessian="exact")
+    m1, r1 = proximal(), CCLHessianRecorder(hessian="exact")
+    m2, r2 = proximal(), CCLHessianRecorder(hessian="exact")
     s2 = strategy(m2, r2)
     plugin, before, capture = UnlearningPlugin(r2, s2, schedule), Capture(s2), Capture(s2)
     with pytest.warns(UserWarning, match="not solved exactly"):  # four SGD epochs do not solve a task
@@ -323,11 +323,11 @@ def test_streaming_recorder_takes_its_anchor_pass_through_the_plugin(bm):
     schedule = {1: [ForgetRequest.samples(exp_ids(bm, 0)[:2] + exp_ids(bm, 1)[:2])]}
 
     def strategy(model, rec):
-        return StreamingUnlearner(model, rec, step_size=0.05, forget_weight=10.0)
+        return SAFEUnlearner(model, rec, step_size=0.05, forget_weight=10.0)
 
-    m1, r1 = supervised(l2=0.0), StreamingRecorder(num_classes=C, proj_dim=3)
+    m1, r1 = supervised(l2=0.0), SAFERecorder(num_classes=C, proj_dim=3)
     lightning_run(bm, m1, r1, strategy(m1, r1), schedule, epochs=3)
-    m2, r2 = supervised(l2=0.0), StreamingRecorder(num_classes=C, proj_dim=3)
+    m2, r2 = supervised(l2=0.0), SAFERecorder(num_classes=C, proj_dim=3)
     plugin = UnlearningPlugin(r2, strategy(m2, r2), schedule)
     avalanche_run(bm, m2, plugin, epochs=3)
 
@@ -478,12 +478,12 @@ class _UserLinear(L.LightningModule):
 
 def test_proximal_regularizer_callback_on_a_user_module_is_also_an_avalanche_plugin(bm):
     """[CCL]'s regulariser as a Lightning callback and as an Avalanche plugin (before_training_exp anchors,
-    before_update adds lambda (w - anchor)): the same task chain either way, recorded by a HessianRecorder."""
-    m1, reg1, r1 = _UserLinear(), ProximalRegularizer(1.0), HessianRecorder(hessian="exact")
+    before_update adds lambda (w - anchor)): the same task chain either way, recorded by a CCLHessianRecorder."""
+    m1, reg1, r1 = _UserLinear(), ProximalRegularizer(1.0), CCLHessianRecorder(hessian="exact")
     with pytest.warns(UserWarning, match="not solved exactly"):  # four SGD epochs do not solve a task
         kwargs = {"max_epochs": 4, **QUIET}
         fit_stream(m1, bm.train_stream, callbacks=[reg1, r1], batch_size=FULL_BATCH, trainer_kwargs=kwargs)
-    m2, reg2, r2 = _UserLinear(), ProximalRegularizer(1.0), HessianRecorder(hessian="exact")
+    m2, reg2, r2 = _UserLinear(), ProximalRegularizer(1.0), CCLHessianRecorder(hessian="exact")
     r2.regularizer = reg2
     r2.read_optimizer([torch.optim.SGD(m2.parameters(), lr=0.2, weight_decay=0.1)], m2)
     strategy = Naive(

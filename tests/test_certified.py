@@ -1,4 +1,4 @@
-"""[CCL]: HessianRecorder / TaskDeltaRecorder and the Hessian- and gradient-based certified strategies."""
+"""[CCL]: CCLHessianRecorder / CCLRecorder and the Hessian- and gradient-based certified strategies."""
 
 import math
 
@@ -20,11 +20,11 @@ from torch import nn
 from torch.utils.data import ConcatDataset, DataLoader
 
 from lightning_unlearn import ForgetRequest, ReleaseConfig
-from lightning_unlearn.callbacks import HessianRecorder, ProximalRegularizer, TaskDeltaRecorder
-from lightning_unlearn.functional import autodiff, certified
+from lightning_unlearn.callbacks import CCLHessianRecorder, CCLRecorder, ProximalRegularizer
+from lightning_unlearn.functional import autodiff, ccl
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.privacy import analytic_sigma
-from lightning_unlearn.unlearners import GradientCertifiedUnlearner, HessianCertifiedUnlearner
+from lightning_unlearn.unlearners import CCLGradientUnlearner, CCLHessianUnlearner
 
 EPS, DELTA = 1.0, 1e-5
 TASKS = cl_tasks()
@@ -32,7 +32,7 @@ TASKS = cl_tasks()
 
 @pytest.fixture(scope="module")
 def trained():
-    rec = HessianRecorder(store_sample_gradients=True)
+    rec = CCLHessianRecorder(store_sample_gradients=True)
     model = fit_tasks(TASKS, rec)
     return model, rec
 
@@ -41,7 +41,7 @@ def copy_of(trained):
     model, rec = trained
     m2 = fit_tasks([], model=None)
     m2.load_state_dict(model.state_dict())
-    r2 = HessianRecorder(store_sample_gradients=True)
+    r2 = CCLHessianRecorder(store_sample_gradients=True)
     r2.load_state_dict(rec.state_dict())
     return m2, r2
 
@@ -63,7 +63,7 @@ def test_recorded_tasks_follow_the_chain(trained):
     loss = rec.module_loss(model)
     for task, H, end in zip(TASKS, rec.hessians, rec.ends):
         x, y = task.dataset.tensors
-        assert torch.allclose(H, certified.dense_hessian(loss, end, x, y), rtol=0, atol=1e-12)
+        assert torch.allclose(H, ccl.dense_hessian(loss, end, x, y), rtol=0, atol=1e-12)
     assert top * (1 - 1e-9) <= rec.smoothness <= top * (1 + 1e-12)
 
 
@@ -71,7 +71,7 @@ def test_task_level_newton_closer_to_retrain_and_within_bound(trained):
     model, rec = copy_of(trained)
     w = autodiff.flat_params(model)
     w_retrain = autodiff.flat_params(fit_tasks([TASKS[1], TASKS[2]]))
-    strategy = HessianCertifiedUnlearner(model, rec, release=ReleaseConfig(epsilon=EPS, delta=DELTA))
+    strategy = CCLHessianUnlearner(model, rec, release=ReleaseConfig(epsilon=EPS, delta=DELTA))
     cert = strategy.forget(ForgetRequest.of_experience(0)).certificate
     original, approx = float((w - w_retrain).norm()), float((strategy.clean_parameters() - w_retrain).norm())
     # tolerance: the Newton correction of Eq. (13) is >= 5x closer to retraining than the original model
@@ -88,9 +88,7 @@ def test_gradient_strategy_keeps_weights_within_natural_forgetting_bound(trained
     model, rec = copy_of(trained)
     w = autodiff.flat_params(model)
     w_retrain = autodiff.flat_params(fit_tasks([TASKS[1], TASKS[2]]))
-    strategy = GradientCertifiedUnlearner(
-        model, rec, bound="paper", release=ReleaseConfig(epsilon=EPS, delta=DELTA, seed=0)
-    )
+    strategy = CCLGradientUnlearner(model, rec, bound="paper", release=ReleaseConfig(epsilon=EPS, delta=DELTA, seed=0))
     cert = strategy.forget(ForgetRequest.of_experience(0)).certificate
     assert torch.equal(strategy.clean_parameters(), w)  # Alg. 1: the internal model is not modified
     assert float((w - w_retrain).norm()) <= cert.bounds["sensitivity"]  # Theorem 4.1
@@ -109,7 +107,7 @@ def test_gradient_strategy_keeps_weights_within_natural_forgetting_bound(trained
 def test_hessian_sigma_matches_formula(trained):
     model, rec = copy_of(trained)
     cert = (
-        HessianCertifiedUnlearner(
+        CCLHessianUnlearner(
             model, rec, lipschitz=2.0, smoothness=3.0, bound="paper", release=ReleaseConfig(epsilon=EPS, delta=DELTA)
         )
         .forget(ForgetRequest.of_experience(0))
@@ -130,11 +128,11 @@ def test_sample_level_newton_from_stored_gradients_and_from_data(trained):
     w_retrain = autodiff.flat_params(fit_tasks([TASKS[0], without(TASKS[1], set(U)), TASKS[2]]))
     model, rec = copy_of(trained)
     w = autodiff.flat_params(model)
-    stored = HessianCertifiedUnlearner(model, rec, release=ReleaseConfig(noise=False))
+    stored = CCLHessianUnlearner(model, rec, release=ReleaseConfig(noise=False))
     stored.forget(ForgetRequest.samples(U))
     model2, rec2 = copy_of(trained)
     rec2.sample_grads = {}
-    from_data = HessianCertifiedUnlearner(model2, rec2, release=ReleaseConfig(noise=False))
+    from_data = CCLHessianUnlearner(model2, rec2, release=ReleaseConfig(noise=False))
     from_data.forget(ForgetRequest.samples(U), data=ConcatDataset(TASKS))
     assert torch.allclose(stored.clean_parameters(), from_data.clean_parameters(), atol=1e-12)
     original, approx = float((w - w_retrain).norm()), float((stored.clean_parameters() - w_retrain).norm())
@@ -146,24 +144,24 @@ def test_sample_level_newton_from_stored_gradients_and_from_data(trained):
 
 
 def test_checkpoint_roundtrip(tmp_path):
-    rec = HessianRecorder(store_sample_gradients=True)
+    rec = CCLHessianRecorder(store_sample_gradients=True)
     model = fit_tasks(TASKS[:1], rec)
     tr = trainer([rec], max_epochs=1)
     rec.experience = 1
     tr.fit(model, DataLoader(TASKS[1], batch_size=60))
     tr.save_checkpoint(tmp_path / "cl.ckpt")
-    restored = HessianRecorder(store_sample_gradients=True)
+    restored = CCLHessianRecorder(store_sample_gradients=True)
     restored.load_from_checkpoint(tmp_path / "cl.ckpt")
     assert same_state(recorded(restored), recorded(rec)) and len(restored.sample_grads) == 120
     state = rec.state_dict()
     state["hessians"] = None
     with pytest.raises(ValueError, match="Hessians"):
-        HessianRecorder().load_state_dict(state)
+        CCLHessianRecorder().load_state_dict(state)
 
 
 def test_bad_input_changes_nothing(trained):
     model, rec = copy_of(trained)
-    strategy = HessianCertifiedUnlearner(model, rec)
+    strategy = CCLHessianUnlearner(model, rec)
     strategy.forget(ForgetRequest.of_experience(2))
     rec.sample_grads = {}
     w, stats, n_ledger = autodiff.flat_params(model), recorded(rec), len(strategy.ledger)
@@ -185,36 +183,36 @@ def test_bad_input_changes_nothing(trained):
         )
     wider = ProximalClassifier(nn.Linear(6, 4).double(), l2=0.05)
     with pytest.raises(ValueError, match="trainable parameters"):
-        HessianCertifiedUnlearner(wider, rec).forget(ForgetRequest.of_experience(0))
+        CCLHessianUnlearner(wider, rec).forget(ForgetRequest.of_experience(0))
     assert same_state(recorded(rec), stats) and int(rec.catalog.forgotten.sum()) == 60
 
 
 def test_task_delta_recorder_needs_the_proximal_regulariser_and_diagonal_mode_runs():
     with pytest.warns(UserWarning, match="not solved exactly"):  # one SGD epoch is far from the minimiser
         sgd = ProximalClassifier(nn.Linear(6, 3).double(), lr=0.01, l2=0.05)
-        trainer([HessianRecorder()]).fit(sgd, DataLoader(TASKS[0], batch_size=20))
+        trainer([CCLHessianRecorder()]).fit(sgd, DataLoader(TASKS[0], batch_size=20))
     plain = SupervisedClassifier(nn.Linear(6, 3).double(), lr=0.1, l2=0.1)
     with pytest.raises(ValueError, match="ProximalClassifier"):
-        trainer([TaskDeltaRecorder()]).fit(plain, DataLoader(TASKS[0], batch_size=20))
-    rec = HessianRecorder(hessian="diagonal", n_probes=256)
+        trainer([CCLRecorder()]).fit(plain, DataLoader(TASKS[0], batch_size=20))
+    rec = CCLHessianRecorder(hessian="diagonal", n_probes=256)
     model = fit_tasks(TASKS[:2], rec)
     assert rec.hessians[0].shape == (21,) and bool((rec.hessians[0] >= 0.05).all())
-    deltas = TaskDeltaRecorder()
+    deltas = CCLRecorder()
     delta_model = fit_tasks(TASKS[:2], deltas)
     assert torch.allclose(deltas.deltas[1], rec.deltas[1]) and deltas.sizes == [60, 60]
     w_delta = autodiff.flat_params(delta_model)
-    with pytest.raises(ValueError, match="lipschitz"):  # a TaskDeltaRecorder estimates no constants
-        GradientCertifiedUnlearner(delta_model, deltas).forget(ForgetRequest.of_experience(0))
+    with pytest.raises(ValueError, match="lipschitz"):  # a CCLRecorder estimates no constants
+        CCLGradientUnlearner(delta_model, deltas).forget(ForgetRequest.of_experience(0))
     assert torch.equal(autodiff.flat_params(delta_model), w_delta) and not bool(deltas.catalog.forgotten.any())
     cert = (
-        GradientCertifiedUnlearner(delta_model, deltas, lipschitz=2.0, smoothness=3.0, bound="paper")
+        CCLGradientUnlearner(delta_model, deltas, lipschitz=2.0, smoothness=3.0, bound="paper")
         .forget(ForgetRequest.of_experience(0))
         .certificate
     )
     assert cert.bounds["sensitivity"] == pytest.approx(2.0 / 1.0 * (1.0 / 1.05), rel=1e-12)  # (L/lambda) rho^1
     w_retrain = autodiff.flat_params(fit_tasks([TASKS[1]]))
     w = autodiff.flat_params(model)
-    strategy = HessianCertifiedUnlearner(model, rec, release=ReleaseConfig(noise=False))
+    strategy = CCLHessianUnlearner(model, rec, release=ReleaseConfig(noise=False))
     strategy.forget(ForgetRequest.of_experience(0))
     # a diagonal Hessian is only an approximation: closer than the original, with a loose tolerance
     assert float((strategy.clean_parameters() - w_retrain).norm()) < float((w - w_retrain).norm())
@@ -222,9 +220,9 @@ def test_task_delta_recorder_needs_the_proximal_regulariser_and_diagonal_mode_ru
 
 def test_requests_between_experiences_follow_the_recorded_chain():
     """Alg. 2 over time: forget task 0 after 2 tasks, continue from the internal model, forget task 1 after task 2."""
-    rec = HessianRecorder()
+    rec = CCLHessianRecorder()
     model = fit_tasks(TASKS[:2], rec)
-    strategy = HessianCertifiedUnlearner(model, rec, release=ReleaseConfig(seed=0))
+    strategy = CCLHessianUnlearner(model, rec, release=ReleaseConfig(seed=0))
     first = strategy.forget(ForgetRequest.of_experience(0)).certificate
     assert first.bounds["chain_term"] == 0.0
     strategy.restore_internal()  # Alg. 2: the next task starts from the noise-free internal model
@@ -234,7 +232,7 @@ def test_requests_between_experiences_follow_the_recorded_chain():
     w = autodiff.flat_params(model)
     w_retrain = autodiff.flat_params(fit_tasks([TASKS[2]]))
     cert = (
-        HessianCertifiedUnlearner(model, rec, release=ReleaseConfig(noise=False))
+        CCLHessianUnlearner(model, rec, release=ReleaseConfig(noise=False))
         .forget(ForgetRequest.of_experience(1))
         .certificate
     )
@@ -251,7 +249,7 @@ def test_requests_between_experiences_follow_the_recorded_chain():
 
 def test_lowrank_lanczos_hessian_of_full_rank_equals_exact(trained):
     model, exact = copy_of(trained)
-    lowrank = HessianRecorder(hessian="lowrank", rank=21)
+    lowrank = CCLHessianRecorder(hessian="lowrank", rank=21)
     fit_tasks(TASKS, lowrank)
     values, vectors = lowrank.hessians[0]["values"], lowrank.hessians[0]["vectors"]
     # the Krylov space stops at the distinct eigenvalues; the rest of the spectrum of softmax-LR is the
@@ -260,23 +258,23 @@ def test_lowrank_lanczos_hessian_of_full_rank_equals_exact(trained):
         torch.eye(21, dtype=vectors.dtype) - vectors @ vectors.T
     )
     assert torch.allclose(approx, exact.hessians[0], atol=1e-8)
-    a = HessianCertifiedUnlearner(model, exact, release=ReleaseConfig(noise=False))
+    a = CCLHessianUnlearner(model, exact, release=ReleaseConfig(noise=False))
     a.forget(ForgetRequest.of_experience(0))
     m2 = fit_tasks([], model=None)
     m2.load_state_dict(trained[0].state_dict())
-    b = HessianCertifiedUnlearner(m2, lowrank, release=ReleaseConfig(noise=False))
+    b = CCLHessianUnlearner(m2, lowrank, release=ReleaseConfig(noise=False))
     b.forget(ForgetRequest.of_experience(0))
     assert torch.allclose(a.clean_parameters(), b.clean_parameters(), atol=1e-8)
-    small = HessianRecorder(hessian="lowrank", rank=4)
+    small = CCLHessianRecorder(hessian="lowrank", rank=4)
     fit_tasks(TASKS[:1], small)
     assert small.hessians[0]["vectors"].shape == (21, 4)
-    restored = HessianRecorder(hessian="lowrank", rank=4)
+    restored = CCLHessianRecorder(hessian="lowrank", rank=4)
     restored.load_state_dict(small.state_dict())
     assert torch.equal(restored.hessians[0]["vectors"], small.hessians[0]["vectors"])
 
 
 # -- bring your own model -------------------------------------------------------------------------------
-def fit_user_tasks(tasks: list, recorder: HessianRecorder | None = None, in_loss: bool = False):
+def fit_user_tasks(tasks: list, recorder: CCLHessianRecorder | None = None, in_loss: bool = False):
     """A user module (own training_step: CE; SGD with weight_decay = mu = 0.05) plus a ProximalRegularizer
     callback (lambda = 1), each task solved by full-batch gradient descent run to convergence: the task
     objective's curvature lies in [mu + lambda, M + lambda] = [1.05, 2.64] here, so lr 0.5 contracts the
@@ -292,21 +290,21 @@ def fit_user_tasks(tasks: list, recorder: HessianRecorder | None = None, in_loss
 
 
 def test_hessian_and_gradient_methods_on_a_user_module_with_a_proximal_callback():
-    rec = HessianRecorder(store_sample_gradients=True)
+    rec = CCLHessianRecorder(store_sample_gradients=True)
     model, reg = fit_user_tasks(TASKS, rec)
     assert (rec.reg_lambda, rec.l2) == (1.0, 0.05) and reg.tasks_learned == 3  # from the callback and the optimizer
     assert max(rec.stationarity) < 1e-7 and torch.equal(rec.starts[1], rec.ends[0])
     assert torch.count_nonzero(rec.starts[0]) == 0
     # the same minimisers as the library's L-BFGS convenience class (Eq. (1) is strongly convex), which
     # therefore serves as the retraining reference below
-    reference = HessianRecorder()
+    reference = CCLHessianRecorder()
     fit_tasks(TASKS, reference)
     assert torch.allclose(rec.ends[2], reference.ends[2], atol=1e-7)
     assert torch.allclose(rec.hessians[2], reference.hessians[2], atol=1e-7)
     snapshot, recorded_state = {k: v.clone() for k, v in model.state_dict().items()}, rec.state_dict()
     w = autodiff.flat_params(model)
     w_retrain0 = autodiff.flat_params(fit_tasks([TASKS[1], TASKS[2]]))
-    strategy = HessianCertifiedUnlearner(model, rec, release=ReleaseConfig(epsilon=EPS, delta=DELTA))
+    strategy = CCLHessianUnlearner(model, rec, release=ReleaseConfig(epsilon=EPS, delta=DELTA))
     cert = strategy.forget(ForgetRequest.of_experience(0)).certificate
     approx = float((strategy.clean_parameters() - w_retrain0).norm())
     assert approx <= 0.2 * float((w - w_retrain0).norm()) and approx <= cert.bounds["sensitivity"]
@@ -314,17 +312,17 @@ def test_hessian_and_gradient_methods_on_a_user_module_with_a_proximal_callback(
     U = [101, 105, 110, 150]
     w_retrain = autodiff.flat_params(fit_tasks([TASKS[0], without(TASKS[1], set(U)), TASKS[2]]))
     model.load_state_dict(snapshot)
-    rec2 = HessianRecorder(store_sample_gradients=True)
+    rec2 = CCLHessianRecorder(store_sample_gradients=True)
     rec2.load_state_dict(recorded_state)
-    sample_level = HessianCertifiedUnlearner(model, rec2, release=ReleaseConfig(noise=False))
+    sample_level = CCLHessianUnlearner(model, rec2, release=ReleaseConfig(noise=False))
     sample_level.forget(ForgetRequest.samples(U))
     assert float((sample_level.clean_parameters() - w_retrain).norm()) <= 0.2 * float((w - w_retrain).norm())
     # [CCL] Alg. 1 on the same recorder: weights kept, Theorem 4.1 bound
     model.load_state_dict(snapshot)
-    rec3 = HessianRecorder()
+    rec3 = CCLHessianRecorder()
     rec3.load_state_dict(recorded_state)
     gradient = (
-        GradientCertifiedUnlearner(model, rec3, release=ReleaseConfig(noise=False))
+        CCLGradientUnlearner(model, rec3, release=ReleaseConfig(noise=False))
         .forget(ForgetRequest.of_experience(0))
         .certificate
     )
@@ -332,17 +330,17 @@ def test_hessian_and_gradient_methods_on_a_user_module_with_a_proximal_callback(
 
 
 def test_proximal_penalty_in_the_loss_and_refusals():
-    rec = TaskDeltaRecorder()
+    rec = CCLRecorder()
     model, reg = fit_user_tasks(TASKS[:1], rec, in_loss=True)  # the module adds reg.penalty itself
     assert rec.sizes == [60] and reg.tasks_learned == 1
     forgot = user_model(lr=0.5, weight_decay=0.05)  # in_loss=True declared, but the loss lacks the penalty
     with pytest.raises(ValueError, match=r"mean loss_fn \+ penalty = [0-9.]+, training loss = [0-9.]+"):
-        trainer([ProximalRegularizer(1.0, in_loss=True), TaskDeltaRecorder()]).fit(forgot, DataLoader(TASKS[0], 60))
+        trainer([ProximalRegularizer(1.0, in_loss=True), CCLRecorder()]).fit(forgot, DataLoader(TASKS[0], 60))
     with pytest.raises(ValueError, match="ProximalRegularizer"):
-        trainer([TaskDeltaRecorder()]).fit(user_model(), DataLoader(TASKS[0], batch_size=60))
+        trainer([CCLRecorder()]).fit(user_model(), DataLoader(TASKS[0], batch_size=60))
     with pytest.raises(ValueError, match="loss_fn disagrees with UserModule.training_step"):
         smoothed = user_model(smoothing=0.1)
-        trainer([ProximalRegularizer(1.0), TaskDeltaRecorder()]).fit(smoothed, DataLoader(TASKS[0], batch_size=60))
+        trainer([ProximalRegularizer(1.0), CCLRecorder()]).fit(smoothed, DataLoader(TASKS[0], batch_size=60))
 
 
 class _WithTaskLabel(torch.utils.data.Dataset):
@@ -398,8 +396,8 @@ def test_requests_inside_the_stream_match_alg2_run_by_hand():
     arrivals = {2: {1}, 4: {3}, 5: {2}}  # t_i -> S_{t_i}, 1-based as in the paper
 
     model = proximal_model(l2=l2, reg_lambda=lam)
-    rec = HessianRecorder()
-    strategy = HessianCertifiedUnlearner(model, rec, lipschitz=1.0, smoothness=1.0, release=ReleaseConfig(noise=False))
+    rec = CCLHessianRecorder()
+    strategy = CCLHessianUnlearner(model, rec, lipschitz=1.0, smoothness=1.0, release=ReleaseConfig(noise=False))
     internal = {}
     stream = [SimpleNamespace(current_experience=k, dataset=_WithTaskLabel(ds)) for k, ds in enumerate(tasks)]
     fit_stream(
@@ -468,9 +466,9 @@ def test_requests_inside_the_stream_match_alg2_run_by_hand():
 def test_publish_without_a_request_releases_the_internal_model_at_the_bound_of_that_time():
     """[CCL] Alg. 2 lines 13-15: after a request, a later time t publishes ``w_t + N(0, sigma_t^2 I)``, sigma_t
     calibrated on gamma^H of the tasks as they stand at t (task 0 deleted, two kept tasks after it)."""
-    rec = HessianRecorder()
+    rec = CCLHessianRecorder()
     model = fit_tasks(TASKS[:2], rec)
-    strategy = HessianCertifiedUnlearner(
+    strategy = CCLHessianUnlearner(
         model, rec, lipschitz=2.0, smoothness=3.0, bound="paper", release=ReleaseConfig(epsilon=EPS, delta=DELTA)
     )
     with pytest.raises(ValueError, match="nothing is forgotten yet"):
@@ -488,7 +486,8 @@ def test_publish_without_a_request_releases_the_internal_model_at_the_bound_of_t
     gamma = 2 * rho**2 * ratio * L / lam + 1 * rho * ratio * gap
     assert cert.bounds["sensitivity"] == pytest.approx(gamma, rel=1e-12)
     assert cert.sigma == pytest.approx(analytic_sigma(gamma, EPS, DELTA), rel=1e-12)
-    assert len(strategy.accountant) == 2 and rec.unlearning_state.privacy["hessian"] == strategy.accountant.state_dict()
+    assert len(strategy.accountant) == 2
+    assert rec.unlearning_state.privacy["ccl_hessian"] == strategy.accountant.state_dict()
     assert float((autodiff.flat_params(model) - internal).norm()) > 0  # the module holds the published (noised) model
     assert torch.equal(strategy.clean_parameters(), internal)  # the next task starts from w_t itself
     assert len(strategy.ledger) == 1  # a publication forgets nothing: no ledger entry

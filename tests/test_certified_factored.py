@@ -1,4 +1,4 @@
-"""[CCL] at MNIST scale: factored task Hessians (HessianRecorder(hessian="factored")) and the Newton-CG finish of
+"""[CCL] at MNIST scale: factored task Hessians (CCLHessianRecorder(hessian="factored")) and the Newton-CG finish of
 ProximalClassifier's task solves (newton_tolerance)."""
 
 import math
@@ -10,10 +10,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig
-from lightning_unlearn.callbacks import HessianRecorder, TaskOptimality
-from lightning_unlearn.functional import autodiff, certified
+from lightning_unlearn.callbacks import CCLHessianRecorder, TaskOptimality
+from lightning_unlearn.functional import autodiff, ccl
 from lightning_unlearn.models import ProximalClassifier
-from lightning_unlearn.unlearners import HessianCertifiedUnlearner
+from lightning_unlearn.unlearners import CCLHessianUnlearner
 
 TASKS = cl_tasks()
 EPS64 = torch.finfo(torch.float64).eps
@@ -23,7 +23,7 @@ EPS64 = torch.finfo(torch.float64).eps
 def both():
     """The same three tasks learned twice (deterministic full-batch L-BFGS in float64), once recording dense and
     once factored Hessians."""
-    dense, factored = HessianRecorder(hessian="exact"), HessianRecorder(hessian="factored")
+    dense, factored = CCLHessianRecorder(hessian="exact"), CCLHessianRecorder(hessian="factored")
     return (fit_tasks(TASKS, dense), dense), (fit_tasks(TASKS, factored), factored)
 
 
@@ -51,17 +51,17 @@ def test_factored_solver_equals_a_dense_solve_by_cg_and_by_woodbury(monkeypatch)
         exact = torch.linalg.solve(A, v)
         # CG stops at ||v - A x|| <= sqrt(d) eps ||A|| ||x||, so ||x - exact|| <= cond(A) sqrt(d) eps ||x||; x 10
         tol = 10 * (top + lam) / (ridge + lam) * math.sqrt(d) * EPS64 * float(exact.norm())
-        assert float((certified.factored_solver(F, ridge, top, lam)(v) - exact).norm()) <= tol
-        monkeypatch.setattr(certified, "FACTORED_CG_ITERATIONS", 0)  # CG "does not converge": the Woodbury solve
-        assert float((certified.factored_solver(F, ridge, top, lam)(v) - exact).norm()) <= tol
+        assert float((ccl.factored_solver(F, ridge, top, lam)(v) - exact).norm()) <= tol
+        monkeypatch.setattr(ccl, "FACTORED_CG_ITERATIONS", 0)  # CG "does not converge": the Woodbury solve
+        assert float((ccl.factored_solver(F, ridge, top, lam)(v) - exact).norm()) <= tol
         monkeypatch.undo()
 
 
 def test_factored_unlearning_equals_dense_with_the_same_certificate(both):
     (m1, dense), (m2, factored) = both
     assert torch.equal(autodiff.flat_params(m1), autodiff.flat_params(m2))  # the same chain was learned
-    u1 = HessianCertifiedUnlearner(m1, dense, release=ReleaseConfig(noise=False))
-    u2 = HessianCertifiedUnlearner(m2, factored, release=ReleaseConfig(noise=False))
+    u1 = CCLHessianUnlearner(m1, dense, release=ReleaseConfig(noise=False))
+    u2 = CCLHessianUnlearner(m2, factored, release=ReleaseConfig(noise=False))
     for task in (0, 1):  # a first request, then one with a previous unlearning time
         c1 = u1.forget(ForgetRequest.of_experience(task)).certificate
         c2 = u2.forget(ForgetRequest.of_experience(task)).certificate
@@ -81,10 +81,10 @@ def test_factored_unlearning_equals_dense_with_the_same_certificate(both):
 
 def test_auto_factors_a_linear_head_with_few_samples_and_keeps_dense_otherwise():
     few = [IndexedDataset(TensorDataset(t.dataset.tensors[0][:5], t.dataset.tensors[1][:5])) for t in TASKS[:1]]
-    auto = HessianRecorder()  # n K = 15 < d = 21: factored
+    auto = CCLHessianRecorder()  # n K = 15 < d = 21: factored
     fit_tasks(few, auto)
     assert isinstance(auto.hessians[0], dict) and auto.hessians[0]["factor"].shape == (15, 21)
-    many = HessianRecorder()  # n K = 180 > d: dense
+    many = CCLHessianRecorder()  # n K = 180 > d: dense
     fit_tasks(TASKS[:1], many)
     assert isinstance(many.hessians[0], torch.Tensor) and many.hessians[0].shape == (21, 21)
 
@@ -94,7 +94,7 @@ def test_factored_refuses_a_module_that_is_not_affine():
     net = nn.Sequential(nn.Linear(D_IN, 4), nn.Tanh(), nn.Linear(4, N_CLASSES)).double()
     model = ProximalClassifier(net, lr=1.0, l2=0.05, reg_lambda=1.0, optimizer="lbfgs")
     with pytest.raises(ValueError, match="affine"):
-        fit_tasks(TASKS[:1], HessianRecorder(hessian="factored"), model=model)
+        fit_tasks(TASKS[:1], CCLHessianRecorder(hessian="factored"), model=model)
 
 
 def _hard_task(n: int = 120, dim: int = 100, scale: float = 5.0) -> IndexedDataset:

@@ -11,8 +11,8 @@ from torch.utils.data import DataLoader
 from lightning_unlearn import (
     ACUUnlearner,
     AnalyticRecorder,
+    CCLHessianRecorder,
     ForgetRequest,
-    HessianRecorder,
 )
 from lightning_unlearn.functional import acu
 
@@ -64,8 +64,8 @@ def test_checkpoint_without_statistics_is_a_clear_error(tmp_path):
     rec = AnalyticRecorder(ridge=0.5)  # a different recorder configuration: a different state key
     with pytest.raises(ValueError, match="AnalyticRecorder with other settings \\(ridge=2.0 there, 0.5 here\\)"):
         rec.load_from_checkpoint(tmp_path / "other.ckpt")
-    with pytest.raises(ValueError, match="holds no statistics of HessianRecorder"):
-        HessianRecorder().load_from_checkpoint(tmp_path / "other.ckpt")
+    with pytest.raises(ValueError, match="holds no statistics of CCLHessianRecorder"):
+        CCLHessianRecorder().load_from_checkpoint(tmp_path / "other.ckpt")
     with pytest.raises(ValueError, match="lacks recorded statistics"):
         rec.load_state_dict({"catalog": None, "ridge": 0.5})
     assert len(rec.catalog) == 0

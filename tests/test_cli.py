@@ -58,14 +58,14 @@ def test_methods_name_prints_its_options_with_types_defaults_and_destination(cap
 
 
 def test_compare_runs_exact_certified_masking_and_baseline_methods_together(capsys):
-    argv = [*QUICK, "--methods", "[acu,hf,hessian,rbm,finetune,neggrad,retrain]", "--requests", "[2]"]
+    argv = [*QUICK, "--methods", "[acu,hf,ccl_hessian,rbm,finetune,neggrad,retrain]", "--requests", "[2]"]
     assert main([*argv, "--method.hf.noise", "false"]) == 0  # option words in lower case, as a shell user types them
     table = capsys.readouterr().out.split("K = 2")[1].strip().splitlines()[3:10]
     guarantee = {row.split()[0]: row.split()[-1] for row in table}
     assert guarantee == {
         "acu": "exact",
         "hf[noise=off]": "none",
-        "hessian": "(1,1e-05)",
+        "ccl_hessian": "(1,1e-05)",
         "rbm": "none",
         "finetune": "none",
         "neggrad": "none",
@@ -75,7 +75,7 @@ def test_compare_runs_exact_certified_masking_and_baseline_methods_together(caps
     assert family == {
         "acu": "analytic",
         "hf[noise=off]": "linear",
-        "hessian": "proximal",
+        "ccl_hessian": "proximal",
         "rbm": "analytic",
         "finetune": "analytic",
         "neggrad": "analytic",
@@ -202,7 +202,7 @@ def test_tradeoff_refuses_bad_arguments_before_training(capsys, extra, message):
 
 def test_tradeoff_on_your_datamodule_logs_to_your_logger(capsys, tmp_path):
     argv = ["tradeoff", "--data", "helpers_own.UserData", "--data.n", "80", "--fraction", "0.1", "--epsilons", "[1]"]
-    argv += ["--methods", "[gradient]", "--epochs", "15", "--batch_size", "8"]
+    argv += ["--methods", "[ccl_gradient]", "--epochs", "15", "--batch_size", "8"]
     argv += ["--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", str(tmp_path)]
     assert main(argv) == 0
     title, _, _, *rows = capsys.readouterr().out.strip().splitlines()
@@ -210,8 +210,8 @@ def test_tradeoff_on_your_datamodule_logs_to_your_logger(capsys, tmp_path):
     assert [r.split()[:2] for r in rows] == [
         ["retrain[lbfgs]", "inf"],
         ["never_forgot[lbfgs]", "inf"],
-        ["gradient", "inf"],
-        ["gradient", "1"],
+        ["ccl_gradient", "inf"],
+        ["ccl_gradient", "1"],
     ]
     assert rows[3].split()[-3] == "yes"  # certified at epsilon 1
     # the fits ran with the user's logger: the requests' metrics went to it (Lightning's CSV format)
@@ -317,15 +317,19 @@ def test_compare_runs_resolve_by_default(parser):
 
 def test_every_method_named_in_the_docs_is_registered_and_described(parser):
     index = (DOCS / "index.md").read_text()
-    rows = re.findall(r"^\| \[[^\]]+\]\((\w+)\.md\) \(([^)]*)\) \|", index, flags=re.MULTILINE)
-    assert sorted(page for page, _ in rows) == sorted(p.stem for p in DOCS.glob("*.md") if p.stem != "index")
-    names = [label.strip("`") for _, label in rows if re.fullmatch(r"`\w+`", label)]
+    # a method's row links its page, or its section of its family's page (ccl.md#ccl_hessian)
+    rows = re.findall(r"^\| \[[^\]]+\]\((\w+)\.md(?:#(\w+))?\) \(([^)]*)\) \|", index, flags=re.MULTILINE)
+    assert sorted({page for page, _, _ in rows}) == sorted(p.stem for p in DOCS.glob("*.md") if p.stem != "index")
+    names = [label.strip("`") for _, _, label in rows if re.fullmatch(r"`\w+`", label)]
     assert sorted(names) == registry.available_methods()  # each registered method documented, each name registered
-    for page, label in rows:
+    for page, section, label in rows:
         text = (DOCS / f"{page}.md").read_text()
         if label == "not in the registry":  # a library class outside the registry says so on its page too
             assert "not in the harness registry" in text, page
             continue
         name = label.strip("`")
-        assert page == name and text.splitlines()[0].endswith(f"(`{name}`)"), page
+        if section:  # a family's page: the method's section is headed by its key
+            assert section == name and re.search(rf"^## `{name}`: .* {{ #{name} }}$", text, flags=re.MULTILINE), page
+        else:
+            assert page == name and text.splitlines()[0].endswith(f"(`{name}`)"), page
         assert list_methods(parser.parse_args(["methods", name]).methods.name).startswith(f"{name}: ")

@@ -12,7 +12,7 @@ from helpers_certified import blobs, fit_hf, proximal_model, sgd_model, trainer,
 from torch.utils.data import DataLoader
 
 from lightning_unlearn import ForgetRequest, ReleaseConfig, ReleaseRefused
-from lightning_unlearn.callbacks import HessianRecorder, StreamingRecorder, TaskOptimality, TrajectoryRecorder
+from lightning_unlearn.callbacks import CCLHessianRecorder, SAFERecorder, TaskOptimality, TrajectoryRecorder
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.functional import autodiff, hf
 from lightning_unlearn.functional.bounds import (
@@ -25,10 +25,10 @@ from lightning_unlearn.functional.bounds import (
     sgd_bound,
 )
 from lightning_unlearn.unlearners import (
-    GradientCertifiedUnlearner,
-    HessianCertifiedUnlearner,
+    CCLGradientUnlearner,
+    CCLHessianUnlearner,
     HFUnlearner,
-    StreamingUnlearner,
+    SAFEUnlearner,
 )
 
 # float64 throughout: the bound and its direct recursion agree to rounding (a few ulp per step over < 500 steps)
@@ -201,7 +201,7 @@ def fit_chain(tasks, callbacks) -> object:
     model = proximal_model()
     for k, ds in enumerate(tasks):
         for cb in callbacks:
-            if isinstance(cb, HessianRecorder):
+            if isinstance(cb, CCLHessianRecorder):
                 cb.experience = k
         trainer(callbacks, max_epochs=2).fit(model, DataLoader(ds, batch_size=len(ds)))
     return model
@@ -214,7 +214,7 @@ def test_ccl_distances_to_retrain_stay_below_the_contraction_bounds(seed):
     tasks = [blobs(60, seed=10 * seed + k, shift=0.3 * k, id_offset=100 * k) for k in range(3)]
     norm = max(max_feature_norm(torch.nn.Identity(), [ds.dataset.tensors[0]]) for ds in tasks)
     c = linear_model_constants(norm, 0.05)  # [CCL]'s first anchor w_0 = 0: init_norm 0
-    rec, check = HessianRecorder(hessian="exact", store_sample_gradients=True), TaskOptimality(1e-5)
+    rec, check = CCLHessianRecorder(hessian="exact", store_sample_gradients=True), TaskOptimality(1e-5)
     model = fit_chain(tasks, [rec, check])
     assert check.problem(3) is None
     U = [101, 107, 115, 130]
@@ -222,7 +222,7 @@ def test_ccl_distances_to_retrain_stay_below_the_contraction_bounds(seed):
         (ForgetRequest.samples(U), [tasks[0], without(tasks[1], set(U)), tasks[2]]),
         (ForgetRequest.of_experience(0), [without(tasks[1], set(U)), tasks[2]]),
     )
-    for cls in (GradientCertifiedUnlearner, HessianCertifiedUnlearner):
+    for cls in (CCLGradientUnlearner, CCLHessianUnlearner):
         strategy = cls(
             copy.deepcopy(model), copy.deepcopy(rec), constants=c, optimality=check, release=ReleaseConfig(noise=False)
         )
@@ -261,19 +261,19 @@ def test_safe_contraction_bound_covers_the_retrained_sgd_recipe():
     ds = blobs(96, seed=3)
     model = sgd_model(lr=0.1, l2=0.1)
     c = module_constants(model, [ds.dataset.tensors[0]])
-    rec, srec = TrajectoryRecorder(dtype=torch.float64), StreamingRecorder(3, seed=0)
+    rec, srec = TrajectoryRecorder(dtype=torch.float64), SAFERecorder(3, seed=0)
     w0 = autodiff.flat_params(model).clone()
     loader = DataLoader(ds, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(1))
     trainer([rec, srec], max_epochs=4).fit(model, loader)
     forgotten: set[int] = set()
-    certified = StreamingUnlearner(
+    certified = SAFEUnlearner(
         copy.deepcopy(model),
         copy.deepcopy(srec),
         constants=c,
         trajectory=rec,
         release=ReleaseConfig(epsilon=1.0, delta=1e-5),
     )
-    plain = StreamingUnlearner(copy.deepcopy(model), copy.deepcopy(srec))  # the same step without noise
+    plain = SAFEUnlearner(copy.deepcopy(model), copy.deepcopy(srec))  # the same step without noise
     for ids in ([4, 8], [15]):
         cert = certified.forget(ForgetRequest.samples(ids), data=ds).certificate
         plain.forget(ForgetRequest.samples(ids), data=ds)

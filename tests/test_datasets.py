@@ -169,7 +169,7 @@ def test_resnet18_cifar_stem_keeps_the_resolution():
 
 
 def test_pretrained_backbone_is_frozen_learned_on_base_and_feeds_acu(fake_root):
-    from lightning_unlearn.callbacks.analytic import AnalyticRecorder
+    from lightning_unlearn.callbacks.acu import AnalyticRecorder
     from lightning_unlearn.models import AnalyticClassifier
 
     splits = load_splits("split-mnist", fake_root, base_fraction=0.5)

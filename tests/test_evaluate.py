@@ -13,7 +13,7 @@ from torch.utils.data import TensorDataset
 
 from lightning_unlearn import ForgetRequest, IndexedDataset, ReleaseConfig, SampleRecorder, TrajectoryRecorder
 from lightning_unlearn.schedule import Schedule, make_schedule, validate_schedule
-from lightning_unlearn.unlearners import ACUUnlearner, HFUnlearner, RBMUnlearner, StreamingUnlearner
+from lightning_unlearn.unlearners import ACUUnlearner, HFUnlearner, RBMUnlearner, SAFEUnlearner
 from lightning_unlearn_bench import (
     TABLE1,
     MethodSpec,
@@ -207,8 +207,8 @@ def test_registry_names_and_errors():
         "hf",
         "ns",
         "ij",
-        "hessian",
-        "gradient",
+        "ccl_hessian",
+        "ccl_gradient",
         "safe",
         "resolve",
         "certified_removal",
@@ -226,7 +226,7 @@ def test_registry_names_and_errors():
         get_method("hf", lr=0.1)
     assert (
         get_method("hf", noise=False).name == "hf[noise=off]"
-        and get_method("hessian", epsilon=2.0).name == "hessian[eps=2,delta=1e-05]"
+        and get_method("ccl_hessian", epsilon=2.0).name == "ccl_hessian[eps=2,delta=1e-05]"
     )
     with pytest.raises(
         ValueError, match=r"FinetuneUnlearner\) takes no option\(s\) \['epocs'\]; its options: \['batch_size', 'epochs'"
@@ -292,10 +292,10 @@ def test_registry_options_are_the_strategy_constructors_keyword_only_parameters(
         "constants",
         "trajectory",
         "bound",
-    } == keyword_options(StreamingUnlearner) - HARNESS_ARGUMENTS
+    } == keyword_options(SAFEUnlearner) - HARNESS_ARGUMENTS
     safe = method_spec("safe")
     assert safe.managed == {"constants", "trajectory"}  # the contraction bound's inputs: the harness sets neither
-    assert keyword_options(StreamingUnlearner) - HARNESS_ARGUMENTS - safe.managed <= safe.options()
+    assert keyword_options(SAFEUnlearner) - HARNESS_ARGUMENTS - safe.managed <= safe.options()
 
 
 def test_registry_options_reach_the_strategy_and_names_are_the_certificates_method(info):
@@ -317,7 +317,6 @@ def test_registry_reads_one_release_config_from_release_or_its_fields(info):
         get_method("hf", release=ReleaseConfig(), epsilon=0.5)
     with pytest.raises(ValueError, match="sigma_override must be finite and >= 0, got -1.0"):
         get_method("hf", sigma_override=-1.0)  # refused as the method is configured, before anything trains
-
 
 
 class _YourNet(L.LightningModule):
@@ -354,17 +353,18 @@ def test_registry_makes_a_named_strategy_on_your_own_module_and_recorder():
     with pytest.raises(ValueError, match="unknown method 'sisa'"):
         unlearner("sisa", module, SampleRecorder())
 
+
 def test_every_certified_and_masking_method_runs_in_the_harness(info):
     """HF, [CCL] Hessian/gradient, SAFE, RBM and SalUn on their model families, against their references."""
     schedule = make_schedule(info.catalog(), 2, kinds=("samples", "class"), samples_per_request=8, seed=2)
-    names = ["hf", "hessian", "gradient", "safe", "rbm", "salun"]
+    names = ["hf", "ccl_hessian", "ccl_gradient", "safe", "rbm", "salun"]
     report = evaluate(
-        [get_method(n) for n in names] + [get_method(n, noise=False) for n in ("hf", "hessian", "gradient")],
+        [get_method(n) for n in names] + [get_method(n, noise=False) for n in ("hf", "ccl_hessian", "ccl_gradient")],
         info,
         schedule,
         shadows=0,
     )
-    assert report.methods() == [*names, "hf[noise=off]", "hessian[noise=off]", "gradient[noise=off]"]
+    assert report.methods() == [*names, "hf[noise=off]", "ccl_hessian[noise=off]", "ccl_gradient[noise=off]"]
     refs = {r["method"] for r in report.reference_rows}
     assert refs == {
         "retrain[linear] (reference)",
@@ -377,14 +377,14 @@ def test_every_certified_and_masking_method_runs_in_the_harness(info):
     guarantees = {m: report._guarantee(m) for m in report.methods()}
     assert guarantees == {
         "hf": "(1,1e-05)",
-        "hessian": "(1,1e-05)",
-        "gradient": "(1,1e-05)",
+        "ccl_hessian": "(1,1e-05)",
+        "ccl_gradient": "(1,1e-05)",
         "safe": "none",
         "rbm": "none",
         "salun": "none",
         "hf[noise=off]": "none",
-        "hessian[noise=off]": "none",
-        "gradient[noise=off]": "none",
+        "ccl_hessian[noise=off]": "none",
+        "ccl_gradient[noise=off]": "none",
     }
     assert [r["n_removed"] for r in report.table("rbm")] == [r["n_removed"] for r in report.table("hf")]
     # the certified noise is what moves HF's weights away from retraining
@@ -392,7 +392,8 @@ def test_every_certified_and_masking_method_runs_in_the_harness(info):
     assert summary["hf[noise=off]"]["l2_to_retrain"] < summary["hf"]["l2_to_retrain"]
     # [CCL]'s Newton correction (tasks solved exactly by L-BFGS) lands closer to retraining than natural
     # forgetting, which leaves the weights as they are (measured: 0.07 vs 0.24)
-    assert summary["hessian[noise=off]"]["l2_to_retrain"] < 0.5 * summary["gradient[noise=off]"]["l2_to_retrain"]
+    hessian, gradient = summary["ccl_hessian[noise=off]"], summary["ccl_gradient[noise=off]"]
+    assert hessian["l2_to_retrain"] < 0.5 * gradient["l2_to_retrain"]
 
 
 def test_library_code_never_sets_a_global_matplotlib_backend():

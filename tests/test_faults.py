@@ -48,7 +48,7 @@ from lightning_unlearn import Certificate, ForgetRequest, Ledger, ReleaseConfig
 from lightning_unlearn.core.digest import LEGACY, digest_matches, weights_digest
 from lightning_unlearn.core.ledger import KEY_ENV, LedgerError
 from lightning_unlearn.data import IndexedDataset
-from lightning_unlearn.unlearners import ErasurePendingError, StreamingUnlearner
+from lightning_unlearn.unlearners import ErasurePendingError, SAFEUnlearner
 from lightning_unlearn.warnings import UnlearningWarning
 
 pytestmark = pytest.mark.filterwarnings(f"ignore:{SEEDED}")  # SAFE's release is seeded on purpose (helpers_faults)
@@ -680,7 +680,7 @@ def test_safe_reads_only_the_rows_it_forgets_from_the_full_training_set(runs, tm
     rows.reads = []
     s.forget(second, full)
     assert sorted(rows.reads) == sorted(rows.allowed)
-    assert isinstance(s, StreamingUnlearner) and s.forget_scope == "all"
+    assert isinstance(s, SAFEUnlearner) and s.forget_scope == "all"
 
 
 # -- labels and the house ---------------------------------------------------------------------------------------
@@ -694,7 +694,7 @@ def test_noise_is_never_labelled_none(runs, tmp_path):
     with pytest.raises(ValueError, match="sigma"):
         Certificate(method="x", exact=False, sigma=-1.0)
     model, rec = restore("safe", runs["safe"] / "run.ckpt")
-    result = StreamingUnlearner(
+    result = SAFEUnlearner(
         model, rec, release=ReleaseConfig(epsilon=None, delta=None, sigma_override=0.05, seed=1)
     ).forget(requests("safe")[1], data("safe"))
     assert result.certificate.sigma == 0.05 and result.certificate.guarantee == "uncertified-noise(sigma=0.05)"

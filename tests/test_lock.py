@@ -58,9 +58,7 @@ def test_every_declared_dependency_is_pinned_in_range_with_a_hash(requirement: R
 
 
 def test_torch_pair_is_the_constraint_files() -> None:
-    constraints = dict(
-        line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines() if "==" in line
-    )
+    constraints = dict(line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines() if "==" in line)
     assert {k: str(PINS[k][0]) for k in constraints} == constraints
 
 

@@ -48,15 +48,11 @@ def test_library_modules_reload_with_load_from_checkpoint(tmp_path):
     from the checkpoint with its network passed in, with the checkpoint's weights and settings."""
     torch.manual_seed(0)
     sup = SupervisedClassifier(nn.Linear(N_FEATURES, N_CLASSES), lr=0.3, l2=0.01, momentum=0.5)
-    back = SupervisedClassifier.load_from_checkpoint(
-        fitted(sup, tmp_path, "sup"), net=nn.Linear(N_FEATURES, N_CLASSES)
-    )
+    back = SupervisedClassifier.load_from_checkpoint(fitted(sup, tmp_path, "sup"), net=nn.Linear(N_FEATURES, N_CLASSES))
     assert (back.lr, back.l2, back.momentum) == (0.3, 0.01, 0.5) and same_state(back, sup)
 
     prox = ProximalClassifier(nn.Linear(N_FEATURES, N_CLASSES), lr=0.2, l2=0.05, reg_lambda=2.0)
-    back = ProximalClassifier.load_from_checkpoint(
-        fitted(prox, tmp_path, "prox"), net=nn.Linear(N_FEATURES, N_CLASSES)
-    )
+    back = ProximalClassifier.load_from_checkpoint(fitted(prox, tmp_path, "prox"), net=nn.Linear(N_FEATURES, N_CLASSES))
     assert (back.lr, back.l2, back.reg_lambda, back.optimizer_name) == (0.2, 0.05, 2.0, "sgd")
     assert same_state(back, prox) and back.regularizer.tasks_learned == prox.regularizer.tasks_learned == 1
 

@@ -109,6 +109,27 @@ RETIRED = {
     "strategies/": "unlearners/",
     "XXH3 digest": "BLAKE3 (the ledger's and the store's digests)",
     "recorder.ledger_anchor": "recorder.unlearning_state.ledger_anchor",
+    # one key per method (issue 27, item 1): [CCL] is ccl_hessian/ccl_gradient, [SAFE] is safe, in every folder
+    "HessianCertifiedUnlearner": "CCLHessianUnlearner",
+    "GradientCertifiedUnlearner": "CCLGradientUnlearner",
+    "TaskDeltaRecorder": "CCLRecorder (and HessianRecorder: CCLHessianRecorder)",
+    "StreamingUnlearner": "SAFEUnlearner",
+    "StreamingRecorder": "SAFERecorder",
+    "lightning_unlearn.unlearners.certified": "lightning_unlearn.unlearners.ccl",
+    "lightning_unlearn.functional.certified": "lightning_unlearn.functional.ccl",
+    "functional import certified": "functional import ccl",
+    "lightning_unlearn.callbacks.hessian": "lightning_unlearn.callbacks.ccl",
+    "lightning_unlearn.unlearners.streaming": "lightning_unlearn.unlearners.safe",
+    "lightning_unlearn.functional.streaming": "lightning_unlearn.functional.safe",
+    "functional import streaming": "functional import safe",
+    "lightning_unlearn.callbacks.streaming": "lightning_unlearn.callbacks.safe",
+    "lightning_unlearn.callbacks.trajectory": "lightning_unlearn.callbacks.hf",
+    "lightning_unlearn.callbacks.analytic": "lightning_unlearn.callbacks.acu",
+    "lightning_unlearn.unlearners.sparse": "lightning_unlearn.unlearners.l1_sparse and .woodfisher",
+    "lightning_unlearn.functional.sparse": "lightning_unlearn.functional.l1_sparse",
+    "unlearners/noisy.py": "unlearners/noisy_finetune.py",
+    "methods/hessian.md": "methods/ccl.md",
+    "methods/gradient.md": "methods/ccl.md",
 }
 TEXTS = ["lightning_unlearn", "bench", "docs", "examples", "benchmarks", "README.md", "Makefile", "mkdocs.yml"]
 
@@ -127,3 +148,42 @@ def _texts() -> list[Path]:
 def test_no_retired_name_comes_back(retired: str) -> None:
     hits = [f"{p.relative_to(ROOT)}" for p in _texts() if retired in p.read_text(encoding="utf-8", errors="replace")]
     assert not hits, f"{retired!r} is retired (now {RETIRED[retired]}), found in {hits}"
+
+
+#: the modules that hold several methods: a family whose methods share statistics or machinery (docs/layout.md);
+#: every other method's modules are named by its key
+FAMILIES = {
+    "baselines": {"retrain", "finetune", "neggrad", "neggrad_plus", "randomlabel"},
+    "ccl": {"ccl_hessian", "ccl_gradient"},
+    "convex": {"resolve", "certified_removal"},
+    "newton": {"ns", "ij"},
+    "rbm": {"rbm", "salun"},
+    "sliced": {"sliced_resolve"},
+}
+
+
+def test_each_method_is_found_under_its_key():
+    """Every exported unlearner declares its registry entry on its own class, in a module named by its key (or by
+    its family's), and the library finds it by that key."""
+    from lightning_unlearn import unlearners
+    from lightning_unlearn.unlearners.base import MethodInfo, Unlearner
+
+    classes = [
+        c for n in unlearners.__all__ if isinstance(c := getattr(unlearners, n), type) and issubclass(c, Unlearner)
+    ]
+    keys = {}
+    for cls in classes:
+        if cls is Unlearner:
+            continue
+        assert "method_info" in vars(cls), f"{cls.__name__} declares no registry entry of its own"
+        for key, info in cls.registry_entries().items():
+            assert isinstance(info, MethodInfo) and info.guarantee and info.assumptions and info.cost, key
+            module = cls.__module__.rsplit(".", 1)[-1]
+            assert module == key or key in FAMILIES.get(module, ()), f"{key} lives in unlearners/{module}.py"
+            assert unlearners.unlearner_class(key) is cls and key not in keys, key
+            keys[key] = cls
+    assert sorted(keys) == unlearners.available_unlearners() and len(keys) == 21
+    assert set().union(*FAMILIES.values()) <= set(keys)
+    # one docs page per method, [CCL]'s two methods on one page named by their family
+    pages = {p.stem for p in (ROOT / "docs" / "methods").glob("*.md")} - {"index"}
+    assert pages == set(keys) - FAMILIES["ccl"] | {"ccl"}

@@ -41,18 +41,18 @@ from lightning_unlearn import (
     ReleaseConfig,
 )
 from lightning_unlearn.callbacks import (
-    HessianRecorder,
+    CCLHessianRecorder,
+    SAFERecorder,
     SampleRecorder,
-    StreamingRecorder,
     TrajectoryRecorder,
 )
 from lightning_unlearn.models import SupervisedClassifier, mlp_backbone
 from lightning_unlearn.unlearners import (
     ACUUnlearner,
-    HessianCertifiedUnlearner,
+    CCLHessianUnlearner,
     HFUnlearner,
     NegGradUnlearner,
-    StreamingUnlearner,
+    SAFEUnlearner,
 )
 
 FORGET = [3, 10, 17, 40]
@@ -140,7 +140,7 @@ def run_hf(store: str) -> Callable[[Path, Path], dict[str, bytes]]:
 
 def run_hessian(run: Path, control: Path) -> dict[str, bytes]:
     tasks, forget = cl_tasks(), [101, 105, 110, 150]  # four samples of task 1 (ids 100 + row)
-    model, rec = proximal_model(), HessianRecorder(store_sample_gradients=True)
+    model, rec = proximal_model(), CCLHessianRecorder(store_sample_gradients=True)
     for k, ds in enumerate(tasks):
         rec.experience = k
         tr = trainer([rec], max_epochs=2, logger=CSVLogger(run, name="logs"), log_every_n_steps=1)
@@ -148,7 +148,7 @@ def run_hessian(run: Path, control: Path) -> dict[str, bytes]:
     x = inputs(tasks[1], [u - 100 for u in forget])
     grads = torch.stack([rec.sample_grads[u] for u in forget])
     torch.save({"x": x, "state": rec.state_dict()}, control / "x.pt")
-    strategy = HessianCertifiedUnlearner(model, rec, ledger=Ledger(run / "ledger.jsonl"), release=ReleaseConfig(seed=2))
+    strategy = CCLHessianUnlearner(model, rec, ledger=Ledger(run / "ledger.jsonl"), release=ReleaseConfig(seed=2))
     strategy.forget(ForgetRequest.samples(forget))
     save(tr, rec, run)
     return patterns(x, "input") | patterns(grads, "stored per-sample gradient")
@@ -158,11 +158,11 @@ def run_safe(run: Path, control: Path) -> dict[str, bytes]:
     ds = blobs(96, seed=2)
     torch.manual_seed(0)
     model = SupervisedClassifier(nn.Sequential(nn.Linear(D_IN, 8), nn.Tanh(), nn.Linear(8, N_CLASSES)).double(), lr=0.2)
-    rec = StreamingRecorder(num_classes=N_CLASSES, proj_dim=4)
+    rec = SAFERecorder(num_classes=N_CLASSES, proj_dim=4)
     tr = fit(model, ds, rec, run)
     x = inputs(ds, FORGET)
     torch.save(x, control / "x.pt")
-    StreamingUnlearner(model, rec, ledger=Ledger(run / "ledger.jsonl")).forget(ForgetRequest.samples(FORGET), ds)
+    SAFEUnlearner(model, rec, ledger=Ledger(run / "ledger.jsonl")).forget(ForgetRequest.samples(FORGET), ds)
     save(tr, rec, run)
     return patterns(x, "input")
 
@@ -192,7 +192,7 @@ RUNS = {
     "acu": run_acu,
     "hf-memory": run_hf("memory"),
     "hf-mmap": run_hf("mmap"),
-    "hessian": run_hessian,
+    "ccl_hessian": run_hessian,
     "safe": run_safe,
     "neggrad": run_neggrad,
 }

@@ -26,7 +26,7 @@ from lightning_unlearn.contract import BatchKeys
 from lightning_unlearn.core.ledger import weights_digest
 from lightning_unlearn.models import SupervisedClassifier
 from lightning_unlearn.privacy.amplification import epsilon as rdp_epsilon
-from lightning_unlearn.unlearners.noisy import NoisyFinetuneUnlearner
+from lightning_unlearn.unlearners.noisy_finetune import NoisyFinetuneUnlearner
 
 KEYS = BatchKeys(input="image")
 EPS, DELTA = 1.0, 1e-5

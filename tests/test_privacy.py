@@ -340,9 +340,9 @@ def fit_checked(max_epochs: int, tolerance: float):
     from helpers_certified import cl_tasks, proximal_model, trainer
     from torch.utils.data import DataLoader
 
-    from lightning_unlearn.callbacks import HessianRecorder, TaskOptimality
+    from lightning_unlearn.callbacks import CCLHessianRecorder, TaskOptimality
 
-    tasks, model, rec, check = cl_tasks(40)[:2], proximal_model(), HessianRecorder(), TaskOptimality(tolerance)
+    tasks, model, rec, check = cl_tasks(40)[:2], proximal_model(), CCLHessianRecorder(), TaskOptimality(tolerance)
     c = linear_model_constants(max(float(t.dataset.tensors[0].norm(dim=1).max()) for t in tasks), model.l2)
     for k, ds in enumerate(tasks):
         rec.experience = k
@@ -351,21 +351,19 @@ def fit_checked(max_epochs: int, tolerance: float):
 
 
 def test_continual_certified_release_needs_every_task_solved_to_tolerance():
-    from lightning_unlearn.unlearners import GradientCertifiedUnlearner
+    from lightning_unlearn.unlearners import CCLGradientUnlearner
 
     model, rec, check, c = fit_checked(max_epochs=2, tolerance=1e-6)
     assert max(check.residuals) <= 1e-6  # full-batch L-BFGS solves these tasks
     fresh = lambda: (copy.deepcopy(model), copy.deepcopy(rec))  # noqa: E731
     cert = (
-        GradientCertifiedUnlearner(*fresh(), constants=c, optimality=check)
-        .forget(ForgetRequest.of_experience(0))
-        .certificate
+        CCLGradientUnlearner(*fresh(), constants=c, optimality=check).forget(ForgetRequest.of_experience(0)).certificate
     )
     assert cert.certified and cert.recipe == "checked" and cert.constants == "bounded"
-    unchecked = GradientCertifiedUnlearner(*fresh(), constants=c).forget(ForgetRequest.of_experience(0)).certificate
+    unchecked = CCLGradientUnlearner(*fresh(), constants=c).forget(ForgetRequest.of_experience(0)).certificate
     assert unchecked.recipe == "unchecked" and not unchecked.certified
     check.residuals[1] = 1e-3  # as if the second task had stopped early
-    strategy = GradientCertifiedUnlearner(*fresh(), constants=c, optimality=check)
+    strategy = CCLGradientUnlearner(*fresh(), constants=c, optimality=check)
     with pytest.raises(ValueError, match=r"task 1 was solved to a gradient residual 0.001 > tolerance 1e-06"):
         strategy.forget(ForgetRequest.of_experience(0))
 
@@ -396,14 +394,14 @@ def test_release_config_defaults_are_each_unlearners_former_keyword_defaults():
     """The seven keywords' defaults before ReleaseConfig: 1.0, 1e-5, noise on, no override, OS entropy, no budget,
     PLD; noisy_finetune accounted with RDP and SAFE had no (epsilon, delta) target; each keeps its own."""
     from lightning_unlearn import (
-        GradientCertifiedUnlearner,
-        HessianCertifiedUnlearner,
+        CCLGradientUnlearner,
+        CCLHessianUnlearner,
         InfinitesimalJackknifeUnlearner,
         NewtonStepUnlearner,
         NoisyFinetuneUnlearner,
         ResolveUnlearner,
+        SAFEUnlearner,
         SlicedResolveUnlearner,
-        StreamingUnlearner,
     )
 
     assert (ReleaseConfig().epsilon, ReleaseConfig().delta, ReleaseConfig().noise) == (1.0, 1e-5, True)
@@ -411,8 +409,8 @@ def test_release_config_defaults_are_each_unlearners_former_keyword_defaults():
     assert ReleaseConfig().accountant == "pld"
     same = (
         HFUnlearner,
-        HessianCertifiedUnlearner,
-        GradientCertifiedUnlearner,
+        CCLHessianUnlearner,
+        CCLGradientUnlearner,
         NewtonStepUnlearner,
         InfinitesimalJackknifeUnlearner,
         ResolveUnlearner,
@@ -420,7 +418,7 @@ def test_release_config_defaults_are_each_unlearners_former_keyword_defaults():
     )
     assert all(cls.default_release == ReleaseConfig() for cls in same)
     assert NoisyFinetuneUnlearner.default_release == ReleaseConfig(accountant="rdp")
-    assert StreamingUnlearner.default_release == ReleaseConfig(epsilon=None, delta=None)
+    assert SAFEUnlearner.default_release == ReleaseConfig(epsilon=None, delta=None)
 
 
 def test_release_config_example_runs_as_a_doctest():

@@ -177,7 +177,7 @@ def test_ccl_requests_run_inside_the_stream_and_later_tasks_learn_from_what_they
     schedule = make_requests(scale.requests[0], info, 0)
     assert schedule.after == (1, 3)
     bar = progress(desc="test", enabled=False)
-    hessian = make_method(setup.methods[1], {**setup.methods[1].options, **scale.options.get("hessian", {})}, {})
+    hessian = make_method(setup.methods[1], {**setup.methods[1].options, **scale.options.get("ccl_hessian", {})}, {})
     run = _run(hessian, info, schedule, bar)
     learned = [set(catalog.experiences.tolist()) for _, _, catalog in run.steps]
     assert learned == [{0, 1}, {0, 1, 2, 3}]  # each request saw only the tasks learned before it

@@ -24,8 +24,8 @@ def test_every_registered_method_forgets_on_a_user_resnet18():
     _, rows, methods = own_model.build_all(data, args)
     assert {name for name, *_ in rows} >= {
         "SampleRecorder",
-        "StreamingRecorder",
-        "TaskDeltaRecorder",
+        "SAFERecorder",
+        "CCLRecorder",
         "AnalyticRecorder",
     }
     ran = {}

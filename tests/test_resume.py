@@ -19,7 +19,7 @@ from helpers_certified import blobs, sgd_model, trainer
 from torch.utils.data import DataLoader, Sampler
 
 from lightning_unlearn import AnalyticRecorder, TrajectoryRecorder
-from lightning_unlearn.callbacks import SampleRecorder, StreamingRecorder
+from lightning_unlearn.callbacks import SAFERecorder, SampleRecorder
 
 
 class EpochBatches(Sampler):
@@ -154,7 +154,7 @@ def test_safe_resumed_mid_epoch_equals_the_uninterrupted_fit(tmp_path):
     ds = blobs(64, seed=0)
 
     def make():
-        return sgd_model(), StreamingRecorder(num_classes=3, proj_dim=4)
+        return sgd_model(), SAFERecorder(num_classes=3, proj_dim=4)
 
     model, rec = make()
     trainer([rec], max_epochs=2).fit(model, ResumableLoader(ds, 16))

@@ -11,12 +11,12 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from lightning_unlearn import ForgetRequest, ReleaseConfig
-from lightning_unlearn.callbacks import StreamingRecorder
-from lightning_unlearn.functional import streaming
+from lightning_unlearn.callbacks import SAFERecorder
+from lightning_unlearn.functional import safe
 from lightning_unlearn.metrics import accuracy
 from lightning_unlearn.models import SupervisedClassifier
 from lightning_unlearn.privacy import analytic_sigma
-from lightning_unlearn.unlearners import StreamingUnlearner
+from lightning_unlearn.unlearners import SAFEUnlearner
 
 N = 120
 
@@ -35,14 +35,14 @@ def fit(model, ds, rec, epochs: int = 6, **kw):
 @pytest.fixture(scope="module")
 def fitted():
     ds = blobs(N, seed=0)
-    model, rec = mlp_model(), StreamingRecorder(num_classes=N_CLASSES, proj_dim=4)
+    model, rec = mlp_model(), SAFERecorder(num_classes=N_CLASSES, proj_dim=4)
     fit(model, ds, rec)
     return ds, model, rec
 
 
 def copies(fitted):
     ds, model, rec = fitted
-    r2 = StreamingRecorder(num_classes=N_CLASSES, proj_dim=4)
+    r2 = SAFERecorder(num_classes=N_CLASSES, proj_dim=4)
     r2.load_state_dict(rec.state_dict())
     return ds, copy.deepcopy(model), r2
 
@@ -93,7 +93,7 @@ def test_anchor_statistics_equal_direct_computation_on_the_training_data(fitted)
     assert math.isclose(
         float(rec.loss_sum), float(nn.functional.cross_entropy(model(x), y, reduction="sum")), rel_tol=1e-10
     )
-    u = streaming.project(x, rec.V)
+    u = safe.project(x, rec.V)
     for c in range(N_CLASSES):  # Eq. (21): class mean and covariance of the projection
         uc = u[y == c]
         assert rec.counts[c] == len(uc)
@@ -107,13 +107,13 @@ def test_a_round_updates_statistics_to_those_of_the_retained_data_without_seeing
     ds, model, rec = copies(fitted)
     forget_ids = torch.tensor([3, 17, 40, 41, 99])
     only_forget = Subset(ds, forget_ids.tolist())  # the strategy is given nothing else
-    StreamingUnlearner(model, rec, step_size=0.05).forget(ForgetRequest.samples(forget_ids), only_forget)
+    SAFEUnlearner(model, rec, step_size=0.05).forget(ForgetRequest.samples(forget_ids), only_forget)
     keep = [i for i in range(N) if i not in set(forget_ids.tolist())]
     x, y = tensors(ds, keep)
     direct = direct_grad_sum(at_w0(rec, model), x, y)
     for n in direct:  # Eq. (15) kept as a sum: exactly the retained data's gradient at w_0
         assert torch.allclose(rec.grad_sum[n], direct[n], rtol=1e-10, atol=1e-10), n
-    n, s1, s2 = streaming.class_sums(streaming.project(x, rec.V), y, N_CLASSES)  # Eq. (22)-(23) in exact (sum) form
+    n, s1, s2 = safe.class_sums(safe.project(x, rec.V), y, N_CLASSES)  # Eq. (22)-(23) in exact (sum) form
     assert (
         torch.equal(rec.counts, n) and torch.allclose(rec.s1, s1, atol=1e-9) and torch.allclose(rec.s2, s2, atol=1e-8)
     )
@@ -124,7 +124,7 @@ def test_each_round_is_one_normalised_step_of_size_gamma_from_w0(fitted):
     ds, model, rec = copies(fitted)
     w0 = flat(model).clone()
     K, T = 2.5, 20
-    strategy = StreamingUnlearner(model, rec, lr_constant=K, expected_rounds=T)
+    strategy = SAFEUnlearner(model, rec, lr_constant=K, expected_rounds=T)
     r1 = strategy.forget(ForgetRequest.samples([0, 1, 2]), ds)
     gamma = math.sqrt(float(w0.norm())) / (K * math.sqrt(T))  # Theorem 2's learning rate, W = ||w_0||
     assert math.isclose(r1.extra["step_size"], gamma, rel_tol=1e-12)
@@ -149,7 +149,7 @@ def test_forgetting_a_class_drops_its_accuracy_and_keeps_the_others(fitted):
     gone = y == 1
     forget, retain = TensorDataset(x[gone], y[gone]), TensorDataset(x[~gone], y[~gone])
     assert accuracy(model, forget, N_CLASSES) > 0.8
-    StreamingUnlearner(model, rec, step_size=2.0).forget(ForgetRequest.of_class(1), ds)
+    SAFEUnlearner(model, rec, step_size=2.0).forget(ForgetRequest.of_class(1), ds)
     assert accuracy(model, forget, N_CLASSES) < 0.1  # the pseudo-target gives an emptied class ~0 mass (Eq. (20))
     assert accuracy(model, retain, N_CLASSES) > 0.9
 
@@ -160,8 +160,8 @@ def test_theorem2_noise_is_calibrated_on_twice_the_weight_bound(fitted):
     ds, model, rec = copies(fitted)
     W = float(torch.cat([t.flatten() for t in rec.w0.values()]).norm())
     request = ForgetRequest.samples([7, 8])
-    StreamingUnlearner(plain_model, plain_rec, step_size=0.1).forget(request, ds)
-    noisy = StreamingUnlearner(model, rec, step_size=0.1, release=ReleaseConfig(epsilon=eps, delta=delta, seed=3))
+    SAFEUnlearner(plain_model, plain_rec, step_size=0.1).forget(request, ds)
+    noisy = SAFEUnlearner(model, rec, step_size=0.1, release=ReleaseConfig(epsilon=eps, delta=delta, seed=3))
     cert = noisy.forget(request, ds).certificate
     expected = analytic_sigma(2 * W, eps, delta)  # two models in the ball ||w|| <= W are at most 2W apart
     assert cert.epsilon == eps and cert.delta == delta and cert.seeded and cert.constants == "estimated"
@@ -175,37 +175,35 @@ def test_theorem2_noise_is_calibrated_on_twice_the_weight_bound(fitted):
     assert abs(float(b.std()) / expected - 1) < 0.2  # 163 draws: the sample std is within 20 % w.p. > 0.999
     assert noisy.ledger[0].certificate["sigma"] == cert.sigma
     _, m3, r3 = copies(fitted)
-    given = StreamingUnlearner(
-        m3, r3, step_size=0.1, weight_bound=2 * W, release=ReleaseConfig(epsilon=eps, delta=delta)
-    )
+    given = SAFEUnlearner(m3, r3, step_size=0.1, weight_bound=2 * W, release=ReleaseConfig(epsilon=eps, delta=delta))
     assert given.forget(request, ds).certificate.certified  # a stated W and OS-entropy noise
 
 
 def test_state_survives_a_lightning_checkpoint_and_forgets_the_same(fitted, tmp_path):
     ds = blobs(N, seed=0)
-    model, rec = mlp_model(), StreamingRecorder(num_classes=N_CLASSES, proj_dim=4)
+    model, rec = mlp_model(), SAFERecorder(num_classes=N_CLASSES, proj_dim=4)
     fit(model, ds, rec)
     tr = trainer([rec])
     tr.strategy.connect(model)
     tr.save_checkpoint(tmp_path / "run.ckpt")
-    restored = StreamingRecorder(num_classes=N_CLASSES, proj_dim=4)
+    restored = SAFERecorder(num_classes=N_CLASSES, proj_dim=4)
     restored.load_from_checkpoint(tmp_path / "run.ckpt")
     twin = copy.deepcopy(model)
     request = ForgetRequest.samples([10, 11, 12])
-    StreamingUnlearner(model, rec, step_size=0.1).forget(request, ds)
-    StreamingUnlearner(twin, restored, step_size=0.1).forget(request, ds)
+    SAFEUnlearner(model, rec, step_size=0.1).forget(request, ds)
+    SAFEUnlearner(twin, restored, step_size=0.1).forget(request, ds)
     statistics = [
         {k: v for k, v in r.state_dict().items() if k != "ledger_anchor"} for r in (rec, restored)
     ]  # two ledgers
     assert torch.equal(flat(model), flat(twin)) and state_equal(*statistics)
-    other = StreamingRecorder(num_classes=N_CLASSES, proj_dim=8)
-    with pytest.raises(ValueError, match=r"StreamingRecorder with other settings \(proj_dim=4 there, 8 here\)"):
+    other = SAFERecorder(num_classes=N_CLASSES, proj_dim=8)
+    with pytest.raises(ValueError, match=r"SAFERecorder with other settings \(proj_dim=4 there, 8 here\)"):
         other.load_from_checkpoint(tmp_path / "run.ckpt")
 
 
 def test_a_later_experience_reanchors_and_keeps_the_earlier_gradient_sum():
     first, second = blobs(60, seed=0), blobs(60, seed=1, id_offset=1000)
-    model, rec = mlp_model(), StreamingRecorder(num_classes=N_CLASSES, proj_dim=4)
+    model, rec = mlp_model(), SAFERecorder(num_classes=N_CLASSES, proj_dim=4)
     fit(model, first, rec)
     g_first = direct_grad_sum(model, *tensors(first))  # at the first fit's w_0 (its data is gone afterwards)
     fit(model, second, rec)
@@ -217,7 +215,7 @@ def test_a_later_experience_reanchors_and_keeps_the_earlier_gradient_sum():
 
 def test_bad_input_is_refused_and_changes_nothing(fitted):
     ds, model, rec = copies(fitted)
-    strategy = StreamingUnlearner(model, rec)
+    strategy = SAFEUnlearner(model, rec)
     before, weights = copy.deepcopy(rec.state_dict()), flat(model).clone()
     x, y = tensors(ds)
     wrong_labels = Subset(blobs(N, seed=5), [0, 1])  # same ids 0, 1 with other labels
@@ -238,7 +236,7 @@ def test_bad_input_is_refused_and_changes_nothing(fitted):
         strategy.forget(ForgetRequest.samples([4, 5]), ds)
     assert len(strategy.ledger) == 1 and rec.rounds == 1
     ds2, model2, rec2 = copies(fitted)
-    strategy2 = StreamingUnlearner(model2, rec2)
+    strategy2 = SAFEUnlearner(model2, rec2)
     strategy2.recorder.V = torch.randn(D_IN + 1, 4, dtype=torch.float64)  # as if recorded on other inputs
     with pytest.raises(ValueError, match="features per sample but the recorded projection expects 7"):
         strategy2.forget(ForgetRequest.samples([1]), ds2)
@@ -259,14 +257,14 @@ def test_bad_input_is_refused_and_changes_nothing(fitted):
 def test_bad_options_are_refused(fitted, release, kwargs, message):
     _, model, rec = fitted
     with pytest.raises(ValueError, match=message):
-        StreamingUnlearner(model, rec, release=ReleaseConfig(**{"epsilon": None, "delta": None, **release}), **kwargs)
+        SAFEUnlearner(model, rec, release=ReleaseConfig(**{"epsilon": None, "delta": None, **release}), **kwargs)
 
 
 def test_a_fixed_std_with_a_target_is_an_accounted_uncertified_release(fitted):
     """SAFE's release follows the shared ReleaseConfig: ``sigma_override`` with (epsilon, delta) publishes that std,
     accounted and not certified (as for every noised unlearner; it was refused before SAFE took a ReleaseConfig)."""
     ds, model, rec = copies(fitted)
-    strategy = StreamingUnlearner(model, rec, step_size=0.1, release=ReleaseConfig(sigma_override=0.05))
+    strategy = SAFEUnlearner(model, rec, step_size=0.1, release=ReleaseConfig(sigma_override=0.05))
     cert = strategy.forget(ForgetRequest.samples([7, 8]), ds).certificate
     assert not cert.certified and cert.epsilon is None and cert.sigma == 0.05
     assert "sigma_override" in cert.statement and cert.accounting["releases"] == 1 and len(strategy.accountant) == 1

@@ -10,8 +10,8 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from lightning_unlearn import ForgetRequest
-from lightning_unlearn.callbacks import StreamingRecorder
-from lightning_unlearn.unlearners import StreamingUnlearner
+from lightning_unlearn.callbacks import SAFERecorder
+from lightning_unlearn.unlearners import SAFEUnlearner
 
 SMOOTHING = 0.2
 N = 96
@@ -32,7 +32,7 @@ def net() -> nn.Module:
 
 
 def test_label_smoothed_module_is_refused_with_the_default_loss():
-    rec = StreamingRecorder(num_classes=N_CLASSES, proj_dim=4)
+    rec = SAFERecorder(num_classes=N_CLASSES, proj_dim=4)
     with pytest.raises(ValueError, match=r"loss_fn disagrees with UserModule.training_step on a batch"):
         fit(user_model(net(), smoothing=SMOOTHING, weight_decay=0.0), blobs(N, seed=0), rec)
 
@@ -40,7 +40,7 @@ def test_label_smoothed_module_is_refused_with_the_default_loss():
 def test_label_smoothed_module_is_unlearned_with_its_own_loss():
     ds = blobs(N, seed=0)
     model = user_model(net(), smoothing=SMOOTHING, weight_decay=0.0)
-    rec = StreamingRecorder(num_classes=N_CLASSES, proj_dim=4, loss_fn=smoothed)
+    rec = SAFERecorder(num_classes=N_CLASSES, proj_dim=4, loss_fn=smoothed)
     fit(model, ds, rec)
     x, y = ds.dataset.tensors
     # Eq. (12): the recorded sum is the gradient of the module's own (label-smoothed) loss at w_0;
@@ -50,7 +50,7 @@ def test_label_smoothed_module_is_unlearned_with_its_own_loss():
     for n, p in model.named_parameters():
         assert torch.allclose(rec.grad_sum[n], p.grad, rtol=1e-10, atol=1e-12), n
     forget = [3, 11, 40]
-    strategy = StreamingUnlearner(model, rec, step_size=0.05)
+    strategy = SAFEUnlearner(model, rec, step_size=0.05)
     result = strategy.forget(ForgetRequest.samples(forget), ds)
     keep = torch.tensor([i not in forget for i in range(N)])
     with torch.no_grad():
@@ -64,10 +64,10 @@ def test_label_smoothed_module_is_unlearned_with_its_own_loss():
 def test_outputs_that_are_not_class_logits_are_refused():
     ds = blobs(N, seed=0)
     model = user_model(nn.Linear(D_IN, N_CLASSES + 2).double(), weight_decay=0.0)
-    rec = StreamingRecorder(num_classes=N_CLASSES, proj_dim=4, offload=True)
+    rec = SAFERecorder(num_classes=N_CLASSES, proj_dim=4, offload=True)
     fit(model, ds, rec)
     assert rec.counts.device.type == "cpu" and rec.grad_sum["net.weight"].device.type == "cpu"
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     with pytest.raises(ValueError, match=rf"class logits of shape \(1, {N_CLASSES}\).*got \(1, {N_CLASSES + 2}\)"):
-        StreamingUnlearner(model, rec, step_size=0.05).forget(ForgetRequest.samples([5]), ds)
+        SAFEUnlearner(model, rec, step_size=0.05).forget(ForgetRequest.samples([5]), ds)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())

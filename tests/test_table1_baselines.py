@@ -14,14 +14,15 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from lightning_unlearn import ForgetRequest, IndexedDataset
 from lightning_unlearn.callbacks import SampleRecorder
+from lightning_unlearn.functional.l1_sparse import l1_coefficient, l1_norm
 from lightning_unlearn.functional.scrub import distill_kl, rewind_index
-from lightning_unlearn.functional.sparse import l1_coefficient, l1_norm
 from lightning_unlearn.functional.woodfisher import influence_direction, woodfisher_inverse_product
 from lightning_unlearn.metrics import accuracy
 from lightning_unlearn.models import SupervisedClassifier
 from lightning_unlearn.unlearners.baselines import RetrainUnlearner
+from lightning_unlearn.unlearners.l1_sparse import L1SparseUnlearner
 from lightning_unlearn.unlearners.scrub import SCRUBUnlearner
-from lightning_unlearn.unlearners.sparse import L1SparseUnlearner, WoodFisherUnlearner
+from lightning_unlearn.unlearners.woodfisher import WoodFisherUnlearner
 
 F64_EPS = torch.finfo(torch.float64).eps
 

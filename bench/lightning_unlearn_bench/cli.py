@@ -11,7 +11,7 @@ item (``acu``), several separated by commas (``acu,hf``) or a YAML list (``[acu,
 
     lightning-unlearn methods
     lightning-unlearn methods hf
-    lightning-unlearn compare --methods acu,resolve,hf,hessian,rbm,finetune,neggrad,retrain --requests 5,25
+    lightning-unlearn compare --methods acu,resolve,hf,ccl_hessian,rbm,finetune,neggrad,retrain --requests 5,25
     lightning-unlearn compare --data split-cifar10 --root ~/data --model resnet18 --methods acu,finetune
     lightning-unlearn compare --methods hf --method.hf.epsilon 0.5 --trainer.accelerator gpu --trainer.devices 1
     lightning-unlearn compare --model my_pkg.MyModule --model.width 64 --data my_pkg.MyData --methods finetune
@@ -55,6 +55,7 @@ from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_unlearn.core.interrupts import noting_ctrl_c, stop_on_sigterm
+from lightning_unlearn.unlearners import available_unlearners, method_info, unlearner_class
 from lightning_unlearn_bench.datasets import ACU_BASE_FRACTION, BENCHMARKS, DatasetNotFoundError
 from lightning_unlearn_bench.models import MODELS
 from lightning_unlearn_bench.registry import available_methods, method_spec, trainer_options, with_trainer
@@ -66,8 +67,8 @@ DEFAULT_METHODS = [
     "acu",
     "resolve",
     "hf",
-    "hessian",
-    "gradient",
+    "ccl_hessian",
+    "ccl_gradient",
     "safe",
     "rbm",
     "salun",
@@ -91,7 +92,7 @@ TRAINER_OPTIONS = (
     "default_root_dir",
 )
 #: the certified methods of ``tradeoff``
-TRADEOFF_METHODS = ("resolve", "certified_removal", "hf", "hessian", "gradient", "safe")
+TRADEOFF_METHODS = ("resolve", "certified_removal", "hf", "ccl_hessian", "ccl_gradient", "safe")
 
 _NOISE = (
     ".*does not have many workers.*",
@@ -659,16 +660,35 @@ def _field(label: str, text: str, items: Sequence[str] = ()) -> list[str]:
     return [line.replace(glue, " ") for line in lines]
 
 
+def _papers(keys: str) -> str:
+    """``"CCL, SISA"`` as ``"[CCL], [SISA] (docs/references.md)"``."""
+    return (", ".join(f"[{p.strip()}]" for p in keys.split(",")) if keys else "-") + " (docs/references.md)"
+
+
 def describe_method(name: str) -> str:
     """One method's registry entry: strategy, families, guarantee, assumptions, needs, cost, papers, and a table of
     its options with their types, defaults and where each goes.
 
+    A method of the library the harness does not register (``sliced_resolve``: no model family builds its sliced
+    backbone) is described by its class's registry entry.
+
     Raises:
         ValueError: an unknown name (listing the registered ones).
     """
+    if name not in available_methods() and name in available_unlearners():
+        cls, info = unlearner_class(name), method_info(name)
+        return "\n".join(
+            [
+                f"{name}: {cls.__module__}.{cls.__qualname__} (a library class, not in the harness's registry: "
+                "compare does not run it)",
+                *_field("guarantee", info.guarantee),
+                *_field("assumptions", info.assumptions),
+                *_field("cost", info.cost),
+                *_field("papers", _papers(info.paper)),
+            ]
+        )
     spec = method_spec(name)
     fixed = f" with {', '.join(f'{k}={v!r}' for k, v in spec.fixed.items())}" if spec.fixed else ""
-    papers = ", ".join(f"[{p.strip()}]" for p in spec.paper.split(",")) if spec.paper else "-"
     lines = [
         f"{name}: {spec.strategy.__module__}.{spec.strategy.__qualname__}{fixed}",
         *_field("families", f"{', '.join(spec.families)} (default {spec.families[0]})"),
@@ -676,7 +696,7 @@ def describe_method(name: str) -> str:
         *_field("assumptions", spec.assumptions or "-"),
         *_field("needs", spec.needs()),
         *_field("cost", spec.cost or "-"),
-        *_field("papers", papers + " (docs/references.md)"),
+        *_field("papers", _papers(spec.paper)),
     ]
     rows = [["option", "type", "default", "goes to"]]
     rows += [[o.name, o.type_text(), repr(o.default), o.target] for o in spec.option_list()]

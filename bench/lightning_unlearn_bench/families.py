@@ -40,7 +40,7 @@ import lightning as L
 from torch import nn
 from torch.utils.data import DataLoader
 
-from lightning_unlearn.callbacks.analytic import AnalyticRecorder
+from lightning_unlearn.callbacks.acu import AnalyticRecorder
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.callbacks.convex import SoftmaxHeadRecorder
 from lightning_unlearn.callbacks.samples import SampleRecorder

@@ -60,7 +60,7 @@ class _Run:
 
 def statistics_bytes(recorder: RecorderCallback) -> int:
     """Bytes of the statistics a recorder keeps for unlearning: its ``memory_bytes()`` where it has one
-    (:class:`~lightning_unlearn.callbacks.trajectory.TrajectoryRecorder`: the tracked vectors), otherwise the
+    (:class:`~lightning_unlearn.callbacks.hf.TrajectoryRecorder`: the tracked vectors), otherwise the
     tensors of its ``state_dict`` besides what every recorder keeps (the sample catalog, ledger anchor, privacy
     budget); 0 for a recorder of the catalog only. Under DDP a ``memory_bytes`` is this rank's share, summed over the
     ranks here (a collective: every rank calls this); the ``state_dict`` sums are already every rank's."""

@@ -1,14 +1,19 @@
 """The built-in methods of the registry, each an unlearner class on its model families.
 
+A spec keeps what only the harness needs (model families, recorder factories, harness-computed arguments); the
+method's guarantee, assumptions, cost, papers and fixed options are its class's registry entry
+(:attr:`~lightning_unlearn.unlearners.base.Unlearner.method_info`).
+
 Registered: ``acu``, ``resolve`` and ``certified_removal`` ([CR]; the certified softmax head, on the convex
-family), ``hf``, ``ns``, ``ij``, ``hessian``, ``gradient``, ``safe``, ``rbm``, ``salun``, ``noisy_finetune`` ([CUNN];
-supervised family by default) and the baselines
+family), ``hf``, ``ns``, ``ij``, ``ccl_hessian``, ``ccl_gradient``, ``safe``, ``rbm``, ``salun``,
+``noisy_finetune`` ([CUNN]; supervised family by default) and the baselines
 ``retrain``, ``finetune``, ``neggrad``, ``neggrad_plus``, ``randomlabel`` and the further baselines of [ACU]'s
 Table 1, ``scrub`` ([SCRUB]), ``l1_sparse`` and ``woodfisher`` ([Sparse]). The baselines, RBM and SalUn run on every
 family (default: analytic, [ACU]'s protocol; their defaults are [ACU] App. E.3's);
 [HF] (option ``track``: the sample ids its recorder keeps vectors for) and its Hessian-based baselines [NS] and
-[IJ] on the linear family, [CCL]'s Hessian and gradient methods on the proximal family (with a
-:class:`HessianRecorder` and a :class:`TaskDeltaRecorder`: Alg. 1 needs no Hessian; both certify with closed-form
+[IJ] on the linear family, [CCL]'s Hessian and gradient methods (``ccl_hessian``, ``ccl_gradient``) on the
+proximal family (with a
+:class:`CCLHessianRecorder` and a :class:`CCLRecorder`: Alg. 1 needs no Hessian; both certify with closed-form
 constants), [SAFE] on the supervised family by default.
 """
 
@@ -19,13 +24,13 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from lightning_unlearn.callbacks.analytic import AnalyticRecorder
+from lightning_unlearn.callbacks.acu import AnalyticRecorder
+from lightning_unlearn.callbacks.ccl import CCLHessianRecorder, CCLRecorder
 from lightning_unlearn.callbacks.convex import SoftmaxHeadRecorder
-from lightning_unlearn.callbacks.hessian import HessianRecorder, TaskDeltaRecorder
+from lightning_unlearn.callbacks.hf import TrajectoryRecorder
 from lightning_unlearn.callbacks.newton import MAX_BYTES, HessianSumRecorder
 from lightning_unlearn.callbacks.optimality import TaskOptimality
-from lightning_unlearn.callbacks.streaming import StreamingRecorder
-from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
+from lightning_unlearn.callbacks.safe import SAFERecorder
 from lightning_unlearn.functional.bounds import linear_head, linear_model_constants, max_feature_norm, module_constants
 from lightning_unlearn.functional.newton import hessian_lipschitz_bound
 from lightning_unlearn.privacy import ReleaseConfig
@@ -38,18 +43,19 @@ from lightning_unlearn.unlearners.baselines import (
     RandomLabelUnlearner,
     RetrainUnlearner,
 )
-from lightning_unlearn.unlearners.certified import (
-    GradientCertifiedUnlearner,
-    HessianCertifiedUnlearner,
+from lightning_unlearn.unlearners.ccl import (
+    CCLGradientUnlearner,
+    CCLHessianUnlearner,
 )
 from lightning_unlearn.unlearners.convex import CertifiedRemovalUnlearner, ResolveUnlearner
 from lightning_unlearn.unlearners.hf import HFUnlearner
+from lightning_unlearn.unlearners.l1_sparse import L1SparseUnlearner
 from lightning_unlearn.unlearners.newton import InfinitesimalJackknifeUnlearner, NewtonStepUnlearner
-from lightning_unlearn.unlearners.noisy import NoisyFinetuneUnlearner
+from lightning_unlearn.unlearners.noisy_finetune import NoisyFinetuneUnlearner
 from lightning_unlearn.unlearners.rbm import RBMUnlearner
+from lightning_unlearn.unlearners.safe import SAFEUnlearner
 from lightning_unlearn.unlearners.scrub import SCRUBUnlearner
-from lightning_unlearn.unlearners.sparse import L1SparseUnlearner, WoodFisherUnlearner
-from lightning_unlearn.unlearners.streaming import StreamingUnlearner
+from lightning_unlearn.unlearners.woodfisher import WoodFisherUnlearner
 from lightning_unlearn_bench.spec import MethodSpec
 from lightning_unlearn_bench.types import BenchmarkInfo
 
@@ -75,16 +81,16 @@ def certified_label(name: str) -> Any:
     return label
 
 
-def _trajectory(info: BenchmarkInfo, track: Collection[int] | None) -> TrajectoryRecorder:
+def _hf(info: BenchmarkInfo, track: Collection[int] | None) -> TrajectoryRecorder:
     return TrajectoryRecorder(track=track)
 
 
-def _hessian(info: BenchmarkInfo, hessian: str) -> HessianRecorder:
-    return HessianRecorder(hessian=hessian)
+def _ccl_hessian(info: BenchmarkInfo, hessian: str) -> CCLHessianRecorder:
+    return CCLHessianRecorder(hessian=hessian)
 
 
-def _task_deltas(info: BenchmarkInfo) -> TaskDeltaRecorder:
-    return TaskDeltaRecorder()
+def _ccl(info: BenchmarkInfo) -> CCLRecorder:
+    return CCLRecorder()
 
 
 #: largest gradient residual of a proximal task's solution accepted for a certified [CCL] release
@@ -146,20 +152,11 @@ _CR_PERTURBATION = CertifiedRemovalUnlearner.perturbation_std(0.1, 1.0, 1e-5)
 _SOFTMAX_ON_MODULE = {"l2": 1e-3, "radius": 1e-3, "loss_perturbation": None, "backbone": None, "head": "head"}
 
 
-def _streaming(info: BenchmarkInfo, num_classes: int | None) -> StreamingRecorder:
-    return StreamingRecorder(num_classes or info.num_classes, seed=info.seed)
+def _safe(info: BenchmarkInfo, num_classes: int | None) -> SAFERecorder:
+    return SAFERecorder(num_classes or info.num_classes, seed=info.seed)
 
 
-#: one-line descriptions for ``lightning-unlearn methods``: (guarantee, assumptions, cost, paper)
-_TRAINED = "a copy trained through the module's own training_step and optimizer"
-_SECOND_ORDER = (
-    "the exact minimiser (checked), strong convexity, proved constants incl. the Hessian-Lipschitz M, m <= n/2"
-)
-_CCL = "strong convexity, proved constants, each task solved to a checked tolerance (TaskOptimality)"
-_NONE = "none (no bound on the distance to retraining)"
-
-
-def _second_order(name: str, cls: type[Unlearner], form: str, guarantee: str, cost: str) -> MethodSpec:
+def _second_order(name: str, cls: type[Unlearner], form: str) -> MethodSpec:
     """[NS] or [IJ] ([HF]'s Hessian-based baselines): ``cls`` with the ``form`` of :class:`HessianSumRecorder`."""
     return MethodSpec(
         name,
@@ -170,10 +167,6 @@ def _second_order(name: str, cls: type[Unlearner], form: str, guarantee: str, co
         label=certified_label(name),
         context=_second_order_constants,
         managed=frozenset({"constants", "hessian_lipschitz"}),
-        guarantee=guarantee,
-        assumptions=_SECOND_ORDER,
-        cost=cost,
-        paper=name.upper(),
     )
 
 
@@ -185,162 +178,94 @@ BUILTIN: tuple[MethodSpec, ...] = (
         families=("analytic",),
         module_recorder=_analytic_on_module,
         module_recorder_options={"ridge": 1.0, "backbone": None, "head": "head"},
-        guarantee="exact: the head equals ridge retraining on the retained set ([ACU] Thm. 1)",
-        assumptions="a frozen backbone; the head is the ridge solution, which the recorder solves in closed form",
-        cost="O(k d_F^2) per request of k samples by eq. (5)/(6), or an O(d_F^3) re-solve; recording O(n d_F^2)",
-        paper="ACU",
     ),
     MethodSpec(
         "retrain",
         RetrainUnlearner,
         managed=frozenset({"fit_callbacks", "trainer_kwargs", "batch_size"}),
-        guarantee="exact by construction (the gold standard)",
-        assumptions="the initial weights and the retained data are kept",
-        cost="the whole continual recipe replayed on the retained data, per request",
     ),
     MethodSpec(
         "finetune",
         FinetuneUnlearner,
-        guarantee=_NONE,
-        assumptions=_TRAINED,
-        cost="`epochs` epochs over the retained set per request",
-        paper="ACU",
     ),
     MethodSpec(
         "neggrad",
         NegGradUnlearner,
-        guarantee=_NONE,
-        assumptions=_TRAINED + "; the loss is unbounded below (a diverging run stops)",
-        cost="`epochs` epochs of gradient ascent over the forget set per request",
-        paper="ACU",
     ),
     MethodSpec(
         "neggrad_plus",
         NegGradPlusUnlearner,
-        guarantee=_NONE,
-        assumptions=_TRAINED,
-        cost="`epochs` epochs over the retained set, a forget batch beside each retained batch",
-        paper="SCRUB",
     ),
     MethodSpec(
         "randomlabel",
         RandomLabelUnlearner,
-        guarantee=_NONE,
-        assumptions=_TRAINED + "; training and forget items of one format",
-        cost="`epochs` epochs over the retained set plus the relabelled forget set per request",
-        paper="ACU",
     ),
     MethodSpec(
         "rbm",
         RBMUnlearner,
-        fixed={"masking": "retain"},
-        guarantee="none ([RBM] Thm. 4.1: keeps the remaining loss at 0 in the linear model)",
-        assumptions=_TRAINED + "; weights salient for the retained data stay",
-        cost="one saliency gradient over the retained set, then `epochs` epochs over it per request",
-        paper="RBM",
     ),
     MethodSpec(
         "salun",
         RBMUnlearner,
-        fixed={"masking": "forget"},
-        guarantee=_NONE,
-        assumptions=_TRAINED + "; only weights salient for the forget set train",
-        cost="one saliency gradient over the forget set, then `epochs` epochs over the retained set per request",
-        paper="SalUn",
     ),
     MethodSpec(
         "hf",
         HFUnlearner,
         families=("linear",),
-        recorder=_trajectory,
+        recorder=_hf,
         recorder_options={"track": None},
         label=certified_label("hf"),
         context=_closed_form,
         managed=frozenset({"constants"}),
-        guarantee="(epsilon, delta): w + sum a_u plus Gaussian noise calibrated on gamma ([HF] Eq. (56))",
-        assumptions="strong convexity (Assumption 1), proved constants, plain SGD with every lr <= 2/(M + lambda)",
-        cost="O(k d) per request (vector sums and noise); recording one HVP per tracked sample and step",
-        paper="HF",
     ),
     _second_order(
         "ns",
         NewtonStepUnlearner,
         "hessian",
-        "(epsilon, delta): a damped Newton step on the retained Hessian plus noise ([HF] Eq. (15), [NS] Alg. 2)",
-        "an O(d^3) factorisation per request; recording the dense d x d Hessian (d HVPs over the data)",
     ),
     _second_order(
         "ij",
         InfinitesimalJackknifeUnlearner,
         "inverse",
-        "(epsilon, delta): an infinitesimal-jackknife step plus noise ([HF] Eq. (16))",
-        "O(k d^2) per request; recording the dense d x d inverse Hessian (one O(d^3) inversion)",
     ),
     MethodSpec(
-        "hessian",
-        HessianCertifiedUnlearner,
+        "ccl_hessian",
+        CCLHessianUnlearner,
         families=("proximal",),
-        recorder=_hessian,
+        recorder=_ccl_hessian,
         recorder_options={"hessian": "auto"},
-        label=certified_label("hessian"),
+        label=certified_label("ccl_hessian"),
         context=_closed_form_checked,
         managed=frozenset({"constants", "optimality"}),
-        guarantee="(epsilon, delta): a Newton correction over the task chain plus noise on gamma^H ([CCL] Alg. 2)",
-        assumptions=_CCL,
-        cost=(
-            "a solve with each recorded task Hessian per request (dense: O(d^3); factored, a linear head: conjugate "
-            "gradients, O(n_i K d) per iteration); recording a Hessian per task"
-        ),
-        paper="CCL",
     ),
     MethodSpec(
-        "gradient",
-        GradientCertifiedUnlearner,
+        "ccl_gradient",
+        CCLGradientUnlearner,
         families=("proximal",),
-        recorder=_task_deltas,
-        label=certified_label("gradient"),
+        recorder=_ccl,
+        label=certified_label("ccl_gradient"),
         context=_closed_form_checked,
         managed=frozenset({"constants", "optimality"}),
-        guarantee="(epsilon, delta): natural forgetting, noise only, gamma^NF ([CCL] Thm. 4.1)",
-        assumptions=_CCL,
-        cost="O(d) per request (noise); recording task sizes and end points",
-        paper="CCL",
     ),
     MethodSpec(
         "safe",
-        StreamingUnlearner,
+        SAFEUnlearner,
         families=("supervised", "analytic", "linear", "proximal"),
-        recorder=_streaming,
+        recorder=_safe,
         recorder_options={"num_classes": None},
         managed=frozenset({"constants", "trajectory"}),  # its contraction bound needs both: the harness sets neither
-        guarantee="none by default ([SAFE] Thm. 2 bounds regret); (epsilon, delta) with epsilon, delta, weight_bound",
-        assumptions="one request per round; the certified release needs the weight bound W (Thm. 2(iii))",
-        cost="one step from the anchor w_0 per request: gradients of the forget buffer at w_0",
-        paper="SAFE",
     ),
     MethodSpec(
         "scrub",
         SCRUBUnlearner,
-        guarantee=_NONE + "; SCRUB+R rewinds with held-out rewind_data",
-        assumptions=_TRAINED + "; forward returns the logits",
-        cost="`epochs` epochs per request: a max-pass over the forget set, a min-pass over the retained set",
-        paper="SCRUB",
     ),
     MethodSpec(
         "l1_sparse",
         L1SparseUnlearner,
-        guarantee=_NONE,
-        assumptions=_TRAINED,
-        cost="`epochs` epochs over the retained set with a decaying L1 penalty per request",
-        paper="Sparse",
     ),
     MethodSpec(
         "woodfisher",
         WoodFisherUnlearner,
-        guarantee=_NONE,
-        assumptions="one influence step w + alpha F^-1 v, F the dampened empirical Fisher of retained gradients",
-        cost="gradients over the forget and retained sets and n_samples per-sample gradients, O(n_samples^2 d)",
-        paper="Sparse, WoodFisher",
     ),
     MethodSpec(
         "resolve",
@@ -349,9 +274,6 @@ BUILTIN: tuple[MethodSpec, ...] = (
         label=certified_label("resolve"),
         module_recorder=_softmax_on_module,
         module_recorder_options=_SOFTMAX_ON_MODULE,
-        guarantee="(epsilon, delta) [derived]: the head re-solved to within radius of the retained optimum, plus noise",
-        assumptions="a frozen backbone; the L2-regularised softmax head is strongly convex (docs/certified_head.md)",
-        cost="a few Newton steps of HVPs over the recorder's retained float64 features per request",
     ),
     MethodSpec(
         "certified_removal",
@@ -360,10 +282,6 @@ BUILTIN: tuple[MethodSpec, ...] = (
         settings={"loss_perturbation": _CR_PERTURBATION},
         module_recorder=_softmax_on_module,
         module_recorder_options={**_SOFTMAX_ON_MODULE, "loss_perturbation": _CR_PERTURBATION},
-        guarantee="(epsilon, delta) per release: one Newton step, its exact gradient residual within [CR] Thm. 3",
-        assumptions="a frozen backbone; the head trained with a secret loss perturbation; releases not composed",
-        cost="one Newton step (preconditioned CG of Hessian-vector products) over the retained features, or a re-solve",
-        paper="CR",
     ),
     MethodSpec(
         "noisy_finetune",
@@ -371,9 +289,5 @@ BUILTIN: tuple[MethodSpec, ...] = (
         families=("supervised", "linear"),
         label=certified_label("noisy_finetune"),
         managed=frozenset({"center"}),  # the zero vector: the harness keeps no initial weights for it
-        guarantee="(epsilon, delta) by amplification by iteration: noisy steps from a projected start ([CUNN])",
-        assumptions="any loss and module (clipped gradients); update='convex': a linear softmax head (no shift)",
-        cost="`steps` noisy steps on the retained data per request (plus optional noise-free epochs)",
-        paper="CUNN, PABI",
     ),
 )

@@ -10,7 +10,7 @@
   cosine half-cycle from lr 0.5, batch 256, random crops and flips) on the base samples, then
   frozen: hand it to :class:`~lightning_unlearn.models.AnalyticClassifier`, or put it in your own
   module next to an :class:`~lightning_unlearn.models.AnalyticHead` and name it to
-  :class:`~lightning_unlearn.callbacks.analytic.AnalyticRecorder` (``backbone="<attribute>"``).
+  :class:`~lightning_unlearn.callbacks.acu.AnalyticRecorder` (``backbone="<attribute>"``).
 """
 
 from __future__ import annotations

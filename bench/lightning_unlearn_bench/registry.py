@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lightning_unlearn.callbacks.base import RecorderCallback
+from lightning_unlearn.core.keys import RETIRED_KEYS
 from lightning_unlearn.unlearners.base import Unlearner
 from lightning_unlearn_bench.methods import BUILTIN
 from lightning_unlearn_bench.spec import MethodSpec
@@ -53,10 +54,11 @@ def method_spec(name: str) -> MethodSpec:
     """The :class:`MethodSpec` registered as ``name``.
 
     Raises:
-        ValueError: an unknown name (listing the registered ones).
+        ValueError: an unknown name (listing the registered ones; a retired key names its successor).
     """
     if name not in _SPECS:
-        raise ValueError(f"unknown method {name!r}; registered methods: {', '.join(available_methods())}")
+        renamed = f" (a retired key: the method is {RETIRED_KEYS[name]!r} now)" if name in RETIRED_KEYS else ""
+        raise ValueError(f"unknown method {name!r}{renamed}; registered methods: {', '.join(available_methods())}")
     return _SPECS[name]
 
 

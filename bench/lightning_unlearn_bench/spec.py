@@ -13,7 +13,7 @@ benchmark's seed), and a ``train=`` dataset (the stream's training set) when the
 
 Each spec describes itself for ``lightning-unlearn methods``: :meth:`MethodSpec.option_list` (every option's
 type hint, default and destination, read from the signatures), :meth:`MethodSpec.needs` (read from the
-strategy class) and the ``guarantee``, ``assumptions`` and ``cost`` it is registered with.
+strategy class) and the ``guarantee``, ``assumptions`` and ``cost`` of its class's registry entry.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class MethodSpec:
         recorder: ``recorder(info, **recorder_options)`` makes its recorder; ``None``: the family's.
         recorder_options: the options handed to ``recorder``, with their defaults.
         fixed: strategy options fixed by the name (e.g. ``salun`` is :class:`RBMUnlearner` with
-            ``masking="forget"``); they are not options.
+            ``masking="forget"``); they are not options. Default: the class's registry entry's.
         managed: keyword-only parameters set from the family's recipe rather than by the user.
         label: the method's name for a set of strategy options (default: ``name``); a family
             other than the default is appended as ``name[family]``.
@@ -77,6 +77,10 @@ class MethodSpec:
         assumptions: what the guarantee (or the method) rests on (one line).
         cost: the cost of a request, and of recording (one line).
         paper: the reference key(s) of ``docs/references.md``.
+
+    ``fixed``, ``guarantee``, ``assumptions``, ``cost`` and ``paper`` left out are the strategy class's registry
+    entry for ``name`` (:class:`~lightning_unlearn.unlearners.base.MethodInfo`, declared beside the class), so a
+    built-in spec never repeats them.
     """
 
     name: str
@@ -91,10 +95,19 @@ class MethodSpec:
     context: Callable[[BenchmarkInfo, Any, Mapping[str, Any]], tuple[dict[str, Any], list[Any]]] | None = None
     module_recorder: Callable[..., RecorderCallback] | None = None
     module_recorder_options: Mapping[str, Any] = field(default_factory=dict)
-    guarantee: str = "none"
+    guarantee: str = ""
     assumptions: str = ""
     cost: str = ""
     paper: str = ""
+
+    def __post_init__(self) -> None:
+        declared = self.strategy.registry_entries().get(self.name)
+        if declared is not None:
+            for name in ("fixed", "guarantee", "assumptions", "cost", "paper"):
+                if not getattr(self, name):
+                    object.__setattr__(self, name, getattr(declared, name))
+        if not self.guarantee:
+            object.__setattr__(self, "guarantee", "none")
 
     def strategy_options(self) -> set[str]:
         """The strategy class's keyword-only parameters the user may set (``release`` too, as one object)."""

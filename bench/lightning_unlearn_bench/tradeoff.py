@@ -12,23 +12,23 @@ after the last request, the test accuracy, the gap to retraining, the last relea
 accountant's total epsilon over all releases (at the same delta), and two attacks (MIA-U AUC with
 DirectDiff features, offline LiRA AUC).
 
-The attacks' audit: the members are the forgotten samples, the non-members as many samples (at most half of it) of
-the held-out ``base`` split, each with its own label (no model saw them, and they come from the training data's
-distribution by construction: a test split of another distribution would make a retrain look like a leak). LiRA's
-shadow models are trained with the recipe of the model they attack (:func:`~lightning_unlearn.metrics.shadow_models`):
-for the head's rows the head's own solve (a :class:`SoftmaxHeadRecorder` at :data:`HEAD_L2` and its tolerance), for
-``hf`` and ``safe`` the SGD recipe, for ``hessian`` and ``gradient`` the L-BFGS fit, each on :data:`LIRA_SHADOWS`
-random subsets, of the target's training-set size, of the retained samples and the rest of ``base``; the noise of a
-release and [CR]'s loss perturbation are not part of the shadows' recipe. Each family has a ``never_forgot[...]`` row,
-its model before any request: next to the retrain (LiRA ~0.5), it shows what the attack finds in a model that still
-holds the forgotten samples. MIA-U compares the models before and after the requests: the retrain leaks under it by
-design ([MIAU]; [HF] Fig. 5), and ``never_forgot`` (no change) scores 0.5.
+The attacks' audit: the members are the forgotten samples, the non-members as many samples (at most half of it) of the
+held-out ``base`` split, each with its own label (no model saw them, and they come from the training data's distribution
+by construction: a test split of another distribution would make a retrain look like a leak). LiRA's shadow models are
+trained with the recipe of the model they attack (:func:`~lightning_unlearn.metrics.shadow_models`): for the head's rows
+the head's own solve (a :class:`SoftmaxHeadRecorder` at :data:`HEAD_L2` and its tolerance), for ``hf`` and ``safe`` the
+SGD recipe, for ``ccl_hessian`` and ``ccl_gradient`` the L-BFGS fit, each on :data:`LIRA_SHADOWS` random subsets, of the
+target's training-set size, of the retained samples and the rest of ``base``; the noise of a release and [CR]'s loss
+perturbation are not part of the shadows' recipe. Each family has a ``never_forgot[...]`` row, its model before any
+request: next to the retrain (LiRA ~0.5), it shows what the attack finds in a model that still holds the forgotten
+samples. MIA-U compares the models before and after the requests: the retrain leaks under it by design ([MIAU]; [HF]
+Fig. 5), and ``never_forgot`` (no change) scores 0.5.
 
 Methods: ``resolve`` (the certified softmax head re-solved to a computed distance, [derived],
 ``docs/certified_head.md``) and ``certified_removal`` ([CR], Newton removal with a loss perturbation drawn for each
 epsilon), both at their own ``l2`` (:data:`HEAD_L2`) and against ``retrain[exact]`` (that head's optimum on the
-retained samples, solved from scratch); ``hf`` ([HF], SGD recipe), ``hessian`` and ``gradient`` ([CCL] Alg. 2 / Alg. 1,
-the task solved by full-batch L-BFGS to a checked tolerance), ``safe`` ([SAFE] Alg. 1's step); each
+retained samples, solved from scratch); ``hf`` ([HF], SGD recipe), ``ccl_hessian`` and ``ccl_gradient`` ([CCL]
+Alg. 2 / Alg. 1, the task solved by full-batch L-BFGS to a checked tolerance), ``safe`` ([SAFE] Alg. 1's step); each
 noise-free (``epsilon = inf``) and next to its retrained reference. Every certified release calibrates on
 the strategies' default, the contraction bound [derived] (``docs/certificates.md``; SAFE's from the same
 fit's :class:`TrajectoryRecorder`). Two SGD references: ``retrain[sgd]`` (the recipe retrained on the
@@ -52,9 +52,9 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lightning_unlearn.callbacks import (
-    HessianRecorder,
+    CCLHessianRecorder,
+    SAFERecorder,
     SoftmaxHeadRecorder,
-    StreamingRecorder,
     TaskOptimality,
     TrajectoryRecorder,
 )
@@ -73,7 +73,7 @@ from lightning_unlearn_bench.registry import unlearner
 EPSILONS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 100.0)
 #: the certified head's ridge (the convex family's default) and [CR]'s residual budget (sum form)
 HEAD_L2, CR_BUDGET = 1e-3, 0.1
-METHODS = ("resolve", "certified_removal", "hf", "hessian", "gradient", "safe")
+METHODS = ("resolve", "certified_removal", "hf", "ccl_hessian", "ccl_gradient", "safe")
 COLUMNS = (
     "method",
     "epsilon",
@@ -338,7 +338,7 @@ def run_tradeoff(
         rows += _head_rows(setup, grid, methods, log)
     if {"hf", "safe"} & set(methods):
         model, rec = setup.linear(), TrajectoryRecorder(dtype=torch.float64)
-        srec = StreamingRecorder(setup.num_classes, seed=seed)
+        srec = SAFERecorder(setup.num_classes, seed=seed)
         constants = module_constants(model, [setup.x])
         _trainer([rec, srec], epochs, setup.trainer_kwargs).fit(model, setup.loader(setup.x, setup.y))
         retrain = setup._sgd(setup.x[setup.keep], setup.y[setup.keep], seed)
@@ -380,8 +380,8 @@ def run_tradeoff(
                     _row("safe", eps, m2, model, retrain_acc, setup, shadows, cert if eps != math.inf else None)
                 )
                 log(_line(rows[-1]))
-    if {"hessian", "gradient"} & set(methods):
-        model, hrec, check = setup.proximal(), HessianRecorder(hessian="exact"), TaskOptimality(1e-4)
+    if {"ccl_hessian", "ccl_gradient"} & set(methods):
+        model, hrec, check = setup.proximal(), CCLHessianRecorder(hessian="exact"), TaskOptimality(1e-4)
         setup.fit_proximal(model, setup.x, setup.y, [hrec, check])
         retrain = setup.fit_proximal(setup.proximal(), setup.x[setup.keep], setup.y[setup.keep], [])
         retrain_acc = accuracy(retrain, setup.test, setup.num_classes)
@@ -390,7 +390,7 @@ def run_tradeoff(
         rows.append(_row("never_forgot[lbfgs]", math.inf, model, model, retrain_acc, setup, shadows))
         constants = linear_model_constants(setup.feature_norm, setup.recipe.l2, init_norm=0.0)
         for eps in grid:
-            for name in ("hessian", "gradient"):
+            for name in ("ccl_hessian", "ccl_gradient"):
                 if name not in methods:
                     continue
                 m2, hr2 = copy.deepcopy(model), copy.deepcopy(hrec)
@@ -539,8 +539,8 @@ def write_tradeoff(
         "resolve": ("C4", "*"),
         "certified_removal": ("C5", "v"),
         "hf": ("C0", "o"),
-        "hessian": ("C1", "s"),
-        "gradient": ("C2", "^"),
+        "ccl_hessian": ("C1", "s"),
+        "ccl_gradient": ("C2", "^"),
         "safe": ("C3", "D"),
     }
     for method, (colour, marker) in styles.items():

@@ -51,7 +51,7 @@ class UnlearningPlugin(SupervisedPlugin):
             strategy trains. ``None``: record only.
         requests: forget requests per experience, keyed by ``current_experience`` (forget data: the experiences
             seen so far).
-        anchor_batch_size: batch size of a recorder's anchor pass (:class:`StreamingRecorder`); default 256.
+        anchor_batch_size: batch size of a recorder's anchor pass (:class:`SAFERecorder`); default 256.
 
     Raises:
         ValueError: If there are requests without an unlearner, the unlearner has another recorder, or a certified
@@ -62,11 +62,11 @@ class UnlearningPlugin(SupervisedPlugin):
         >>> from torch import nn
         >>> from lightning_unlearn import ForgetRequest
         >>> from lightning_unlearn.avalanche import UnlearningPlugin
-        >>> from lightning_unlearn.callbacks import StreamingRecorder
-        >>> from lightning_unlearn.unlearners import StreamingUnlearner
-        >>> model, recorder = nn.Linear(4, 2), StreamingRecorder(num_classes=2)
+        >>> from lightning_unlearn.callbacks import SAFERecorder
+        >>> from lightning_unlearn.unlearners import SAFEUnlearner
+        >>> model, recorder = nn.Linear(4, 2), SAFERecorder(num_classes=2)
         >>> requests = {1: [ForgetRequest.of_class(0)]}  # after the second experience
-        >>> plugin = UnlearningPlugin(recorder, StreamingUnlearner(model, recorder), requests)
+        >>> plugin = UnlearningPlugin(recorder, SAFEUnlearner(model, recorder), requests)
         >>> plugin.results  # one UnlearningResult per executed request
         []
         >>> UnlearningPlugin(recorder, requests=requests)
@@ -117,9 +117,7 @@ class UnlearningPlugin(SupervisedPlugin):
     def after_train_dataset_adaptation(self, strategy: Any, **kwargs: Any) -> None:
         model = strategy.model
         if self.unlearning is not None and self.unlearning.module is not model:
-            raise ValueError(
-                "the Avalanche strategy trains another model than the one the unlearner forgets from"
-            )
+            raise ValueError("the Avalanche strategy trains another model than the one the unlearner forgets from")
         experience = strategy.experience.dataset
         if not len(experience):
             raise ValueError(f"experience {strategy.experience.current_experience} has no training samples")

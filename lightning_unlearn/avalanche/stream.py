@@ -36,8 +36,8 @@ def check_unlearning(unlearning: Unlearner | None, requests: RequestsByExperienc
 
     Raises:
         ValueError: requests without an unlearner, or a certified strategy that could not
-            certify its first request (e.g. :class:`GradientCertifiedUnlearner` on a
-            :class:`TaskDeltaRecorder` without ``lipschitz=``/``smoothness=``).
+            certify its first request (e.g. :class:`CCLGradientUnlearner` on a
+            :class:`CCLRecorder` without ``lipschitz=``/``smoothness=``).
     """
     if requests and unlearning is None:
         raise ValueError("forget requests need an Unlearner to execute them")
@@ -124,8 +124,7 @@ def fit_stream(
     check_unlearning(unlearning, requests)
     if unlearning is not None and not any(c is unlearning.recorder for c in callbacks):
         raise ValueError(
-            f"the unlearner's {type(unlearning.recorder).__name__} is not among the callbacks: "
-            "it would record nothing"
+            f"the unlearner's {type(unlearning.recorder).__name__} is not among the callbacks: it would record nothing"
         )
     for evaluation, hook in ((val_stream, "validation_step"), (test_stream, "test_step")):
         if evaluation is not None and not is_overridden(hook, module):

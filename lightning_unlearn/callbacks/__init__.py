@@ -1,22 +1,22 @@
 """Lightning callbacks that record, during fit, what each unlearning method needs later."""
 
-from lightning_unlearn.callbacks.analytic import AnalyticRecorder
+from lightning_unlearn.callbacks.acu import AnalyticRecorder
 from lightning_unlearn.callbacks.base import RecorderCallback
+from lightning_unlearn.callbacks.ccl import CCLHessianRecorder, CCLRecorder
 from lightning_unlearn.callbacks.convex import SoftmaxHeadRecorder
 from lightning_unlearn.callbacks.frozen import FrozenFeatureRecorder
-from lightning_unlearn.callbacks.hessian import HessianRecorder, TaskDeltaRecorder
+from lightning_unlearn.callbacks.hf import TrajectoryRecorder
 from lightning_unlearn.callbacks.newton import HessianSumRecorder
 from lightning_unlearn.callbacks.optimality import TaskOptimality
+from lightning_unlearn.callbacks.safe import SAFERecorder
 from lightning_unlearn.callbacks.samples import SampleRecorder
 from lightning_unlearn.callbacks.slices import SlicedBackbone
-from lightning_unlearn.callbacks.streaming import StreamingRecorder
-from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
 from lightning_unlearn.regularization import ProximalRegularizer
 
 __all__ = [
-    "HessianRecorder",
+    "CCLHessianRecorder",
     "HessianSumRecorder",
-    "TaskDeltaRecorder",
+    "CCLRecorder",
     "TrajectoryRecorder",
     "AnalyticRecorder",
     "ProximalRegularizer",
@@ -25,6 +25,6 @@ __all__ = [
     "SlicedBackbone",
     "SoftmaxHeadRecorder",
     "FrozenFeatureRecorder",
-    "StreamingRecorder",
+    "SAFERecorder",
     "TaskOptimality",
 ]

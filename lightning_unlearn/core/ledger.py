@@ -59,6 +59,7 @@ from torch import nn
 
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.digest import LEGACY, digest_algorithm, digest_matches, weights_digest
+from lightning_unlearn.core.keys import current_key
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.core.result import UnlearningResult
 from lightning_unlearn.warnings import warn
@@ -130,6 +131,12 @@ class LedgerEntry:
         """The ``lineage`` of the recorder whose run wrote the entry (``None``: written without one)."""
         recorder = self.extra.get("recorder")
         return recorder if isinstance(recorder, str) else None
+
+    @property
+    def method_key(self) -> str:
+        """The key of the method that executed the entry, as it is named today (:attr:`method` is the key it was
+        written with: a retired one, :data:`~lightning_unlearn.core.keys.RETIRED_KEYS`, reads as its successor)."""
+        return current_key(self.method)
 
     @property
     def is_rollback(self) -> bool:
@@ -657,7 +664,7 @@ class Ledger:
         where = self.path or "(memory)"
 
         def execution(e: LedgerEntry) -> tuple[Any, ...]:
-            return e.lineage, e.method, e.request, e.removed_ids
+            return e.lineage, e.method_key, e.request, e.removed_ids
 
         for e in self._entries[self._indexed :]:
             if e.is_rollback:
@@ -735,7 +742,7 @@ class Ledger:
             for e in self._entries:
                 if e.is_rollback:  # a record of entries cut, which executed nothing
                     continue
-                if e.method != strategy.method:
+                if e.method_key != strategy.method:
                     raise LedgerError(f"ledger entry {e.seq} was executed by {e.method!r}, not by {strategy.method!r}")
                 result = strategy.forget(e.forget_request, data if strategy.reads_data else None)
                 if result.removed_ids.tolist() != e.removed_ids:

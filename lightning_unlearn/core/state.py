@@ -9,6 +9,8 @@ from typing import Any
 
 from torch import Tensor
 
+from lightning_unlearn.core.keys import current_key
+
 __all__ = ["UnlearningState"]
 
 
@@ -23,7 +25,8 @@ class UnlearningState:
             the ledger it is given against it before executing anything. ``None``: no request anchored yet.
         ledger_overrides: every ledger an operator accepted although it did not match the anchor
             (``Unlearner.accept_ledger``).
-        privacy: the accountant state of each noise-adding strategy's releases, by method.
+        privacy: the accountant state of each noise-adding strategy's releases, by method key (a state saved under
+            a retired key is restored under its successor's).
         lineage: a random id of this recorder's run; the ledger entries of its requests carry it.
         unerased: ids of committed requests whose rows the recorder has not erased yet (its erasure failed); not
             saved (a recorder erases them before it saves its state).
@@ -61,7 +64,8 @@ class UnlearningState:
         lineage stays this one's."""
         self.ledger_anchor = state_dict.get("ledger_anchor")
         self.ledger_overrides = list(state_dict.get("ledger_overrides", []))
-        self.privacy = state_dict.get("privacy")
+        privacy = state_dict.get("privacy")
+        self.privacy = None if privacy is None else {current_key(method): state for method, state in privacy.items()}
         self.lineage = state_dict.get("lineage", self.lineage)
 
     @classmethod

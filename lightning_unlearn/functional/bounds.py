@@ -363,7 +363,7 @@ def newton_chain(
     tolerance: float,
 ) -> float:
     """[derived] ``E``, a bound on ``||w^R - (end + correction)||`` for [CCL] Alg. 2's correction (the linearised
-    chain of :func:`~lightning_unlearn.functional.certified.hessian_correction` with exact task Hessians).
+    chain of :func:`~lightning_unlearn.functional.ccl.hessian_correction` with exact task Hessians).
 
     Per task (``q = m/(n - m)``, ``kappa = mu + lambda``, ``rho = lambda/kappa``, ``rho_M = lambda/(M + lambda)``,
     ``b_i = D_{i-1} + gap_i`` the bound on ``||w_{i-1}^R - start_i||`` of :func:`forgetting_chain`):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from lightning_unlearn.core.keys import current_key
 from lightning_unlearn.core.refusal import ReleaseRefused
 from lightning_unlearn.privacy.analysis import check_privacy_parameters, gaussian_epsilon
 
@@ -152,10 +153,11 @@ class PrivacyAccountant:
 
     @classmethod
     def from_ledger(cls, entries: Any, method: str, mechanism: str = "pld") -> PrivacyAccountant:
-        """Rebuild the history from a ledger's entries of ``method`` (each certificate carries its release)."""
+        """Rebuild the history from a ledger's entries of ``method`` (each certificate carries its release; an entry
+        written under a retired key counts for its successor, :func:`~lightning_unlearn.core.keys.current_key`)."""
         history = []
         for entry in entries:
-            if entry.method != method:
+            if current_key(entry.method) != current_key(method):
                 continue
             release = entry.certificate.get("accounting", {}).get("release")
             if release is not None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from lightning_unlearn.callbacks.analytic import AnalyticRecorder, require_statistic
+from lightning_unlearn.callbacks.acu import AnalyticRecorder, require_statistic
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.functional import acu
 from lightning_unlearn.unlearners.base import (
     ForgetData,
+    MethodInfo,
     Unlearner,
     UnlearningUpdate,
 )
@@ -49,6 +50,12 @@ class ACUUnlearner(Unlearner):
     """
 
     method = "acu"
+    method_info = MethodInfo(
+        guarantee="exact: the head equals ridge retraining on the retained set ([ACU] Thm. 1)",
+        assumptions="a frozen backbone; the head is the ridge solution, which the recorder solves in closed form",
+        cost="O(k d_F^2) per request of k samples by eq. (5)/(6), or an O(d_F^3) re-solve; recording O(n d_F^2)",
+        paper="ACU",
+    )
     reads_data = True
     needs_forget_data = True
 

@@ -69,6 +69,7 @@ from lightning_unlearn.reporting import log_to_trainer
 __all__ = [
     "ErasurePendingError",
     "ForgetData",
+    "MethodInfo",
     "UnlearningResult",
     "Unlearner",
     "UnlearningUpdate",
@@ -147,6 +148,26 @@ def swap_weights(module: nn.Module, weights: Mapping[str, Tensor]) -> Undo:
     return applied(change, undo)  # a failure part-way leaves every tensor as it was
 
 
+@dataclass(frozen=True)
+class MethodInfo:
+    """A method's registry entry (what ``lightning-unlearn methods`` prints), declared beside its unlearner class.
+
+    Args:
+        guarantee: what a request's certificate promises, citing the theorem (one line).
+        assumptions: what the guarantee (or the method) rests on (one line).
+        cost: the cost of a request, and of recording (one line).
+        paper: the reference key(s) of ``docs/references.md``, comma-separated (``""``: none).
+        fixed: the constructor options the key fixes (``salun`` is
+            :class:`~lightning_unlearn.unlearners.rbm.RBMUnlearner` with ``masking="forget"``).
+    """
+
+    guarantee: str
+    assumptions: str
+    cost: str
+    paper: str = ""
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+
+
 class Unlearner(ABC):
     """Executes forget requests on a module in place, between experiences.
 
@@ -158,8 +179,9 @@ class Unlearner(ABC):
     The recorder's statistics must have been recorded with ``module`` (its frozen backbone, head shape and
     sample-id field: :meth:`RecorderCallback.check_binding`, a ``ValueError`` naming what differs otherwise).
 
-    Subclasses set :attr:`method` (the registry name), :attr:`reads_data` and
-    :attr:`needs_forget_data`, and implement :meth:`_compute`.
+    Subclasses set :attr:`method` (the method's key: its registry name, its modules' name, its docs page) and
+    :attr:`method_info` (its registry entry), :attr:`reads_data` and :attr:`needs_forget_data`, and implement
+    :meth:`_compute`.
 
     Terms: in this library "strategy" alone means an unlearner (this class). Lightning's
     ``Trainer(strategy=...)``/``trainer.strategy`` (how training is distributed, e.g. DDP) is
@@ -169,6 +191,8 @@ class Unlearner(ABC):
     """
 
     method: ClassVar[str]
+    #: the registry entry of :attr:`method`: its guarantee, assumptions and cost
+    method_info: ClassVar[MethodInfo]
     #: whether ``forget`` reads ``data`` at all; a method that does not refuses it
     reads_data: ClassVar[bool] = False
     #: whether ``forget`` needs the samples to forget (their inputs), passed as ``data``
@@ -178,6 +202,13 @@ class Unlearner(ABC):
     #: the composed privacy loss of the models this strategy published (noise-adding strategies set it;
     #: a new accountant comes in ``UnlearningUpdate.state["accountant"]`` and is mirrored into the recorder)
     accountant: PrivacyAccountant | None = None
+
+    @classmethod
+    def registry_entries(cls) -> dict[str, MethodInfo]:
+        """The keys the class is registered under, each with its entry: ``{method: method_info}`` (a class whose key
+        an option chooses, :class:`~lightning_unlearn.unlearners.rbm.RBMUnlearner`, lists each key; a class without
+        a ``method_info``, e.g. a user's, none)."""
+        return {cls.method: cls.method_info} if hasattr(cls, "method_info") else {}
 
     def __init__(self, module: nn.Module, recorder: RecorderCallback, ledger: Ledger | None = None) -> None:
         recorder.check_binding(module)  # its statistics were recorded with this module (ValueError otherwise)
@@ -361,7 +392,7 @@ class Unlearner(ABC):
         self._check_data(data)
         done = []
         for entry in self.pending():
-            if entry.method != self.method:
+            if entry.method_key != self.method:
                 raise LedgerError(
                     f"ledger entry {entry.seq} was executed by {entry.method!r}: redo it with that method's strategy"
                 )
@@ -403,7 +434,7 @@ class Unlearner(ABC):
             cut = self.ledger.rollback(anchor, reason, self.module, recorder=self.recorder.unlearning_state.lineage)
             record, self.recorder.unlearning_state.ledger_anchor = self.ledger[-1], self.ledger.anchor()
             for entry in cut:
-                stopped = entry.lineage == self.recorder.unlearning_state.lineage and entry.method == self.method
+                stopped = entry.lineage == self.recorder.unlearning_state.lineage and entry.method_key == self.method
                 if stopped and len(self.catalog.live(entry.removed_ids)) == len(entry.removed_ids):
                     self.accountant = self._with_release_of(entry)
             self.mirror_accountant()

@@ -72,7 +72,12 @@ from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.modes import eval_mode, module_device, module_input
 from lightning_unlearn.progress import QUIET_TRAINER, quiet_lightning, status
-from lightning_unlearn.unlearners.base import ForgetData, Unlearner, UnlearningUpdate
+from lightning_unlearn.unlearners.base import ForgetData, MethodInfo, Unlearner, UnlearningUpdate
+
+#: the registry's assumptions of every method that trains a copy of the module
+TRAINED = "a copy trained through the module's own training_step and optimizer"
+#: the registry's guarantee of an uncertified method
+UNCERTIFIED = "none (no bound on the distance to retraining)"
 
 Batch = Any
 #: the module's loss on one batch (with its index), ``L(batch)`` of the module docstring
@@ -358,6 +363,12 @@ class FinetuneUnlearner(_Trained):
     """
 
     method = "finetune"
+    method_info = MethodInfo(
+        guarantee=UNCERTIFIED,
+        assumptions=TRAINED,
+        cost="`epochs` epochs over the retained set per request",
+        paper="ACU",
+    )
 
     def __init__(
         self, module: nn.Module, recorder: RecorderCallback, train: Dataset, *, epochs: int = 10, **kwargs: Any
@@ -379,6 +390,12 @@ class NegGradUnlearner(_Trained):
     """
 
     method = "neggrad"
+    method_info = MethodInfo(
+        guarantee=UNCERTIFIED,
+        assumptions=TRAINED + "; the loss is unbounded below (a diverging run stops)",
+        cost="`epochs` epochs of gradient ascent over the forget set per request",
+        paper="ACU",
+    )
     reads_data = True
     needs_forget_data = True
 
@@ -404,6 +421,12 @@ class NegGradPlusUnlearner(_Trained):
     """
 
     method = "neggrad_plus"
+    method_info = MethodInfo(
+        guarantee=UNCERTIFIED,
+        assumptions=TRAINED,
+        cost="`epochs` epochs over the retained set, a forget batch beside each retained batch",
+        paper="SCRUB",
+    )
     reads_data = True
     needs_forget_data = True
 
@@ -451,6 +474,12 @@ class RandomLabelUnlearner(_Trained):
     """
 
     method = "randomlabel"
+    method_info = MethodInfo(
+        guarantee=UNCERTIFIED,
+        assumptions=TRAINED + "; training and forget items of one format",
+        cost="`epochs` epochs over the retained set plus the relabelled forget set per request",
+        paper="ACU",
+    )
     reads_data = True
     needs_forget_data = True
 
@@ -528,6 +557,11 @@ class RetrainUnlearner(Unlearner):
     """
 
     method = "retrain"
+    method_info = MethodInfo(
+        guarantee="exact by construction (the gold standard)",
+        assumptions="the initial weights and the retained data are kept",
+        cost="the whole continual recipe replayed on the retained data, per request",
+    )
 
     def __init__(
         self,

@@ -17,7 +17,7 @@ from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.functional import convex
 from lightning_unlearn.privacy import ReleaseConfig
 from lightning_unlearn.privacy.analysis import check_privacy_parameters, gaussian_sigma
-from lightning_unlearn.unlearners.base import ForgetData, Unlearner, UnlearningUpdate
+from lightning_unlearn.unlearners.base import ForgetData, MethodInfo, Unlearner, UnlearningUpdate
 from lightning_unlearn.unlearners.release import ReleasingUnlearner
 
 
@@ -82,6 +82,11 @@ class ResolveUnlearner(ReleasingUnlearner):
     """
 
     method = "resolve"
+    method_info = MethodInfo(
+        guarantee="(epsilon, delta) [derived]: the head re-solved to within radius of the retained optimum, plus noise",
+        assumptions="a frozen backbone; the L2-regularised softmax head is strongly convex (docs/certified_head.md)",
+        cost="a few Newton steps of HVPs over the recorder's retained float64 features per request",
+    )
     certified_noise = True
 
     def __init__(
@@ -163,6 +168,12 @@ class CertifiedRemovalUnlearner(Unlearner):
     """
 
     method = "certified_removal"
+    method_info = MethodInfo(
+        guarantee="(epsilon, delta) per release: one Newton step, its exact gradient residual within [CR] Thm. 3",
+        assumptions="a frozen backbone; the head trained with a secret loss perturbation; releases not composed",
+        cost="one Newton step (preconditioned CG of Hessian-vector products) over the retained features, or a re-solve",
+        paper="CR",
+    )
 
     def __init__(
         self,

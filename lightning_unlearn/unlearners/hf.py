@@ -8,14 +8,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
+from lightning_unlearn.callbacks.hf import TrajectoryRecorder
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.core.refusal import ReleaseRefused
 from lightning_unlearn.functional import autodiff, hf
 from lightning_unlearn.functional.bounds import ModelConstants, SGDBound, contraction_condition, sgd_bound
 from lightning_unlearn.privacy import ReleaseConfig
-from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate
+from lightning_unlearn.unlearners.base import ForgetData, MethodInfo, UnlearningUpdate
 from lightning_unlearn.unlearners.release import ReleasingUnlearner
 from lightning_unlearn.warnings import warn
 
@@ -178,6 +178,12 @@ class HFUnlearner(ReleasingUnlearner):
     """
 
     method = "hf"
+    method_info = MethodInfo(
+        guarantee="(epsilon, delta): w + sum a_u plus Gaussian noise calibrated on gamma ([HF] Eq. (56))",
+        assumptions="strong convexity (Assumption 1), proved constants, plain SGD with every lr <= 2/(M + lambda)",
+        cost="O(k d) per request (vector sums and noise); recording one HVP per tracked sample and step",
+        paper="HF",
+    )
 
     def __init__(
         self,

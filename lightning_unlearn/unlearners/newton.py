@@ -15,9 +15,14 @@ from lightning_unlearn.functional import autodiff, newton
 from lightning_unlearn.functional.bounds import ModelConstants
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.privacy import ReleaseConfig
-from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate
+from lightning_unlearn.unlearners.base import ForgetData, MethodInfo, UnlearningUpdate
 from lightning_unlearn.unlearners.release import ReleasingUnlearner
 from lightning_unlearn.warnings import warn
+
+#: the registry's assumptions of [NS] and [IJ]
+SECOND_ORDER = (
+    "the exact minimiser (checked), strong convexity, proved constants incl. the Hessian-Lipschitz M, m <= n/2"
+)
 
 
 class _SecondOrderUnlearner(ReleasingUnlearner):
@@ -234,6 +239,14 @@ class NewtonStepUnlearner(_SecondOrderUnlearner):
     """
 
     method = "ns"
+    method_info = MethodInfo(
+        guarantee=(
+            "(epsilon, delta): a damped Newton step on the retained Hessian plus noise ([HF] Eq. (15), [NS] Alg. 2)"
+        ),
+        assumptions=SECOND_ORDER,
+        cost="an O(d^3) factorisation per request; recording the dense d x d Hessian (d HVPs over the data)",
+        paper="NS",
+    )
     form = "hessian"
 
     def _bound(self, m: int, c: ModelConstants, M: float) -> dict[str, float]:
@@ -276,6 +289,12 @@ class InfinitesimalJackknifeUnlearner(_SecondOrderUnlearner):
     """
 
     method = "ij"
+    method_info = MethodInfo(
+        guarantee="(epsilon, delta): an infinitesimal-jackknife step plus noise ([HF] Eq. (16))",
+        assumptions=SECOND_ORDER,
+        cost="O(k d^2) per request; recording the dense d x d inverse Hessian (one O(d^3) inversion)",
+        paper="IJ",
+    )
     form = "inverse"
 
     def _bound(self, m: int, c: ModelConstants, M: float) -> dict[str, float]:

@@ -37,8 +37,8 @@ from lightning_unlearn.functional.rbm import (
     trainable_mask,
 )
 from lightning_unlearn.modes import eval_mode
-from lightning_unlearn.unlearners.base import ForgetData
-from lightning_unlearn.unlearners.baselines import Batch, _Trained, rows
+from lightning_unlearn.unlearners.base import ForgetData, MethodInfo
+from lightning_unlearn.unlearners.baselines import TRAINED, UNCERTIFIED, Batch, _Trained, rows
 
 
 class MaskProjection(L.Callback):
@@ -142,6 +142,28 @@ class RBMUnlearner(_Trained):
             raise ValueError(f"the retained-loss weight alpha must be >= 0, got {alpha}")
         super().__init__(module, recorder, train, epochs=epochs, default_lr=self.LEARNING_RATES[masking], **kwargs)
         self.masking, self.sparsity, self.threshold, self.alpha = masking, float(sparsity), threshold, float(alpha)
+
+    #: the registry entry of ``rbm`` (``masking="retain"``)
+    method_info = MethodInfo(
+        guarantee="none ([RBM] Thm. 4.1: keeps the remaining loss at 0 in the linear model)",
+        assumptions=TRAINED + "; weights salient for the retained data stay",
+        cost="one saliency gradient over the retained set, then `epochs` epochs over it per request",
+        paper="RBM",
+        fixed={"masking": "retain"},
+    )
+    #: the registry entry of ``salun`` (``masking="forget"``)
+    salun_info = MethodInfo(
+        guarantee=UNCERTIFIED,
+        assumptions=TRAINED + "; only weights salient for the forget set train",
+        cost="one saliency gradient over the forget set, then `epochs` epochs over the retained set per request",
+        paper="SalUn",
+        fixed={"masking": "forget"},
+    )
+
+    @classmethod
+    def registry_entries(cls) -> dict[str, MethodInfo]:
+        """``rbm`` and ``salun``: one key for each masking."""
+        return {"rbm": cls.method_info, "salun": cls.salun_info}
 
     @property
     def method(self) -> str:  # type: ignore[override]

@@ -29,8 +29,16 @@ from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.contract import BatchKeys, unpack_batch
 from lightning_unlearn.functional.scrub import distill_kl, rewind_index
 from lightning_unlearn.modes import eval_mode
-from lightning_unlearn.unlearners.base import ForgetData
-from lightning_unlearn.unlearners.baselines import Batch, EpochCounter, _Trained, norms_in_eval, trained_weights
+from lightning_unlearn.unlearners.base import ForgetData, MethodInfo
+from lightning_unlearn.unlearners.baselines import (
+    TRAINED,
+    UNCERTIFIED,
+    Batch,
+    EpochCounter,
+    _Trained,
+    norms_in_eval,
+    trained_weights,
+)
 
 
 class _Alternating:
@@ -135,6 +143,12 @@ class SCRUBUnlearner(_Trained):
     """
 
     method = "scrub"
+    method_info = MethodInfo(
+        guarantee=UNCERTIFIED + "; SCRUB+R rewinds with held-out rewind_data",
+        assumptions=TRAINED + "; forward returns the logits",
+        cost="`epochs` epochs per request: a max-pass over the forget set, a min-pass over the retained set",
+        paper="SCRUB",
+    )
     reads_data = True
     needs_forget_data = True
 

@@ -17,7 +17,7 @@ from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.core.result import UnlearningResult
 from lightning_unlearn.functional import convex
 from lightning_unlearn.privacy import ReleaseConfig
-from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate
+from lightning_unlearn.unlearners.base import ForgetData, MethodInfo, UnlearningUpdate
 from lightning_unlearn.unlearners.convex import ResolveUnlearner, feature_assumption
 
 
@@ -60,6 +60,12 @@ class SlicedResolveUnlearner(ResolveUnlearner):
     """
 
     method = "sliced_resolve"
+    method_info = MethodInfo(
+        guarantee="backbone exact (the stages that saw the samples retrained), head (epsilon, delta) as resolve",
+        assumptions="a backbone trained by [SISA] slices with deterministic kernels (stated); the head as resolve",
+        cost="the retrained stages, one float64 forward pass over the retained samples and the head's Newton solve",
+        paper="SISA, CR",
+    )
     reads_data = True
 
     def __init__(

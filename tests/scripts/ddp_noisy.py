@@ -17,7 +17,7 @@ from test_noisy import KEYS, Images, UserCNN
 
 from lightning_unlearn import ForgetRequest, IndexedDataset
 from lightning_unlearn.callbacks import SampleRecorder
-from lightning_unlearn.unlearners.noisy import NoisyFinetuneUnlearner
+from lightning_unlearn.unlearners.noisy_finetune import NoisyFinetuneUnlearner
 
 warnings.filterwarnings("ignore")
 

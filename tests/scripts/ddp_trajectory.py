@@ -1,4 +1,4 @@
-"""Fit a TrajectoryRecorder (HF), a StreamingRecorder (SAFE), a HessianSumRecorder ([NS]) and a HessianRecorder
+"""Fit a TrajectoryRecorder (HF), a SAFERecorder (SAFE), a HessianSumRecorder ([NS]) and a CCLHessianRecorder
 ([CCL]) with DDP on 2 CPU processes (gloo), save their states.
 
 Usage: python ddp_trajectory.py OUT.pt [DEVICES]. Run by tests/test_certified_ddp.py in a subprocess
@@ -21,9 +21,9 @@ from helpers_certified import blobs, cl_tasks, proximal_model, sgd_model  # noqa
 
 from lightning_unlearn import ForgetRequest, ReleaseConfig  # noqa: E402
 from lightning_unlearn.callbacks import (  # noqa: E402
-    HessianRecorder,
+    CCLHessianRecorder,
     HessianSumRecorder,
-    StreamingRecorder,
+    SAFERecorder,
     TrajectoryRecorder,
 )
 from lightning_unlearn.functional import autodiff  # noqa: E402
@@ -78,7 +78,7 @@ def restored_shard(tr: L.Trainer, mapped: TrajectoryRecorder, ckpt: str) -> bool
 def main(out: str, devices: int) -> None:
     traj = TrajectoryRecorder(dtype=torch.float64)
     mapped = TrajectoryRecorder(dtype=torch.float32, store="mmap", path=out.replace(".pt", ".rows"), capacity=96)
-    stream = StreamingRecorder(num_classes=3, proj_dim=4)
+    stream = SAFERecorder(num_classes=3, proj_dim=4)
     stream_rows = count_rows(stream)
     hsum = HessianSumRecorder()
     hsum_rows = count_rows(hsum)
@@ -102,7 +102,7 @@ def main(out: str, devices: int) -> None:
         ForgetRequest.samples([10])
     )
     published_noised = autodiff.flat_params(model)
-    hess = HessianRecorder()
+    hess = CCLHessianRecorder()
     hess_rows = count_rows(hess)
     model = proximal_model()
     model.optimizer_name = "sgd"  # L-BFGS line searches would differ between ranks

@@ -1,4 +1,4 @@
-"""`StreamingRecorder`: records during fit what SAFE ([SAFE]) keeps instead of the training data."""
+"""`SAFERecorder`: records during fit what SAFE ([SAFE]) keeps instead of the training data."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from lightning_unlearn import contract
 from lightning_unlearn.callbacks.base import RecorderCallback, gather_batch
 from lightning_unlearn.data import unpack_batch
-from lightning_unlearn.functional import streaming
+from lightning_unlearn.functional import safe
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.progress import progress
 from lightning_unlearn.regularization import ProximalRegularizer
@@ -37,7 +37,7 @@ _STATE = (
 
 
 class Anchor(NamedTuple):
-    """What a fit's anchor pass recorded (:meth:`StreamingRecorder.require_anchor` returns it once present)."""
+    """What a fit's anchor pass recorded (:meth:`SAFERecorder.require_anchor` returns it once present)."""
 
     V: Tensor  # the projection of Eq. (21)
     w0: dict[str, Tensor]  # the anchor weights of Eq. (27)
@@ -46,7 +46,7 @@ class Anchor(NamedTuple):
     ref_cov: Tensor
 
 
-class StreamingRecorder(RecorderCallback):
+class SAFERecorder(RecorderCallback):
     """The statistics of Algorithm 1's inputs ([SAFE] Sec. 3.2), recorded during fit; no retained data is kept.
 
     * During the first epoch, per class ``c``: the count ``n(c)`` and the sums of ``u`` and ``u u^T``
@@ -56,13 +56,13 @@ class StreamingRecorder(RecorderCallback):
       the data (``|D_0| grad R_0(w_0)`` of Eq. (12), float64, model in eval mode), plus a copy of
       ``w_0`` and the module buffers. The class statistics at that moment are the ``t = 0``
       reference ``(n_0, mu_0, Sigma_0)`` of Eq. (20)-(24).
-    * :class:`StreamingUnlearner` then subtracts each request's samples from these statistics and
+    * :class:`SAFEUnlearner` then subtracts each request's samples from these statistics and
       appends them to the forget buffer (the past forget sets ``F_1..F_t`` Eq. (25) sums over).
 
     Device: the statistics live on the module's device (``offload=True``: on the CPU); the per-batch
     class sums and the anchor pass's gradient sums are computed there (no per-batch transfer), and
-    :class:`StreamingUnlearner` computes its rounds on the module's device. The deletion update of the
-    class statistics is :func:`streaming.remove_samples`.
+    :class:`SAFEUnlearner` computes its rounds on the module's device. The deletion update of the
+    class statistics is :func:`safe.remove_samples`.
 
     ``l`` is the prediction loss of Eq. (1) ("e.g. cross-entropy"): ``loss_fn(outputs, targets)``, the
     module's own per-sample loss, checked on the first batch of every fit against the module's
@@ -71,7 +71,7 @@ class StreamingRecorder(RecorderCallback):
     training objective is not part of ``l``; a :class:`ProximalRegularizer` penalty in the module's
     loss is accounted for in that check. SAFE's forgetting term (Eq. (8), (24)-(25)) is not the loss:
     it is a KL between the predictive distributions ``softmax(f(x; w))``, so the module's outputs must
-    be ``num_classes`` class logits whatever its loss (:class:`StreamingUnlearner` checks it).
+    be ``num_classes`` class logits whatever its loss (:class:`SAFEUnlearner` checks it).
 
     [interp] Continual learning: every fit re-anchors at its final weights, resets
     the round counter and the forget buffer, and takes the current class statistics as the new
@@ -114,7 +114,7 @@ class StreamingRecorder(RecorderCallback):
         super().__init__()
         if num_classes < 2 or proj_dim < 1 or ridge < 0:
             raise ValueError(
-                f"StreamingRecorder needs num_classes >= 2, proj_dim >= 1, ridge >= 0; got {num_classes}, "
+                f"SAFERecorder needs num_classes >= 2, proj_dim >= 1, ridge >= 0; got {num_classes}, "
                 f"{proj_dim}, {ridge}"
             )
         self.num_classes, self.proj_dim, self.ridge, self.seed = (
@@ -161,14 +161,14 @@ class StreamingRecorder(RecorderCallback):
         return list(self.w0) if self.w0 is not None else []
 
     def moments(self, counts: Tensor, s1: Tensor, s2: Tensor) -> tuple[Tensor, Tensor]:
-        return streaming.class_moments(counts, s1, s2, self.ridge)
+        return safe.class_moments(counts, s1, s2, self.ridge)
 
     def require_anchor(self) -> Anchor:
         """The anchor ``w_0`` and its statistics; ``ValueError`` unless a fit has recorded them."""
         self.require_fitted()
         V, w0, counts, mean, cov = self.V, self.w0, self.ref_counts, self.ref_mean, self.ref_cov
         if V is None or w0 is None or counts is None or mean is None or cov is None:
-            raise ValueError("StreamingRecorder has no anchor: the fit ended before its final gradient pass")
+            raise ValueError("SAFERecorder has no anchor: the fit ended before its final gradient pass")
         return Anchor(V, w0, counts, mean, cov)
 
     # -- recording -------------------------------------------------------------------------------
@@ -196,7 +196,7 @@ class StreamingRecorder(RecorderCallback):
     def _record(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any) -> None:
         if y.min() < 0 or y.max() >= self.num_classes:
             raise ValueError(
-                f"StreamingRecorder(num_classes={self.num_classes}) got labels outside [0, {self.num_classes}): "
+                f"SAFERecorder(num_classes={self.num_classes}) got labels outside [0, {self.num_classes}): "
                 f"{y.unique().tolist()[:10]}"
             )
         p = x[0].numel()
@@ -207,8 +207,8 @@ class StreamingRecorder(RecorderCallback):
             raise ValueError(f"inputs have {p} features but the recorded projection V expects {self.V.shape[0]}")
         if self._V_device is None or self._V_device.device != x.device:
             self._V_device = self.V.to(x.device)
-        n, s1, s2 = streaming.class_sums(
-            streaming.project(x.detach(), self._V_device), y, self.num_classes
+        n, s1, s2 = safe.class_sums(
+            safe.project(x.detach(), self._V_device), y, self.num_classes
         )  # on the batch's device
         if self._staged is not None:
             n, s1, s2 = n + self._staged[0], s1 + self._staged[1], s2 + self._staged[2]
@@ -227,7 +227,7 @@ class StreamingRecorder(RecorderCallback):
 
     def _commit(self, module: nn.Module) -> None:
         if self._staged is None and self._strategy is None:
-            raise RuntimeError("StreamingRecorder: samples were staged without their class sums")
+            raise RuntimeError("SAFERecorder: samples were staged without their class sums")
         n, s1, s2 = self._staged_sums()
         self.counts, self.s1, self.s2 = self.counts + n, self.s1 + s1, self.s2 + s2
 
@@ -252,7 +252,7 @@ class StreamingRecorder(RecorderCallback):
 
         loader = trainer.train_dataloader
         if loader is None:
-            raise ValueError("StreamingRecorder anchors on the trainer's training loader, but the trainer has none")
+            raise ValueError("SAFERecorder anchors on the trainer's training loader, but the trainer has none")
 
         def batches() -> Iterator[tuple[Tensor, Tensor, Tensor]]:
             for batch in loader:
@@ -292,7 +292,7 @@ class StreamingRecorder(RecorderCallback):
                     keep = self._fit_rows(gather(ids), seen)
                     keep = keep[(keep >= start) & (keep < start + len(ids))] - start
                 if keep.numel():
-                    g, value = streaming.summed_loss_grad(module, params, buffers, x[keep], y[keep], self.loss_fn)
+                    g, value = safe.summed_loss_grad(module, params, buffers, x[keep], y[keep], self.loss_fn)
                     for n in names:
                         grads[n] += g[n].detach().double()
                     loss += value.double()
@@ -327,7 +327,7 @@ class StreamingRecorder(RecorderCallback):
         seen.update(ids[keep].tolist())
         return torch.tensor(keep, dtype=torch.long, device=ids.device)
 
-    # -- one round (computed by StreamingUnlearner) ----------------------------------------------
+    # -- one round (computed by SAFEUnlearner) ----------------------------------------------
     def round_change(
         self, x: Tensor, y: Tensor, ids: Tensor, grad_sum: dict[str, Tensor], loss_sum: Tensor, surrogate: float
     ) -> dict[str, Any]:
@@ -336,7 +336,7 @@ class StreamingRecorder(RecorderCallback):
         Only the ids of ``F_t`` are kept (for the sum over ``F_1..F_t`` of Eq. (25)), never its inputs.
         """
         V, home = self.require_anchor().V.to(x.device), self.counts.device
-        counts, s1, s2 = streaming.remove_samples(self.counts, self.s1, self.s2, streaming.project(x, V), y)
+        counts, s1, s2 = safe.remove_samples(self.counts, self.s1, self.s2, safe.project(x, V), y)
         return {
             "counts": counts,
             "s1": s1,
@@ -388,7 +388,7 @@ class StreamingRecorder(RecorderCallback):
         needed = ("catalog",) if first_fit else ("catalog", "V", "w0", "ref_counts")
         missing = [k for k in needed if state_dict.get(k) is None]
         if missing:
-            raise ValueError(f"StreamingRecorder state lacks recorded statistics {missing}")
+            raise ValueError(f"SAFERecorder state lacks recorded statistics {missing}")
         ours = (self.num_classes, self.proj_dim, self.ridge)
         theirs = (state_dict["num_classes"], state_dict["proj_dim"], state_dict["ridge"])
         if tuple(theirs) != ours:

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from lightning_unlearn import contract
 from lightning_unlearn.callbacks.base import RecorderCallback
-from lightning_unlearn.functional import autodiff, certified, newton
+from lightning_unlearn.functional import autodiff, ccl, newton
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.progress import status
 from lightning_unlearn.regularization import ProximalRegularizer
@@ -21,7 +21,7 @@ from lightning_unlearn.warnings import warn
 POWER_ITERS = 100
 #: Lanczos steps for the largest eigenvalue of a factored task Hessian
 LANCZOS_STEPS = 32
-#: the forms a :class:`HessianRecorder` stores a task Hessian in
+#: the forms a :class:`CCLHessianRecorder` stores a task Hessian in
 KINDS = ("auto", "exact", "factored", "diagonal", "lowrank")
 
 
@@ -29,7 +29,7 @@ def _clone(H: Any) -> Any:
     return {k: v.clone() for k, v in H.items()} if isinstance(H, dict) else H.clone()
 
 
-class TaskDeltaRecorder(RecorderCallback):
+class CCLRecorder(RecorderCallback):
     """Per experience ``i``: the anchor ``start_i`` (the previous solution the regulariser
     ``(lambda/2)||w - start_i||^2`` of [CCL] Eq. (1) pulls towards; ``w_0 = 0`` for the first task), the
     solution ``end_i``, the task delta ``Delta_i = start_i - end_i`` (Alg. 2 line 5) and the task size.
@@ -44,8 +44,8 @@ class TaskDeltaRecorder(RecorderCallback):
     and ``Delta-bar_tau``, d each), on the module's device (CPU with ``offload=True``). Recording the
     chain of actual starts and ends makes the corrections between tasks (Eq. (13)'s ``Delta-bar_tau``)
     measurable, whatever was published. Privacy caveat: ``Delta_s`` of deleted tasks must be kept
-    for later requests. Enough for task-level forgetting by :class:`GradientCertifiedUnlearner` (which
-    uses only sizes) and as the base of :class:`HessianRecorder`.
+    for later requests. Enough for task-level forgetting by :class:`CCLGradientUnlearner` (which
+    uses only sizes) and as the base of :class:`CCLHessianRecorder`.
 
     Other training loops (Avalanche) call :meth:`read_optimizer` and pass ``regularizer`` explicitly.
 
@@ -205,8 +205,8 @@ class TaskDeltaRecorder(RecorderCallback):
         self.forgotten_grad_sums = [None if g is None else g.clone() for g in state_dict["forgotten_grad_sums"]]
 
 
-class HessianRecorder(TaskDeltaRecorder):
-    """:class:`TaskDeltaRecorder` plus what the Newton-style removal of [CCL] Alg. 2 needs: at the end of each
+class CCLHessianRecorder(CCLRecorder):
+    """:class:`CCLRecorder` plus what the Newton-style removal of [CCL] Alg. 2 needs: at the end of each
     experience, ``H_i = (1/n_i) sum_{z in D_i} hess l(end_i; z)`` (Alg. 2 line 5; ``l`` includes the
     ridge ``mu``, not Eq. (1)'s regulariser), evaluated at the task's solution, module in eval mode.
 
@@ -215,14 +215,14 @@ class HessianRecorder(TaskDeltaRecorder):
     ``H_i = F^T F + mu I`` (``F``: ``n_i K x d``, the Gauss-Newton factor of :func:`newton.gauss_newton_factor` over
     ``sqrt(n_i)``, ``K`` the module's outputs), exact when the module's output is affine in its parameters (a
     linear head: checked by a probe; ``ValueError`` otherwise), ``n_i K d`` floats per task and solved by
-    :func:`certified.factored_solver`; ``"diagonal"`` stores a Hutchinson estimate ``mean_k z_k * (H z_k)`` with
+    :func:`ccl.factored_solver`; ``"diagonal"`` stores a Hutchinson estimate ``mean_k z_k * (H z_k)`` with
     ``n_probes`` Rademacher probes, clamped below at ``l2`` [approximation, not in the paper;
     ``d`` floats per task]; ``"lowrank"`` stores the top ``rank`` eigenpairs from Lanczos on HVPs,
     the complement given curvature ``l2`` [approximation, not in the paper; ``rank * d`` floats];
     ``"auto"`` picks factored when the module is affine in its parameters and ``n_i K < d`` (the factor is smaller
     than the matrix), else exact up to ``max_exact_dim`` parameters, diagonal above. The estimators and
-    inverse solvers are :func:`certified.dense_hessian`, :func:`certified.hutchinson_diagonal`,
-    :func:`certified.lanczos` and :func:`certified.inverse_solver`; this callback only records.
+    inverse solvers are :func:`ccl.dense_hessian`, :func:`ccl.hutchinson_diagonal`,
+    :func:`ccl.lanczos` and :func:`ccl.inverse_solver`; this callback only records.
     The task's samples are held (on the module's device, CPU with ``offload``) only until the end of
     the experience, to evaluate ``H_i`` at the solution, then dropped. The recorder also keeps the
     largest per-sample gradient norm and Hessian norm seen at the solutions (estimates of L and M for
@@ -248,7 +248,7 @@ class HessianRecorder(TaskDeltaRecorder):
         chunk_size: samples per batched derivative call (bounds peak memory).
         seed: seed of the probes / the Lanczos start vector.
         tolerance: stationarity above which a warning says the task was not solved exactly.
-        loss_fn, regularizer, offload: as :class:`TaskDeltaRecorder`.
+        loss_fn, regularizer, offload: as :class:`CCLRecorder`.
     """
 
     def __init__(
@@ -291,8 +291,8 @@ class HessianRecorder(TaskDeltaRecorder):
     def _load_staged_state(self, state: dict[str, Any]) -> None:
         if state["ids"].numel():
             raise ValueError(
-                "HessianRecorder cannot resume a fit from a checkpoint saved during it: its Hessian needs every input "
-                "of the task, and inputs are never saved; fit the experience again from its start"
+                "CCLHessianRecorder cannot resume a fit from a checkpoint saved during it: its Hessian needs every "
+                "input of the task, and inputs are never saved; fit the experience again from its start"
             )
 
     def _record(self, module: nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any) -> None:
@@ -304,7 +304,7 @@ class HessianRecorder(TaskDeltaRecorder):
     def _commit(self, module: nn.Module) -> None:
         if self._fit_experience in self.experience_ids:
             raise ValueError(
-                "HessianRecorder cannot resume an experience mid-fit: its Hessian needs all the task's samples"
+                "CCLHessianRecorder cannot resume an experience mid-fit: its Hessian needs all the task's samples"
             )
         reg, lam, l2 = self.regularizer, self.reg_lambda, self.l2
         if reg is None or lam is None or l2 is None:
@@ -324,7 +324,7 @@ class HessianRecorder(TaskDeltaRecorder):
                 factor = None  # some rank's module is not affine: every rank stores the same form
             kind = self.hessian if self.hessian != "auto" else "exact" if d <= self.max_exact_dim else "diagonal"
             kind = "factored" if factor is not None else kind
-            status(f"HessianRecorder: task {self._fit_experience}: {kind} Hessian over {n} samples, {d} parameters")
+            status(f"CCLHessianRecorder: task {self._fit_experience}: {kind} Hessian over {n} samples, {d} parameters")
             if factor is not None:
                 F = self.gather_over_ranks(factor)  # every rank's rows: F^T F sums their Gauss-Newton terms
 
@@ -333,7 +333,7 @@ class HessianRecorder(TaskDeltaRecorder):
 
                 # the top of the spectrum by Lanczos (a lower bound, converging much faster than the
                 # power iteration: LANCZOS_STEPS products instead of POWER_ITERS)
-                values, _ = certified.lanczos(apply_factored, d, min(LANCZOS_STEPS, d), theta.dtype, g, theta.device)
+                values, _ = ccl.lanczos(apply_factored, d, min(LANCZOS_STEPS, d), theta.dtype, g, theta.device)
                 top = float(values.max())
                 f64 = torch.float64  # the scalars exactly (float32 would round l2 = 0.05)
                 H = {"factor": F, "ridge": torch.tensor(float(l2), dtype=f64), "top": torch.tensor(top, dtype=f64)}
@@ -346,18 +346,16 @@ class HessianRecorder(TaskDeltaRecorder):
                 # (a full eigvalsh is O(d^3): over 10 minutes per task at d = 7,850, MNIST's linear model, here)
                 top, _ = autodiff.top_eigenvalue(lambda v: H @ v, torch.ones_like(theta), POWER_ITERS)
             else:
-                local = certified.hessian_operator(loss, theta, x, y, self.chunk_size) if len(x) else torch.zeros_like
+                local = ccl.hessian_operator(loss, theta, x, y, self.chunk_size) if len(x) else torch.zeros_like
 
                 def apply_h(V: Tensor) -> Tensor:
                     return self.sum_over_ranks(local(V) * share)
 
                 if kind == "diagonal":
-                    H = certified.hutchinson_diagonal(
-                        apply_h, d, self.n_probes, float(l2), g, theta.dtype, theta.device
-                    )
+                    H = ccl.hutchinson_diagonal(apply_h, d, self.n_probes, float(l2), g, theta.dtype, theta.device)
                     top = float(H.abs().max())
                 else:
-                    values, vectors = certified.lanczos(
+                    values, vectors = ccl.lanczos(
                         lambda v: apply_h(v[None])[0], d, min(self.rank, d), theta.dtype, g, theta.device
                     )
                     H, top = {"values": values, "vectors": vectors}, float(values.abs().max())
@@ -418,7 +416,7 @@ class HessianRecorder(TaskDeltaRecorder):
                 if self.hessian == "auto":
                     return None
                 raise ValueError(
-                    "HessianRecorder(hessian='factored') needs a module whose output is affine in its trainable "
+                    "CCLHessianRecorder(hessian='factored') needs a module whose output is affine in its trainable "
                     "parameters (e.g. a linear head on a frozen backbone) and a loss convex in the outputs: use "
                     "'exact', 'diagonal' or 'lowrank'"
                 )
@@ -428,7 +426,7 @@ class HessianRecorder(TaskDeltaRecorder):
     def require_fitted(self) -> None:
         super().require_fitted()
         if len(self.hessians) != len(self.ends):
-            raise ValueError("HessianRecorder has task deltas without Hessians")
+            raise ValueError("CCLHessianRecorder has task deltas without Hessians")
 
     def state_dict(self) -> dict[str, Any]:
         ids = sorted(self.sample_grads)
@@ -444,7 +442,7 @@ class HessianRecorder(TaskDeltaRecorder):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict.get("hessians") is None or len(state_dict["hessians"]) != len(state_dict.get("ends") or []):
-            raise ValueError("HessianRecorder state lacks recorded Hessians (one per experience)")
+            raise ValueError("CCLHessianRecorder state lacks recorded Hessians (one per experience)")
         super().load_state_dict(state_dict)
         self.hessians = [_clone(H) for H in state_dict["hessians"]]
         self.stationarity = state_dict["stationarity"].tolist()

@@ -1,21 +1,21 @@
-"""`StreamingUnlearner`: SAFE streaming unlearning ([SAFE], Algorithm 1), one request per round."""
+"""`SAFEUnlearner`: SAFE streaming unlearning ([SAFE], Algorithm 1), one request per round."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
-from lightning_unlearn.callbacks.streaming import StreamingRecorder
-from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
+from lightning_unlearn.callbacks.hf import TrajectoryRecorder
+from lightning_unlearn.callbacks.safe import SAFERecorder
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.core.refusal import ReleaseRefused
 from lightning_unlearn.data import select_by_ids
-from lightning_unlearn.functional import streaming
+from lightning_unlearn.functional import safe
 from lightning_unlearn.functional.bounds import ModelConstants, contraction_condition, sgd_bound
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.privacy import ReleaseConfig, gaussian_noise
-from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate
+from lightning_unlearn.unlearners.base import ForgetData, MethodInfo, UnlearningUpdate
 from lightning_unlearn.unlearners.release import Publication, ReleasingUnlearner
 
 _SCOPES = ("all", "current")
@@ -24,11 +24,11 @@ BOUNDS = ("auto", "contraction", "paper")
 _DIRECTIONS = ("model_to_target", "target_to_model")
 
 
-class StreamingUnlearner(ReleasingUnlearner):
+class SAFEUnlearner(ReleasingUnlearner):
     """SAFE streaming unlearning ([SAFE] Algorithm 1): each forget request is one round ``t``, and the model becomes
     one normalised step from the anchor ``w_0``: ``w_t = w_0 - gamma g_t/||g_t|| - b_t``.
 
-    Reads the samples to forget (``data`` of :meth:`forget`) and the :class:`StreamingRecorder`'s statistics, never
+    Reads the samples to forget (``data`` of :meth:`forget`) and the :class:`SAFERecorder`'s statistics, never
     the retained data. The step starts at ``w_0`` every round, with module buffers (BatchNorm) reset to their ``w_0``
     values; the module's outputs must be class logits. Uncertified by default (Theorem 2 bounds the expected dynamic
     regret, not the distance to retraining); with ``release=ReleaseConfig(epsilon=, delta=)`` the noise ``b_t`` is
@@ -38,7 +38,7 @@ class StreamingUnlearner(ReleasingUnlearner):
 
     Args:
         module: the trained module (its weights are overwritten with ``w_t``).
-        recorder: the :class:`StreamingRecorder` that watched the fit.
+        recorder: the :class:`SAFERecorder` that watched the fit.
         forget_weight: ``lambda`` of Eq. (10)/(25); default 1000 (Sec. 4.1, MNIST).
         lr_constant: ``K`` of Theorem 2's ``gamma = sqrt(W)/(K sqrt(T))``, ``W = ||w_0||_2``; default 2.5.
         expected_rounds: the horizon ``T`` (default 20, as in the paper); after more rounds ``T = t``.
@@ -58,7 +58,7 @@ class StreamingUnlearner(ReleasingUnlearner):
             ``"paper"``), ``"contraction"`` (``D_T + gamma``) or ``"paper"`` (Theorem 2(iii)'s ``2W``).
 
     Raises:
-        TypeError: If ``recorder`` is not a :class:`StreamingRecorder` or ``release`` not a ``ReleaseConfig``.
+        TypeError: If ``recorder`` is not a :class:`SAFERecorder` or ``release`` not a ``ReleaseConfig``.
         ValueError: If ``forget_weight < 0``, ``lr_constant <= 0``, ``expected_rounds < 1``, ``step_size <= 0``,
             ``weight_bound <= 0``, ``bound``, ``forget_scope`` or ``kl_direction`` is unknown, or
             ``bound="contraction"`` lacks ``constants`` or ``trajectory``.
@@ -70,20 +70,26 @@ class StreamingUnlearner(ReleasingUnlearner):
         >>> from torch import nn
         >>> from torch.utils.data import DataLoader, TensorDataset
         >>> from lightning_unlearn import ForgetRequest, IndexedDataset
-        >>> from lightning_unlearn.callbacks import StreamingRecorder
+        >>> from lightning_unlearn.callbacks import SAFERecorder
         >>> from lightning_unlearn.models import SupervisedClassifier
         >>> _ = torch.manual_seed(0)
         >>> data = IndexedDataset(TensorDataset(torch.randn(32, 4), torch.arange(32) % 2))
         >>> model = SupervisedClassifier(nn.Linear(4, 2), lr=0.1)
-        >>> recorder = StreamingRecorder(num_classes=2, proj_dim=2)
+        >>> recorder = SAFERecorder(num_classes=2, proj_dim=2)
         >>> L.Trainer(max_epochs=1, callbacks=[recorder], logger=False, enable_checkpointing=False,
         ...           enable_progress_bar=False, enable_model_summary=False).fit(model, DataLoader(data, batch_size=8))
-        >>> result = StreamingUnlearner(model, recorder).forget(ForgetRequest.samples([0, 1]), data)
+        >>> result = SAFEUnlearner(model, recorder).forget(ForgetRequest.samples([0, 1]), data)
         >>> result.extra["round"], result.extra["n_retained"], result.certificate.certified
         (1, 30, False)
     """
 
     method = "safe"
+    method_info = MethodInfo(
+        guarantee="none by default ([SAFE] Thm. 2 bounds regret); (epsilon, delta) with epsilon, delta, weight_bound",
+        assumptions="one request per round; the certified release needs the weight bound W (Thm. 2(iii))",
+        cost="one step from the anchor w_0 per request: gradients of the forget buffer at w_0",
+        paper="SAFE",
+    )
     reads_data = True
     needs_forget_data = True
     default_release = ReleaseConfig(epsilon=None, delta=None)
@@ -91,7 +97,7 @@ class StreamingUnlearner(ReleasingUnlearner):
     def __init__(
         self,
         module: nn.Module,
-        recorder: StreamingRecorder,
+        recorder: SAFERecorder,
         *,
         forget_weight: float = 1000.0,
         lr_constant: float = 2.5,
@@ -106,20 +112,20 @@ class StreamingUnlearner(ReleasingUnlearner):
         trajectory: TrajectoryRecorder | None = None,
         bound: str = "auto",
     ) -> None:
-        if not isinstance(recorder, StreamingRecorder):
-            raise TypeError(f"StreamingUnlearner needs a StreamingRecorder, got {type(recorder).__name__}")
+        if not isinstance(recorder, SAFERecorder):
+            raise TypeError(f"SAFEUnlearner needs a SAFERecorder, got {type(recorder).__name__}")
         if forget_weight < 0 or lr_constant <= 0 or expected_rounds < 1 or (step_size is not None and step_size <= 0):
             raise ValueError(
-                "StreamingUnlearner needs forget_weight >= 0, lr_constant > 0, expected_rounds >= 1, step_size > 0; "
+                "SAFEUnlearner needs forget_weight >= 0, lr_constant > 0, expected_rounds >= 1, step_size > 0; "
                 f"got {forget_weight}, {lr_constant}, {expected_rounds}, {step_size}"
             )
         if weight_bound is not None and not weight_bound > 0:
-            raise ValueError(f"StreamingUnlearner weight_bound W must be positive, got {weight_bound}")
+            raise ValueError(f"SAFEUnlearner weight_bound W must be positive, got {weight_bound}")
         if bound not in BOUNDS:
-            raise ValueError(f"StreamingUnlearner bound must be one of {BOUNDS}, got {bound!r}")
+            raise ValueError(f"SAFEUnlearner bound must be one of {BOUNDS}, got {bound!r}")
         if bound == "contraction" and (constants is None or trajectory is None):
             raise ValueError(
-                "StreamingUnlearner bound='contraction' needs constants= (Assumption 1) and trajectory= (the "
+                "SAFEUnlearner bound='contraction' needs constants= (Assumption 1) and trajectory= (the "
                 "TrajectoryRecorder of the same SGD fits)"
             )
         if forget_scope not in _SCOPES or kl_direction not in _DIRECTIONS:
@@ -128,7 +134,7 @@ class StreamingUnlearner(ReleasingUnlearner):
                 f"{kl_direction!r}"
             )
         super().__init__(module, recorder, ledger, release=release)
-        self.recorder: StreamingRecorder = recorder
+        self.recorder: SAFERecorder = recorder
         self.forget_weight, self.lr_constant, self.expected_rounds = (
             float(forget_weight),
             float(lr_constant),
@@ -157,7 +163,7 @@ class StreamingUnlearner(ReleasingUnlearner):
 
         # Eq. (15): retention gradient (and risk) at w_0 over D_t = D_{t-1} \ F_t, with the module's own loss
         with eval_mode(self.module):
-            g_f, loss_f = streaming.summed_loss_grad(self.module, w0, buffers, x, labels, rec.loss_fn)
+            g_f, loss_f = safe.summed_loss_grad(self.module, w0, buffers, x, labels, rec.loss_fn)
         grad_sum = {n: rec.grad_sum[n].to(device) - g_f[n].detach().double() for n in names}
         loss_sum = rec.loss_sum.to(device) - loss_f.double()
         n_t = rec.n_retained - int(ids.numel())
@@ -166,28 +172,28 @@ class StreamingUnlearner(ReleasingUnlearner):
                 f"{self.method}: the request would leave no retained sample; SAFE's retention term (Eq. (14)) is "
                 "undefined"
             )
-        g_ret = streaming.flatten(grad_sum, names) / n_t
+        g_ret = safe.flatten(grad_sum, names) / n_t
 
         # Eq. (22)-(24): class statistics of D_t and the pseudo-targets of the forget buffer
-        u_new = streaming.project(x, V)
-        dn, ds1, ds2 = streaming.class_sums(u_new, labels, rec.num_classes)
+        u_new = safe.project(x, V)
+        dn, ds1, ds2 = safe.class_sums(u_new, labels, rec.num_classes)
         counts = rec.counts.to(device) - dn
         moments_t = rec.moments(counts, rec.s1.to(device) - ds1, rec.s2.to(device) - ds2)
         moments_0 = (anchor.ref_mean.to(device), anchor.ref_cov.to(device))
         ref_counts = anchor.ref_counts.to(device)
         bx, by = self._scope(x, labels, data)
-        log_q = streaming.log_shift_ratio(streaming.project(bx, V), counts, ref_counts, moments_t, moments_0)
+        log_q = safe.log_shift_ratio(safe.project(bx, V), counts, ref_counts, moments_t, moments_0)
         with eval_mode(self.module), torch.no_grad():
             logits_0 = torch.func.functional_call(self.module, {**w0, **buffers}, (bx,))
         self._check_outputs(logits_0, len(bx))
-        target = streaming.pseudo_target(logits_0.double(), log_q)
+        target = safe.pseudo_target(logits_0.double(), log_q)
 
         # Eq. (25)-(27): forgetting gradient at w_0, total gradient, one normalised step from w_0
         with eval_mode(self.module):
-            g_fg_d, fg_w0 = streaming.forgetting_grad(
+            g_fg_d, fg_w0 = safe.forgetting_grad(
                 self.module, w0, buffers, bx, target, self.forget_weight, self.kl_direction
             )
-        g_fg = streaming.flatten(g_fg_d, names)
+        g_fg = safe.flatten(g_fg_d, names)
         g = g_ret + g_fg
         if not bool(torch.isfinite(g).all()):
             raise ValueError(
@@ -196,16 +202,16 @@ class StreamingUnlearner(ReleasingUnlearner):
         step = (
             self.fixed_step
             if self.fixed_step is not None
-            else streaming.step_size(
-                float(streaming.flatten(anchor.w0, names).norm()), self.lr_constant, max(t, self.expected_rounds)
+            else safe.step_size(
+                float(safe.flatten(anchor.w0, names).norm()), self.lr_constant, max(t, self.expected_rounds)
             )
         )
-        flat0 = streaming.flatten(w0, names)
+        flat0 = safe.flatten(w0, names)
         W = self.weight_bound if self.weight_bound is not None else float(flat0.norm())
         published, sensitivity = None, {"sensitivity": 2 * W}
         if self.release.epsilon is not None:  # Theorem 2(iii), or the contraction bound: -b_t ~ N(0, sigma^2 I)
             sensitivity = self._sensitivity(ids, W, step)
-            internal = streaming.normalised_step(flat0, g, step, torch.zeros_like(flat0))
+            internal = safe.normalised_step(flat0, g, step, torch.zeros_like(flat0))
             published = self._release(sensitivity["sensitivity"], internal)
             flat_t = published.weights
         else:
@@ -215,18 +221,16 @@ class StreamingUnlearner(ReleasingUnlearner):
                 if std
                 else torch.zeros_like(flat0)
             )
-            flat_t = streaming.normalised_step(flat0, g, step, noise)
-        w_t = streaming.unflatten(flat_t, anchor.w0, names)
+            flat_t = safe.normalised_step(flat0, g, step, noise)
+        w_t = safe.unflatten(flat_t, anchor.w0, names)
 
         with eval_mode(self.module), torch.no_grad():
             logits_t = torch.func.functional_call(self.module, {**w_t, **buffers}, (bx,))
-            fg_t = float(
-                self.forget_weight * streaming.kl_to_target(logits_t.double(), target, self.kl_direction).mean()
-            )
+            fg_t = float(self.forget_weight * safe.kl_to_target(logits_t.double(), target, self.kl_direction).mean())
         retain_risk_w0 = float(loss_sum) / n_t
         surrogate = retain_risk_w0 + float(g_ret @ (flat_t - flat0)) + fg_t
         n_forgotten = int(rec.forget_ids.numel() + ids.numel())
-        own_ratio = streaming.log_density_ratio(u_new, moments_t, moments_0).gather(1, labels[:, None]).mean()
+        own_ratio = safe.log_density_ratio(u_new, moments_t, moments_0).gather(1, labels[:, None]).mean()
         extra = {
             "round": t,
             "n_forget_round": int(ids.numel()),
@@ -242,7 +246,7 @@ class StreamingUnlearner(ReleasingUnlearner):
             "forget_risk": fg_t,
             "surrogate_risk": surrogate,
             "cumulative_surrogate_risk": rec.cumulative_surrogate + surrogate,
-            "theorem1_bound": streaming.theorem1_bound(rec.num_classes, n_forgotten, n_t),
+            "theorem1_bound": safe.theorem1_bound(rec.num_classes, n_forgotten, n_t),
             "label_shift": ((counts / ref_counts.clamp(min=1)) * rec.n_anchor / n_t).tolist(),
             "mean_log_density_ratio": float(own_ratio),
         }
@@ -288,7 +292,7 @@ class StreamingUnlearner(ReleasingUnlearner):
         on (the same learned samples), every step size meets ``2/(M + lambda)`` and the observed gradients ``G``."""
         problems = []
         if set(traj.catalog.ids.tolist()) != set(self.recorder.catalog.ids.tolist()):
-            problems.append("the trajectory recorder did not watch the same fits as the StreamingRecorder")
+            problems.append("the trajectory recorder did not watch the same fits as the SAFERecorder")
         condition = contraction_condition(torch.tensor(traj.lrs, dtype=torch.float64), c)
         if condition is not None:
             problems.append(condition)

@@ -292,7 +292,7 @@ def lanczos(
 ) -> tuple[Tensor, Tensor]:
     """Top of the spectrum of a symmetric operator from ``rank`` HVPs: Lanczos with full
     reorthogonalisation. Returns Ritz values ``(k,)`` and orthonormal Ritz vectors ``(d, k)``.
-    [approximation, not in [CCL]] Used by ``HessianRecorder(hessian="lowrank")``.
+    [approximation, not in [CCL]] Used by ``CCLHessianRecorder(hessian="lowrank")``.
     """
     Q = torch.zeros(rank + 1, dim, dtype=dtype, device=device)
     q = torch.randn(dim, generator=generator, dtype=dtype).to(device)

@@ -10,17 +10,17 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from lightning_unlearn.callbacks.hessian import HessianRecorder, TaskDeltaRecorder
+from lightning_unlearn.callbacks.ccl import CCLHessianRecorder, CCLRecorder
 from lightning_unlearn.callbacks.optimality import TaskOptimality
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.core.refusal import ReleaseRefused
 from lightning_unlearn.core.undo import replace_attributes, undoing
-from lightning_unlearn.functional import autodiff, certified
+from lightning_unlearn.functional import autodiff, ccl
 from lightning_unlearn.functional.bounds import ModelConstants, forgetting_chain, newton_chain
 from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.privacy import ReleaseConfig
-from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate, swap_weights
+from lightning_unlearn.unlearners.base import ForgetData, MethodInfo, UnlearningUpdate, swap_weights
 from lightning_unlearn.unlearners.release import ReleasingUnlearner
 from lightning_unlearn.warnings import warn
 
@@ -31,6 +31,10 @@ BOUNDS = ("contraction", "paper")
 def _is_linear(module: nn.Module) -> bool:
     layers = [m for m in module.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
     return len(layers) == 1 and isinstance(layers[0], nn.Linear)
+
+
+#: the registry's assumptions of both [CCL] methods
+TASKS_SOLVED = "strong convexity, proved constants, each task solved to a checked tolerance (TaskOptimality)"
 
 
 class _ContinualCertified(ReleasingUnlearner):
@@ -44,8 +48,8 @@ class _ContinualCertified(ReleasingUnlearner):
     stays consistent either way because it measures the chain of recorded starts and ends).
     Constants: ``constants`` (proved bounds, e.g. :func:`~lightning_unlearn.functional.bounds.linear_model_constants`
     with ``init_norm=0``: L is its ``grad_bound``), or ``lipschitz`` L and ``smoothness`` M asserted by
-    the caller (``"given"``), else the :class:`HessianRecorder`'s observed maxima at the task
-    solutions (``"estimated"``: not certified; a :class:`TaskDeltaRecorder` alone needs them
+    the caller (``"given"``), else the :class:`CCLHessianRecorder`'s observed maxima at the task
+    solutions (``"estimated"``: not certified; a :class:`CCLRecorder` alone needs them
     given); mu is the module's ``l2``. Recipe: with ``optimality`` (the :class:`TaskOptimality`
     callback that watched every fit) a certified release is refused unless every task was solved
     to its tolerance; without it the certificate says ``recipe="unchecked"`` (not certified).
@@ -62,12 +66,12 @@ class _ContinualCertified(ReleasingUnlearner):
     ``tau / (mu + lambda)``: :func:`~lightning_unlearn.functional.bounds.forgetting_chain` and
     :func:`~lightning_unlearn.functional.bounds.newton_chain`, ``docs/certificates.md``), with the
     :class:`TaskOptimality` tolerance as ``tau``; ``bound="paper"``: the paper's Theorem 4.1 / Prop. 5.1
-    forms (:func:`certified.sensitivity_natural_forgetting`, :func:`certified.sensitivity_hessian`), to reproduce its
+    forms (:func:`ccl.sensitivity_natural_forgetting`, :func:`ccl.sensitivity_hessian`), to reproduce its
     table. The certificate's ``assumptions`` list what the bound rests on and how each was checked.
 
     Args:
         module: the trained module (its weights are replaced by the published model).
-        recorder: the :class:`TaskDeltaRecorder` (or :class:`HessianRecorder`) that watched every task.
+        recorder: the :class:`CCLRecorder` (or :class:`CCLHessianRecorder`) that watched every task.
         ledger: where executed requests are recorded.
         release: the noise, its calibration and accounting (:class:`~lightning_unlearn.privacy.ReleaseConfig`).
         constants, lipschitz, smoothness: Assumption 2.1's constants (see above).
@@ -81,7 +85,7 @@ class _ContinualCertified(ReleasingUnlearner):
     def __init__(
         self,
         module: nn.Module,
-        recorder: TaskDeltaRecorder,
+        recorder: CCLRecorder,
         ledger: Ledger | None = None,
         *,
         constants: ModelConstants | None = None,
@@ -97,7 +101,7 @@ class _ContinualCertified(ReleasingUnlearner):
         if bound not in BOUNDS:
             raise ValueError(f"{self.method} bound must be one of {BOUNDS}, got {bound!r}")
         self.bound = bound
-        self.recorder: TaskDeltaRecorder = recorder
+        self.recorder: CCLRecorder = recorder
         self.model_constants, self.lipschitz, self.smoothness, self.optimality = (
             constants,
             lipschitz,
@@ -147,14 +151,14 @@ class _ContinualCertified(ReleasingUnlearner):
     statement: ClassVar[str]
 
     @abstractmethod
-    def _paper_bounds(self, status: list[certified.TaskStatus], c: certified.CLConstants) -> dict[str, float]:
+    def _paper_bounds(self, status: list[ccl.TaskStatus], c: ccl.CLConstants) -> dict[str, float]:
         """The paper's sensitivity bound of the method for ``status`` and its terms."""
 
     @abstractmethod
-    def _contraction_bound(self, status: list[certified.TaskStatus], c: ModelConstants) -> float:
+    def _contraction_bound(self, status: list[ccl.TaskStatus], c: ModelConstants) -> float:
         """[derived] The contraction-based sensitivity of the method for ``status``."""
 
-    def _bounds(self, status: list[certified.TaskStatus], c: certified.CLConstants) -> dict[str, float]:
+    def _bounds(self, status: list[ccl.TaskStatus], c: ccl.CLConstants) -> dict[str, float]:
         """Both sensitivities; ``bounds["sensitivity"]``, the one of :attr:`bound`, calibrates the noise."""
         paper = self._paper_bounds(status, c)
         contraction = self._contraction_bound(status, self.bound_constants(c))
@@ -167,11 +171,11 @@ class _ContinualCertified(ReleasingUnlearner):
             "tolerance": self.tolerance(),
         }
 
-    def _chain(self, status: list[certified.TaskStatus]) -> tuple[list[int], list[int], list[float]]:
+    def _chain(self, status: list[ccl.TaskStatus]) -> tuple[list[int], list[int], list[float]]:
         """Task sizes, forgotten counts and between-task gaps, the inputs of the chain bounds."""
         return [s.n for s in status], [s.m for s in status], self.chain_gaps()
 
-    def bound_constants(self, c: certified.CLConstants) -> ModelConstants:
+    def bound_constants(self, c: ccl.CLConstants) -> ModelConstants:
         """The constants of the contraction bounds: ``constants`` as given (with ``L_CE``, the ball and ``K`` of a
         closed form), else ``(M, L, mu)`` alone (``L`` then also bounds the data term's gradients)."""
         if self.model_constants is not None:
@@ -192,7 +196,7 @@ class _ContinualCertified(ReleasingUnlearner):
         measured: list[float] = getattr(self.recorder, "stationarity", None) or [0.0]
         return max(measured)
 
-    def bound_problems(self, status: list[certified.TaskStatus], c: ModelConstants) -> list[str | None]:
+    def bound_problems(self, status: list[ccl.TaskStatus], c: ModelConstants) -> list[str | None]:
         """Why the contraction bound's assumptions may fail (``None`` entries: checked). Here: the gradient bound
         ``G`` at the anchor of a fully forgotten task, whose norm must lie in the ball ``||w|| <= Theta`` of the
         constants."""
@@ -249,12 +253,10 @@ class _ContinualCertified(ReleasingUnlearner):
         L = self.lipschitz if self.lipschitz is not None else getattr(rec, "lipschitz", None)
         M = self.smoothness if self.smoothness is not None else getattr(rec, "smoothness", None)
         if L is None or M is None:
-            raise ValueError(
-                f"{self.method} needs lipschitz= and smoothness= (a TaskDeltaRecorder does not estimate them)"
-            )
+            raise ValueError(f"{self.method} needs lipschitz= and smoothness= (a CCLRecorder does not estimate them)")
         return float(L), float(M)
 
-    def constants(self) -> tuple[certified.CLConstants, str]:
+    def constants(self) -> tuple[ccl.CLConstants, str]:
         """Assumption 2.1's constants and their kind (``"bounded"``, ``"given"`` or ``"estimated"``)."""
         rec = self.recorder
         L, M = self.require_constants()
@@ -269,7 +271,7 @@ class _ContinualCertified(ReleasingUnlearner):
             kind = self.model_constants.kind
         else:
             kind = "given" if self.lipschitz is not None and self.smoothness is not None else "estimated"
-        cc = certified.CLConstants(
+        cc = ccl.CLConstants(
             lipschitz=float(L), smoothness=float(M), strong_convexity=float(rec.l2), reg_lambda=float(rec.reg_lambda)
         )
         return cc, kind
@@ -291,17 +293,17 @@ class _ContinualCertified(ReleasingUnlearner):
         previous = [torch.zeros_like(rec.ends[0])] + rec.ends[:-1]
         return [float((s - p).norm()) for s, p in zip(rec.starts, previous)]
 
-    def task_status(self, ids: Tensor) -> list[certified.TaskStatus]:
+    def task_status(self, ids: Tensor) -> list[ccl.TaskStatus]:
         """``(n_i, m_i)`` per recorded task once ``ids`` are forgotten too."""
         rec, cat = self.recorder, self.catalog
         requested = cat.experiences_of(ids) if ids.numel() else torch.zeros(0, dtype=torch.long)
         status = []
         for e, n in zip(rec.experience_ids, rec.sizes):
             m = int((cat.forgotten & (cat.experiences == e)).sum()) + int((requested == e).sum())
-            status.append(certified.TaskStatus(n=n, m=m))
+            status.append(ccl.TaskStatus(n=n, m=m))
         return status
 
-    def _warn_assumptions(self, c: certified.CLConstants) -> None:
+    def _warn_assumptions(self, c: ccl.CLConstants) -> None:
         if c.strong_convexity == 0:
             warn("l2 = 0: mu = 0 so rho = 1 and the [CCL] bound does not decay (certificate vacuous)", stacklevel=5)
         if not _is_linear(self.module):
@@ -311,7 +313,7 @@ class _ContinualCertified(ReleasingUnlearner):
             )
 
     def _publish(
-        self, internal: Tensor, status: list[certified.TaskStatus], c: certified.CLConstants, kind: str, statement: str
+        self, internal: Tensor, status: list[ccl.TaskStatus], c: ccl.CLConstants, kind: str, statement: str
     ) -> UnlearningUpdate:
         """The update publishing ``internal`` with Gaussian noise calibrated on the sensitivity of ``status``
         (:meth:`_bounds`, [AGM]), accounted."""
@@ -349,7 +351,7 @@ class _ContinualCertified(ReleasingUnlearner):
         )
 
 
-class GradientCertifiedUnlearner(_ContinualCertified):
+class CCLGradientUnlearner(_ContinualCertified):
     """[CCL] Alg. 1 (natural forgetting, the gradient-based adaptation): weights unchanged, noise only.
 
     Stores nothing beyond the catalog and task sizes. ``sigma`` is the analytic Gaussian mechanism's
@@ -360,13 +362,19 @@ class GradientCertifiedUnlearner(_ContinualCertified):
     internal model is the last trained one, so its pre-noise weights are the original weights by design.
     """
 
-    method = "gradient"
+    method = "ccl_gradient"
+    method_info = MethodInfo(
+        guarantee="(epsilon, delta): natural forgetting, noise only, gamma^NF ([CCL] Thm. 4.1)",
+        assumptions=TASKS_SOLVED,
+        cost="O(d) per request (noise); recording task sizes and end points",
+        paper="CCL",
+    )
     statement = "[CCL] Alg. 1 / Theorem 4.1: ||w_retrain - w_t|| <= gamma^NF; Gaussian mechanism"
 
-    def _paper_bounds(self, status: list[certified.TaskStatus], c: certified.CLConstants) -> dict[str, float]:
-        return certified.sensitivity_natural_forgetting(status, c, self.chain_gaps())
+    def _paper_bounds(self, status: list[ccl.TaskStatus], c: ccl.CLConstants) -> dict[str, float]:
+        return ccl.sensitivity_natural_forgetting(status, c, self.chain_gaps())
 
-    def _contraction_bound(self, status: list[certified.TaskStatus], c: ModelConstants) -> float:
+    def _contraction_bound(self, status: list[ccl.TaskStatus], c: ModelConstants) -> float:
         """[derived] :func:`~lightning_unlearn.functional.bounds.forgetting_chain` at the last task."""
         rec = self.recorder
         return forgetting_chain(*self._chain(status), c, float(rec.reg_lambda or 0.0), self.tolerance())[-1]
@@ -381,34 +389,43 @@ class GradientCertifiedUnlearner(_ContinualCertified):
         return update
 
 
-class HessianCertifiedUnlearner(_ContinualCertified):
+class CCLHessianUnlearner(_ContinualCertified):
     """[CCL] Alg. 2: the Newton-style correction of the corrected Eq. (13), then noise.
 
     The correction runs the linearised error recursion over all recorded tasks
-    (:func:`certified.hessian_correction`): kept tasks transport the error by
+    (:func:`ccl.hessian_correction`): kept tasks transport the error by
     ``P_i = (H_i + lambda I)^{-1} lambda``, deleted tasks add their ``Delta_i``, and partially
     deleted tasks (sample-level requests, [derived]) add the Newton step of their own
     solution, which needs ``sum_{u in U} grad l(end_i; u)``: from the recorder's stored per-sample
     gradients or from ``data`` (the samples to forget), kept per task as a running sum. Noise:
-    ``gamma^H`` ([interp, derived], :func:`certified.sensitivity_hessian`).
+    ``gamma^H`` ([interp, derived], :func:`ccl.sensitivity_hessian`).
     """
 
-    method = "hessian"
+    method = "ccl_hessian"
+    method_info = MethodInfo(
+        guarantee="(epsilon, delta): a Newton correction over the task chain plus noise on gamma^H ([CCL] Alg. 2)",
+        assumptions=TASKS_SOLVED,
+        cost=(
+            "a solve with each recorded task Hessian per request (dense: O(d^3); factored, a linear head: conjugate "
+            "gradients, O(n_i K d) per iteration); recording a Hessian per task"
+        ),
+        paper="CCL",
+    )
     reads_data = True  # optional: the samples to forget, for sample-level requests without stored gradients
     statement = "[CCL] Alg. 2 / Prop. 5.1 (Lemma D.2 bound gamma^H): Newton correction + Gaussian mechanism"
 
     def __init__(
-        self, module: nn.Module, recorder: HessianRecorder, ledger: Ledger | None = None, **kwargs: Any
+        self, module: nn.Module, recorder: CCLHessianRecorder, ledger: Ledger | None = None, **kwargs: Any
     ) -> None:
-        if not isinstance(recorder, HessianRecorder):
-            raise ValueError(f"HessianCertifiedUnlearner needs a HessianRecorder, got {type(recorder).__name__}")
+        if not isinstance(recorder, CCLHessianRecorder):
+            raise ValueError(f"CCLHessianUnlearner needs a CCLHessianRecorder, got {type(recorder).__name__}")
         super().__init__(module, recorder, ledger, **kwargs)
-        self.recorder: HessianRecorder = recorder
+        self.recorder: CCLHessianRecorder = recorder
 
-    def _paper_bounds(self, status: list[certified.TaskStatus], c: certified.CLConstants) -> dict[str, float]:
-        return certified.sensitivity_hessian(status, c, self.chain_gaps())
+    def _paper_bounds(self, status: list[ccl.TaskStatus], c: ccl.CLConstants) -> dict[str, float]:
+        return ccl.sensitivity_hessian(status, c, self.chain_gaps())
 
-    def bound_problems(self, status: list[certified.TaskStatus], c: ModelConstants) -> list[str | None]:
+    def bound_problems(self, status: list[ccl.TaskStatus], c: ModelConstants) -> list[str | None]:
         """The base checks, and the recorded Hessians' spectra within ``[mu, M]`` (the transports' first-order
         error; checked for diagonal and low-rank approximations, exact by the constants' proof otherwise: dense or
         factored)."""
@@ -416,21 +433,21 @@ class HessianCertifiedUnlearner(_ContinualCertified):
         tops = [
             float(H["values"].max()) if isinstance(H, dict) else float(H.max())
             for H in rec.hessians
-            if not certified.is_exact(H)
+            if not ccl.is_exact(H)
         ]
         bad = [v for v in tops if v > M * (1 + 1e-9)]
         spectrum = f"a recorded Hessian approximation has curvature {bad[0]:.4g} > M = {M:.4g}" if bad else None
         return [*super().bound_problems(status, c), spectrum]
 
-    def _contraction_bound(self, status: list[certified.TaskStatus], c: ModelConstants) -> float:
+    def _contraction_bound(self, status: list[ccl.TaskStatus], c: ModelConstants) -> float:
         """[derived] :func:`~lightning_unlearn.functional.bounds.newton_chain`; its second-order form needs the exact
         task Hessians (an approximate one keeps the first order, valid while its spectrum lies in ``[mu, M]``)."""
         rec = self.recorder
-        if not all(certified.is_exact(H) for H in rec.hessians):
+        if not all(ccl.is_exact(H) for H in rec.hessians):
             c = replace(c, hessian_lipschitz=None)
         return newton_chain(*self._chain(status), c, float(rec.reg_lambda or 0.0), self.tolerance())
 
-    def _gradient_sums(self, ids: Tensor, data: ForgetData, status: list[certified.TaskStatus]) -> list[Tensor | None]:
+    def _gradient_sums(self, ids: Tensor, data: ForgetData, status: list[ccl.TaskStatus]) -> list[Tensor | None]:
         """Running ``sum grad l(end_i; u)`` per partially deleted task, including ``ids``."""
         rec = self.recorder
         sums: list[Tensor | None] = list(rec.forgotten_grad_sums)
@@ -445,7 +462,7 @@ class HessianCertifiedUnlearner(_ContinualCertified):
         elif data is None:
             raise ValueError(
                 "sample-level Hessian unlearning needs the samples to forget (data=...) or "
-                "HessianRecorder(store_sample_gradients=True)"
+                "CCLHessianRecorder(store_sample_gradients=True)"
             )
         else:
             samples = self.forget_samples(ids, data)
@@ -470,11 +487,11 @@ class HessianCertifiedUnlearner(_ContinualCertified):
         status = self.task_status(ids)
         sums = self._gradient_sums(ids, data, status)
         solves = [
-            None if s.kind == "deleted" else certified.inverse_solver(rec.hessians[i], c.strong_convexity, c.reg_lambda)
+            None if s.kind == "deleted" else ccl.inverse_solver(rec.hessians[i], c.strong_convexity, c.reg_lambda)
             for i, s in enumerate(status)
         ]
         current = rec.ends[-1]
-        e = certified.hessian_correction(status, rec.starts, rec.ends, current, solves, sums, c.reg_lambda)  # Eq. (13)
+        e = ccl.hessian_correction(status, rec.starts, rec.ends, current, solves, sums, c.reg_lambda)  # Eq. (13)
         internal = current + e
         update = self._publish(internal, status, c, kind, self.statement)
         gone = set(ids.tolist())  # a forgotten sample's stored gradient is a per-sample statistic: erased

@@ -56,7 +56,7 @@ from lightning_unlearn.privacy.accountant import PrivacyAccountant, Release
 from lightning_unlearn.privacy.amplification import Amplification, NoisySteps, calibrate_sigma, rdp_coefficient
 from lightning_unlearn.privacy.noise import secure_gaussian
 from lightning_unlearn.progress import QUIET_TRAINER, quiet_lightning, status
-from lightning_unlearn.unlearners.base import ForgetData, UnlearningUpdate
+from lightning_unlearn.unlearners.base import ForgetData, MethodInfo, UnlearningUpdate
 from lightning_unlearn.unlearners.baselines import id_rows, norms_in_eval, trained_weights
 from lightning_unlearn.unlearners.release import ReleasingUnlearner, all_finite
 from lightning_unlearn.warnings import warn
@@ -119,6 +119,12 @@ class NoisyFinetuneUnlearner(ReleasingUnlearner):
     """
 
     method = "noisy_finetune"
+    method_info = MethodInfo(
+        guarantee="(epsilon, delta) by amplification by iteration: noisy steps from a projected start ([CUNN])",
+        assumptions="any loss and module (clipped gradients); update='convex': a linear softmax head (no shift)",
+        cost="`steps` noisy steps on the retained data per request (plus optional noise-free epochs)",
+        paper="CUNN, PABI",
+    )
     default_release = ReleaseConfig(accountant="rdp")
 
     def __init__(
