@@ -149,7 +149,8 @@ class SISABackbone(RecorderCallback):
 
     **Invariant** (what makes forgetting exact): the stored states are always those of training from scratch, with
     these seeds and initial weights, on the current slices in the current stage order. Every change recomputes, per
-    shard, only the stages from the first whose slice changed (:func:`~lightning_unlearn.functional.sisa.first_changed`):
+    shard, only the stages from the first whose slice changed (:func:`~lightning_unlearn.functional.sisa.first_changed`
+    ):
     a stage is a deterministic function of its start state, its rows (in order), its epochs and its seed, so the
     earlier states are the ones a from-scratch run computes. Forgetting ids removes them from their slices (an
     experience left without samples leaves the stage order): only the shards that held them retrain, from their first
@@ -335,8 +336,10 @@ class SISABackbone(RecorderCallback):
             raise ValueError("SISABackbone: no training data to learn from (use learn(data) or fit its ensemble)")
         if int(labels.min()) < 0 or int(labels.max()) >= self.num_classes:
             raise ValueError(f"SISABackbone: labels outside 0..{self.num_classes - 1} (num_classes)")
-        parts = self._given(ids, incoming.slices) if incoming.slices is not None else assign(
-            ids, labels, self.shards, self.slices_per_experience, self.seed, experience, self.partition
+        parts = (
+            self._given(ids, incoming.slices)
+            if incoming.slices is not None
+            else assign(ids, labels, self.shards, self.slices_per_experience, self.seed, experience, self.partition)
         )
         label_of = dict(zip(ids.tolist(), labels.tolist()))
         new = [
@@ -356,7 +359,9 @@ class SISABackbone(RecorderCallback):
         rows = _rows(_ids_of(incoming.data, self.batch_keys), ids)
         where = {**self._where, **{i: offset + r for i, r in rows.items()}}
         datasets = [*self._data, incoming.data]
-        change = self.rebuild(self._ordered((*old.stages, *new), temporary), temporary, (ConcatDataset(datasets), where))
+        change = self.rebuild(
+            self._ordered((*old.stages, *new), temporary), temporary, (ConcatDataset(datasets), where)
+        )
         self._data, self._where = datasets, where
         self.install(change)
         self.last_change = change
@@ -570,7 +575,11 @@ class SISABackbone(RecorderCallback):
         state["sisa"] = {
             **self._settings(),
             "stages": [
-                {"experience": st.experience, "ids": [i.clone() for i in st.ids], "labels": [y.clone() for y in st.labels]}
+                {
+                    "experience": st.experience,
+                    "ids": [i.clone() for i in st.ids],
+                    "labels": [y.clone() for y in st.labels],
+                }
                 for st in sisa.stages
             ],
             "states": [[dict(s) for s in states] for states in sisa.states],

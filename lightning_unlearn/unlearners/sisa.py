@@ -171,9 +171,7 @@ class SISAUnlearner(Unlearner):
             raise ValueError("SISAUnlearner.flush: no request is queued")
         ids = torch.cat([q.ids for q in self._queue])
         self._batch = {
-            "batch": [
-                {"request": q.request.to_dict(), "asked": q.asked, "removed": len(q.ids)} for q in self._queue
-            ]
+            "batch": [{"request": q.request.to_dict(), "asked": q.asked, "removed": len(q.ids)} for q in self._queue]
         }
         try:
             result = super().forget(ForgetRequest.samples(ids), data)
