@@ -8,6 +8,7 @@ from lightning_unlearn.callbacks.hessian import HessianRecorder, TaskDeltaRecord
 from lightning_unlearn.callbacks.newton import HessianSumRecorder
 from lightning_unlearn.callbacks.optimality import TaskOptimality
 from lightning_unlearn.callbacks.samples import SampleRecorder
+from lightning_unlearn.callbacks.sisa import SISABackbone
 from lightning_unlearn.callbacks.slices import SlicedBackbone
 from lightning_unlearn.callbacks.streaming import StreamingRecorder
 from lightning_unlearn.callbacks.trajectory import TrajectoryRecorder
@@ -22,6 +23,7 @@ __all__ = [
     "ProximalRegularizer",
     "RecorderCallback",
     "SampleRecorder",
+    "SISABackbone",
     "SlicedBackbone",
     "SoftmaxHeadRecorder",
     "FrozenFeatureRecorder",

@@ -149,8 +149,8 @@ class SISABackbone(RecorderCallback):
 
     **Invariant** (what makes forgetting exact): the stored states are always those of training from scratch, with
     these seeds and initial weights, on the current slices in the current stage order. Every change recomputes, per
-    shard, only the stages from the first whose slice changed (:func:`~lightning_unlearn.functional.sisa.first_changed`
-    ):
+    shard, only the stages from the first whose slice changed
+    (:func:`~lightning_unlearn.functional.sisa.first_changed`):
     a stage is a deterministic function of its start state, its rows (in order), its epochs and its seed, so the
     earlier states are the ones a from-scratch run computes. Forgetting ids removes them from their slices (an
     experience left without samples leaves the stage order): only the shards that held them retrain, from their first
@@ -331,6 +331,8 @@ class SISABackbone(RecorderCallback):
     def _commit(self, module: nn.Module) -> None:
         """Train the staged experience's stages (and those above it), then keep its data."""
         ids, labels = torch.cat(self._staged_ids), torch.cat(self._staged_labels)
+        ids, order = ids.sort()  # the assignment depends on the set of ids, not on the order a loader gave them
+        labels = labels[order]
         experience, incoming = self._fit_experience, self._incoming
         if incoming.data is None:
             raise ValueError("SISABackbone: no training data to learn from (use learn(data) or fit its ensemble)")
@@ -355,7 +357,7 @@ class SISABackbone(RecorderCallback):
         temporary = old.temporary
         if incoming.temporary or experience in self.temporary_experiences:
             temporary = (*temporary, experience)
-        offset = sum(len(d) for d in self._data)  # type: ignore[arg-type]
+        offset = len(ConcatDataset(self._data)) if self._data else 0
         rows = _rows(_ids_of(incoming.data, self.batch_keys), ids)
         where = {**self._where, **{i: offset + r for i, r in rows.items()}}
         datasets = [*self._data, incoming.data]

@@ -16,6 +16,7 @@ from lightning_unlearn.unlearners.newton import InfinitesimalJackknifeUnlearner,
 from lightning_unlearn.unlearners.noisy import NoisyFinetuneUnlearner
 from lightning_unlearn.unlearners.rbm import MaskProjection, RBMUnlearner
 from lightning_unlearn.unlearners.scrub import SCRUBUnlearner
+from lightning_unlearn.unlearners.sisa import SISAUnlearner
 from lightning_unlearn.unlearners.sliced import SlicedResolveUnlearner
 from lightning_unlearn.unlearners.sparse import L1SparseUnlearner, WoodFisherUnlearner
 from lightning_unlearn.unlearners.streaming import StreamingUnlearner
@@ -45,4 +46,5 @@ __all__ = [
     "ResolveUnlearner",
     "NoisyFinetuneUnlearner",
     "SlicedResolveUnlearner",
+    "SISAUnlearner",
 ]

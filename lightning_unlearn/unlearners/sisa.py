@@ -3,6 +3,7 @@ slices on a stream, [CLPU] temporary experiences), one request at a time or queu
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -161,7 +162,7 @@ class SISAUnlearner(Unlearner):
 
     def flush(self, data: ForgetData = None) -> UnlearningResult:
         """Execute every queued request together: one request for the union of their ids, one ledger entry whose
-        ``extra["batch"]`` lists each request with when it was asked; each :class:`QueuedRequest` is then
+        ``extra["batch"]`` lists (as JSON) each request with when it was asked; each :class:`QueuedRequest` is then
         ``"executed"``.
 
         Raises:
@@ -170,9 +171,8 @@ class SISAUnlearner(Unlearner):
         if not self._queue:
             raise ValueError("SISAUnlearner.flush: no request is queued")
         ids = torch.cat([q.ids for q in self._queue])
-        self._batch = {
-            "batch": [{"request": q.request.to_dict(), "asked": q.asked, "removed": len(q.ids)} for q in self._queue]
-        }
+        batch = [{"request": q.request.to_dict(), "asked": q.asked, "removed": len(q.ids)} for q in self._queue]
+        self._batch = {"batch": json.dumps(batch)}  # the ledger keeps scalar extras: the list as JSON
         try:
             result = super().forget(ForgetRequest.samples(ids), data)
         finally:
