@@ -269,3 +269,18 @@ def test_fit_stream_drives_the_backbone_and_runs_its_requests() -> None:
         for request in requests.get(k, []):
             direct_unlearner.forget(request)
     assert same(b, direct) and not bool(b.saw(torch.tensor([2, 150])).any())
+
+
+def test_an_avalanche_stream_is_learned_experience_by_experience() -> None:
+    from lightning_unlearn.avalanche import benchmark_with_sample_ids, items_with_ids
+
+    d = digits()
+    bench = benchmark_with_sample_ids(TensorDataset(d.x, d.y), TensorDataset(d.x[:50], d.y[:50]), 3)
+    b = backbone(batch_keys=None, slices_per_experience=1)
+    for experience in bench.train_stream:
+        b.learn(items_with_ids(experience.dataset), experience=experience.current_experience)
+    learned = sum(len(e.dataset) for e in bench.train_stream)  # 3 experiences of consecutive classes
+    assert [st.experience for st in b.sisa.stages] == [0, 1, 2] and len(b.catalog) == learned
+    first = min(bench.train_stream[0].classes_in_this_experience)
+    result = SISAUnlearner(b).forget(ForgetRequest.of_class(first))
+    assert result.certificate.exact and not bool(b.ensemble.seen[:, first].any())
