@@ -222,6 +222,15 @@ def test_bad_input_changes_nothing() -> None:
     unlearner.flush()
     with pytest.raises(ValueError, match="no request is queued"):
         unlearner.flush()
+    state, catalog = b.sisa, len(b.catalog)
+    with pytest.raises(ValueError, match="already learned"):
+        b.learn(Subset(digits(), [0]), experience=5)
+    assert b.sisa is state and len(b.catalog) == catalog
+    partial = learned(skip=2)
+    state, catalog = partial.sisa, len(partial.catalog)
+    with pytest.raises(ValueError, match="learned already"):
+        partial.learn(experiences(digits())[2], experience=0)
+    assert partial.sisa is state and len(partial.catalog) == catalog
 
 
 def test_a_class_request_under_the_class_partition_retrains_one_shard() -> None:

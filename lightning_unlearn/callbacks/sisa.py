@@ -285,8 +285,8 @@ class SISABackbone(RecorderCallback):
             the change, with its cost (also :attr:`last_change`).
 
         Raises:
-            ValueError: ids learned before or repeated, labels outside ``num_classes``, a bad ``slices``, too few
-                ``epochs`` for the stages; nothing is changed.
+            ValueError: ids learned before or repeated, an experience number learned before, labels outside
+                ``num_classes``, a bad ``slices``, too few ``epochs`` for the stages; nothing is changed.
         """
         for hook in self._incoming.hooks:
             hook()
@@ -336,6 +336,8 @@ class SISABackbone(RecorderCallback):
         experience, incoming = self._fit_experience, self._incoming
         if incoming.data is None:
             raise ValueError("SISABackbone: no training data to learn from (use learn(data) or fit its ensemble)")
+        if experience in {st.experience for st in self._sisa.stages}:
+            raise ValueError(f"SISABackbone: experience {experience} is learned already: number the next one anew")
         if int(labels.min()) < 0 or int(labels.max()) >= self.num_classes:
             raise ValueError(f"SISABackbone: labels outside 0..{self.num_classes - 1} (num_classes)")
         parts = (
