@@ -84,11 +84,6 @@ class SISAChange:
     samples: int
     seconds: float
 
-    @property
-    def retrained_shards(self) -> list[int]:
-        """The shards that trained at least one stage."""
-        return [s for s, n in enumerate(self.trained) if n]
-
 
 class SISAEnsemble(L.LightningModule):
     """The published model: ``S`` constituent copies of your module, their logits averaged, for each class over the

@@ -90,9 +90,3 @@ def stage_rows(slices: Sequence[Tensor], stage: int) -> Tensor:
     if not len(slices[stage - 1]):
         return torch.zeros(0, dtype=torch.long)
     return torch.cat(list(slices[:stage]))
-
-
-def stages_cost(slices: Sequence[Tensor], epochs: Sequence[int], first: int) -> int:
-    """The samples stages ``first + 1..T`` (``first`` 0-based: the stages kept) pass forward and backward:
-    ``sum_t epochs[t] |rows of stage t|``."""
-    return sum(epochs[t - 1] * len(stage_rows(slices, t)) for t in range(first + 1, len(slices) + 1))
