@@ -10,6 +10,7 @@ from lightning_unlearn.callbacks.newton import HessianSumRecorder
 from lightning_unlearn.callbacks.optimality import TaskOptimality
 from lightning_unlearn.callbacks.safe import SAFERecorder
 from lightning_unlearn.callbacks.samples import SampleRecorder
+from lightning_unlearn.callbacks.sisa import SISABackbone
 from lightning_unlearn.callbacks.slices import SlicedBackbone
 from lightning_unlearn.regularization import ProximalRegularizer
 
@@ -22,6 +23,7 @@ __all__ = [
     "ProximalRegularizer",
     "RecorderCallback",
     "SampleRecorder",
+    "SISABackbone",
     "SlicedBackbone",
     "SoftmaxHeadRecorder",
     "FrozenFeatureRecorder",

@@ -19,26 +19,14 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from lightning_unlearn.contract import BatchKeys, trains_itself, unpack_batch
 from lightning_unlearn.data import sample_ids_of
+from lightning_unlearn.functional.sisa import sisa_epochs
 from lightning_unlearn.progress import QUIET_TRAINER, quiet_lightning, status
 from lightning_unlearn.warnings import warn
 
 State = dict[str, Tensor]
 #: Trainer options a stage cannot take: its epochs come from ``epochs=``, and it runs in this one process
 _REFUSED_TRAINER_OPTIONS = ("max_epochs", "min_epochs", "max_steps", "strategy", "devices", "num_nodes")
-
-
-def sisa_epochs(total_epochs: int, slices: int) -> list[int]:
-    """Epochs of each stage such that the sliced training costs about as many sample-epochs as ``total_epochs`` epochs
-    over all the data: stage ``k`` runs ``floor(k a) - floor((k - 1) a)`` epochs, ``a = 2 total_epochs / (slices + 1)``
-    (the schedule of [SISA]'s released code, ``sisa.py``: stage ``k`` sees ``k / slices`` of the data).
-
-    Raises:
-        ValueError: ``total_epochs`` or ``slices`` below 1.
-    """
-    if total_epochs < 1 or slices < 1:
-        raise ValueError(f"sisa_epochs needs total_epochs >= 1 and slices >= 1, got {total_epochs} and {slices}")
-    a = 2 * total_epochs / (slices + 1)
-    return [int(k * a) - int((k - 1) * a) for k in range(1, slices + 1)]
+__all__ = ["SliceRetrain", "SliceStates", "SlicedBackbone", "sisa_epochs", "train_stage"]
 
 
 @dataclass(frozen=True)
@@ -287,25 +275,11 @@ class SlicedBackbone(L.Callback):
         return states
 
     def _stage(self, start: State, rows: list[int], data: Dataset, k: int) -> State:
-        """Stage ``k``: the module from ``start`` trained on ``data``'s ``rows`` (in this order, shuffled by a generator
-        seeded ``seed + k``) for ``epochs[k - 1]`` epochs, the RNGs seeded ``seed + k`` (the caller's RNGs kept)."""
-        work = copy.deepcopy(self.module)
-        work.load_state_dict(start)
-        if rows and self.epochs[k - 1]:
-            generator = torch.Generator().manual_seed(self.seed + k)
-            loader = DataLoader(Subset(data, rows), batch_size=self.batch_size, shuffle=True, generator=generator)
-            options = {
-                **QUIET_TRAINER,
-                "accelerator": "cpu",
-                "devices": 1,  # in this process, also inside a DDP run (every rank then computes the same stages)
-                "num_sanity_val_steps": 0,
-                "limit_val_batches": 0,
-                **self.trainer_kwargs,
-                "max_epochs": self.epochs[k - 1],
-            }
-            with quiet_lightning(), _seeded(self.seed + k):
-                L.Trainer(**options).fit(work, loader)
-        return _cloned(work.state_dict())
+        """Stage ``k``: :func:`train_stage` from ``start`` on ``data``'s ``rows`` for ``epochs[k - 1]`` epochs, seeded
+        ``seed + k``."""
+        return train_stage(
+            self.module, start, rows, data, self.epochs[k - 1], self.batch_size, self.seed + k, self.trainer_kwargs
+        )
 
     # -- state ---------------------------------------------------------------------------------------------------
     def restore(self, stages: SliceStates) -> Callable[[], None]:
@@ -384,6 +358,38 @@ class SlicedBackbone(L.Callback):
             if shapes != expected:
                 raise ValueError(f"refusing SlicedBackbone state: state {k} does not fit the module's state_dict")
         self._restore(SliceStates(tuple(s.clone() for s in slices), tuple(_cloned(s) for s in states)))
+
+
+def train_stage(
+    module: L.LightningModule,
+    start: State,
+    rows: Sequence[int],
+    data: Dataset,
+    epochs: int,
+    batch_size: int,
+    seed: int,
+    trainer_kwargs: Mapping[str, Any],
+) -> State:
+    """A copy of ``module`` from ``start`` trained on ``data``'s ``rows`` (in this order, shuffled by a generator seeded
+    ``seed``) for ``epochs`` epochs in one Lightning fit of this process, the RNGs seeded ``seed`` (the caller's RNGs
+    kept); its ``state_dict`` (``module`` is not touched). No rows or no epochs: ``start``'s values."""
+    work = copy.deepcopy(module)
+    work.load_state_dict(start)
+    if rows and epochs:
+        generator = torch.Generator().manual_seed(seed)
+        loader = DataLoader(Subset(data, list(rows)), batch_size=batch_size, shuffle=True, generator=generator)
+        options = {
+            **QUIET_TRAINER,
+            "accelerator": "cpu",
+            "devices": 1,  # in this process, also inside a DDP run (every rank then computes the same stages)
+            "num_sanity_val_steps": 0,
+            "limit_val_batches": 0,
+            **trainer_kwargs,
+            "max_epochs": epochs,
+        }
+        with quiet_lightning(), _seeded(seed):
+            L.Trainer(**options).fit(work, loader)
+    return _cloned(work.state_dict())
 
 
 @contextmanager

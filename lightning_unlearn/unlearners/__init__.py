@@ -26,6 +26,7 @@ from lightning_unlearn.unlearners.noisy_finetune import NoisyFinetuneUnlearner
 from lightning_unlearn.unlearners.rbm import MaskProjection, RBMUnlearner
 from lightning_unlearn.unlearners.safe import SAFEUnlearner
 from lightning_unlearn.unlearners.scrub import SCRUBUnlearner
+from lightning_unlearn.unlearners.sisa import SISAUnlearner
 from lightning_unlearn.unlearners.sliced import SlicedResolveUnlearner
 from lightning_unlearn.unlearners.woodfisher import WoodFisherUnlearner
 
@@ -58,6 +59,7 @@ __all__ = [
     "ResolveUnlearner",
     "NoisyFinetuneUnlearner",
     "SlicedResolveUnlearner",
+    "SISAUnlearner",
 ]
 
 
