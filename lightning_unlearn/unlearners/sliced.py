@@ -125,11 +125,11 @@ class SlicedResolveUnlearner(ResolveUnlearner):
             ) from err
         retrain = self.sliced.retrain(ids[seen], data.dataset if isinstance(data, DataLoader) else data)
         features = self._features(self.sliced.trunk_state(retrain.stages.states[-1]), x)
-        problem = convex.SoftmaxProblem(features, labels, rec.solved_head.shape[1], rec.l2, rec.perturbation)
+        problem = rec.problem_of(features.to(rec.row_dtype), labels)
         curvature = convex.FeatureCurvature.at(rec.solved_head, problem)
         solution = rec.solve(problem, rec.solved_head, curvature)
-        statistics = {"feature_rows": features, "labels": labels, "row_ids": kept_ids, "W": solution.W}
-        update = self.release_head(ids, solution, {**statistics, "curvature": curvature})
+        statistics = {"feature_rows": problem.features, "labels": labels, "row_ids": kept_ids, "W": solution.W}
+        update = self.release_head(ids, solution, {**statistics, "curvature": curvature, "sums": solution.sums})
         update.weights = {**update.weights, **self._trunk_weights(retrain)}
         update.state = {**update.state, "backbone_stages": retrain.stages}
         update.extra.update(
