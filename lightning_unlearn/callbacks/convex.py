@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -371,7 +371,7 @@ class SoftmaxHeadRecorder(FrozenFeatureRecorder):
         shard = [0, 1]
         if self._strategy is not None and self.feature_rows is not None:
             for k in ("feature_rows", "labels", "row_ids"):
-                rows[k] = self.gather_to_rank0(rows[k])
+                rows[k] = self.gather_to_rank0(cast(Tensor, rows[k]))
             shard = [self.global_rank, self.world_size] if self.global_rank else shard
         return {
             **state,
@@ -404,8 +404,8 @@ class SoftmaxHeadRecorder(FrozenFeatureRecorder):
         rank, world = state_dict.get("row_shard") or (0, 1)
         if world > 1:
             raise ValueError(
-                f"refusing SoftmaxHeadRecorder state: it is rank {rank}'s part of a {world}-process state (its own rows "
-                "only); load the state rank 0 saved (the checkpoint Lightning writes), which holds every row"
+                f"refusing SoftmaxHeadRecorder state: it is rank {rank}'s part of a {world}-process state (its own "
+                "rows only); load the state rank 0 saved (the checkpoint Lightning writes), which holds every row"
             )
         perturbation = state_dict.get("perturbation")
         values = _checked_rows(state_dict) if state_dict.get("W") is not None else None

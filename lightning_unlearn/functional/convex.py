@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -94,6 +95,8 @@ class SoftmaxProblem:
     perturbation: Tensor | None = None
     ranks: RankSum | None = None
     dtype: torch.dtype | None = None
+    #: the dtype the products are computed in (``dtype``, else the features')
+    compute_dtype: torch.dtype = field(init=False)
     #: ``n``, the number of samples over every process
     count: int = field(init=False)
     #: the sweeps over the rows made on this problem
@@ -109,8 +112,7 @@ class SoftmaxProblem:
                 f"features must be (n, p) with one label per row, got {tuple(self.features.shape)} and "
                 f"{tuple(self.labels.shape)}"
             )
-        if self.dtype is None:
-            object.__setattr__(self, "dtype", self.features.dtype)
+        object.__setattr__(self, "compute_dtype", self.dtype or self.features.dtype)
         local = torch.tensor([float(len(self.features))], dtype=torch.float64, device=self.features.device)
         object.__setattr__(self, "count", int(self.sum(local)))
         if self.count < 1:
@@ -145,7 +147,7 @@ class SoftmaxProblem:
         :data:`BLOCK_ROWS`, the features in the compute dtype."""
         F, y = (self.features, self.labels) if rows is None else (self.features[rows], self.labels[rows])
         for start in range(0, len(F), BLOCK_ROWS):
-            yield F[start : start + BLOCK_ROWS].to(self.dtype), y[start : start + BLOCK_ROWS]
+            yield F[start : start + BLOCK_ROWS].to(self.compute_dtype), y[start : start + BLOCK_ROWS]
 
 
 def _sweep(problem: SoftmaxProblem) -> None:
@@ -171,7 +173,7 @@ def _residuals(A: Tensor, y: Tensor, W: Tensor) -> tuple[Tensor, Tensor]:
 def probabilities(W: Tensor, problem: SoftmaxProblem) -> Tensor:
     """Softmax outputs ``p_i`` of this process's samples, ``(n, K)`` (one pass)."""
     _sweep(problem)
-    return torch.softmax(problem.features.to(problem.dtype) @ W, dim=1)
+    return torch.softmax(problem.features.to(problem.compute_dtype) @ W, dim=1)
 
 
 def objective(W: Tensor, problem: SoftmaxProblem) -> float:
@@ -280,7 +282,7 @@ def gradient_error_bound(W: Tensor, problem: SoftmaxProblem, sums: HeadSums | No
     ``B/n`` add a few ``u`` relative. The bound returned is twice that, summed in quadrature over the ``p K``
     entries. ``u`` is the compute dtype's (float32 rows promoted to float64 are exact float64 numbers).
     """
-    u = torch.finfo(problem.dtype).eps / 2
+    u = torch.finfo(problem.compute_dtype).eps / 2
     n = problem.count
     roundings = n + problem.world_size - 1
     gamma = roundings * u / (1 - roundings * u)
@@ -350,9 +352,7 @@ class FeatureCurvature:
         """The curvature of the rows ``keep`` (a boolean mask over ``problem``'s rows on this process; every process
         calls it): the others' contributions, recomputed at ``W``, subtracted."""
         removed = FeatureCurvature.at(self.W, problem, ~keep)
-        return FeatureCurvature(
-            self.W, self.weighted_sum - removed.weighted_sum, self.weight_sum - removed.weight_sum
-        )
+        return FeatureCurvature(self.W, self.weighted_sum - removed.weighted_sum, self.weight_sum - removed.weight_sum)
 
     def eigh(self) -> tuple[Tensor, Tensor]:
         """Eigenvalues and eigenvectors of ``C``."""
@@ -406,8 +406,8 @@ class Solution:
     newton_steps: int
     hessian_products: int
     converged: bool
-    passes: int = 0
-    sums: HeadSums | None = None
+    passes: int
+    sums: HeadSums
 
 
 def _conjugate_gradient(
@@ -471,7 +471,7 @@ def solve(
         raise ValueError(f"the gradient tolerance must be positive, got {tolerance}")
     if tuple(W0.shape) != problem.shape:
         raise ValueError(f"W0 has shape {tuple(W0.shape)}, the problem's W is {problem.shape}")
-    W = W0.to(device=problem.features.device, dtype=problem.dtype).clone()
+    W = W0.to(device=problem.features.device, dtype=problem.compute_dtype).clone()
     basis = (curvature if curvature is not None else FeatureCurvature.at(W, problem)).eigh()
     norm = math.inf  # not certified yet: downdated sums are not a computation over the rows
     if sums is None:
@@ -486,7 +486,7 @@ def solve(
         # CG residual (plus a quadratic remainder), so a residual of a third of the tolerance suffices
         forcing = max(min(0.5, math.sqrt(g)) * g, tolerance / 3)
         direction, k = _conjugate_gradient(
-            lambda V, W=W: hessian_vector_product(W, problem, V),
+            partial(hessian_vector_product, W, problem),
             -G,
             forcing,
             KroneckerPreconditioner(sums, basis, problem.l2),
@@ -536,7 +536,7 @@ def newton_step(
     if float(G.norm()) <= tolerance:
         return W.clone(), 0
     direction, k = _conjugate_gradient(
-        lambda V: hessian_vector_product(W, problem, V),
+        partial(hessian_vector_product, W, problem),
         -G,
         tolerance,
         KroneckerPreconditioner(sums, (curvature or FeatureCurvature.at(W, problem)).eigh(), problem.l2),
