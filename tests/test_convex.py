@@ -390,3 +390,79 @@ def test_ddp_ranks_hold_their_own_rows_and_solve_the_one_process_head(tmp_path):
     assert torch.equal(reloaded.solved_head, ranks[0]["after"]["W"])
     with pytest.raises(ValueError, match="rank 1's part of a 2-process state"):
         SoftmaxHeadRecorder(0.05, radius=1e-5).load_state_dict(ranks[1]["saved"])
+
+
+def test_a_request_counts_its_passes_over_the_rows(monkeypatch):
+    # every sweep over all of a problem's rows is one pass; the downdates read the removed rows only
+    model, recorder, _ = fitted()
+    sweeps = []
+    blocks = convex.SoftmaxProblem.blocks
+
+    def counted(problem, rows=None):
+        if rows is None:
+            sweeps.append(problem.count)
+        return blocks(problem, rows)
+
+    monkeypatch.setattr(convex.SoftmaxProblem, "blocks", counted)
+    result = ResolveUnlearner(model, recorder, release=ReleaseConfig(noise=False)).forget(ForgetRequest.samples([7]))
+    assert result.extra["passes"] == len(sweeps) and set(sweeps) == {599}  # all over the 599 rows left
+    # Newton steps from the old head: their CG products plus one pass certifying each step (no gradient pass at the
+    # old head, no line search, no curvature build)
+    assert result.extra["passes"] == result.extra["hessian_products"] + result.extra["newton_steps"]
+    assert float((recorder.solved_head - exact_head(recorder)).norm()) <= RADIUS
+
+
+def test_float32_rows_halve_the_memory_and_keep_the_certificate():
+    model, recorder, _ = fitted(row_dtype=torch.float32)
+    _, reference, _ = fitted()
+    assert recorder.feature_rows.dtype == torch.float32 and recorder.solved_head.dtype == torch.float64
+    mine, theirs = recorder.row_ids.argsort(), reference.row_ids.argsort()  # (shuffled loaders)
+    assert torch.equal(recorder.feature_rows[mine], reference.feature_rows[theirs].float())  # float64's, rounded
+    # products promote the rows to float64: the certificate is float64's, about the problem on the stored rows
+    assert float((recorder.solved_head - exact_head(recorder)).norm()) <= RADIUS
+    problem = recorder.problem()
+    norm, _ = convex.certified_gradient_norm(recorder.solved_head, problem)
+    assert norm <= recorder.tolerance
+    assert convex.gradient_error_bound(recorder.solved_head, problem) < 1e-11  # float64's u, not float32's
+    result = ResolveUnlearner(model, recorder, release=ReleaseConfig(noise=False)).forget(ForgetRequest.samples([3]))
+    assert result.certificate.bounds["gradient_norm"] <= recorder.tolerance
+    assert float((recorder.solved_head - exact_head(recorder)).norm()) <= RADIUS
+    restored = SoftmaxHeadRecorder(L2, radius=RADIUS, row_dtype=torch.float32)
+    restored.load_state_dict(recorder.state_dict())
+    assert restored.feature_rows.dtype == torch.float32 and torch.equal(restored.feature_rows, recorder.feature_rows)
+    with pytest.raises(ValueError, match="row_dtype"):
+        SoftmaxHeadRecorder(L2, row_dtype=torch.float16)
+
+
+def test_gradient_error_bound_counts_the_all_reduce():
+    # R processes add R - 1 roundings to every entry's summation: the bound grows with R (gamma_{n + R - 1})
+    problem = random_problem(n=50)
+    W = torch.zeros(problem.shape, dtype=torch.float64)
+    sharded = convex.SoftmaxProblem(
+        problem.features, problem.labels, problem.num_classes, problem.l2, ranks=convex.RankSum(lambda t: t, 1000)
+    )
+    one, many = convex.gradient_error_bound(W, problem), convex.gradient_error_bound(W, sharded)
+    u = torch.finfo(torch.float64).eps / 2
+    K = problem.num_classes
+
+    def per_entry(roundings: int) -> float:
+        gamma = roundings * u / (1 - roundings * u)
+        return gamma + (2 * K + 8) * u * (1 + gamma)
+
+    ratio = per_entry(50 + 999) / per_entry(50)
+    assert many > one and math.isclose(many, one * ratio, rel_tol=1e-3)  # the l2 W term is 0 at W = 0
+
+
+def test_a_request_whose_rows_are_missing_changes_nothing():
+    model, recorder, _ = fitted()
+    keep = recorder.row_ids != 11  # a state whose rows lost sample 11 (which its catalog holds)
+    recorder.feature_rows, recorder.labels, recorder.row_ids = (
+        recorder.feature_rows[keep],
+        recorder.labels[keep],
+        recorder.row_ids[keep],
+    )
+    before = {k: getattr(recorder, k).clone() for k in ("feature_rows", "labels", "row_ids", "W")}
+    with pytest.raises(ValueError, match="holds 0 rows of the 1 samples"):
+        ResolveUnlearner(model, recorder).forget(ForgetRequest.samples([11]))
+    assert all(torch.equal(getattr(recorder, k), v) for k, v in before.items())
+    assert not bool(recorder.catalog.forgotten.any())
