@@ -44,9 +44,13 @@ COLUMNS = [
 
 
 def shard(n: int, p: int, K: int, rank: int, world: int, dtype: torch.dtype, device: str) -> tuple:
-    """This rank's rows ``i % world == rank`` of the synthetic data, generated block by block (the others' never)."""
+    """This rank's rows ``i % world == rank`` of the synthetic data, generated block by block into their final
+    tensors (the others' rows are never kept)."""
     means = torch.randn(K, p, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 0.5
-    features, labels, ids = [], [], []
+    ids = torch.arange(rank, n, world)
+    features = torch.empty(len(ids), p, dtype=dtype, device=device)
+    labels = torch.empty(len(ids), dtype=torch.long, device=device)
+    at = 0
     for start in range(0, n, BLOCK):
         g = torch.Generator().manual_seed(1 + start // BLOCK)
         idx = torch.arange(start, min(start + BLOCK, n))
@@ -54,10 +58,10 @@ def shard(n: int, p: int, K: int, rank: int, world: int, dtype: torch.dtype, dev
         A = torch.relu(means[y] + torch.randn(len(idx), p, generator=g, dtype=torch.float64))
         A[:, -1] = 1.0
         mine = idx % world == rank
-        features.append(A[mine].to(device=device, dtype=dtype))
-        labels.append(y[mine].to(device))
-        ids.append(idx[mine])
-    return torch.cat(features), torch.cat(labels), torch.cat(ids)
+        m = int(mine.sum())
+        features[at : at + m], labels[at : at + m] = A[mine], y[mine]
+        at += m
+    return features, labels, ids
 
 
 def timed(fn, device: str):  # type: ignore[no-untyped-def]
