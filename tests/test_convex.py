@@ -214,7 +214,10 @@ def test_forgotten_rows_survive_nowhere_in_state_or_memory():
     state = recorder.state_dict()
     for key in ("feature_rows",):
         assert not (state[key] == row).all(dim=1).any()
-    assert not bool(old.abs().sum())  # the replaced matrix was overwritten
+    # the rows were compacted in place in the old matrix's storage: the forgotten row is nowhere in it, the storage
+    # beyond the rows that stay is zero, and the rows that stay are the recorder's (no copy)
+    assert not (old == row).all(dim=1).any() and not bool(old[len(recorder.feature_rows) :].abs().sum())
+    assert recorder.feature_rows.data_ptr() == old.data_ptr()
     assert 42 not in state["row_ids"].tolist()
 
 
@@ -466,3 +469,23 @@ def test_a_request_whose_rows_are_missing_changes_nothing():
         ResolveUnlearner(model, recorder).forget(ForgetRequest.samples([11]))
     assert all(torch.equal(getattr(recorder, k), v) for k, v in before.items())
     assert not bool(recorder.catalog.forgotten.any())
+
+
+def test_a_request_that_fails_at_its_commit_restores_the_compacted_rows(monkeypatch):
+    # the rows are compacted in place at the commit; a failure after that (here: the ledger write) expands them back
+    model, recorder, _ = fitted()
+    before = {k: getattr(recorder, k).clone() for k in ("feature_rows", "labels", "row_ids", "W")}
+    storage = recorder.feature_rows
+    unlearner = ResolveUnlearner(model, recorder, release=ReleaseConfig(noise=False))
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(unlearner.ledger, "append", fail)
+    with pytest.raises(OSError, match="disk full"):
+        unlearner.forget(ForgetRequest.samples([5, 300, 599]))
+    assert all(torch.equal(getattr(recorder, k), v) for k, v in before.items())
+    assert recorder.feature_rows.data_ptr() == storage.data_ptr() and not bool(recorder.catalog.forgotten.any())
+    monkeypatch.undo()
+    unlearner.forget(ForgetRequest.samples([5, 300, 599]))  # and the next request runs on them
+    assert float((recorder.solved_head - exact_head(recorder)).norm()) <= RADIUS

@@ -125,7 +125,7 @@ class SoftmaxHeadRecorder(FrozenFeatureRecorder):
         self._curvature: convex.FeatureCurvature | None = None  # the preconditioner's basis (memory only)
         self._sums: convex.HeadSums | None = None  # the sums over the rows at W, downdated by requests (memory only)
         self._staged: list[tuple[Tensor, Tensor, Tensor]] = []
-        self._replaced: Tensor | None = None  # the features a committed request replaced, until erased
+        self._replaced: list[Tensor] = []  # what a committed request left of the forgotten rows, until erased
 
     @property
     def state_key(self) -> str:
@@ -322,11 +322,11 @@ class SoftmaxHeadRecorder(FrozenFeatureRecorder):
         return Removal(~drop, full.restricted(~drop), curvature, sums, full.passes)
 
     def retained(self, removal: Removal, solution: convex.Solution) -> dict[str, Any]:
-        """The change a request commits: the rows ``removal.keep`` of the stored ones, the new head with its sums,
-        and the downdated curvature."""
+        """The change a request commits: the rows ``removal.keep`` of the stored ones (``keep``: the feature rows are
+        compacted in place at the commit, never copied), the new head with its sums, and the downdated curvature."""
         return {
-            "feature_rows": removal.problem.features,
-            "labels": removal.problem.labels,
+            "keep": removal.keep,
+            "labels": self._labels()[removal.keep],
             "row_ids": self._row_ids()[removal.keep],
             "W": solution.W,
             "curvature": removal.curvature,
@@ -338,28 +338,68 @@ class SoftmaxHeadRecorder(FrozenFeatureRecorder):
             raise ValueError("SoftmaxHeadRecorder has no features yet: fit the module with the recorder first")
         return self.row_ids
 
-    def apply_forget(self, ids: Tensor, change: Mapping[str, Any]) -> Callable[[], None]:
-        """Replace the stored rows, labels, ids and ``W`` by the strategy's (forgotten rows removed); return the undo.
+    def _labels(self) -> Tensor:
+        if self.labels is None:
+            raise ValueError("SoftmaxHeadRecorder has no features yet: fit the module with the recorder first")
+        return self.labels
 
-        The replaced feature matrix is kept until :meth:`erase_forgotten` overwrites its rows of ``ids``.
+    def apply_forget(self, ids: Tensor, change: Mapping[str, Any]) -> Callable[[], None]:
+        """Apply the strategy's change (forgotten rows removed); return the undo.
+
+        With ``keep`` (a request's mask of the rows that stay) the feature rows are compacted in place, block by
+        block, so a request never holds a second copy of them; the forgotten rows' contents are kept until
+        :meth:`erase_forgotten` (for the undo), as is the tail of the storage. With new ``feature_rows`` (a re-solve on
+        recomputed features) the replaced matrix is kept until then.
         """
+        change = dict(change)
+        keep = change.pop("keep", None)
         old = self.feature_rows
-        undo = super().apply_forget(ids, change)
-        self._replaced = old
+        if keep is None:
+            undo = super().apply_forget(ids, change)
+            self._replaced = [] if old is None else [old]
+            return self._undoing(undo)
+        F = cast(Tensor, old)
+        drop = (~keep).nonzero().squeeze(1).to(F.device)
+        kept = keep.nonzero().squeeze(1).to(F.device)
+        removed = F[drop].clone()
+        for start in range(0, len(kept), convex.BLOCK_ROWS):  # writes land at or before the rows still to read
+            part = kept[start : start + convex.BLOCK_ROWS]
+            F[start : start + len(part)] = F[part]
+        self.feature_rows = F[: len(kept)]
+        self._replaced = [F[len(kept) :], removed]
+
+        def expand() -> None:
+            for start in reversed(range(0, len(kept), convex.BLOCK_ROWS)):  # the compaction, backwards
+                part = kept[start : start + convex.BLOCK_ROWS]
+                F[part] = F[start : start + len(part)].clone()
+            F[drop] = removed
+            self.feature_rows = F
+
+        try:
+            undo = super().apply_forget(ids, change)
+        except BaseException:
+            expand()
+            raise
 
         def undo_all() -> None:
-            self._replaced = None
+            undo()
+            expand()
+
+        return self._undoing(undo_all)
+
+    def _undoing(self, undo: Callable[[], None]) -> Callable[[], None]:
+        def undo_all() -> None:
+            self._replaced = []
             undo()
 
         return undo_all
 
     def erase_forgotten(self, ids: Tensor) -> None:
-        """Overwrite the forgotten rows of the replaced feature matrix with zeros (it may be referenced elsewhere)."""
-        old, self._replaced = self._replaced, None
-        if old is not None and self.row_ids is not None:
-            # the old matrix's rows were the current rows plus the forgotten ones; zero all of it: nothing in it
-            # is needed any more
-            old.zero_()
+        """Overwrite with zeros what the last request left of the forgotten rows: the replaced feature matrix (it may
+        be referenced elsewhere), or the copy kept for the undo and the storage's tail beyond the rows that stay."""
+        replaced, self._replaced = self._replaced, []
+        for t in replaced:
+            t.zero_()
 
     # -- state ----------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

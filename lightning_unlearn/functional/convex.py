@@ -83,6 +83,8 @@ class SoftmaxProblem:
             every process builds the problem, and runs each function on it, together.
         dtype: the compute dtype (default: the features'); float32 rows with ``dtype=torch.float64`` are promoted
             block by block, so the arithmetic and its rounding bound are float64's.
+        rows: a boolean mask of the rows of ``features`` the problem is over (``None``: all): a restricted problem
+            masks its rows, it never copies them.
 
     Raises:
         ValueError: ``l2`` not positive, fewer than 2 classes, no row on any process, or shapes that disagree.
@@ -95,6 +97,7 @@ class SoftmaxProblem:
     perturbation: Tensor | None = None
     ranks: RankSum | None = None
     dtype: torch.dtype | None = None
+    rows: Tensor | None = None
     #: the dtype the products are computed in (``dtype``, else the features')
     compute_dtype: torch.dtype = field(init=False)
     #: ``n``, the number of samples over every process
@@ -113,7 +116,10 @@ class SoftmaxProblem:
                 f"{tuple(self.labels.shape)}"
             )
         object.__setattr__(self, "compute_dtype", self.dtype or self.features.dtype)
-        local = torch.tensor([float(len(self.features))], dtype=torch.float64, device=self.features.device)
+        if self.rows is not None and (self.rows.dtype != torch.bool or self.rows.shape != self.labels.shape):
+            raise ValueError(f"rows must be a boolean mask of the {len(self.labels)} rows, got {self.rows!r}")
+        here = len(self.features) if self.rows is None else int(self.rows.sum())
+        local = torch.tensor([float(here)], dtype=torch.float64, device=self.features.device)
         object.__setattr__(self, "count", int(self.sum(local)))
         if self.count < 1:
             raise ValueError("softmax regression over no retained samples: nothing to fit")
@@ -138,16 +144,33 @@ class SoftmaxProblem:
         return t if self.ranks is None else self.ranks.all_reduce(t)
 
     def restricted(self, keep: Tensor) -> SoftmaxProblem:
-        """The problem over the rows ``keep`` (a boolean mask or indices of this process's rows; with ``ranks``
-        every process calls it)."""
-        return replace(self, features=self.features[keep], labels=self.labels[keep])
+        """The problem over its rows that are in ``keep`` (a boolean mask, or indices, of the rows of ``features``
+        on this process), masked, not copied; with ``ranks`` every process calls it."""
+        return replace(self, rows=self.mask(keep))
+
+    def mask(self, rows: Tensor | None = None) -> Tensor | None:
+        """The problem's rows (in ``rows`` too: a mask or indices of the rows of ``features``) as a boolean mask over
+        the rows of ``features`` (``None``: all of them)."""
+        if rows is not None and rows.dtype != torch.bool:
+            rows = torch.zeros(len(self.labels), dtype=torch.bool, device=rows.device).index_fill_(0, rows, True)
+        if rows is None or self.rows is None:
+            return rows if rows is not None else self.rows
+        return self.rows & rows.to(self.rows.device)
+
+    def kept(self) -> tuple[Tensor, Tensor]:
+        """The features and labels of the problem's rows on this process (a copy if it is restricted)."""
+        return (self.features, self.labels) if self.rows is None else (self.features[self.rows], self.labels[self.rows])
 
     def blocks(self, rows: Tensor | None = None) -> Iterator[tuple[Tensor, Tensor]]:
-        """``(features, labels)`` of this process's rows (or of ``rows``, a mask or indices), in blocks of
-        :data:`BLOCK_ROWS`, the features in the compute dtype."""
-        F, y = (self.features, self.labels) if rows is None else (self.features[rows], self.labels[rows])
+        """``(features, labels)`` of the problem's rows on this process (those also in ``rows``: a mask or indices
+        of the rows of ``features``), in blocks of :data:`BLOCK_ROWS` of ``features``, in the compute dtype."""
+        F, y, mask = self.features, self.labels, self.mask(rows)
         for start in range(0, len(F), BLOCK_ROWS):
-            yield F[start : start + BLOCK_ROWS].to(self.compute_dtype), y[start : start + BLOCK_ROWS]
+            A, b = F[start : start + BLOCK_ROWS], y[start : start + BLOCK_ROWS]
+            if mask is not None:
+                part = mask[start : start + BLOCK_ROWS].to(A.device)
+                A, b = A[part], b[part]
+            yield A.to(self.compute_dtype), b
 
 
 def _sweep(problem: SoftmaxProblem) -> None:
@@ -173,7 +196,7 @@ def _residuals(A: Tensor, y: Tensor, W: Tensor) -> tuple[Tensor, Tensor]:
 def probabilities(W: Tensor, problem: SoftmaxProblem) -> Tensor:
     """Softmax outputs ``p_i`` of this process's samples, ``(n, K)`` (one pass)."""
     _sweep(problem)
-    return torch.softmax(problem.features.to(problem.compute_dtype) @ W, dim=1)
+    return torch.softmax(problem.kept()[0].to(problem.compute_dtype) @ W, dim=1)
 
 
 def objective(W: Tensor, problem: SoftmaxProblem) -> float:
@@ -226,8 +249,9 @@ class HeadSums:
         return cls(W, G, S, absum, int(count))
 
     def without(self, problem: SoftmaxProblem, drop: Tensor) -> HeadSums:
-        """The sums over the rows left when this process's rows ``drop`` (a boolean mask over ``problem``'s rows)
-        and the other processes' are removed: computed from the removed rows only (no pass; one all-reduce)."""
+        """The sums over the rows left when this process's rows ``drop`` (a boolean mask over the rows of
+        ``problem.features``) and the other processes' are removed: computed from the removed rows only (no pass; one
+        all-reduce)."""
         removed = HeadSums.at(self.W, problem, drop)
         return HeadSums(
             self.W,
@@ -349,7 +373,7 @@ class FeatureCurvature:
         return cls(W, C, total)
 
     def restricted(self, problem: SoftmaxProblem, keep: Tensor) -> FeatureCurvature:
-        """The curvature of the rows ``keep`` (a boolean mask over ``problem``'s rows on this process; every process
+        """The curvature of the rows ``keep`` (a boolean mask over ``problem.features``' rows here; every process
         calls it): the others' contributions, recomputed at ``W``, subtracted."""
         removed = FeatureCurvature.at(self.W, problem, ~keep)
         return FeatureCurvature(self.W, self.weighted_sum - removed.weighted_sum, self.weight_sum - removed.weight_sum)
