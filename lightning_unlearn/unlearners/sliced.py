@@ -115,7 +115,7 @@ class SlicedResolveUnlearner(ResolveUnlearner):
                 "pass data=<the training dataset, yielding (x, y, sample_id)>"
             )
         keep = ~rec.rows_of(ids)
-        labels, kept_ids = rec.problem(keep).labels, cast(Tensor, rec.row_ids)[keep]  # rows_of: the rows exist
+        labels, kept_ids = cast(Tensor, rec.labels)[keep], cast(Tensor, rec.row_ids)[keep]  # rows_of: the rows exist
         try:
             x, _ = self.forget_samples(kept_ids, data)  # labels and input fingerprints checked against the learned
         except ValueError as err:
