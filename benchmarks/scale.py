@@ -12,7 +12,8 @@ RSS (``ru_maxrss``, the largest over the ranks) is its own.
 Columns: ``cold_s`` (curvature built and solved from zero), ``pass_s`` (one gradient pass over the rows),
 ``request_s``/``request_passes`` (a single-sample request), ``batch_s``/``batch_passes`` (1% of the rows),
 ``*_over_pass`` (seconds in units of one gradient pass), ``peak_rss_gb_per_rank`` (the largest over the ranks) and
-``base_rss_gb`` (rank 0 before any row: Python, torch and the process group).
+``base_rss_gb`` (rank 0 before any row: Python, torch and the process group), ``*_cpu_s`` (the CPU seconds of the
+step, the largest over the ranks: what each rank computes, whatever else shares the cores).
 
 Run: ``python benchmarks/scale.py`` (writes ``benchmarks/results/scale.csv``); ``--sizes 20000`` for a quick look;
 ``--device cuda --backend nccl`` on a GPU host (``benchmarks/scale_gpu.sh``).
@@ -40,6 +41,7 @@ BLOCK = 8192  # rows generated at a time
 COLUMNS = [
     "n", "p", "K", "ranks", "row_dtype", "device", "cold_s", "cold_passes", "pass_s", "request_s", "request_passes",
     "request_over_pass", "batch_s", "batch_passes", "batch_over_pass", "peak_rss_gb_per_rank", "base_rss_gb",
+    "cold_cpu_s", "request_cpu_s", "batch_cpu_s",
 ]  # fmt: skip
 
 
@@ -64,13 +66,17 @@ def shard(n: int, p: int, K: int, rank: int, world: int, dtype: torch.dtype, dev
     return features, labels, ids
 
 
-def timed(fn, device: str):  # type: ignore[no-untyped-def]
+CPU: dict[str, float] = {}  # CPU seconds of this process per timed step
+
+
+def timed(fn, device: str, name: str = ""):  # type: ignore[no-untyped-def]
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     out = fn()
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+    CPU[name] = time.process_time() - cpu
     return out, time.perf_counter() - start
 
 
@@ -85,7 +91,7 @@ def request(problem, curvature, solution, ids: torch.Tensor, forget: torch.Tenso
         assert out.converged and out.gradient_norm <= L2 * RADIUS
         return out
 
-    return timed(run, device)
+    return timed(run, device, "request" if len(forget) == 1 else "batch")
 
 
 def worker(rank: int, world: int, args: argparse.Namespace, port: int, out: str) -> None:
@@ -111,7 +117,7 @@ def worker(rank: int, world: int, args: argparse.Namespace, port: int, out: str)
         curvature = convex.FeatureCurvature.at(zero, problem)
         return curvature, convex.solve(problem, zero, L2 * RADIUS, curvature=curvature)
 
-    (curvature, solution), cold_s = timed(cold, device)
+    (curvature, solution), cold_s = timed(cold, device, "cold")
     cold_passes = problem.passes
     curvature = convex.FeatureCurvature.at(solution.W, problem)  # as the recorder keeps it after a fit
     _, pass_s = timed(lambda: convex.HeadSums.at(solution.W, problem), device)
@@ -120,9 +126,11 @@ def worker(rank: int, world: int, args: argparse.Namespace, port: int, out: str)
     batch_ids = torch.randperm(args.n, generator=g)[: args.n // 100]
     batch, batch_s = request(problem, curvature, solution, ids, batch_ids, device)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KB -> GB (Linux)
-    peak = torch.tensor([rss], dtype=torch.float64, device=device)  # (NCCL reduces device tensors)
+    # the largest over the ranks: peak RSS and CPU seconds (wall seconds depend on what else the cores run)
+    peak = torch.tensor([rss, CPU["cold"], CPU["request"], CPU["batch"]], dtype=torch.float64, device=device)
     if world > 1:
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    rss, cold_cpu, request_cpu, batch_cpu = peak.tolist()
     if rank == 0:
         row = {
             "n": args.n, "p": args.p, "K": args.K, "ranks": world, "row_dtype": args.row_dtype, "device": args.device,
@@ -130,7 +138,9 @@ def worker(rank: int, world: int, args: argparse.Namespace, port: int, out: str)
             "request_s": round(request_s, 2), "request_passes": single.passes,
             "request_over_pass": round(request_s / pass_s, 1), "batch_s": round(batch_s, 2),
             "batch_passes": batch.passes, "batch_over_pass": round(batch_s / pass_s, 1),
-            "peak_rss_gb_per_rank": round(float(peak), 3), "base_rss_gb": round(base, 3),
+            "peak_rss_gb_per_rank": round(rss, 3), "base_rss_gb": round(base, 3),
+            "cold_cpu_s": round(cold_cpu, 2), "request_cpu_s": round(request_cpu, 2),
+            "batch_cpu_s": round(batch_cpu, 2),
         }  # fmt: skip
         torch.save(row, out)
     if world > 1:
