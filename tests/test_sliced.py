@@ -302,7 +302,8 @@ def _tensors(value) -> list[torch.Tensor]:
 
 def test_ddp_head_fit_then_a_backbone_retrain_on_every_rank(tmp_path):
     # Under DDP each rank trains and retrains the same stages in its own process: the trunk equals the one-process
-    # run bitwise, every rank holds every retained row, and rank 0's head and noise are published on both
+    # run bitwise, each rank recomputes the features of the retained rows it holds (rank 0's saved state gathers
+    # every row), and rank 0's head and noise are published on both
     from pathlib import Path
 
     from helpers import run_script
@@ -312,6 +313,10 @@ def test_ddp_head_fit_then_a_backbone_retrain_on_every_rank(tmp_path):
     run_script(script, tmp_path / "single.pt", 1)
     single = torch.load(tmp_path / "single.rank0.pt", weights_only=True)
     ranks = [torch.load(tmp_path / f"ddp.rank{r}.pt", weights_only=True) for r in (0, 1)]
+    assert ranks[1]["recorder"]["row_shard"] == [1, 2] and len(ranks[1]["recorder"]["row_ids"]) < len(
+        ranks[0]["recorder"]["row_ids"]
+    )
+    ranks[1]["recorder"] = {**ranks[0]["recorder"], "W": ranks[1]["recorder"]["W"]}  # its head; rank 0's rows
     for rank in ranks:
         assert rank["forgotten"] == single["forgotten"] and rank["extra"]["backbone_first_stage"] == 2
         assert states_equal(rank["backbone"], single["backbone"])

@@ -476,6 +476,38 @@ class RecorderCallback(L.Callback):
         parts = _all_gather(self._strategy.all_gather, padded)
         return torch.cat([part[:n] for part, n in zip(parts, sizes)]).to(t.device)
 
+    def gather_to_rank0(self, t: Tensor) -> Tensor:
+        """Every rank's ``t`` concatenated along dim 0 on rank 0 (rank-major, in CPU memory; their lengths may
+        differ), this rank's ``t`` on the others: point-to-point sends to rank 0, so no other rank ever holds more
+        than its own; a collective under DDP, ``t`` itself otherwise."""
+        if self._strategy is None:
+            return t
+        device = self._strategy.root_device
+        sizes = _all_gather(self._strategy.all_gather, torch.tensor(len(t), device=device)).tolist()
+        if self.global_rank != 0:
+            torch.distributed.send(t.detach().to(device).contiguous(), dst=0)
+            return t
+        parts = [t.detach().cpu()]
+        for rank, size in enumerate(sizes[1:], start=1):
+            buffer = t.new_empty(int(size), *t.shape[1:], device=device)
+            torch.distributed.recv(buffer, src=rank)
+            parts.append(buffer.cpu())
+        return torch.cat(parts)
+
+    def join_process_group(self) -> None:
+        """Run this recorder's collectives over torch.distributed's default process group (its rank and world size),
+        for an unlearner that executes requests outside a Trainer, e.g. in a ``torchrun`` script that loaded a
+        checkpoint on every rank: every rank must then call each ``forget`` together. A Lightning fit replaces it
+        by ``trainer.strategy`` at its start.
+
+        Raises:
+            RuntimeError: torch.distributed has no initialised default process group.
+        """
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            raise RuntimeError("join_process_group needs torch.distributed.init_process_group(...) first")
+        self.global_rank, self.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        self._strategy = ProcessGroup() if self.world_size > 1 else None
+
     def broadcast_from_rank0(self, t: Tensor) -> Tensor:
         """Rank 0's ``t`` on every rank (same shape and dtype everywhere; a collective under DDP)."""
         if self._strategy is None:
@@ -720,6 +752,30 @@ class RecorderCallback(L.Callback):
         with self.replacing() if replace else nullcontext():
             self.load_state_dict(states[self.state_key])
         return self
+
+
+class ProcessGroup:
+    """The collectives of a Lightning ``trainer.strategy`` that recorders call (``reduce``, ``all_gather``,
+    ``root_device``), over torch.distributed's default process group (:meth:`RecorderCallback.join_process_group`)."""
+
+    @property
+    def root_device(self) -> torch.device:
+        """CUDA's current device under NCCL, the CPU otherwise."""
+        nccl = torch.distributed.get_backend() == "nccl"
+        return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+
+    def reduce(self, t: Tensor, reduce_op: Any = "sum") -> Tensor:
+        """``t`` reduced over the ranks (``"sum"`` or a ``torch.distributed.ReduceOp``), a new tensor."""
+        op = torch.distributed.ReduceOp.SUM if reduce_op == "sum" else reduce_op
+        out = t.clone()
+        torch.distributed.all_reduce(out, op=op)
+        return out
+
+    def all_gather(self, t: Tensor) -> Tensor:
+        """Every rank's ``t`` stacked along a new dim 0."""
+        parts = [torch.empty_like(t) for _ in range(torch.distributed.get_world_size())]
+        torch.distributed.all_gather(parts, t.contiguous())
+        return torch.stack(parts)
 
 
 def _settings(state_key: str, name: str) -> dict[str, Any] | None:

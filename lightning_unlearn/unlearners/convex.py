@@ -102,14 +102,16 @@ class ResolveUnlearner(ReleasingUnlearner):
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         rec = self.recorder
-        keep = ~rec.rows_of(ids)
-        curvature = rec.curvature.restricted(rec.problem(), keep)
-        solution = rec.solve(rec.problem(keep), rec.solved_head, curvature)
-        return self.release_head(ids, solution, rec.retained(keep, solution.W, curvature))
+        removal = rec.removal(ids)
+        solution = rec.solve(removal.problem, rec.solved_head, removal.curvature, removal.sums)
+        return self.release_head(ids, solution, rec.retained(removal, solution), removal.passes)
 
-    def release_head(self, ids: Tensor, solution: convex.Solution, statistics: dict[str, Any]) -> UnlearningUpdate:
+    def release_head(
+        self, ids: Tensor, solution: convex.Solution, statistics: dict[str, Any], passes: int = 0
+    ) -> UnlearningUpdate:
         """The update publishing the re-solved head ``solution`` (noised, accounted and certified on ``radius``) with
-        the recorder's change ``statistics`` (:meth:`SoftmaxHeadRecorder.retained`), for forgetting ``ids``."""
+        the recorder's change ``statistics`` (:meth:`SoftmaxHeadRecorder.retained`), for forgetting ``ids``
+        (``passes``: the passes over the rows spent before the solve, counted in ``extra["passes"]``)."""
         rec = self.recorder
         publication = self._release(rec.radius, solution.W.reshape(-1))
         fields = publication.certificate_fields()
@@ -137,7 +139,7 @@ class ResolveUnlearner(ReleasingUnlearner):
             weights=rec.head_weights(self.module, publication.weights.view_as(solution.W)),
             statistics=statistics,
             state=publication.state,
-            extra={"n_forgotten": int(ids.numel()), **_solver_extra(solution)},
+            extra={"n_forgotten": int(ids.numel()), **_solver_extra(solution), "passes": passes + solution.passes},
         )
 
 
@@ -204,17 +206,20 @@ class CertifiedRemovalUnlearner(Unlearner):
 
     def _compute(self, ids: Tensor, data: ForgetData) -> UnlearningUpdate:
         rec = self.recorder
-        keep = ~rec.rows_of(ids)
-        curvature = rec.curvature.restricted(rec.problem(), keep)
-        problem = rec.problem(keep)
+        removal = rec.removal(ids)
+        problem, curvature = removal.problem, removal.curvature
         # the linear solve's own residual is kept to a tenth of the budget (mean form: divided by n)
         tolerance = 0.1 * self.residual_budget / problem.count
-        W, products = convex.newton_step(problem, rec.solved_head, tolerance=tolerance, curvature=curvature)
-        norm, _ = convex.certified_gradient_norm(W, problem)
+        W, products = convex.newton_step(
+            problem, rec.solved_head, tolerance=tolerance, curvature=curvature, sums=removal.sums
+        )
+        W = rec.broadcast_from_rank0(W)
+        norm, sums = convex.certify(W, problem)
         resolved = norm * problem.count > self.residual_budget
         if resolved:
-            solution = rec.solve(problem, W, curvature)
+            solution = rec.solve(problem, W, curvature, sums)
             W, norm, products = solution.W, solution.gradient_norm, products + solution.hessian_products
+            sums = solution.sums
         residual = norm * problem.count  # sum form of [CR]
         if residual > self.residual_budget:
             raise ValueError(
@@ -243,11 +248,12 @@ class CertifiedRemovalUnlearner(Unlearner):
         return UnlearningUpdate(
             certificate,
             weights=rec.head_weights(self.module, W),
-            statistics=rec.retained(keep, W, curvature),
+            statistics=rec.retained(removal, convex.Solution(W, norm, 0, products, True, problem.passes, sums)),
             extra={
                 "n_forgotten": int(ids.numel()),
                 "resolved": resolved,
                 "hessian_products": products,
+                "passes": removal.passes + problem.passes,
                 "release": releases,
             },
         )

@@ -121,7 +121,7 @@ class SlicedResolveUnlearner(ResolveUnlearner):
                 "pass data=<the training dataset, yielding (x, y, sample_id)>"
             )
         keep = ~rec.rows_of(ids)
-        labels, kept_ids = rec.problem(keep).labels, cast(Tensor, rec.row_ids)[keep]  # rows_of: the rows exist
+        labels, kept_ids = cast(Tensor, rec.labels)[keep], cast(Tensor, rec.row_ids)[keep]  # rows_of: the rows exist
         try:
             x, _ = self.forget_samples(kept_ids, data)  # labels and input fingerprints checked against the learned
         except ValueError as err:
@@ -131,11 +131,11 @@ class SlicedResolveUnlearner(ResolveUnlearner):
             ) from err
         retrain = self.sliced.retrain(ids[seen], data.dataset if isinstance(data, DataLoader) else data)
         features = self._features(self.sliced.trunk_state(retrain.stages.states[-1]), x)
-        problem = convex.SoftmaxProblem(features, labels, rec.solved_head.shape[1], rec.l2, rec.perturbation)
+        problem = rec.problem_of(features.to(rec.row_dtype), labels)
         curvature = convex.FeatureCurvature.at(rec.solved_head, problem)
         solution = rec.solve(problem, rec.solved_head, curvature)
-        statistics = {"feature_rows": features, "labels": labels, "row_ids": kept_ids, "W": solution.W}
-        update = self.release_head(ids, solution, {**statistics, "curvature": curvature})
+        statistics = {"feature_rows": problem.features, "labels": labels, "row_ids": kept_ids, "W": solution.W}
+        update = self.release_head(ids, solution, {**statistics, "curvature": curvature, "sums": solution.sums})
         update.weights = {**update.weights, **self._trunk_weights(retrain)}
         update.state = {**update.state, "backbone_stages": retrain.stages}
         update.extra.update(

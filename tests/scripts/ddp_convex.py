@@ -15,6 +15,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0] + "/..")
 from helpers import N_CLASSES, N_FEATURES, toy_dataset
 
 from lightning_unlearn import ForgetRequest, ResolveUnlearner, SoftmaxHeadRecorder
+from lightning_unlearn.functional import convex
 
 warnings.filterwarnings("ignore")
 
@@ -35,12 +36,13 @@ class Linear(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
+def rows(recorder: SoftmaxHeadRecorder) -> dict:
+    return {k: getattr(recorder, k).clone() for k in ("feature_rows", "labels", "row_ids", "W")}
+
+
 def main(out: str, devices: int) -> None:
     ds = toy_dataset(n=203)  # odd: DistributedSampler pads one rank with a repeated sample
     model, recorder = Linear(), SoftmaxHeadRecorder(0.05, radius=1e-5)
-    rows_here = []  # rows this rank computed features for
-    record = recorder._record
-    recorder._record = lambda module, x, y, ids, out: (rows_here.append(len(ids)), record(module, x, y, ids, out))
     trainer = L.Trainer(
         strategy="ddp" if devices > 1 else "auto",
         accelerator="cpu",
@@ -53,15 +55,26 @@ def main(out: str, devices: int) -> None:
         enable_model_summary=False,
     )
     trainer.fit(model, DataLoader(ds, batch_size=16, shuffle=True))
-    fitted = recorder.state_dict()
+    fitted = rows(recorder)
+    # the float32 gradient over the ranks' rows against the float64 one, and its rounding bound (R = devices)
+    p64 = recorder.problem()
+    p32 = convex.SoftmaxProblem(p64.features.float(), p64.labels, N_CLASSES, p64.l2, ranks=p64.ranks)
+    W = recorder.solved_head + 0.3 * torch.randn(recorder.solved_head.shape, generator=torch.Generator().manual_seed(0))
+    W = recorder.broadcast_from_rank0(W.double())
+    float32 = {
+        "error": float((convex.gradient(W.float(), p32).double() - convex.gradient(W, p64)).norm()),
+        "bound": convex.gradient_error_bound(W.float(), p32),
+    }
     result = ResolveUnlearner(model, recorder).forget(ForgetRequest.samples([0, 5, 202]))
     torch.save(
         {
             "fitted": fitted,
-            "after": recorder.state_dict(),
+            "after": rows(recorder),
+            "saved": recorder.state_dict(),  # rank 0: every row; rank 1: its own, marked
             "published": {k: v.clone() for k, v in model.state_dict().items()},
-            "sigma": result.certificate.sigma,
-            "rows_recorded_here": sum(rows_here),
+            "extra": result.extra,
+            "float32": float32,
+            "world": recorder.world_size,
         },
         out.replace(".pt", f".rank{trainer.global_rank}.pt"),
     )
