@@ -18,6 +18,10 @@ Rows (``benchmarks/results/deep_exact.csv``):
   set, executed one after another) and then one class request (digit ``--forget-class``, of experience
   ``--forget-class // 2``): mean CPU seconds per request / the retrain's CPU seconds, and samples trained / the
   retrain's 32,000;
+* the ``aggregate`` column: ``logits`` (the shards' logits averaged per class) or, with ``--aggregate head``, ``head``
+  (``SISABackbone(aggregate="head", trunk="trunk")``: a float64 ridge head, ``--ridge``, over the 5 x 64 or 10 x 64
+  concatenated trunk features, re-solved at every request). A run replaces the CSV's rows of its aggregate and keeps
+  the others (the public-backbone row is measured again by every run);
 * ``public-backbone+resolve``: ``sliced_backbone.py``'s path (a), the CNN trained on a public 1,000 and frozen, the
   certified head (``resolve``, (1, 1e-5) per release) on the other 3,000; its requests name private samples;
 * ``sisa-temporary-last`` / ``sisa-temporary-middle``: experience 4 (resp. 2) learned ``temporary=True``; the cost
@@ -29,6 +33,7 @@ follows the other processes' load, the CPU time much less. The retrain is timed 
 run; the ratios divide by their mean.
 
     python benchmarks/deep_exact.py [--epochs 8] [--requests 40] [--forget-class 5]
+    python benchmarks/deep_exact.py --aggregate head --slices 1 2 --no-temporary
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ class SISAUnlearner(Unlearner):
         "one thread count; stated); the experiences' data kept to retrain",
         cost="the stages from the first slice holding a forgotten sample, in the shards holding one; with the head, "
         "those shards' float64 forward over the retained samples and an O((S d_F)^3) solve",
-        paper="SISA, ARCANE, CLPU",
+        paper="SISA, ARCANE, CLPU, ACU",
     )
     reads_data = True
 
