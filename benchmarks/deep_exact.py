@@ -18,6 +18,10 @@ Rows (``benchmarks/results/deep_exact.csv``):
   set, executed one after another) and then one class request (digit ``--forget-class``, of experience
   ``--forget-class // 2``): mean CPU seconds per request / the retrain's CPU seconds, and samples trained / the
   retrain's 32,000;
+* the ``aggregate`` column: ``logits`` (the shards' logits averaged per class) or, with ``--aggregate head``, ``head``
+  (``SISABackbone(aggregate="head", trunk="trunk")``: a float64 ridge head, ``--ridge``, over the 5 x 64 or 10 x 64
+  concatenated trunk features, re-solved at every request). A run replaces the CSV's rows of its aggregate and keeps
+  the others (the public-backbone row is measured again by every run);
 * ``public-backbone+resolve``: ``sliced_backbone.py``'s path (a), the CNN trained on a public 1,000 and frozen, the
   certified head (``resolve``, (1, 1e-5) per release) on the other 3,000; its requests name private samples;
 * ``sisa-temporary-last`` / ``sisa-temporary-middle``: experience 4 (resp. 2) learned ``temporary=True``; the cost
@@ -29,6 +33,7 @@ follows the other processes' load, the CPU time much less. The retrain is timed 
 run; the ratios divide by their mean.
 
     python benchmarks/deep_exact.py [--epochs 8] [--requests 40] [--forget-class 5]
+    python benchmarks/deep_exact.py --aggregate head --slices 1 2 --no-temporary
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ from lightning_unlearn_bench.datasets import MNIST5k
 
 EXPERIENCES, BATCH = 5, 64
 COLUMNS = [
-    "path", "partition", "shards", "slices", "test_acc", "retrain_acc", "gap_pp", "request_cost_ratio",
+    "path", "aggregate", "partition", "shards", "slices", "test_acc", "retrain_acc", "gap_pp", "request_cost_ratio",
     "request_samples_ratio", "class_cost_ratio", "class_samples_ratio", "storage_mb", "train_cpu_ratio", "requests",
     "bitwise_equal",
 ]  # fmt: skip
@@ -65,8 +70,11 @@ def stream(train: IndexedDataset) -> list[Subset]:
     return [Subset(train, (labels // 2 == k).nonzero().flatten().tolist()) for k in range(EXPERIENCES)]
 
 
-def backbone(shards: int, slices: int, epochs: int, partition: str = "random") -> SISABackbone:
+def backbone(
+    shards: int, slices: int, epochs: int, partition: str = "random", aggregate: str = "logits", ridge: float = 1.0
+) -> SISABackbone:
     schedule = sisa_epochs(epochs, EXPERIENCES * slices)
+    head = {"aggregate": aggregate, "trunk": "trunk", "ridge": ridge} if aggregate == "head" else {}
     return SISABackbone(
         UserCNN(),
         num_classes=10,
@@ -75,6 +83,7 @@ def backbone(shards: int, slices: int, epochs: int, partition: str = "random") -
         epochs=schedule,
         partition=partition,  # type: ignore[arg-type]
         batch_size=BATCH,
+        **head,  # type: ignore[arg-type]
     )
 
 
@@ -96,7 +105,7 @@ def sisa_row(
     args: argparse.Namespace, experiences: list[Subset], forget: Tensor, test: MNIST5k, shards: int, slices: int,
     partition: str,
 ) -> dict[str, Any]:  # fmt: skip
-    model = backbone(shards, slices, args.epochs, partition)
+    model = backbone(shards, slices, args.epochs, partition, args.aggregate, args.ridge)
     train_s = learn(model, experiences)
     acc = accuracy(model.ensemble, test)
     storage = model.storage_bytes() / 2**20
@@ -104,12 +113,13 @@ def sisa_row(
     costs = [timed(unlearner, ForgetRequest.samples([int(i)])) for i in forget]
     class_cost = timed(unlearner, ForgetRequest.of_class(args.forget_class))
     print(
-        f"{partition} S={shards} m={slices}: {acc:.2f}% train {train_s:.1f} s, request "
+        f"{args.aggregate} {partition} S={shards} m={slices}: {acc:.2f}% train {train_s:.1f} s, request "
         f"{statistics.fmean(c for c, _ in costs):.2f} s, class {class_cost[0]:.2f} s, {storage:.1f} MB",
         flush=True,
     )
     return {
         "path": "sisa" if partition == "random" else "sisa-class",
+        "aggregate": args.aggregate,
         "partition": partition,
         "shards": shards,
         "slices": EXPERIENCES * slices,
@@ -139,6 +149,7 @@ def temporary_row(
     print(f"{name}: forgetting experience {which} took {cost[0]:.4f} s; bitwise equal {equal}", flush=True)
     return {
         "path": name,
+        "aggregate": "logits",
         "partition": "random",
         "shards": shards,
         "slices": EXPERIENCES * slices,
@@ -168,6 +179,7 @@ def public_row(args: argparse.Namespace, train: IndexedDataset, forget: Tensor, 
     class_cost = timed(unlearner, ForgetRequest.of_class(args.forget_class))
     return {
         "path": "public-backbone+resolve",
+        "aggregate": "-",
         "partition": "-",
         "shards": 1,
         "slices": 0,
@@ -192,6 +204,9 @@ def main() -> None:
     parser.add_argument("--class-shards", type=int, nargs="+", default=[5, 10])
     parser.add_argument("--temporary-shards", type=int, default=5)
     parser.add_argument("--temporary-slices", type=int, default=1)
+    parser.add_argument("--aggregate", choices=["logits", "head"], default="logits")
+    parser.add_argument("--ridge", type=float, default=1.0, help="the head's ridge (--aggregate head)")
+    parser.add_argument("--no-temporary", action="store_true", help="skip the temporary rows")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/deep_exact.csv"))
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -204,25 +219,48 @@ def main() -> None:
     retrain_acc = accuracy(full, test)
     print(f"end-to-end retrain on all {n}: {retrain_acc:.2f}% in {first_s:.2f} CPU s", flush=True)
 
+    kept = kept_rows(args.out, args.aggregate)
     rows = [public_row(args, train, forget, test)]
+    for shards in args.class_shards:
+        rows.append(sisa_row(args, experiences, forget, test, shards, 1, "class"))
+        write(args.out, kept, rows, first_s, args.epochs * n, retrain_acc)  # partial results survive an interrupt
     for shards in args.shards:
         for slices in args.slices:
             rows.append(sisa_row(args, experiences, forget, test, shards, slices, "random"))
-    for shards in args.class_shards:
-        rows.append(sisa_row(args, experiences, forget, test, shards, 1, "class"))
-    rows.append(temporary_row(args, experiences, test, EXPERIENCES - 1, "sisa-temporary-last"))
-    rows.append(temporary_row(args, experiences, test, 2, "sisa-temporary-middle"))
+            write(args.out, kept, rows, first_s, args.epochs * n, retrain_acc)
+    if not args.no_temporary:
+        rows.append(temporary_row(args, experiences, test, EXPERIENCES - 1, "sisa-temporary-last"))
+        rows.append(temporary_row(args, experiences, test, 2, "sisa-temporary-middle"))
 
     _, last_s = train_end_to_end(train, torch.arange(n), args.epochs)
-    retrain_s, retrain_samples = (first_s + last_s) / 2, args.epochs * n
+    retrain_s = (first_s + last_s) / 2
     print(f"end-to-end retrain again: {last_s:.2f} CPU s (ratios divide by the mean, {retrain_s:.2f} s)", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
+    write(args.out, kept, rows, retrain_s, args.epochs * n, retrain_acc)
+    print(args.out.read_text())
+
+
+def kept_rows(out: Path, aggregate: str) -> list[dict[str, str]]:
+    """The rows of an earlier run kept beside this run's: those of the other aggregate (rows without the column are
+    ``"logits"``), except the public-backbone row, which every run measures again."""
+    if not out.exists():
+        return []
+    with out.open() as f:
+        rows = [{**r, "aggregate": r.get("aggregate") or "logits"} for r in csv.DictReader(f)]
+    return [r for r in rows if r["aggregate"] not in (aggregate, "-") and r["path"] != "public-backbone+resolve"]
+
+
+def write(
+    out: Path, kept: list[dict[str, str]], rows: list[dict[str, Any]], retrain_s: float, retrain_samples: int,
+    retrain_acc: float,
+) -> None:  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="") as f:
         writer = csv.DictWriter(f, COLUMNS)
         writer.writeheader()
+        writer.writerows(kept)
         for row in rows:
             row.setdefault("retrain_acc", retrain_acc)
-            out = {
+            out_row = {
                 **{k: v for k, v in row.items() if not k.startswith("_")},
                 "gap_pp": row["test_acc"] - row["retrain_acc"],
                 "request_cost_ratio": row["_request_s"] / retrain_s,
@@ -231,8 +269,7 @@ def main() -> None:
                 "class_samples_ratio": row["_class_samples"] / retrain_samples if "_class_s" in row else "",
                 "train_cpu_ratio": row["_train_s"] / retrain_s,
             }
-            writer.writerow({k: f"{v:.4f}" if isinstance(v, float) else v for k, v in out.items()})
-    print(args.out.read_text())
+            writer.writerow({k: f"{v:.4f}" if isinstance(v, float) else v for k, v in out_row.items()})
 
 
 if __name__ == "__main__":

@@ -293,3 +293,79 @@ def test_an_avalanche_stream_is_learned_experience_by_experience() -> None:
     first = min(bench.train_stream[0].classes_in_this_experience)
     result = SISAUnlearner(b).forget(ForgetRequest.of_class(first))
     assert result.certificate.exact and not bool(b.ensemble.seen[:, first].any())
+
+
+def headed(**kwargs: Any) -> SISABackbone:
+    """A backbone publishing the ridge head over its shards' ``net`` outputs."""
+    return learned(aggregate="head", trunk="net", **kwargs)
+
+
+def head_tolerance(b: SISABackbone) -> float:
+    """Relative tolerance between two heads solved from features that differ by float64 rounding (the batches the
+    features were computed in differ): ``64 p eps kappa``, ``kappa <= (tr F^T F + gamma) / gamma`` bounding the
+    condition number of ``F^T F + gamma I`` (as :func:`~lightning_unlearn.functional.acu.consistency_errors`)."""
+    F = torch.cat(b.sisa.features, dim=1)
+    kappa = (float((F * F).sum()) + b.ridge) / b.ridge
+    return 64 * F.shape[1] * torch.finfo(torch.float64).eps * kappa
+
+
+def test_the_head_after_a_request_equals_the_head_of_a_from_scratch_run() -> None:
+    b = headed()
+    gone = torch.tensor([5, 130])
+    plan = [assignment(b, k, gone) for k in range(3)]
+    result = SISAUnlearner(b).forget(ForgetRequest.samples(gone.tolist()))
+    assert "ridge head" in result.certificate.statement
+    assert 0 < result.extra["feature_rows_computed"] < b.shards * (N - 2)  # an untouched shard's rows were kept
+    reference, data = backbone(aggregate="head", trunk="net"), digits()
+    for k, e in enumerate(experiences(data)):
+        reference.learn(Subset(data, [i for i in e.indices if i not in gone.tolist()]), experience=k, slices=plan[k])
+    W, expected = b.ensemble.head, reference.ensemble.head
+    assert W.dtype == torch.float64 and W.shape == (b.shards * 10, 10)
+    assert float((W - expected).norm() / expected.norm()) <= head_tolerance(reference)
+    x = data.x[:16]
+    assert torch.equal(b.ensemble.eval()(x).argmax(1), reference.ensemble.eval()(x).argmax(1))
+    assert not bool(torch.isin(gone, b.sisa.feature_ids).any())
+
+
+def test_a_class_request_under_the_class_partition_touches_one_shard_and_its_head_equals_from_scratch() -> None:
+    b = headed(partition="class", shards=3)
+    before, cache = [list(s) for s in b.sisa.states], list(b.sisa.features)
+    data = digits()
+    fours = (data.y == 4).nonzero().flatten()
+    plan = [assignment(b, k, fours) for k in range(3)]
+    result = SISAUnlearner(b).forget(ForgetRequest.of_class(4))  # class 4: shard 1
+    kept = N - len(fours)
+    assert result.extra["shards_retrained"] == 1 and result.extra["feature_rows_computed"] == kept
+    assert all(x is y for s in (0, 2) for x, y in zip(before[s], b.sisa.states[s]))
+    assert all(float(f.abs().sum()) == 0 for f in cache)  # the replaced cache, forgotten rows included, is zeroed
+    reference = backbone(aggregate="head", trunk="net", partition="class", shards=3)
+    for k, e in enumerate(experiences(data)):
+        reference.learn(Subset(data, [i for i in e.indices if int(data.y[i]) != 4]), experience=k, slices=plan[k])
+    expected = reference.ensemble.head
+    assert float((b.ensemble.head - expected).norm() / expected.norm()) <= head_tolerance(reference)
+    assert bool(torch.isinf(b.ensemble.eval()(data.x[:8])[:, 4]).all())
+
+
+def test_the_head_refuses_bad_settings_and_a_bad_request_changes_nothing() -> None:
+    for kwargs, message in [
+        ({"aggregate": "vote"}, "aggregate"),
+        ({"aggregate": "head", "trunk": "body"}, "no submodule 'body'"),
+        ({"trunk": "net"}, "trunk= only with 'head'"),
+        ({"aggregate": "head", "ridge": 0.0}, "ridge > 0"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            backbone(**kwargs)
+    b, ledger = headed(), Ledger()
+    unlearner = SISAUnlearner(b, ledger)
+    weights = {k: v.clone() for k, v in b.ensemble.state_dict().items()}
+    state, cache, forgotten = b.sisa, [f.clone() for f in b.sisa.features], b.catalog.forgotten.clone()
+    with pytest.raises(ValueError, match="lacks"):
+        unlearner.forget(ForgetRequest.samples([7]), data=Subset(digits(), list(range(100))))
+    assert b.sisa is state and len(ledger) == 0 and torch.equal(b.catalog.forgotten, forgotten)
+    assert all(torch.equal(v, weights[k]) for k, v in b.ensemble.state_dict().items())
+    assert all(torch.equal(f, g) for f, g in zip(b.sisa.features, cache))
+    restored = backbone(aggregate="head", trunk="net")
+    restored.load_state_dict(b.state_dict())
+    assert torch.equal(restored.ensemble.head, b.ensemble.head) and restored.sisa.features == ()
+    with pytest.raises(ValueError, match="differ"):
+        backbone().load_state_dict(b.state_dict())

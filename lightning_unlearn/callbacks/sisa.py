@@ -1,27 +1,32 @@
 """`SISABackbone`: your network trained as [SISA]'s shards x slices along a continual stream, published as the
-ensemble of its shards, so that forgetting retrains only the shards that saw the forgotten samples, from their first
-slice that did; temporary experiences ([CLPU]) sit on top of the permanent ones and are dropped at no cost."""
+ensemble of its shards (their logits averaged, or a closed-form ridge head over their trunks' features), so that
+forgetting retrains only the shards that saw the forgotten samples, from their first slice that did; temporary
+experiences ([CLPU]) sit on top of the permanent ones and are dropped at no cost."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from time import process_time
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
 from torch import Tensor, nn
-from torch.utils.data import ConcatDataset, DataLoader, Dataset
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.callbacks.slices import _REFUSED_TRAINER_OPTIONS, _cloned, _ids_of, _rows, train_stage
 from lightning_unlearn.contract import BatchKeys, trains_itself, unpack_batch
+from lightning_unlearn.functional.acu import one_hot, ridge_solution
 from lightning_unlearn.functional.sisa import PARTITIONS, Partition, assign, first_changed, stage_rows, stage_seed
+from lightning_unlearn.models import float64_forward
 from lightning_unlearn.progress import status
 
 State = dict[str, Tensor]
+Aggregate = Literal["logits", "head"]
+AGGREGATES: tuple[Aggregate, ...] = ("logits", "head")
 
 
 @dataclass(frozen=True)
@@ -37,11 +42,19 @@ class Stage:
 @dataclass(frozen=True)
 class SISAState:
     """The stages in training order (the permanent experiences' slices, then the temporary ones') and, per shard,
-    its ``state_dict`` before stage 1 (``states[s][0]``, the initial weights) and after each stage ``t``."""
+    its ``state_dict`` before stage 1 (``states[s][0]``, the initial weights) and after each stage ``t``.
+
+    With ``aggregate="head"`` also the ridge head ``head`` (``(S d_F, num_classes)``, float64) and its cache: the
+    retained ids ``feature_ids`` (sorted) and, per shard, their float64 trunk features ``features[s]`` (row ``i`` is
+    ``feature_ids[i]``'s); empty after a restore (recomputed at the next change).
+    """
 
     stages: tuple[Stage, ...]
     states: tuple[tuple[State, ...], ...]
     temporary: tuple[int, ...] = ()
+    head: Tensor | None = None
+    feature_ids: Tensor | None = None
+    features: tuple[Tensor, ...] = ()
 
     def slices(self, shard: int) -> list[Tensor]:
         """Shard ``shard``'s slices, by stage."""
@@ -60,10 +73,16 @@ class SISAState:
                 mask[s, labels] = True
         return mask
 
+    def tensors(self) -> list[Tensor]:
+        """The distinct tensors held: the stored states' (a skipped stage shares its predecessor's), the head and its
+        feature cache."""
+        held = [t for states in self.states for state in states for t in state.values()] + list(self.features)
+        unique = {id(t): t for t in (*held, *([self.head] if self.head is not None else []))}
+        return list(unique.values())
+
     def storage_bytes(self) -> int:
-        """Bytes of the distinct tensors the stored states hold (a skipped stage shares its predecessor's)."""
-        unique = {id(t): t for states in self.states for state in states for t in state.values()}
-        return sum(t.numel() * t.element_size() for t in unique.values())
+        """Bytes of :meth:`tensors`."""
+        return sum(t.numel() * t.element_size() for t in self.tensors())
 
 
 @dataclass(frozen=True)
@@ -75,7 +94,9 @@ class SISAChange:
         first: per shard, the stages kept (0-based index of the first stage trained again; ``len(stages)`` when none).
         trained: per shard, the stages that trained (a stage whose own slice is empty, or has no epochs, is skipped).
         samples: the samples the trained stages passed forward and backward (epochs times rows, summed).
-        seconds: this process's CPU seconds (``time.process_time``) of the training.
+        seconds: this process's CPU seconds (``time.process_time``) of the training and, with the head, of its
+            features and solve.
+        computed: the feature rows the head computed (retained samples times trunks run; 0 with ``"logits"``).
     """
 
     state: SISAState
@@ -83,31 +104,55 @@ class SISAChange:
     trained: tuple[int, ...]
     samples: int
     seconds: float
+    computed: int = 0
 
 
 class SISAEnsemble(L.LightningModule):
-    """The published model: ``S`` constituent copies of your module, their logits averaged, for each class over the
-    shards whose retained samples hold that class (``seen``); a class no shard holds gets ``-inf``.
+    """The published model: ``S`` constituent copies of your module, aggregated.
 
-    Averaging over the shards that saw a class (not over all) is what keeps the aggregate meaningful under
-    ``partition="class"``: a shard trained without class ``c`` pushes ``c``'s logit down for every input, which would
-    penalise ``c`` wherever fewer shards hold it. Under a random partition every shard holds every class and it is the
-    plain mean of [SISA]'s aggregation by averaging. It trains nothing itself (its :class:`SISABackbone` trains the
+    ``aggregate="logits"``: their logits averaged, for each class over the shards whose retained samples hold that
+    class (``seen``). Averaging over the shards that saw a class (not over all) keeps the aggregate meaningful under
+    ``partition="class"`` as far as it goes: a shard trained without class ``c`` pushes ``c``'s logit down for every
+    input. Under a random partition every shard holds every class and it is [SISA]'s aggregation by averaging.
+
+    ``aggregate="head"``: ``[f_1(x), ..., f_S(x)] W``, the shards' trunks' features (float64, eval mode,
+    :func:`~lightning_unlearn.models.float64_forward`) concatenated and read by the ridge head ``head`` (``W``, solved
+    by the backbone in closed form on every retained sample: one calibrated scale for all shards, whatever classes
+    each saw).
+
+    Either way a class no shard holds gets ``-inf``. It trains nothing itself (its :class:`SISABackbone` trains the
     constituents): fitted by ``fit_stream``, its ``training_step`` steps an optimizer that changes nothing, so that
     the backbone (a callback) sees the experience's batches.
     """
 
-    def __init__(self, module: nn.Module, shards: int, num_classes: int) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        shards: int,
+        num_classes: int,
+        aggregate: Aggregate = "logits",
+        trunk: str | None = None,
+    ) -> None:
         super().__init__()
         self.automatic_optimization = False
+        self.aggregate, self.trunk = aggregate, trunk
         self.members = nn.ModuleList(copy.deepcopy(module) for _ in range(shards))
         self.seen: Tensor
         self.register_buffer("seen", torch.zeros(shards, num_classes, dtype=torch.bool))
+        self.head: Tensor
+        self.register_buffer("head", torch.zeros(0, num_classes, dtype=torch.float64))
+
+    def features(self, x: Any) -> Tensor:
+        """``[f_1(x), ..., f_S(x)]``: every shard's trunk output (flattened), float64, eval mode."""
+        return torch.cat([trunk_features(m, self.trunk, x) for m in self.members], dim=1)
 
     def forward(self, x: Any) -> Tensor:
         used = [s for s in range(len(self.members)) if bool(self.seen[s].any())]
         if not used:
             raise ValueError("SISAEnsemble has learned nothing yet (no shard holds a sample)")
+        if self.aggregate == "head":
+            out = self.features(x) @ self.head
+            return out.masked_fill(~self.seen.any(0), float("-inf"))
         logits = torch.stack([self.members[s](x) for s in used])
         mask = self.seen[used].unsqueeze(1).to(logits.dtype)
         count = mask.sum(0)
@@ -119,6 +164,13 @@ class SISAEnsemble(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def trunk_features(module: nn.Module, trunk: str | None, x: Any) -> Tensor:
+    """``module``'s submodule ``trunk`` (``None``: the whole module) applied to ``x`` in float64 and eval mode, one
+    flattened row per sample."""
+    part = module if trunk is None else module.get_submodule(trunk)
+    return float64_forward(part, x).flatten(1)
 
 
 @dataclass
@@ -158,6 +210,14 @@ class SISABackbone(RecorderCallback):
     costs more; the forgetting stays free). :meth:`keep` makes a temporary experience permanent (moved below the other
     temporary ones: free if it is the lowest).
 
+    **The ridge head** (``aggregate="head"``): the published model reads the concatenated features of the shards'
+    ``trunk`` submodules through ``W = (F^T F + ridge I)^{-1} F^T Y`` ([ACU] eq. 3-4, float64), ``F`` the features of
+    every retained sample (rows by id), ``Y`` their one-hot labels. Every change re-solves it: the features of a shard
+    whose last state is unchanged are kept (its cached rows of the retained ids), those of a retrained shard are
+    computed again (one forward pass over the retained samples); the cache replaced is overwritten with zeros, so no
+    feature row of a forgotten sample is kept. ``W`` is a deterministic function of the shards and the retained
+    samples, so it equals the head of a from-scratch run up to the float64 rounding of the features' batching.
+
     **What breaks exactness**: as for :class:`~lightning_unlearn.callbacks.slices.SlicedBackbone`, a stage that is not
     a deterministic function of those inputs (GPU kernels without ``deterministic=True``, another thread count,
     library version or machine between training and retraining, loader workers, state outside ``state_dict``).
@@ -171,6 +231,9 @@ class SISABackbone(RecorderCallback):
         epochs: the epochs of every stage, or per stage position (as many as the stream will have stages:
             :func:`~lightning_unlearn.functional.sisa.sisa_epochs` gives [SISA]'s schedule for a known length).
         partition: ``"random"`` or ``"class"`` (each class in shard ``class mod S``, [ARCANE]).
+        aggregate: ``"logits"`` (the shards' logits averaged) or ``"head"`` (the ridge head over their features).
+        trunk: with ``"head"``, the submodule whose output is a shard's features (``None``: the whole module).
+        ridge: with ``"head"``, the ridge regulariser ``gamma > 0``.
         temporary: experience numbers declared temporary when they are learned.
         batch_size, seed, batch_keys, trainer_kwargs: the stages' batch size, base seed, dict-batch keys and further
             ``L.Trainer`` options (epochs and multi-process options refused).
@@ -178,7 +241,8 @@ class SISABackbone(RecorderCallback):
 
     Raises:
         TypeError: ``module`` has no training recipe of its own.
-        ValueError: fewer than one shard or slice, bad epochs, partition, batch size or Trainer options.
+        ValueError: fewer than one shard or slice, bad epochs, partition, batch size or Trainer options; an unknown
+            aggregate, a ``trunk`` the module lacks (or given with ``"logits"``), a ridge not above 0.
     """
 
     gathers_inputs = True
@@ -192,6 +256,9 @@ class SISABackbone(RecorderCallback):
         slices_per_experience: int = 1,
         epochs: int | Sequence[int] = 1,
         partition: Partition = "random",
+        aggregate: Aggregate = "logits",
+        trunk: str | None = None,
+        ridge: float = 1.0,
         temporary: Sequence[int] = (),
         batch_size: int = 64,
         seed: int = 0,
@@ -214,6 +281,16 @@ class SISABackbone(RecorderCallback):
             raise ValueError(f"SISABackbone epochs must be a non-negative number or one per stage, got {epochs}")
         if partition not in PARTITIONS:
             raise ValueError(f"SISABackbone partition must be one of {PARTITIONS}, got {partition!r}")
+        if aggregate not in AGGREGATES or (aggregate == "logits" and trunk is not None) or not ridge > 0:
+            raise ValueError(
+                f"SISABackbone aggregate must be one of {AGGREGATES} (trunk= only with 'head') and ridge > 0, got "
+                f"{aggregate!r}, trunk={trunk!r}, ridge={ridge}"
+            )
+        if trunk is not None:
+            try:
+                module.get_submodule(trunk)
+            except AttributeError as err:
+                raise ValueError(f"SISABackbone: the module has no submodule {trunk!r} (trunk=)") from err
         options = dict(trainer_kwargs or {})
         refused = [k for k in _REFUSED_TRAINER_OPTIONS if k in options]
         if refused:
@@ -223,9 +300,11 @@ class SISABackbone(RecorderCallback):
         self.num_classes, self.shards, self.slices_per_experience = int(num_classes), int(shards), slices_per_experience
         self.epochs, self._epochs_each = per_stage, isinstance(epochs, int)
         self.partition: Partition = partition
+        self.aggregate: Aggregate = aggregate
+        self.trunk, self.ridge = trunk, float(ridge)
         self.temporary_experiences = {int(k) for k in temporary}
         self.batch_size, self.seed, self.trainer_kwargs = int(batch_size), int(seed), options
-        self.ensemble = SISAEnsemble(module, self.shards, self.num_classes)
+        self.ensemble = SISAEnsemble(module, self.shards, self.num_classes, aggregate, trunk)
         initial = _cloned(module.state_dict())
         self._sisa = SISAState((), tuple((initial,) for _ in range(self.shards)))
         self._data: list[Dataset] = []  # the experiences' datasets (read again by retraining), in learning order
@@ -433,7 +512,61 @@ class SISABackbone(RecorderCallback):
             first.append(f)
             trained.append(done)
         new = SISAState(tuple(stages), tuple(states), temporary)
-        return SISAChange(new, tuple(first), tuple(trained), samples, process_time() - start)
+        computed = 0
+        if self.aggregate == "head":
+            new, computed = self._solve_head(new, data)
+        return SISAChange(new, tuple(first), tuple(trained), samples, process_time() - start, computed)
+
+    def _solve_head(self, state: SISAState, data: tuple[Dataset, Mapping[int, int]]) -> tuple[SISAState, int]:
+        """``state`` with its ridge head and feature cache: the rows of shards whose last state is unchanged taken
+        from the current cache, the others computed; and the number of rows computed.
+
+        Raises:
+            ValueError: the data lacks a retained sample whose features must be computed.
+        """
+        old = self._sisa
+        parts = [(i, y) for st in state.stages for i, y in zip(st.ids, st.labels)]
+        ids = torch.cat([i for i, _ in parts]) if parts else torch.zeros(0, dtype=torch.long)
+        labels = torch.cat([y for _, y in parts]) if parts else torch.zeros(0, dtype=torch.long)
+        ids, order = ids.sort()
+        if not len(ids):
+            return state, 0
+        cached = old.feature_ids if old.feature_ids is not None else torch.zeros(0, dtype=torch.long)
+        known = torch.isin(ids, cached)
+        features, computed = [], 0
+        for s, states in enumerate(state.states):
+            keep = bool(old.features) and states[-1] is old.states[s][-1]
+            todo = ids[~known] if keep else ids
+            computed += len(todo)
+            if not keep:
+                features.append(self._features(states[-1], todo, data))
+                continue
+            at = torch.searchsorted(cached, ids).clamp(max=len(cached) - 1)
+            block = old.features[s][at]  # the rows of unknown ids are overwritten below
+            if len(todo):
+                block[~known] = self._features(states[-1], todo, data)
+            features.append(block)
+        F = torch.cat(features, dim=1)
+        _, W = ridge_solution(F.T @ F, F.T @ one_hot(labels[order], self.num_classes), self.ridge)
+        return replace(state, head=W, feature_ids=ids, features=tuple(features)), computed
+
+    def _features(self, weights: State, ids: Tensor, data: tuple[Dataset, Mapping[int, int]]) -> Tensor:
+        """The trunk features (float64, eval mode) of the samples ``ids`` under the shard state ``weights``.
+
+        Raises:
+            ValueError: the data lacks one of ``ids``.
+        """
+        dataset, where = data
+        missing = [i for i in ids.tolist() if i not in where]
+        if missing:
+            raise ValueError(
+                f"SISABackbone: the data lacks {len(missing)} retained sample ids the head reads, e.g. {missing[:10]}"
+            )
+        module = copy.deepcopy(self.template)
+        module.load_state_dict(weights)
+        rows = [where[i] for i in ids.tolist()]
+        loader = DataLoader(Subset(dataset, rows), batch_size=512)
+        return torch.cat([trunk_features(module, self.trunk, unpack_batch(b, self.batch_keys)[0]) for b in loader])
 
     def epoch_of(self, stage: int) -> int:
         """The epochs of stage ``stage`` (1-based)."""
@@ -443,6 +576,8 @@ class SISABackbone(RecorderCallback):
         """The ensemble's new tensors after ``change`` (``state_dict`` names): the last state of every shard that
         changed, and ``seen``."""
         out: dict[str, Tensor] = {"seen": change.state.seen(self.num_classes)}
+        if change.state.head is not None:
+            out["head"] = change.state.head.clone()
         for s, states in enumerate(change.state.states):
             if states[-1] is not self._sisa.states[s][-1]:
                 out.update({f"members.{s}.{k}": v.clone() for k, v in states[-1].items()})
@@ -452,6 +587,8 @@ class SISABackbone(RecorderCallback):
         """Make ``change`` current (the ensemble gets its weights) and erase the states it replaced."""
         weights = self.weights_of(change)
         replaced = self._sisa
+        if "head" in weights:
+            self.ensemble.head.data = weights["head"]  # its width is known once features were computed
         self.ensemble.load_state_dict({**self.ensemble.state_dict(), **weights})
         self._sisa = change.state
         self._erase(replaced)
@@ -530,13 +667,11 @@ class SISABackbone(RecorderCallback):
             self._erase(self._retired.pop())
 
     def _erase(self, replaced: SISAState) -> None:
-        current = {id(t) for states in self._sisa.states for state in states for t in state.values()}
+        current = {id(t) for t in self._sisa.tensors()}
         with torch.no_grad():
-            for states in replaced.states:
-                for state in states:
-                    for t in state.values():
-                        if id(t) not in current:
-                            t.zero_()
+            for t in replaced.tensors():
+                if id(t) not in current:
+                    t.zero_()
 
     # -- Lightning ------------------------------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -563,6 +698,9 @@ class SISABackbone(RecorderCallback):
             "slices_per_experience": self.slices_per_experience,
             "epochs": list(self.epochs),
             "partition": self.partition,
+            "aggregate": self.aggregate,
+            "trunk": self.trunk,
+            "ridge": self.ridge,
             "num_classes": self.num_classes,
             "batch_size": self.batch_size,
             "seed": self.seed,
@@ -583,12 +721,14 @@ class SISABackbone(RecorderCallback):
             ],
             "states": [[dict(s) for s in states] for states in sisa.states],
             "temporary": list(sisa.temporary),
+            "head": None if sisa.head is None else sisa.head.clone(),
         }
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore the catalog and the stages and states (the ensemble gets the last states); the experiences' data is
-        not in it: pass ``data=`` to requests that retrain.
+        """Restore the catalog and the stages and states (the ensemble gets the last states and the head); the
+        experiences' data and the head's feature cache are not in it: pass ``data=`` to requests that retrain (with
+        the head, the first request computes every shard's features of the retained samples again).
 
         Raises:
             ValueError: other settings (shards, slices, epochs, partition, classes, batch size, seed), states that do
@@ -615,9 +755,13 @@ class SISABackbone(RecorderCallback):
         if any({n: tuple(v.shape) for n, v in s.items()} != expected for shard in states for s in shard):
             raise ValueError("refusing SISABackbone state: a stored state does not fit the module's state_dict")
         super().load_state_dict(state_dict)
-        change = SISAChange(SISAState(stages, states, tuple(saved["temporary"])), (), (), 0, 0.0)
+        head = saved.get("head")
+        change = SISAChange(SISAState(stages, states, tuple(saved["temporary"]), head), (), (), 0, 0.0)
         self._data, self._where = [], {}
-        self.ensemble.load_state_dict({**self.ensemble.state_dict(), **self.weights_of(change)})
+        weights = self.weights_of(change)
+        if "head" in weights:
+            self.ensemble.head.data = weights["head"]
+        self.ensemble.load_state_dict({**self.ensemble.state_dict(), **weights})
         self._sisa = change.state
 
 

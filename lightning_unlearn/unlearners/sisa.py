@@ -19,7 +19,7 @@ from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.ledger import Ledger
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.core.result import UnlearningResult
-from lightning_unlearn.unlearners.base import ForgetData, Unlearner, UnlearningUpdate
+from lightning_unlearn.unlearners.base import ForgetData, MethodInfo, Unlearner, UnlearningUpdate
 
 #: what a queued request's status says
 Status = Literal["queued", "executed"]
@@ -88,6 +88,15 @@ class SISAUnlearner(Unlearner):
     """
 
     method = "sisa"
+    method_info = MethodInfo(
+        guarantee="exact: the ensemble (or its ridge head) equals SISA training from scratch on the retained data "
+        "([SISA] Sec. IV; the head [ACU] eq. 3, to float64 rounding)",
+        assumptions="every stage a deterministic function of its start state, rows, epochs and seed (CPU kernels, "
+        "one thread count; stated); the experiences' data kept to retrain",
+        cost="the stages from the first slice holding a forgotten sample, in the shards holding one; with the head, "
+        "those shards' float64 forward over the retained samples and an O((S d_F)^3) solve",
+        paper="SISA, ARCANE, CLPU, ACU",
+    )
     reads_data = True
 
     def __init__(
@@ -207,6 +216,7 @@ class SISAUnlearner(Unlearner):
                 "shards_retrained": sum(f < len(change.state.stages) for f in change.first),
                 "stages_retrained": sum(change.trained),
                 "samples_trained": change.samples,
+                "feature_rows_computed": change.computed,
                 "train_cpu_seconds": change.seconds,
                 "experiences_dropped": self.backbone.dropped(change),
                 "storage_bytes": change.state.storage_bytes(),
@@ -235,6 +245,13 @@ class SISAUnlearner(Unlearner):
             "; ".join(parts)
             + f"; {backbone.shards - len(changed)} of {backbone.shards} shards untouched. The ensemble equals training "
             "from scratch on the retained data with the same shards, slices, seeds and initial weights [SISA]"
+            + (
+                f"; its ridge head re-solved in float64 on the retained samples' features ({change.computed} feature "
+                "rows computed, the others kept from unchanged shards), equal to a from-scratch run's to float64 "
+                "rounding [ACU] eq. 3"
+                if backbone.aggregate == "head"
+                else ""
+            )
         )
         return Certificate(
             method=self.method,
