@@ -85,6 +85,10 @@ _EXPORTS = {
         "SAFEUnlearner",
         "Unlearner",
         "WoodFisherUnlearner",
+        "MethodInfo",
+        "available_unlearners",
+        "method_info",
+        "unlearner_class",
     ),
     "warnings": ("UnlearningWarning",),
 }
@@ -115,6 +119,7 @@ __all__ = [
     "LedgerError",
     "LedgerReport",
     "MaskProjection",
+    "MethodInfo",
     "NegGradPlusUnlearner",
     "NegGradUnlearner",
     "NewtonStepUnlearner",
@@ -148,6 +153,9 @@ __all__ = [
     "UnlearningState",
     "Unlearner",
     "UnlearningWarning",
+    "available_unlearners",
+    "method_info",
+    "unlearner_class",
     "WoodFisherUnlearner",
 ]
 
@@ -202,6 +210,7 @@ if TYPE_CHECKING:
         InfinitesimalJackknifeUnlearner,
         L1SparseUnlearner,
         MaskProjection,
+        MethodInfo,
         NegGradPlusUnlearner,
         NegGradUnlearner,
         NewtonStepUnlearner,
@@ -216,6 +225,9 @@ if TYPE_CHECKING:
         SlicedResolveUnlearner,
         Unlearner,
         WoodFisherUnlearner,
+        available_unlearners,
+        method_info,
+        unlearner_class,
     )
     from lightning_unlearn.warnings import UnlearningWarning
 
