@@ -49,42 +49,13 @@ class Anchor(NamedTuple):
 class SAFERecorder(RecorderCallback):
     """The statistics of Algorithm 1's inputs ([SAFE] Sec. 3.2), recorded during fit; no retained data is kept.
 
-    * During the first epoch, per class ``c``: the count ``n(c)`` and the sums of ``u`` and ``u u^T``
-      of the random projection ``u = V^T vec(x)`` (Eq. (21); ``V`` has i.i.d. N(0, 1) entries, seeded).
-    * At the end of the fit, at the final weights ``w_0`` (the anchor of every round, Eq. (27)),
-      one pass over the fit's training loader: ``sum grad_w l(f(x; w_0), y)`` and ``sum l`` over
-      the data (``|D_0| grad R_0(w_0)`` of Eq. (12), float64, model in eval mode), plus a copy of
-      ``w_0`` and the module buffers. The class statistics at that moment are the ``t = 0``
-      reference ``(n_0, mu_0, Sigma_0)`` of Eq. (20)-(24).
-    * :class:`SAFEUnlearner` then subtracts each request's samples from these statistics and
-      appends them to the forget buffer (the past forget sets ``F_1..F_t`` Eq. (25) sums over).
-
-    Device: the statistics live on the module's device (``offload=True``: on the CPU); the per-batch
-    class sums and the anchor pass's gradient sums are computed there (no per-batch transfer), and
-    :class:`SAFEUnlearner` computes its rounds on the module's device. The deletion update of the
-    class statistics is :func:`safe.remove_samples`.
-
-    ``l`` is the prediction loss of Eq. (1) ("e.g. cross-entropy"): ``loss_fn(outputs, targets)``, the
-    module's own per-sample loss, checked on the first batch of every fit against the module's
-    training loss (:func:`~lightning_unlearn.contract.resolve_loss_fn`; a label-smoothed training loss
-    with the default cross-entropy ``loss_fn`` is refused, naming both values). A regulariser of the
-    training objective is not part of ``l``; a :class:`ProximalRegularizer` penalty in the module's
-    loss is accounted for in that check. SAFE's forgetting term (Eq. (8), (24)-(25)) is not the loss:
-    it is a KL between the predictive distributions ``softmax(f(x; w))``, so the module's outputs must
-    be ``num_classes`` class logits whatever its loss (:class:`SAFEUnlearner` checks it).
-
-    [interp] Continual learning: every fit re-anchors at its final weights, resets
-    the round counter and the forget buffer, and takes the current class statistics as the new
-    reference. The gradient sum of samples learned in earlier fits was taken at their own fit's
-    final weights (it cannot be re-evaluated without their data), so after a second fit the
-    retention gradient is an approximation; with a single fit it is exact.
-
-    DDP: the class sums and the anchor pass's gradient and loss sums are additive. Each rank sums the samples
-    it holds (a sample repeated by ``DistributedSampler`` padding counts once, on the first rank holding it)
-    and the ranks' sums are added once: the class sums at the end of the fit's first epoch, the anchor sums at
-    the end of the anchor pass (one all-reduce each, of ``C (1 + k + k^2)`` and ``d + 1`` floats). Only
-    ids, labels and input fingerprints are gathered per batch, never inputs; every rank then holds the same
-    statistics.
+    During the first epoch, per class ``c``: the count ``n(c)`` and the sums of ``u`` and ``u u^T`` of the random
+    projection ``u = V^T vec(x)`` (Eq. (21)). At the end of the fit, at the final weights ``w_0`` (the anchor of every
+    round, Eq. (27)), one pass over the training loader: ``sum grad_w l(f(x; w_0), y)`` and ``sum l`` (Eq. (12),
+    float64, eval mode), and a copy of ``w_0``; the class statistics then are the ``t = 0`` reference of Eq.
+    (20)-(24). :class:`SAFEUnlearner` subtracts each request's samples from them. ``l`` is the module's per-sample
+    prediction loss, checked on the first batch against its training loss. What a second fit re-anchors, the device
+    and the DDP sums: ``docs/methods/safe.md``, "Recording".
 
     Args:
         num_classes: number of classes ``C`` (labels must lie in ``[0, C)``).
@@ -96,6 +67,21 @@ class SAFERecorder(RecorderCallback):
 
     Raises:
         ValueError: bad sizes; at fit start, a training loss that is not ``mean loss_fn`` (+ penalty).
+
+    Example::
+
+        >>> import lightning as L
+        >>> import torch
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> from lightning_unlearn import IndexedDataset, SAFERecorder, SupervisedClassifier
+        >>> data = IndexedDataset(TensorDataset(torch.randn(32, 4), torch.randint(0, 3, (32,))))
+        >>> model, recorder = SupervisedClassifier(torch.nn.Linear(4, 3)), SAFERecorder(num_classes=3, proj_dim=2)
+        >>> L.Trainer(max_epochs=1, callbacks=[recorder], logger=False, enable_checkpointing=False,
+        ...           enable_progress_bar=False, enable_model_summary=False).fit(model, DataLoader(data, batch_size=8))
+        >>> int(recorder.counts.sum()), tuple(recorder.ref_cov.shape)  # n(c) summed; Sigma_0 per class, k x k
+        (32, (3, 2, 2))
+        >>> recorder.n_anchor, sorted(recorder.grad_sum)  # |D_0| and the anchor's gradient sum, per parameter
+        (32, ['net.bias', 'net.weight'])
     """
 
     gathers_inputs = False
