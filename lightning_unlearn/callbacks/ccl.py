@@ -210,34 +210,13 @@ class CCLHessianRecorder(CCLRecorder):
     experience, ``H_i = (1/n_i) sum_{z in D_i} hess l(end_i; z)`` (Alg. 2 line 5; ``l`` includes the
     ridge ``mu``, not Eq. (1)'s regulariser), evaluated at the task's solution, module in eval mode.
 
-    ``hessian="exact"`` stores the dense ``d x d`` matrix (``d**2`` floats per task: use up to
-    ~1e4 parameters); ``"factored"`` stores the same matrix as ``{"factor": F, "ridge": mu, "top": ...}`` with
-    ``H_i = F^T F + mu I`` (``F``: ``n_i K x d``, the Gauss-Newton factor of :func:`newton.gauss_newton_factor` over
-    ``sqrt(n_i)``, ``K`` the module's outputs), exact when the module's output is affine in its parameters (a
-    linear head: checked by a probe; ``ValueError`` otherwise), ``n_i K d`` floats per task and solved by
-    :func:`ccl.factored_solver`; ``"diagonal"`` stores a Hutchinson estimate ``mean_k z_k * (H z_k)`` with
-    ``n_probes`` Rademacher probes, clamped below at ``l2`` [approximation, not in the paper;
-    ``d`` floats per task]; ``"lowrank"`` stores the top ``rank`` eigenpairs from Lanczos on HVPs,
-    the complement given curvature ``l2`` [approximation, not in the paper; ``rank * d`` floats];
-    ``"auto"`` picks factored when the module is affine in its parameters and ``n_i K < d`` (the factor is smaller
-    than the matrix), else exact up to ``max_exact_dim`` parameters, diagonal above. The estimators and
-    inverse solvers are :func:`ccl.dense_hessian`, :func:`ccl.hutchinson_diagonal`,
-    :func:`ccl.lanczos` and :func:`ccl.inverse_solver`; this callback only records.
-    The task's samples are held (on the module's device, CPU with ``offload``) only until the end of
-    the experience, to evaluate ``H_i`` at the solution, then dropped. The recorder also keeps the
-    largest per-sample gradient norm and Hessian norm seen at the solutions (estimates of L and M for
-    the certificate) and, with ``store_sample_gradients``, each sample's ``grad l(end_i; u)`` by id
-    (``n d`` floats) so sample-level requests need no data. It warns when a task was not solved
-    exactly, ``||mean grad l(end_i) + lambda (end_i - start_i)|| > tolerance``.
-
-    DDP: each rank holds only the inputs of its own batches (a sample repeated by ``DistributedSampler``
-    padding is held by the first rank), and ``H_i`` is the sum over ranks of ``n_r H_r / n_i`` (``H_r`` the mean
-    Hessian of rank ``r``'s ``n_r`` samples), added in one all-reduce at the end of the experience (``d^2``
-    floats for ``"exact"``; ``"factored"`` gathers every rank's factor rows, ``n_i K d`` floats; ``n_probes d`` for
-    ``"diagonal"``: the probes are drawn alike on every rank and
-    their products added before the clamp; ``"lowrank"`` adds each Lanczos step's HVP, ``rank`` all-reduces
-    of ``d`` floats). The gradient sum is added likewise, the maxima (L, M) taken over ranks, and stored sample
-    gradients (``store_sample_gradients``) gathered once so that every rank holds them all.
+    ``hessian`` chooses how ``H_i`` is stored: ``"exact"`` (dense, ``d^2`` floats per task), ``"factored"`` (the
+    Gauss-Newton factor ``F`` with ``H_i = F^T F + mu I``, exact for a module affine in its parameters),
+    ``"diagonal"`` (Hutchinson) and ``"lowrank"`` (Lanczos), both approximations not in the paper, or ``"auto"``.
+    The task's samples are held only until the end of the experience, then dropped; with
+    ``store_sample_gradients`` each sample's ``grad l(end_i; u)`` is kept by id, so sample-level requests need no
+    data. It warns when a task was not solved exactly (``stationarity`` above ``tolerance``). The forms' costs, the
+    estimates of L and M, and the DDP sums: ``docs/methods/ccl.md``, "Recording".
 
     Args:
         hessian: ``"auto"``, ``"exact"``, ``"factored"``, ``"diagonal"`` or ``"lowrank"``.
@@ -249,6 +228,21 @@ class CCLHessianRecorder(CCLRecorder):
         seed: seed of the probes / the Lanczos start vector.
         tolerance: stationarity above which a warning says the task was not solved exactly.
         loss_fn, regularizer, offload: as :class:`CCLRecorder`.
+
+    Example::
+
+        >>> import lightning as L
+        >>> import torch
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> from lightning_unlearn import CCLHessianRecorder, IndexedDataset, ProximalClassifier
+        >>> data = IndexedDataset(TensorDataset(torch.randn(32, 4), torch.randint(0, 3, (32,))))
+        >>> model = ProximalClassifier(torch.nn.Linear(4, 3), l2=0.1, reg_lambda=1.0, optimizer="lbfgs",
+        ...                            newton_tolerance=1e-6)  # each task solved: [CCL] assumes the minimiser
+        >>> recorder = CCLHessianRecorder(hessian="exact")
+        >>> L.Trainer(max_epochs=1, callbacks=[recorder], logger=False, enable_checkpointing=False,
+        ...           enable_progress_bar=False, enable_model_summary=False).fit(model, DataLoader(data, batch_size=32))
+        >>> tuple(recorder.hessians[0].shape), recorder.stationarity[0] <= recorder.tolerance  # d = 4 x 3 + 3
+        ((15, 15), True)
     """
 
     def __init__(
