@@ -65,32 +65,15 @@ class SlicedBackbone(L.Callback):
     saw the forgotten samples ([SISA] Sec. IV-B, slicing, with one shard).
 
     The training ids are split into ``S`` slices; stage ``k`` trains the module, from its state after stage ``k - 1``,
-    on the union of slices ``1..k`` for ``epochs[k]`` epochs, with your own ``training_step`` and
-    ``configure_optimizers`` (loss, optimizer, BatchNorm: a fresh optimizer and scheduler per stage) in one Lightning
-    fit seeded by ``seed + k`` (``L.seed_everything`` and the loader's shuffling generator). The module's
-    ``state_dict`` before stage 1 and after every stage is kept. Forgetting ``ids`` whose first slice is ``j`` restores
-    the state before stage ``j``, removes ``ids`` from their slices and trains stages ``j..S`` again: every stage is a
-    deterministic function of its start state, its samples (in slice order) and its seed, and stages ``1..j-1`` never
-    saw ``ids``, so the result **equals training from scratch on the retained samples with the same slices, seeds and
-    initial weights** (exact by construction). The states after stages ``j..S`` of the old training, the only ones
-    that saw ``ids``, are replaced and their tensors overwritten with zeros.
-
-    **What breaks exactness**: a stage that is not a deterministic function of those inputs: non-deterministic kernels
-    (on GPU: atomics in convolution and scatter backward passes, cuDNN autotuning; pass
-    ``trainer_kwargs={"accelerator": "gpu", "deterministic": True}`` and set ``CUBLAS_WORKSPACE_CONFIG``, and even then
-    some kernels have no deterministic version), a different number of CPU threads, library version or machine
-    between the first training and a retrain (the order of floating-point reductions), DataLoader workers with their
-    own randomness, or state kept outside the module's ``state_dict`` across stages. None of these is checkable here:
-    stages run on the CPU unless you ask otherwise (a warning then says what is needed), in this process (multi-process
-    strategies are refused).
-
-    **What it stores** (:meth:`state_dict`, also in a Lightning checkpoint when it is among the Trainer's callbacks):
-    the slices' id lists and the ``S + 1`` module states; never a sample. Forgetting reads the training data again
-    (``data``: every retained sample of stages ``j..S``).
-
-    With :class:`~lightning_unlearn.unlearners.sliced.SlicedResolveUnlearner` the backbone's ``trunk`` feeds the
-    certified softmax head of a :class:`~lightning_unlearn.callbacks.convex.SoftmaxHeadRecorder`, and a request
-    whose samples the backbone saw retrains it (here) before the head is re-solved on the new features.
+    on slices ``1..k`` for ``epochs[k]`` epochs with your own ``training_step`` and ``configure_optimizers`` (a fresh
+    optimizer per stage), in one Lightning fit seeded ``seed + k``. The ``state_dict`` before stage 1 and after every
+    stage is kept, never a sample. Forgetting ``ids`` whose first slice is ``j`` restores the state before stage ``j``,
+    removes ``ids`` from their slices and trains stages ``j..S`` again: the result equals training from scratch on the
+    retained samples with the same slices, seeds and initial weights, provided every stage is deterministic (CPU
+    kernels, the same threads and library versions: stated, not checkable). The proof, what breaks it and the costs:
+    ``docs/certified_head.md``, "Exact backbone retraining by slices"; the sharded, stream-aligned form is
+    :class:`~lightning_unlearn.callbacks.sisa.SISABackbone`. With
+    :class:`~lightning_unlearn.unlearners.sliced.SlicedResolveUnlearner` the ``trunk`` feeds a certified softmax head.
 
     Args:
         module: your backbone's ``LightningModule`` with its own ``training_step`` and ``configure_optimizers``
@@ -110,6 +93,21 @@ class SlicedBackbone(L.Callback):
     Raises:
         TypeError: ``module`` has no training recipe of its own.
         ValueError: bad slices, epochs, batch size or Trainer options; no submodule ``trunk``.
+
+    Example::
+
+        >>> import torch
+        >>> from torch.utils.data import TensorDataset
+        >>> from lightning_unlearn import IndexedDataset, SlicedBackbone, SupervisedClassifier
+        >>> data = IndexedDataset(TensorDataset(torch.randn(32, 4), torch.randint(0, 3, (32,))))
+        >>> backbone = SlicedBackbone(SupervisedClassifier(torch.nn.Linear(4, 3)), slices=4, epochs=1, batch_size=8,
+        ...                           trainer_kwargs={"enable_progress_bar": False})
+        >>> backbone.fit(data)  # 4 stages, one Lightning fit each
+        >>> [len(ids) for ids in backbone.stages.slices]
+        [8, 8, 8, 8]
+        >>> change = backbone.forget(backbone.stages.slices[2][:1], data)  # a sample of slice 3
+        >>> change.first_stage, change.retrained, [len(ids) for ids in backbone.stages.slices]  # stages 3 and 4
+        (3, 2, [8, 8, 7, 8])
     """
 
     def __init__(
