@@ -40,34 +40,15 @@ TASKS_SOLVED = "strong convexity, proved constants, each task solved to a checke
 class _ContinualCertified(ReleasingUnlearner):
     """Shared parts: task status of a request, Assumption 2.1 constants, publishing with noise.
 
-    The internal (noise-free) model is :meth:`clean_parameters`; the module receives
-    ``internal + N(0, sigma^2 I)`` (Alg. 1 lines 12-13, Alg. 2 lines 14-15). To continue learning
-    from the internal model as the algorithms prescribe, call :meth:`restore_internal` before the
-    next experience (``fit_stream`` and ``UnlearningPlugin`` do; otherwise training continues from the published
-    model; the Hessian strategy
-    stays consistent either way because it measures the chain of recorded starts and ends).
-    Constants: ``constants`` (proved bounds, e.g. :func:`~lightning_unlearn.functional.bounds.linear_model_constants`
-    with ``init_norm=0``: L is its ``grad_bound``), or ``lipschitz`` L and ``smoothness`` M asserted by
-    the caller (``"given"``), else the :class:`CCLHessianRecorder`'s observed maxima at the task
-    solutions (``"estimated"``: not certified; a :class:`CCLRecorder` alone needs them
-    given); mu is the module's ``l2``. Recipe: with ``optimality`` (the :class:`TaskOptimality`
-    callback that watched every fit) a certified release is refused unless every task was solved
-    to its tolerance; without it the certificate says ``recipe="unchecked"`` (not certified).
-    [CCL] states no deletion capacity; with ``l2 = 0`` (rho = 1) or a non-linear network the
-    certificate is vacuous or heuristic and a warning says so. A release without noise or with a fixed
-    ``sigma_override`` gives an uncertified certificate (``epsilon=None``), the bound terms still
-    reported. Noise, accounting and budget:
-    :class:`~lightning_unlearn.unlearners.release.ReleasingUnlearner` (analytic Gaussian mechanism, [AGM];
-    OS-entropy noise, composed total in every certificate).
-
-    Sensitivity: ``bound="contraction"`` (default) [derived], the strong-convexity argument on the chain of
-    exactly solved proximal tasks (each task's solution is ``lambda/(mu + lambda)``-Lipschitz in its anchor,
-    a forgotten share moves it by at most ``2 m L_CE / (n (mu + lambda))``, a residual ``tau`` by
-    ``tau / (mu + lambda)``: :func:`~lightning_unlearn.functional.bounds.forgetting_chain` and
-    :func:`~lightning_unlearn.functional.bounds.newton_chain`, ``docs/certificates.md``), with the
-    :class:`TaskOptimality` tolerance as ``tau``; ``bound="paper"``: the paper's Theorem 4.1 / Prop. 5.1
-    forms (:func:`ccl.sensitivity_natural_forgetting`, :func:`ccl.sensitivity_hessian`), to reproduce its
-    table. The certificate's ``assumptions`` list what the bound rests on and how each was checked.
+    The module receives ``internal + N(0, sigma^2 I)`` (Alg. 1 lines 12-13, Alg. 2 lines 14-15), the internal
+    (noise-free) model being :meth:`clean_parameters`; call :meth:`restore_internal` before the next experience
+    (``fit_stream`` and ``UnlearningPlugin`` do). Constants come from ``constants`` (proved), ``lipschitz`` and
+    ``smoothness`` (``"given"``), or the recorder's observed maxima (``"estimated"``: not certified); mu is the
+    module's ``l2``. With ``optimality`` a certified release is refused unless every task was solved to its
+    tolerance; without it the certificate is ``recipe="unchecked"`` (not certified). Sensitivity:
+    ``bound="contraction"`` [derived] or ``bound="paper"`` (Theorem 4.1 / Prop. 5.1, to reproduce its table). What
+    each rests on, and when the certificate is vacuous: ``docs/methods/ccl.md``, "Constants, recipe and
+    sensitivity".
 
     Args:
         module: the trained module (its weights are replaced by the published model).
