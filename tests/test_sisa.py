@@ -364,9 +364,12 @@ def test_the_head_refuses_bad_settings_and_a_bad_request_changes_nothing() -> No
     assert b.sisa is state and len(ledger) == 0 and torch.equal(b.catalog.forgotten, forgotten)
     assert all(torch.equal(v, weights[k]) for k, v in b.ensemble.state_dict().items())
     assert all(torch.equal(f, g) for f, g in zip(b.sisa.features, cache))
-    restored = backbone(aggregate="head", trunk="net")
-    restored.load_state_dict(b.state_dict())
+    restored, saved = backbone(aggregate="head", trunk="net"), b.state_dict()
+    del saved["sisa"]["feature_dtype"]  # a state saved before the setting existed: float64 features
+    restored.load_state_dict(saved)
     assert torch.equal(restored.ensemble.head, b.ensemble.head) and restored.sisa.features == ()
+    with pytest.raises(ValueError, match="feature_dtype"):
+        backbone(aggregate="head", trunk="net", feature_dtype=torch.float32).load_state_dict(b.state_dict())
     with pytest.raises(ValueError, match="differ"):
         backbone().load_state_dict(b.state_dict())
 

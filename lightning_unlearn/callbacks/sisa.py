@@ -763,13 +763,15 @@ class SISABackbone(RecorderCallback):
         the head, the first request computes every shard's features of the retained samples again).
 
         Raises:
-            ValueError: other settings (shards, slices, epochs, partition, classes, batch size, seed), states that do
+            ValueError: other settings (shards, slices, epochs, partition, head, feature dtype, classes, batch size,
+                seed; a state without a feature dtype is one of float64 features), states that do
                 not fit the module, or a malformed state; nothing is changed.
         """
         saved = state_dict.get("sisa")
         if not isinstance(saved, Mapping):
             raise ValueError("refusing SISABackbone state: it holds no 'sisa' entry")
-        differ = [k for k, v in self._settings().items() if saved.get(k) != v]
+        older = {"feature_dtype": str(torch.float64)}  # states saved before the setting existed: float64 features
+        differ = [k for k, v in self._settings().items() if saved.get(k, older.get(k)) != v]
         if differ:
             raise ValueError(f"refusing SISABackbone state: its {differ} differ from this one's ({self._settings()})")
         stages = tuple(
