@@ -20,8 +20,9 @@ Rows (``benchmarks/results/deep_exact.csv``):
   retrain's 32,000;
 * the ``aggregate`` column: ``logits`` (the shards' logits averaged per class) or, with ``--aggregate head``, ``head``
   (``SISABackbone(aggregate="head", trunk="trunk")``: a float64 ridge head, ``--ridge``, over the 5 x 64 or 10 x 64
-  concatenated trunk features, re-solved at every request). A run replaces the CSV's rows of its aggregate and keeps
-  the others (the public-backbone row is measured again by every run);
+  concatenated trunk features, re-solved at every request); ``--feature-dtype float32`` computes those features in
+  the CNN's float32 (column ``feature_dtype``). A run replaces the CSV's rows of its aggregate and feature dtype and
+  keeps the others (the public-backbone row is measured again by every run);
 * ``public-backbone+resolve``: ``sliced_backbone.py``'s path (a), the CNN trained on a public 1,000 and frozen, the
   certified head (``resolve``, (1, 1e-5) per release) on the other 3,000; its requests name private samples;
 * ``sisa-temporary-last`` / ``sisa-temporary-middle``: experience 4 (resp. 2) learned ``temporary=True``; the cost
@@ -34,6 +35,8 @@ run; the ratios divide by their mean.
 
     python benchmarks/deep_exact.py [--epochs 8] [--requests 40] [--forget-class 5]
     python benchmarks/deep_exact.py --aggregate head --slices 1 2 --no-temporary
+    python benchmarks/deep_exact.py --aggregate head --feature-dtype float32 --shards 5 10 --slices 1 \
+        --class-shards 10 --no-temporary
 """
 
 from __future__ import annotations
@@ -59,9 +62,9 @@ from lightning_unlearn_bench.datasets import MNIST5k
 
 EXPERIENCES, BATCH = 5, 64
 COLUMNS = [
-    "path", "aggregate", "partition", "shards", "slices", "test_acc", "retrain_acc", "gap_pp", "request_cost_ratio",
-    "request_samples_ratio", "class_cost_ratio", "class_samples_ratio", "storage_mb", "train_cpu_ratio", "requests",
-    "bitwise_equal",
+    "path", "aggregate", "feature_dtype", "partition", "shards", "slices", "test_acc", "retrain_acc", "gap_pp",
+    "request_cost_ratio", "request_samples_ratio", "class_cost_ratio", "class_samples_ratio", "storage_mb",
+    "train_cpu_ratio", "requests", "bitwise_equal",
 ]  # fmt: skip
 
 
@@ -71,10 +74,15 @@ def stream(train: IndexedDataset) -> list[Subset]:
 
 
 def backbone(
-    shards: int, slices: int, epochs: int, partition: str = "random", aggregate: str = "logits", ridge: float = 1.0
-) -> SISABackbone:
+    shards: int, slices: int, epochs: int, partition: str = "random", aggregate: str = "logits", ridge: float = 1.0,
+    feature_dtype: str = "float64",
+) -> SISABackbone:  # fmt: skip
     schedule = sisa_epochs(epochs, EXPERIENCES * slices)
-    head = {"aggregate": aggregate, "trunk": "trunk", "ridge": ridge} if aggregate == "head" else {}
+    head = (
+        {"aggregate": aggregate, "trunk": "trunk", "ridge": ridge, "feature_dtype": getattr(torch, feature_dtype)}
+        if aggregate == "head"
+        else {}
+    )
     return SISABackbone(
         UserCNN(),
         num_classes=10,
@@ -105,21 +113,23 @@ def sisa_row(
     args: argparse.Namespace, experiences: list[Subset], forget: Tensor, test: MNIST5k, shards: int, slices: int,
     partition: str,
 ) -> dict[str, Any]:  # fmt: skip
-    model = backbone(shards, slices, args.epochs, partition, args.aggregate, args.ridge)
+    model = backbone(shards, slices, args.epochs, partition, args.aggregate, args.ridge, args.feature_dtype)
     train_s = learn(model, experiences)
     acc = accuracy(model.ensemble, test)
     storage = model.storage_bytes() / 2**20
     unlearner = SISAUnlearner(model)
     costs = [timed(unlearner, ForgetRequest.samples([int(i)])) for i in forget]
+    dtype = args.feature_dtype if args.aggregate == "head" else "-"
     class_cost = timed(unlearner, ForgetRequest.of_class(args.forget_class))
     print(
-        f"{args.aggregate} {partition} S={shards} m={slices}: {acc:.2f}% train {train_s:.1f} s, request "
+        f"{args.aggregate} {dtype} {partition} S={shards} m={slices}: {acc:.2f}% train {train_s:.1f} s, request "
         f"{statistics.fmean(c for c, _ in costs):.2f} s, class {class_cost[0]:.2f} s, {storage:.1f} MB",
         flush=True,
     )
     return {
         "path": "sisa" if partition == "random" else "sisa-class",
         "aggregate": args.aggregate,
+        "feature_dtype": dtype,
         "partition": partition,
         "shards": shards,
         "slices": EXPERIENCES * slices,
@@ -150,6 +160,7 @@ def temporary_row(
     return {
         "path": name,
         "aggregate": "logits",
+        "feature_dtype": "-",
         "partition": "random",
         "shards": shards,
         "slices": EXPERIENCES * slices,
@@ -180,6 +191,7 @@ def public_row(args: argparse.Namespace, train: IndexedDataset, forget: Tensor, 
     return {
         "path": "public-backbone+resolve",
         "aggregate": "-",
+        "feature_dtype": "-",
         "partition": "-",
         "shards": 1,
         "slices": 0,
@@ -206,6 +218,9 @@ def main() -> None:
     parser.add_argument("--temporary-slices", type=int, default=1)
     parser.add_argument("--aggregate", choices=["logits", "head"], default="logits")
     parser.add_argument("--ridge", type=float, default=1.0, help="the head's ridge (--aggregate head)")
+    parser.add_argument(
+        "--feature-dtype", choices=["float64", "float32"], default="float64", help="the head's feature precision"
+    )
     parser.add_argument("--no-temporary", action="store_true", help="skip the temporary rows")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/deep_exact.csv"))
     args = parser.parse_args()
@@ -219,7 +234,7 @@ def main() -> None:
     retrain_acc = accuracy(full, test)
     print(f"end-to-end retrain on all {n}: {retrain_acc:.2f}% in {first_s:.2f} CPU s", flush=True)
 
-    kept = kept_rows(args.out, args.aggregate)
+    kept = kept_rows(args.out, args.aggregate, args.feature_dtype if args.aggregate == "head" else "-")
     rows = [public_row(args, train, forget, test)]
     for shards in args.class_shards:
         rows.append(sisa_row(args, experiences, forget, test, shards, 1, "class"))
@@ -239,14 +254,20 @@ def main() -> None:
     print(args.out.read_text())
 
 
-def kept_rows(out: Path, aggregate: str) -> list[dict[str, str]]:
-    """The rows of an earlier run kept beside this run's: those of the other aggregate (rows without the column are
-    ``"logits"``), except the public-backbone row, which every run measures again."""
+def kept_rows(out: Path, aggregate: str, feature_dtype: str) -> list[dict[str, str]]:
+    """The rows of an earlier run kept beside this run's: those of another aggregate or feature dtype (rows without
+    the columns are ``"logits"``, and ``"float64"`` with the head), except the public-backbone row, which every run
+    measures again."""
     if not out.exists():
         return []
     with out.open() as f:
         rows = [{**r, "aggregate": r.get("aggregate") or "logits"} for r in csv.DictReader(f)]
-    return [r for r in rows if r["aggregate"] not in (aggregate, "-") and r["path"] != "public-backbone+resolve"]
+    for r in rows:
+        r["feature_dtype"] = r.get("feature_dtype") or ("float64" if r["aggregate"] == "head" else "-")
+    return [
+        r for r in rows
+        if (r["aggregate"], r["feature_dtype"]) != (aggregate, feature_dtype) and r["path"] != "public-backbone+resolve"
+    ]  # fmt: skip
 
 
 def write(

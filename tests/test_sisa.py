@@ -364,8 +364,44 @@ def test_the_head_refuses_bad_settings_and_a_bad_request_changes_nothing() -> No
     assert b.sisa is state and len(ledger) == 0 and torch.equal(b.catalog.forgotten, forgotten)
     assert all(torch.equal(v, weights[k]) for k, v in b.ensemble.state_dict().items())
     assert all(torch.equal(f, g) for f, g in zip(b.sisa.features, cache))
-    restored = backbone(aggregate="head", trunk="net")
-    restored.load_state_dict(b.state_dict())
+    restored, saved = backbone(aggregate="head", trunk="net"), b.state_dict()
+    del saved["sisa"]["feature_dtype"]  # a state saved before the setting existed: float64 features
+    restored.load_state_dict(saved)
     assert torch.equal(restored.ensemble.head, b.ensemble.head) and restored.sisa.features == ()
+    with pytest.raises(ValueError, match="feature_dtype"):
+        backbone(aggregate="head", trunk="net", feature_dtype=torch.float32).load_state_dict(b.state_dict())
     with pytest.raises(ValueError, match="differ"):
         backbone().load_state_dict(b.state_dict())
+
+
+def test_a_float32_feature_head_after_a_request_equals_the_from_scratch_head_to_float32_rounding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("lightning_unlearn.callbacks.sisa._FEATURE_CHUNK", 64)  # several chunks; a request shifts them
+    b, data = headed(feature_dtype=torch.float32), digits()
+    gone = torch.tensor([5, 130])
+    plan = [assignment(b, k, gone) for k in range(3)]
+    result = SISAUnlearner(b).forget(ForgetRequest.samples(gone.tolist()))
+    assert "float32" in result.certificate.statement
+    assert 0 < result.extra["feature_rows_computed"] < b.shards * (N - 2)  # an untouched shard's rows were kept
+    reference = backbone(aggregate="head", trunk="net", feature_dtype=torch.float32)
+    for k, e in enumerate(experiences(data)):
+        reference.learn(Subset(data, [i for i in e.indices if i not in gone.tolist()]), experience=k, slices=plan[k])
+    F, kept = torch.cat(reference.sisa.features, dim=1), torch.cat(b.sisa.features, dim=1)
+    assert torch.equal(F, F.float().double())  # computed in float32
+    # A float32 trunk feature sums at most K = 9 + 144 products (the conv's 1x3x3 window, the linear's 4x36 inputs):
+    # two batchings of it differ by at most delta = K eps_32 relative. To first order the ridge head moves by at most
+    # 3 kappa delta relative, kappa the condition number of F^T F + gamma I (computed here, 2-norm).
+    delta = (9 + 144) * torch.finfo(torch.float32).eps
+    assert float((kept - F).norm() / F.norm()) <= delta
+    eigenvalues = torch.linalg.eigvalsh(F.T @ F + reference.ridge * torch.eye(F.shape[1], dtype=F.dtype))
+    kappa = float(eigenvalues[-1] / eigenvalues[0])
+    W, expected = b.ensemble.head, reference.ensemble.head
+    assert float((W - expected).norm() / expected.norm()) <= 3 * kappa * delta
+    x = data.x[:16]
+    assert torch.equal(b.ensemble.eval()(x).argmax(1), reference.ensemble.eval()(x).argmax(1))
+
+
+def test_the_head_refuses_a_feature_dtype_other_than_float32_or_float64() -> None:
+    with pytest.raises(ValueError, match="feature_dtype"):
+        backbone(aggregate="head", trunk="net", feature_dtype=torch.float16)

@@ -19,9 +19,10 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.callbacks.slices import _REFUSED_TRAINER_OPTIONS, _cloned, _ids_of, _rows, train_stage
 from lightning_unlearn.contract import BatchKeys, trains_itself, unpack_batch
-from lightning_unlearn.functional.acu import one_hot, ridge_solution
+from lightning_unlearn.functional.acu import one_hot
 from lightning_unlearn.functional.sisa import PARTITIONS, Partition, assign, first_changed, stage_rows, stage_seed
 from lightning_unlearn.models import float64_forward
+from lightning_unlearn.modes import eval_mode
 from lightning_unlearn.progress import status
 
 State = dict[str, Tensor]
@@ -45,8 +46,9 @@ class SISAState:
     its ``state_dict`` before stage 1 (``states[s][0]``, the initial weights) and after each stage ``t``.
 
     With ``aggregate="head"`` also the ridge head ``head`` (``(S d_F, num_classes)``, float64) and its cache: the
-    retained ids ``feature_ids`` (sorted) and, per shard, their float64 trunk features ``features[s]`` (row ``i`` is
-    ``feature_ids[i]``'s); empty after a restore (recomputed at the next change).
+    retained ids ``feature_ids`` (sorted), per shard their trunk features ``features[s]`` (float64 storage; row ``i``
+    is ``feature_ids[i]``'s) and their Gram matrix ``gram`` (``F^T F``); empty after a restore (recomputed at the next
+    change).
     """
 
     stages: tuple[Stage, ...]
@@ -55,6 +57,7 @@ class SISAState:
     head: Tensor | None = None
     feature_ids: Tensor | None = None
     features: tuple[Tensor, ...] = ()
+    gram: Tensor | None = None
 
     def slices(self, shard: int) -> list[Tensor]:
         """Shard ``shard``'s slices, by stage."""
@@ -77,7 +80,8 @@ class SISAState:
         """The distinct tensors held: the stored states' (a skipped stage shares its predecessor's), the head and its
         feature cache."""
         held = [t for states in self.states for state in states for t in state.values()] + list(self.features)
-        unique = {id(t): t for t in (*held, *([self.head] if self.head is not None else []))}
+        extra = [t for t in (self.head, self.gram) if t is not None]
+        unique = {id(t): t for t in (*held, *extra)}
         return list(unique.values())
 
     def storage_bytes(self) -> int:
@@ -132,10 +136,11 @@ class SISAEnsemble(L.LightningModule):
         num_classes: int,
         aggregate: Aggregate = "logits",
         trunk: str | None = None,
+        feature_dtype: torch.dtype = torch.float64,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
-        self.aggregate, self.trunk = aggregate, trunk
+        self.aggregate, self.trunk, self.feature_dtype = aggregate, trunk, feature_dtype
         self.members = nn.ModuleList(copy.deepcopy(module) for _ in range(shards))
         self.seen: Tensor
         self.register_buffer("seen", torch.zeros(shards, num_classes, dtype=torch.bool))
@@ -143,8 +148,9 @@ class SISAEnsemble(L.LightningModule):
         self.register_buffer("head", torch.zeros(0, num_classes, dtype=torch.float64))
 
     def features(self, x: Any) -> Tensor:
-        """``[f_1(x), ..., f_S(x)]``: every shard's trunk output (flattened), float64, eval mode."""
-        return torch.cat([trunk_features(m, self.trunk, x) for m in self.members], dim=1)
+        """``[f_1(x), ..., f_S(x)]``: every shard's trunk output (flattened, computed in ``feature_dtype``), float64,
+        eval mode."""
+        return torch.cat([trunk_features(m, self.trunk, x, self.feature_dtype) for m in self.members], dim=1)
 
     def forward(self, x: Any) -> Tensor:
         used = [s for s in range(len(self.members)) if bool(self.seen[s].any())]
@@ -166,11 +172,18 @@ class SISAEnsemble(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
-def trunk_features(module: nn.Module, trunk: str | None, x: Any) -> Tensor:
-    """``module``'s submodule ``trunk`` (``None``: the whole module) applied to ``x`` in float64 and eval mode, one
-    flattened row per sample."""
+def trunk_features(module: nn.Module, trunk: str | None, x: Any, dtype: torch.dtype = torch.float64) -> Tensor:
+    """``module``'s submodule ``trunk`` (``None``: the whole module) applied to ``x`` in eval mode, one flattened
+    float64 row per sample: computed in float64 (:func:`~lightning_unlearn.models.float64_forward`) or, with
+    ``dtype=torch.float32``, in the module's own float32 and then cast."""
     part = module if trunk is None else module.get_submodule(trunk)
-    return float64_forward(part, x).flatten(1)
+    if dtype == torch.float64:
+        return float64_forward(part, x).flatten(1)
+    with torch.no_grad(), eval_mode(part):
+        return part(x).flatten(1).to(torch.float64)
+
+
+_FEATURE_CHUNK = 512  # the head's feature rows are computed in chunks of this many, in id order
 
 
 @dataclass
@@ -214,9 +227,17 @@ class SISABackbone(RecorderCallback):
     ``trunk`` submodules through ``W = (F^T F + ridge I)^{-1} F^T Y`` ([ACU] eq. 3-4, float64), ``F`` the features of
     every retained sample (rows by id), ``Y`` their one-hot labels. Every change re-solves it: the features of a shard
     whose last state is unchanged are kept (its cached rows of the retained ids), those of a retrained shard are
-    computed again (one forward pass over the retained samples); the cache replaced is overwritten with zeros, so no
-    feature row of a forgotten sample is kept. ``W`` is a deterministic function of the shards and the retained
-    samples, so it equals the head of a from-scratch run up to the float64 rounding of the features' batching.
+    computed again (one forward pass over the retained samples, in chunks of 512 rows in id order); ``F^T F`` is
+    updated by blocks (the blocks of a recomputed shard computed again, the others less the removed rows' products
+    plus the added rows'); the cache replaced is overwritten with zeros, so no feature row of a forgotten sample is
+    kept. ``W`` is a function of the shards and the retained samples, so it equals the head of a from-scratch run up
+    to the rounding of the features and of the block updates. With ``feature_dtype=torch.float64`` (the default)
+    that rounding is float64's. With ``feature_dtype=torch.float32`` the trunk runs in the module's float32 (several
+    times faster on CPU) and only ``F^T F`` and the solve are float64: a kept row was computed in another chunk than
+    a from-scratch run computes it in (the chunks shift when a row leaves), and a float32 kernel's last bits depend
+    on the batch, so the features agree to float32 rounding (relative ``~eps_32`` times the trunk's accumulation
+    length) and the heads to that times the condition number of ``F^T F + ridge I``: exact to float32 rounding, not
+    bitwise.
 
     **What breaks exactness**: as for :class:`~lightning_unlearn.callbacks.slices.SlicedBackbone`, a stage that is not
     a deterministic function of those inputs (GPU kernels without ``deterministic=True``, another thread count,
@@ -234,6 +255,8 @@ class SISABackbone(RecorderCallback):
         aggregate: ``"logits"`` (the shards' logits averaged) or ``"head"`` (the ridge head over their features).
         trunk: with ``"head"``, the submodule whose output is a shard's features (``None``: the whole module).
         ridge: with ``"head"``, the ridge regulariser ``gamma > 0``.
+        feature_dtype: with ``"head"``, the precision the trunk features are computed in: ``torch.float64`` (exact
+            to float64 rounding) or ``torch.float32`` (faster; exact to float32 rounding, see above).
         temporary: experience numbers declared temporary when they are learned.
         batch_size, seed, batch_keys, trainer_kwargs: the stages' batch size, base seed, dict-batch keys and further
             ``L.Trainer`` options (epochs and multi-process options refused).
@@ -242,7 +265,8 @@ class SISABackbone(RecorderCallback):
     Raises:
         TypeError: ``module`` has no training recipe of its own.
         ValueError: fewer than one shard or slice, bad epochs, partition, batch size or Trainer options; an unknown
-            aggregate, a ``trunk`` the module lacks (or given with ``"logits"``), a ridge not above 0.
+            aggregate, a ``trunk`` the module lacks (or given with ``"logits"``), a ridge not above 0, a
+            ``feature_dtype`` other than float32 or float64.
     """
 
     gathers_inputs = True
@@ -259,6 +283,7 @@ class SISABackbone(RecorderCallback):
         aggregate: Aggregate = "logits",
         trunk: str | None = None,
         ridge: float = 1.0,
+        feature_dtype: torch.dtype = torch.float64,
         temporary: Sequence[int] = (),
         batch_size: int = 64,
         seed: int = 0,
@@ -286,6 +311,8 @@ class SISABackbone(RecorderCallback):
                 f"SISABackbone aggregate must be one of {AGGREGATES} (trunk= only with 'head') and ridge > 0, got "
                 f"{aggregate!r}, trunk={trunk!r}, ridge={ridge}"
             )
+        if feature_dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"SISABackbone feature_dtype must be torch.float32 or torch.float64, got {feature_dtype}")
         if trunk is not None:
             try:
                 module.get_submodule(trunk)
@@ -301,10 +328,10 @@ class SISABackbone(RecorderCallback):
         self.epochs, self._epochs_each = per_stage, isinstance(epochs, int)
         self.partition: Partition = partition
         self.aggregate: Aggregate = aggregate
-        self.trunk, self.ridge = trunk, float(ridge)
+        self.trunk, self.ridge, self.feature_dtype = trunk, float(ridge), feature_dtype
         self.temporary_experiences = {int(k) for k in temporary}
         self.batch_size, self.seed, self.trainer_kwargs = int(batch_size), int(seed), options
-        self.ensemble = SISAEnsemble(module, self.shards, self.num_classes, aggregate, trunk)
+        self.ensemble = SISAEnsemble(module, self.shards, self.num_classes, aggregate, trunk, feature_dtype)
         initial = _cloned(module.state_dict())
         self._sisa = SISAState((), tuple((initial,) for _ in range(self.shards)))
         self._data: list[Dataset] = []  # the experiences' datasets (read again by retraining), in learning order
@@ -533,11 +560,12 @@ class SISABackbone(RecorderCallback):
             return state, 0
         cached = old.feature_ids if old.feature_ids is not None else torch.zeros(0, dtype=torch.long)
         known = torch.isin(ids, cached)
-        features, computed = [], 0
+        features, kept, computed = [], [], 0
         for s, states in enumerate(state.states):
             keep = bool(old.features) and states[-1] is old.states[s][-1]
             todo = ids[~known] if keep else ids
             computed += len(todo)
+            kept.append(keep)
             if not keep:
                 features.append(self._features(states[-1], todo, data))
                 continue
@@ -547,8 +575,10 @@ class SISABackbone(RecorderCallback):
                 block[~known] = self._features(states[-1], todo, data)
             features.append(block)
         F = torch.cat(features, dim=1)
-        _, W = ridge_solution(F.T @ F, F.T @ one_hot(labels[order], self.num_classes), self.ridge)
-        return replace(state, head=W, feature_ids=ids, features=tuple(features)), computed
+        gram = _gram(F, old, kept, ~torch.isin(cached, ids), ~known)
+        A = gram + self.ridge * torch.eye(len(gram), dtype=gram.dtype)
+        W = torch.cholesky_solve(F.T @ one_hot(labels[order], self.num_classes), torch.linalg.cholesky(A))
+        return replace(state, head=W, feature_ids=ids, features=tuple(features), gram=gram), computed
 
     def _features(self, weights: State, ids: Tensor, data: tuple[Dataset, Mapping[int, int]]) -> Tensor:
         """The trunk features (float64, eval mode) of the samples ``ids`` under the shard state ``weights``.
@@ -565,8 +595,9 @@ class SISABackbone(RecorderCallback):
         module = copy.deepcopy(self.template)
         module.load_state_dict(weights)
         rows = [where[i] for i in ids.tolist()]
-        loader = DataLoader(Subset(dataset, rows), batch_size=512)
-        return torch.cat([trunk_features(module, self.trunk, unpack_batch(b, self.batch_keys)[0]) for b in loader])
+        loader = DataLoader(Subset(dataset, rows), batch_size=_FEATURE_CHUNK)
+        inputs = (unpack_batch(b, self.batch_keys)[0] for b in loader)
+        return torch.cat([trunk_features(module, self.trunk, x, self.feature_dtype) for x in inputs])
 
     def epoch_of(self, stage: int) -> int:
         """The epochs of stage ``stage`` (1-based)."""
@@ -701,6 +732,7 @@ class SISABackbone(RecorderCallback):
             "aggregate": self.aggregate,
             "trunk": self.trunk,
             "ridge": self.ridge,
+            "feature_dtype": str(self.feature_dtype),
             "num_classes": self.num_classes,
             "batch_size": self.batch_size,
             "seed": self.seed,
@@ -731,13 +763,15 @@ class SISABackbone(RecorderCallback):
         the head, the first request computes every shard's features of the retained samples again).
 
         Raises:
-            ValueError: other settings (shards, slices, epochs, partition, classes, batch size, seed), states that do
+            ValueError: other settings (shards, slices, epochs, partition, head, feature dtype, classes, batch size,
+                seed; a state without a feature dtype is one of float64 features), states that do
                 not fit the module, or a malformed state; nothing is changed.
         """
         saved = state_dict.get("sisa")
         if not isinstance(saved, Mapping):
             raise ValueError("refusing SISABackbone state: it holds no 'sisa' entry")
-        differ = [k for k, v in self._settings().items() if saved.get(k) != v]
+        older = {"feature_dtype": str(torch.float64)}  # states saved before the setting existed: float64 features
+        differ = [k for k, v in self._settings().items() if saved.get(k, older.get(k)) != v]
         if differ:
             raise ValueError(f"refusing SISABackbone state: its {differ} differ from this one's ({self._settings()})")
         stages = tuple(
@@ -763,6 +797,25 @@ class SISABackbone(RecorderCallback):
             self.ensemble.head.data = weights["head"]
         self.ensemble.load_state_dict({**self.ensemble.state_dict(), **weights})
         self._sisa = change.state
+
+
+def _gram(F: Tensor, old: SISAState, kept: list[bool], removed: Tensor, added: Tensor) -> Tensor:
+    """``F^T F`` by blocks of shards: the blocks between two shards whose rows were kept (``kept``) are the old ones
+    less the products of the old rows ``removed`` plus those of the new rows ``added``; the others are computed."""
+    if old.gram is None or not any(kept):
+        return F.T @ F
+    width = F.shape[1] // len(kept)
+    cols = torch.arange(F.shape[1]).view(len(kept), width)
+    same = torch.cat([cols[s] for s, k in enumerate(kept) if k])
+    redo = torch.cat([cols[s] for s, k in enumerate(kept) if not k] or [same[:0]])
+    gone, new = torch.cat(old.features, dim=1)[removed][:, same], F[added][:, same]
+    gram = torch.empty_like(old.gram)
+    gram[same[:, None], same] = old.gram[same[:, None], same] - gone.T @ gone + new.T @ new
+    if len(redo):
+        cross = F[:, redo].T @ F
+        gram[redo] = cross
+        gram[:, redo] = cross.T
+    return gram
 
 
 def _holding(state: SISAState) -> set[int]:

@@ -90,11 +90,11 @@ class SISAUnlearner(Unlearner):
     method = "sisa"
     method_info = MethodInfo(
         guarantee="exact: the ensemble (or its ridge head) equals SISA training from scratch on the retained data "
-        "([SISA] Sec. IV; the head [ACU] eq. 3, to float64 rounding)",
+        "([SISA] Sec. IV; the head [ACU] eq. 3, to the rounding of its feature_dtype, float64 by default)",
         assumptions="every stage a deterministic function of its start state, rows, epochs and seed (CPU kernels, "
         "one thread count; stated); the experiences' data kept to retrain",
         cost="the stages from the first slice holding a forgotten sample, in the shards holding one; with the head, "
-        "those shards' float64 forward over the retained samples and an O((S d_F)^3) solve",
+        "those shards' forward over the retained samples, a block update of F^T F and an O((S d_F)^3) solve",
         paper="SISA, ARCANE, CLPU, ACU",
     )
     reads_data = True
@@ -241,14 +241,15 @@ class SISAUnlearner(Unlearner):
                 + (" (temporary: stages on top of the permanent ones [CLPU])" if set(dropped) <= temporary else "")
                 + (", nothing above them to retrain" if not changed else "")
             )
+        precision = str(backbone.feature_dtype).removeprefix("torch.")
         statement = (
             "; ".join(parts)
             + f"; {backbone.shards - len(changed)} of {backbone.shards} shards untouched. The ensemble equals training "
             "from scratch on the retained data with the same shards, slices, seeds and initial weights [SISA]"
             + (
                 f"; its ridge head re-solved in float64 on the retained samples' features ({change.computed} feature "
-                "rows computed, the others kept from unchanged shards), equal to a from-scratch run's to float64 "
-                "rounding [ACU] eq. 3"
+                f"rows computed in {precision}, the others kept from unchanged shards), equal to a from-scratch run's "
+                f"to {precision} rounding [ACU] eq. 3"
                 if backbone.aggregate == "head"
                 else ""
             )
