@@ -1,7 +1,8 @@
 """The tradeoff table does each method's work once (issue 29, item 5: the mnist-5k default run took over 25 min and
-11 GB): HF's recorder keeps vectors for the samples the schedule forgets only (one Hessian-vector product per tracked
-sample and SGD step was the fit's cost), its same-batches retrain is the one the full recorder's batches give, and the
-[CCL] rows share the recorded Hessians (``d^2`` floats each) instead of copying them per epsilon."""
+11 GB, and its HF release at epsilon = 1 was refused): HF's recorder keeps vectors for the samples the schedule forgets
+only (one Hessian-vector product per tracked sample and SGD step was the fit's cost), its same-batches retrain is the
+one the full recorder's batches give, the [CCL] rows share the recorded Hessians (``d^2`` floats each) instead of
+copying them per epsilon, and the recipe's step size meets the HF rows' contraction bound, rounding included."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from torch.utils.data import TensorDataset
 from lightning_unlearn import IndexedDataset
 from lightning_unlearn.callbacks import TrajectoryRecorder
 from lightning_unlearn.functional import autodiff
+from lightning_unlearn.functional.bounds import module_constants
 from lightning_unlearn_bench import tradeoff
 
 
@@ -38,11 +40,15 @@ def test_hf_tracks_the_forgotten_samples_and_ccl_copies_share_the_hessians(monke
     monkeypatch.setattr(tradeoff, "unlearner", spy_unlearner)
     monkeypatch.setattr(tradeoff, "_retrain_same_batches", spy_replay)
     rows, setup = tradeoff.run_tradeoff(
-        (), methods=("hf", "hessian", "gradient"), epochs=2, batch_size=8, fraction=0.1, data=data, log=print
+        (1.0,), methods=("hf", "hessian", "gradient"), epochs=2, batch_size=8, fraction=0.1, data=data, log=print
     )
     assert {r["method"] for r in rows} >= {"hf", "hessian", "gradient", "retrain[sgd,same batches]"}
+    # the recipe's step size sits at the contraction bound 2/(M + lambda) here: computed from the same rounded-up
+    # feature norm as the HF rows' constants, it meets their bound and the release at epsilon = 1 is certified
+    assert setup.recipe.lr == module_constants(setup.linear(), [setup.x]).max_lr
+    assert [r["certified"] for r in rows if r["method"] == "hf"] == [False, True]
     hf_recorders = [r for name, r in recorders if name == "hf"]
-    assert len(hf_recorders) == 1  # the noise-free column
+    assert len(hf_recorders) == 2  # epsilon = inf and 1
     forgotten = sorted(setup.forget_ids.tolist())
     assert all(sorted(r.row_ids) == forgotten and r.n_rows == setup.m for r in hf_recorders)
     # the same-batches retrain over the logged batches is the one the occurrences of a recorder tracking every
@@ -57,7 +63,7 @@ def test_hf_tracks_the_forgotten_samples_and_ccl_copies_share_the_hessians(monke
     assert full.lrs == rec.lrs and full.batch_sizes == rec.batch_sizes
     # the [CCL] rows: every strategy's recorder holds the very Hessians recorded once (no d x d copy per row)
     ccl = [r for name, r in recorders if name in ("hessian", "gradient")]
-    assert len(ccl) == 2 and ccl[0] is not ccl[1]  # a copy per row: their catalogs change apart
+    assert len(ccl) == 4 and len({id(r) for r in ccl}) == 4  # a copy per row: their catalogs change apart
     assert all(r.hessians[0] is ccl[0].hessians[0] for r in ccl)
     assert torch.equal(
         autodiff.flat_params(replay(setup, full, steps)), autodiff.flat_params(replay(setup, rec, steps))

@@ -64,7 +64,7 @@ from lightning_unlearn.contract import unpack_batch
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.data import IndexedDataset
 from lightning_unlearn.functional import autodiff, convex, hf
-from lightning_unlearn.functional.bounds import linear_model_constants, module_constants
+from lightning_unlearn.functional.bounds import linear_model_constants, max_feature_norm, module_constants
 from lightning_unlearn.metrics import accuracy, lira_auc, mia_u_auc, shadow_models
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.privacy import ReleaseConfig
@@ -165,7 +165,9 @@ class _Setup:
         keep = torch.ones(n, dtype=torch.bool)
         keep[self.forget_ids] = False
         self.keep = keep
-        self.feature_norm = float(self.x.norm(dim=1).max())
+        # rounded up as module_constants' (the HF rows' constants) is: a recipe at the contraction bound 2/(M + lambda)
+        # of the unrounded norm exceeds the bound of theirs by rounding, and a certified release is refused
+        self.feature_norm = max_feature_norm(nn.Identity(), [self.x])
         self.recipe, self.candidates = propose_recipe(
             self.feature_norm,
             self.x.shape[1],
