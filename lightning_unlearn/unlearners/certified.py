@@ -410,7 +410,8 @@ class HessianCertifiedUnlearner(_ContinualCertified):
 
     def inverse_solver(self, i: int, c: certified.CLConstants) -> Callable[[Tensor], Tensor]:
         """``(H_i + lambda I)^{-1}`` of recorded task ``i`` (:func:`certified.inverse_solver`), factorised once per
-        recorded Hessian and constants (a new fit or a loaded state records new Hessian tensors: factorised again)."""
+        recorded Hessian and constants (a new fit or a loaded state records new Hessian tensors: factorised again); the
+        strategy keeps each task's factor, as large as its dense Hessian (``d^2`` floats)."""
         H, key = self.recorder.hessians[i], (c.strong_convexity, c.reg_lambda)
         cached = self._solvers.get(i)
         if cached is None or cached[0] is not H or cached[1] != key:
