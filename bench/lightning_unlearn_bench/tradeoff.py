@@ -34,7 +34,9 @@ the strategies' default, the contraction bound [derived] (``docs/certificates.md
 fit's :class:`TrajectoryRecorder`). Two SGD references: ``retrain[sgd]`` (the recipe retrained on the
 retained samples with a fresh shuffle: what ``retrain_acc`` of hf and safe is) and
 ``retrain[sgd,same batches]`` (the recorded batches without the forgotten samples, [HF] Eqs. (4)-(5): the
-retrain the certificates compare with).
+retrain the certificates compare with). HF's :class:`TrajectoryRecorder` keeps the vectors of the samples the schedule
+forgets only (``track=``: one Hessian-vector product per tracked sample and SGD step is the fit's cost, and the
+other vectors are never read); the same-batches retrain reads each step's batch from a log of the fit's batches.
 """
 
 from __future__ import annotations
@@ -58,10 +60,11 @@ from lightning_unlearn.callbacks import (
     TaskOptimality,
     TrajectoryRecorder,
 )
+from lightning_unlearn.contract import unpack_batch
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.data import IndexedDataset
 from lightning_unlearn.functional import autodiff, convex, hf
-from lightning_unlearn.functional.bounds import linear_model_constants, module_constants
+from lightning_unlearn.functional.bounds import linear_model_constants, max_feature_norm, module_constants
 from lightning_unlearn.metrics import accuracy, lira_auc, mia_u_auc, shadow_models
 from lightning_unlearn.models import ProximalClassifier, SupervisedClassifier
 from lightning_unlearn.privacy import ReleaseConfig
@@ -162,7 +165,9 @@ class _Setup:
         keep = torch.ones(n, dtype=torch.bool)
         keep[self.forget_ids] = False
         self.keep = keep
-        self.feature_norm = float(self.x.norm(dim=1).max())
+        # rounded up as module_constants' (the HF rows' constants) is: a recipe at the contraction bound 2/(M + lambda)
+        # of the unrounded norm exceeds the bound of theirs by rounding, and a certified release is refused
+        self.feature_norm = max_feature_norm(nn.Identity(), [self.x])
         self.recipe, self.candidates = propose_recipe(
             self.feature_norm,
             self.x.shape[1],
@@ -337,15 +342,17 @@ def run_tradeoff(
     if {"resolve", "certified_removal"} & set(methods):
         rows += _head_rows(setup, grid, methods, log)
     if {"hf", "safe"} & set(methods):
-        model, rec = setup.linear(), TrajectoryRecorder(dtype=torch.float64)
-        srec = SAFERecorder(setup.num_classes, seed=seed)
+        # HF's vectors of the samples the schedule forgets (the others are never read: one HVP per tracked sample
+        # and step is the fit's cost); the batches of every step for the same-batches retrain
+        model, rec = setup.linear(), TrajectoryRecorder(dtype=torch.float64, track=setup.forget_ids.tolist())
+        srec, batches = SAFERecorder(setup.num_classes, seed=seed), _BatchIds()
         constants = module_constants(model, [setup.x])
-        _trainer([rec, srec], epochs, setup.trainer_kwargs).fit(model, setup.loader(setup.x, setup.y))
+        _trainer([rec, srec, batches], epochs, setup.trainer_kwargs).fit(model, setup.loader(setup.x, setup.y))
         retrain = setup._sgd(setup.x[setup.keep], setup.y[setup.keep], seed)
         retrain_acc = accuracy(retrain, setup.test, setup.num_classes)
         shadows = setup.shadows(lambda x, y: setup._sgd(x, y, seed))
         rows.append(_row("retrain[sgd]", math.inf, retrain, model, retrain_acc, setup, shadows))
-        same = _retrain_same_batches(setup, rec)
+        same = _retrain_same_batches(setup, rec, batches.ids)
         rows.append(_row("retrain[sgd,same batches]", math.inf, same, model, retrain_acc, setup, shadows))
         rows.append(_row("never_forgot[sgd]", math.inf, model, model, retrain_acc, setup, shadows))
         theta = constants.grad_bound / (2 * constants.strong_convexity)
@@ -393,7 +400,8 @@ def run_tradeoff(
             for name in ("ccl_hessian", "ccl_gradient"):
                 if name not in methods:
                     continue
-                m2, hr2 = copy.deepcopy(model), copy.deepcopy(hrec)
+                # the recorded Hessians (d^2 floats each, 490 MB at MNIST's d = 7,850) are read, never written: shared
+                m2, hr2 = copy.deepcopy(model), copy.deepcopy(hrec, {id(H): H for H in hrec.hessians})
                 ccl_strategy = unlearner(
                     name,
                     m2,
@@ -448,16 +456,30 @@ def _head_rows(
     return rows
 
 
-def _retrain_same_batches(setup: _Setup, rec: TrajectoryRecorder) -> SupervisedClassifier:
-    """The linear model retrained by :func:`hf.replay_sgd` over the batches ``rec`` recorded, without the forgotten
-    samples (the sample ids are the rows of ``setup.x``)."""
+class _BatchIds(L.Callback):
+    """The sample ids of every training batch, in step order (one plain SGD step per batch)."""
+
+    def __init__(self) -> None:
+        self.ids: list[Tensor] = []
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self.ids.append(unpack_batch(batch)[2].cpu())
+
+
+def _retrain_same_batches(setup: _Setup, rec: TrajectoryRecorder, steps: Sequence[Tensor]) -> SupervisedClassifier:
+    """The linear model retrained by :func:`hf.replay_sgd` over the batches of the fit ``rec`` recorded (each step's
+    sample ids ``steps``, the rows of ``setup.x``; ``rec``: its step sizes and batch sizes), without the forgotten
+    samples.
+
+    Raises:
+        ValueError: ``steps`` are not the batches of ``rec``'s steps.
+    """
+    if [len(ids) for ids in steps] != rec.batch_sizes:
+        raise ValueError(f"{len(steps)} logged batches for the {rec.n_steps} steps the TrajectoryRecorder recorded")
     model = setup.linear()
-    occ_rows, occ_steps = rec.occurrences()
-    ids = torch.tensor(rec.row_ids)[occ_rows]
-    kept = setup.keep[ids]
-    batches = [
-        (setup.x[ids[kept & (occ_steps == t)]], setup.y[ids[kept & (occ_steps == t)]]) for t in range(rec.n_steps)
-    ]
+    batches = [(setup.x[ids[setup.keep[ids]]], setup.y[ids[setup.keep[ids]]]) for ids in steps]
     theta = hf.replay_sgd(
         autodiff.ModuleLoss(model, setup.recipe.l2), autodiff.flat_params(model), batches, rec.lrs, rec.batch_sizes
     )

@@ -277,7 +277,9 @@ def inverse_solver(H: Tensor | dict[str, Tensor], floor: float, lam: float) -> C
         return lowrank_inverse(H["values"], H["vectors"], floor, lam)
     if H.ndim == 1:
         return lambda v: v / (H.to(v) + lam)
-    chol = torch.linalg.cholesky(H + lam * torch.eye(H.shape[0], dtype=H.dtype, device=H.device))
+    damped = H.clone()  # H + lambda I without the d x d identity and its product (same values)
+    damped.diagonal().add_(lam)
+    chol = torch.linalg.cholesky(damped)
     return lambda v: torch.cholesky_solve(v.reshape(-1, 1).to(chol), chol).reshape(-1).to(v)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -402,6 +403,18 @@ class CCLHessianUnlearner(_ContinualCertified):
             raise ValueError(f"CCLHessianUnlearner needs a CCLHessianRecorder, got {type(recorder).__name__}")
         super().__init__(module, recorder, ledger, **kwargs)
         self.recorder: CCLHessianRecorder = recorder
+        # per task: (its recorded Hessian, (floor, lambda), the solve): a dense Cholesky costs O(d^3), once per task
+        self._solvers: dict[int, tuple[Any, tuple[float, float], Callable[[Tensor], Tensor]]] = {}
+
+    def inverse_solver(self, i: int, c: ccl.CLConstants) -> Callable[[Tensor], Tensor]:
+        """``(H_i + lambda I)^{-1}`` of recorded task ``i`` (:func:`ccl.inverse_solver`), factorised once per
+        recorded Hessian and constants (a new fit or a loaded state records new Hessian tensors: factorised again); the
+        strategy keeps each task's factor, as large as its dense Hessian (``d^2`` floats)."""
+        H, key = self.recorder.hessians[i], (c.strong_convexity, c.reg_lambda)
+        cached = self._solvers.get(i)
+        if cached is None or cached[0] is not H or cached[1] != key:
+            self._solvers[i] = cached = (H, key, ccl.inverse_solver(H, *key))
+        return cached[2]
 
     def _paper_bounds(self, status: list[ccl.TaskStatus], c: ccl.CLConstants) -> dict[str, float]:
         return ccl.sensitivity_hessian(status, c, self.chain_gaps())
@@ -467,10 +480,7 @@ class CCLHessianUnlearner(_ContinualCertified):
         c, kind = self.constants()
         status = self.task_status(ids)
         sums = self._gradient_sums(ids, data, status)
-        solves = [
-            None if s.kind == "deleted" else ccl.inverse_solver(rec.hessians[i], c.strong_convexity, c.reg_lambda)
-            for i, s in enumerate(status)
-        ]
+        solves = [None if s.kind == "deleted" else self.inverse_solver(i, c) for i, s in enumerate(status)]
         current = rec.ends[-1]
         e = ccl.hessian_correction(status, rec.starts, rec.ends, current, solves, sums, c.reg_lambda)  # Eq. (13)
         internal = current + e
