@@ -1,8 +1,8 @@
 """Unlearners: each executes `ForgetRequest`s on a module with one method.
 
 Each method has one key (its registry name, its modules' name, its docs page), declared on its class with its
-registry entry (:attr:`Unlearner.method`, :attr:`Unlearner.method_info`); :func:`unlearner_class` and
-:func:`method_info` find them by key, among the classes this package exports.
+registry entry (:attr:`Unlearner.method`, :attr:`Unlearner.method_info`); ``unlearner_class(key)`` and
+``method_info(key)`` find them by key, among the classes this package exports.
 """
 
 from __future__ import annotations
