@@ -17,7 +17,14 @@ from torch import Tensor, nn
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 
 from lightning_unlearn.callbacks.base import RecorderCallback
-from lightning_unlearn.callbacks.slices import _REFUSED_TRAINER_OPTIONS, _cloned, _ids_of, _rows, train_stage
+from lightning_unlearn.callbacks.slices import (
+    _REFUSED_TRAINER_OPTIONS,
+    _cloned,
+    _ids_of,
+    _learned_ids,
+    _rows,
+    train_stage,
+)
 from lightning_unlearn.contract import BatchKeys, trains_itself, unpack_batch
 from lightning_unlearn.functional.acu import one_hot
 from lightning_unlearn.functional.sisa import PARTITIONS, Partition, assign, first_changed, stage_rows, stage_seed
@@ -652,13 +659,7 @@ class SISABackbone(RecorderCallback):
             ValueError: ids in no slice (unknown or already forgotten), or no data holding what must be retrained;
                 nothing is changed.
         """
-        ids = torch.as_tensor(ids, dtype=torch.long).flatten().cpu().unique()
-        unknown = ids[~self.saw(ids)]
-        if unknown.numel():
-            raise ValueError(
-                f"SISABackbone was never trained on sample ids {unknown[:10].tolist()} (unknown, or already "
-                "forgotten): nothing to retrain"
-            )
+        ids = _learned_ids(ids, self.saw, "SISABackbone")
         stages = []
         for st in self._sisa.stages:
             keep = [~torch.isin(i, ids) for i in st.ids]
@@ -808,7 +809,7 @@ def _gram(F: Tensor, old: SISAState, kept: list[bool], removed: Tensor, added: T
     cols = torch.arange(F.shape[1]).view(len(kept), width)
     same = torch.cat([cols[s] for s, k in enumerate(kept) if k])
     redo = torch.cat([cols[s] for s, k in enumerate(kept) if not k] or [same[:0]])
-    gone, new = torch.cat(old.features, dim=1)[removed][:, same], F[added][:, same]
+    gone, new = torch.cat([f[removed] for f in old.features], dim=1)[:, same], F[added][:, same]
     gram = torch.empty_like(old.gram)
     gram[same[:, None], same] = old.gram[same[:, None], same] - gone.T @ gone + new.T @ new
     if len(redo):

@@ -226,13 +226,7 @@ class SlicedBackbone(L.Callback):
                 ids (named); nothing is changed.
         """
         stages = self.stages
-        ids = torch.as_tensor(ids, dtype=torch.long).flatten().cpu().unique()
-        unknown = ids[~self.saw(ids)]
-        if unknown.numel():
-            raise ValueError(
-                f"SlicedBackbone was never trained on sample ids {unknown[:10].tolist()} (unknown, or already "
-                "forgotten): nothing to retrain"
-            )
+        ids = _learned_ids(ids, self.saw, "SlicedBackbone")
         first = next(k for k, s in enumerate(stages.slices) if bool(torch.isin(s, ids).any()))
         slices = tuple(s[~torch.isin(s, ids)] for s in stages.slices)
         rows = _rows(_ids_of(data, self.batch_keys), torch.cat(slices))
@@ -404,6 +398,19 @@ def _seeded(seed: int) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _learned_ids(ids: Tensor, saw: Callable[[Tensor], Tensor], owner: str) -> Tensor:
+    """``ids`` as sorted unique CPU longs; ``ValueError`` naming those ``saw`` says no slice holds (unknown, or
+    already forgotten)."""
+    ids = torch.as_tensor(ids, dtype=torch.long).flatten().cpu().unique()
+    unknown = ids[~saw(ids)]
+    if unknown.numel():
+        raise ValueError(
+            f"{owner} was never trained on sample ids {unknown[:10].tolist()} (unknown, or already forgotten): "
+            "nothing to retrain"
+        )
+    return ids
 
 
 def _cloned(state: Mapping[str, Tensor]) -> State:
