@@ -93,6 +93,11 @@ def _ledger_key() -> bytes | None:
     return key.encode() if key else None
 
 
+def utc_timestamp() -> str:
+    """Now, in UTC, as ISO 8601: the time stamp of a ledger entry and of what is recorded beside it."""
+    return datetime.now(timezone.utc).isoformat()
+
+
 @dataclass(frozen=True)
 class LedgerEntry:
     """One executed request: what, when, by which method, with which guarantee."""
@@ -550,7 +555,7 @@ class Ledger:
         key = _ledger_key()
         entry = LedgerEntry(
             seq=seq,
-            timestamp=datetime.now(timezone.utc).isoformat(),
+            timestamp=utc_timestamp(),
             keyed=key is not None,
             prev_hash=self._entries[seq - 1].hash if seq else _GENESIS,
             **body,

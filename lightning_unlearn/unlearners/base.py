@@ -45,7 +45,6 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from time import perf_counter
 from typing import Any, ClassVar
 
@@ -57,7 +56,14 @@ from lightning_unlearn.callbacks.base import RecorderCallback
 from lightning_unlearn.core.catalog import SampleCatalog
 from lightning_unlearn.core.certificate import Certificate
 from lightning_unlearn.core.interrupts import deferred_interrupts
-from lightning_unlearn.core.ledger import EMPTY_ANCHOR, Ledger, LedgerEntry, LedgerError, LedgerReport
+from lightning_unlearn.core.ledger import (
+    EMPTY_ANCHOR,
+    Ledger,
+    LedgerEntry,
+    LedgerError,
+    LedgerReport,
+    utc_timestamp,
+)
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.core.result import UnlearningResult
 from lightning_unlearn.core.undo import Undo, applied, replace_attributes, undoing
@@ -338,7 +344,7 @@ class Unlearner(ABC):
             raise ValueError("an in-memory ledger is never checked against the recorder's anchor: nothing to accept")
         report = self.ledger.verify()
         record = {
-            "time": datetime.now(timezone.utc).isoformat(),
+            "time": utc_timestamp(),
             "path": report.path,
             "replaced_anchor": self.recorder.unlearning_state.ledger_anchor,
             "accepted_anchor": self.ledger.anchor(),

@@ -7,7 +7,6 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any, Literal
 
 import torch
@@ -16,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from lightning_unlearn.callbacks.sisa import SISABackbone, SISAChange
 from lightning_unlearn.core.certificate import Certificate
-from lightning_unlearn.core.ledger import Ledger
+from lightning_unlearn.core.ledger import Ledger, utc_timestamp
 from lightning_unlearn.core.request import ForgetRequest
 from lightning_unlearn.core.result import UnlearningResult
 from lightning_unlearn.unlearners.base import ForgetData, MethodInfo, Unlearner, UnlearningUpdate
@@ -152,7 +151,7 @@ class SISAUnlearner(Unlearner):
         self.recorder.require_fitted()
         ids = self.catalog.resolve(request)
         self._refuse_queued(ids)
-        queued = QueuedRequest(request, ids, _now(), self.clock())
+        queued = QueuedRequest(request, ids, utc_timestamp(), self.clock())
         self._queue.append(queued)
         self.poll()
         return queued
@@ -186,7 +185,7 @@ class SISAUnlearner(Unlearner):
             result = super().forget(ForgetRequest.samples(ids), data)
         finally:
             self._batch = None
-        executed = _now()
+        executed = utc_timestamp()
         for q in self._queue:
             q.status, q.executed, q.result = "executed", executed, result
         self._queue = []
@@ -264,7 +263,3 @@ class SISAUnlearner(Unlearner):
                 "(checked: the backbone's slices and the catalog are kept together)",
             ],
         )
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat()
