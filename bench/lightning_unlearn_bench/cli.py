@@ -59,6 +59,8 @@ from lightning_unlearn.unlearners import available_unlearners, method_info, unle
 from lightning_unlearn_bench.datasets import ACU_BASE_FRACTION, BENCHMARKS, DatasetNotFoundError
 from lightning_unlearn_bench.models import MODELS
 from lightning_unlearn_bench.registry import available_methods, method_spec, trainer_options, with_trainer
+from lightning_unlearn_bench.tradeoff import EPSILONS, format_tradeoff, run_tradeoff, write_tradeoff
+from lightning_unlearn_bench.tradeoff import METHODS as TRADEOFF_METHODS
 from lightning_unlearn_bench.types import BenchmarkInfo, Method
 
 #: ``compare``'s methods unless ``--methods`` names others (``resolve`` among them: the certified method the README
@@ -91,8 +93,6 @@ TRAINER_OPTIONS = (
     "benchmark",
     "default_root_dir",
 )
-#: the certified methods of ``tradeoff``
-TRADEOFF_METHODS = ("resolve", "certified_removal", "hf", "ccl_hessian", "ccl_gradient", "safe")
 
 _NOISE = (
     ".*does not have many workers.*",
@@ -302,9 +302,7 @@ def build_parser() -> _Parser:
     commands.add_subcommand("compare", c, help="run the evaluation harness and print the Table 1 gaps")
 
     t = _command("Privacy-utility curve of the certified methods: logistic regression on digits or your data.")
-    t.add_argument(
-        "--epsilons", type=list[PositiveFloat], default=[0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 100.0], help="per-release"
-    )
+    t.add_argument("--epsilons", type=list[PositiveFloat], default=list(EPSILONS), help="per-release")
     t.add_argument("--delta", type=PositiveFloat, default=1e-5)
     t.add_argument("--epochs", type=PositiveInt, default=15, help="SGD epochs of the logistic regression")
     t.add_argument("--batch_size", type=PositiveInt, default=32)
@@ -533,8 +531,6 @@ def _data(cfg: Namespace) -> str:
 
 def tradeoff(cfg: Namespace) -> str:
     """Run the privacy-utility benchmark and return the printed table."""
-    from lightning_unlearn_bench.tradeoff import format_tradeoff, run_tradeoff, write_tradeoff
-
     unknown = sorted(set(cfg.methods) - set(TRADEOFF_METHODS))
     if unknown:
         choices = ", ".join(TRADEOFF_METHODS)
