@@ -415,6 +415,37 @@ def test_a_request_counts_its_passes_over_the_rows(monkeypatch):
     assert float((recorder.solved_head - exact_head(recorder)).norm()) <= RADIUS
 
 
+def test_a_request_s_cg_stops_where_its_certificate_needs_it(monkeypatch):
+    # the CG of a request's Newton step stops at CG_MARGIN (tolerance - rounding bound), not at a fixed third of the
+    # tolerance: no more passes than the old rule, and still certified within the tolerance
+    g = torch.Generator().manual_seed(0)  # non-negative features around class means, as a ReLU backbone's
+    y = torch.randint(0, 10, (2000,), generator=g)
+    A = torch.relu(0.5 * torch.randn(10, 40, generator=g, dtype=torch.float64)[y] + torch.randn(2000, 40, generator=g))
+    problem = convex.SoftmaxProblem(A.index_fill_(1, torch.tensor([39]), 1.0), y, 10, 1e-3)
+    tol = 1e-6
+    head = convex.solve(problem, torch.zeros(40, 10, dtype=torch.float64), tol)
+    curvature = convex.FeatureCurvature.at(head.W, problem)
+    assert convex.cg_target(head.W, problem, head.sums, tol) == pytest.approx(
+        convex.CG_MARGIN * (tol - convex.gradient_error_bound(head.W, problem, head.sums))
+    )
+    assert convex.cg_target(head.W, problem, head.sums, 1e-20) == 1e-20 / 100  # no room left: the floor
+    passes, margin_now = {}, convex.CG_MARGIN
+    for margin in (margin_now, 1 / 3):
+        monkeypatch.setattr(convex, "CG_MARGIN", margin)
+        total = 0
+        for i in range(0, 50, 5):
+            drop = torch.zeros(2000, dtype=torch.bool)
+            drop[i] = True
+            kept = problem.restricted(~drop)
+            out = convex.solve(
+                kept, head.W, tol, curvature=curvature.restricted(problem, ~drop), sums=head.sums.without(problem, drop)
+            )
+            assert out.converged and out.gradient_norm <= tol
+            total += out.passes
+        passes[margin] = total
+    assert passes[margin_now] < passes[1 / 3], passes
+
+
 def test_float32_rows_halve_the_memory_and_keep_the_certificate():
     model, recorder, _ = fitted(row_dtype=torch.float32)
     _, reference, _ = fitted()

@@ -42,6 +42,8 @@ import torch
 from torch import Tensor
 
 _EPS = torch.finfo(torch.float64).eps
+#: the share of the tolerance (less the rounding bound) a Newton step's CG residual is brought to (:func:`cg_target`)
+CG_MARGIN = 0.9
 #: rows per block of a sweep: bounds the ``(rows, K)`` temporaries and a float32 block's promoted copy
 BLOCK_ROWS = 4096
 
@@ -478,7 +480,7 @@ def solve(
 ) -> Solution:
     """Minimise (1) from ``W0`` until the certified gradient norm (:func:`certify`) is at most ``tolerance``, by
     inexact Newton-CG with a :class:`KroneckerPreconditioner` (Nocedal & Wright, *Numerical Optimization*, Alg. 7.1;
-    CG tolerance ``max(min(1/2, sqrt(||g||)) ||g||, tolerance/3)``).
+    CG tolerance ``max(min(1/2, sqrt(||g||)) ||g||, t)``, ``t`` what the certified tolerance needs: :func:`cg_target`).
 
     Each Newton step first tries the full step and computes the certified gradient there (one pass, needed anyway):
     it is taken if that meets the tolerance or at least halves the gradient norm; otherwise an Armijo backtracking
@@ -506,9 +508,7 @@ def solve(
             break
         G = sums.gradient(problem)
         g = float(G.norm())
-        # inexact Newton's forcing term, but never below what the tolerance needs: the step's gradient is about the
-        # CG residual (plus a quadratic remainder), so a residual of a third of the tolerance suffices
-        forcing = max(min(0.5, math.sqrt(g)) * g, tolerance / 3)
+        forcing = max(min(0.5, math.sqrt(g)) * g, cg_target(W, problem, sums, tolerance))
         direction, k = _conjugate_gradient(
             partial(hessian_vector_product, W, problem),
             -G,
@@ -523,6 +523,22 @@ def solve(
             new_norm, new_sums = certify(W_new, problem)
         W, norm, sums = new_sums.W, new_norm, new_sums
     return Solution(W, norm, step, products, norm <= tolerance, problem.passes, sums)
+
+
+def cg_target(W: Tensor, problem: SoftmaxProblem, sums: HeadSums, tolerance: float) -> float:
+    """The CG residual at which a Newton step from ``W`` should meet the certified ``tolerance``:
+    ``CG_MARGIN (tolerance - rounding bound)``.
+
+    The gradient at ``W + d`` is the CG residual ``grad F(W) + H d`` plus the step's quadratic remainder, and the
+    certificate adds the rounding bound (:func:`gradient_error_bound`, about the same at ``W + d``: taken here from
+    ``sums``, no pass); the margin leaves room for the remainder. Stopping at a fixed fraction of the tolerance
+    instead (a third) spends CG iterations, each a pass, below what the certificate needs; a step whose certified
+    gradient still misses is followed by another (the caller's loop), so the margin trades passes, never soundness.
+    Never below ``tolerance / 100`` (a rounding bound near the tolerance leaves no room: the solve then fails on
+    ``max_newton_steps``, which names the cause).
+    """
+    room = tolerance - gradient_error_bound(W, problem, sums)
+    return max(CG_MARGIN * room, tolerance / 100)
 
 
 def _line_search(problem: SoftmaxProblem, W: Tensor, G: Tensor, direction: Tensor) -> Tensor:
