@@ -395,6 +395,48 @@ def test_ddp_ranks_hold_their_own_rows_and_solve_the_one_process_head(tmp_path):
         SoftmaxHeadRecorder(0.05, radius=1e-5).load_state_dict(ranks[1]["saved"])
 
 
+@pytest.mark.ddp
+@pytest.mark.slow
+def test_a_torchrun_script_loads_a_checkpoint_on_every_rank_and_forgets_as_one_process(tmp_path):
+    # the user path outside a Trainer: torchrun starts 2 processes, each loads the same checkpoint (keeping its share
+    # of the rows and joining the default process group) and runs the request together with the other
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from helpers import toy_dataset
+
+    scripts = Path(__file__).parent / "scripts"
+    sys.path.insert(0, str(scripts))
+    from ddp_convex import Linear
+
+    model, recorder = Linear(), SoftmaxHeadRecorder(0.05, radius=1e-5)
+    quiet_trainer(max_epochs=1, callbacks=[recorder]).fit(model, DataLoader(toy_dataset(n=203), batch_size=16))
+    torch.save({"module": model.state_dict(), "recorder": recorder.state_dict()}, tmp_path / "state.pt")
+    ResolveUnlearner(model, recorder, release=ReleaseConfig(noise=False)).forget(ForgetRequest.samples([0, 5, 202]))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+         "--master_port", str(port), str(scripts / "torchrun_convex.py"), str(tmp_path / "state.pt"),
+         str(tmp_path / "out.pt")],
+        check=True, cwd=tmp_path, capture_output=True, timeout=300,
+    )  # fmt: skip
+    ranks = [torch.load(tmp_path / f"out.rank{r}.pt", weights_only=True) for r in (0, 1)]
+    assert [r["world"] for r in ranks] == [2, 2]
+    held = [set(r["loaded"]["row_ids"].tolist()) for r in ranks]
+    assert not held[0] & held[1] and held[0] | held[1] == set(range(203)) and max(map(len, held)) <= 102
+    assert torch.equal(ranks[0]["after"]["W"], ranks[1]["after"]["W"])  # one head on every rank
+    assert ranks[0]["passes"] == ranks[1]["passes"] >= 1
+    # both heads certified within radius of the optimum over the same rows: within 2 radii of each other
+    assert float((ranks[0]["after"]["W"] - recorder.solved_head).norm()) <= 2 * 1e-5
+    assert {0, 5, 202}.isdisjoint(torch.cat([r["after"]["row_ids"] for r in ranks]).tolist())
+    for k, v in ranks[0]["published"].items():
+        assert torch.equal(v, ranks[1]["published"][k]), k
+
+
 def test_a_request_counts_its_passes_over_the_rows(monkeypatch):
     # every sweep over all of a problem's rows is one pass; the downdates read the removed rows only
     model, recorder, _ = fitted()
