@@ -122,6 +122,8 @@ def same_state(a: dict, b: dict) -> bool:
             return isinstance(v, Tensor) and u.shape == v.shape and torch.equal(u, v)
         if isinstance(u, list):
             return len(u) == len(v) and all(eq(p, q) for p, q in zip(u, v))
+        if isinstance(u, dict):  # a factored or low-rank Hessian
+            return isinstance(v, dict) and u.keys() == v.keys() and all(eq(u[k], v[k]) for k in u)
         return u == v
 
     return a.keys() == b.keys() and all(eq(a[k], b[k]) for k in a)

@@ -454,8 +454,12 @@ class RecorderCallback(L.Callback):
         raise NotImplementedError
 
     def sum_over_ranks(self, t: Tensor) -> Tensor:
-        """``t`` summed over the ranks of the current DDP fit (``t`` itself otherwise); every rank must call it."""
-        return self._strategy.reduce(t, reduce_op="sum") if self._strategy is not None else t
+        """``t`` summed over the ranks of the current DDP fit (``t`` itself otherwise); every rank must call it. The sum
+        is taken on the collectives' device (CUDA's under NCCL, also for ``t`` offloaded to the CPU), returned on
+        ``t``'s."""
+        if self._strategy is None:
+            return t
+        return self._strategy.reduce(t.to(self._strategy.root_device), reduce_op="sum").to(t.device)
 
     def max_over_ranks(self, value: float) -> float:
         """The largest ``value`` over the ranks (a collective under DDP, ``value`` itself otherwise)."""
@@ -515,6 +519,35 @@ class RecorderCallback(L.Callback):
         buffer = t.detach().to(self._strategy.root_device).contiguous()
         torch.distributed.broadcast(buffer, src=0)
         return buffer.to(t.device)
+
+    # -- rows sharded over the ranks (recorders that keep per-sample rows: docs/scale.md) ---------------------------
+    def _share(self, n: int) -> Tensor:
+        """This process's share ``i % R == rank`` of ``n`` rows of a state that holds every rank's (``R``: the
+        processes of the running fit, or of torch.distributed's default group, else 1)."""
+        rank, world = self.global_rank, self.world_size
+        if self.trainer is None and torch.distributed.is_available() and torch.distributed.is_initialized():
+            rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        return torch.arange(n) % world == rank
+
+    def _row_shard(self) -> list[int]:
+        """What a :meth:`state_dict` whose rows went through :meth:`gather_to_rank0` holds: ``[rank, R]`` on a rank
+        other than 0 of a DDP run (its own rows only), ``[0, 1]`` otherwise (every row)."""
+        return [self.global_rank, self.world_size] if self._strategy is not None and self.global_rank else [0, 1]
+
+    def _refuse_row_shard(self, state: Mapping[str, Any]) -> None:
+        """``ValueError`` for a state that holds one rank's rows only (:meth:`_row_shard`)."""
+        rank, world = state.get("row_shard") or (0, 1)
+        if world > 1:
+            raise ValueError(
+                f"refusing {type(self).__name__} state: it is rank {rank}'s part of a {world}-process state (its own "
+                "rows only); load the state rank 0 saved (the checkpoint Lightning writes), which holds every row"
+            )
+
+    def _join_loaded_group(self) -> None:
+        """Join torch.distributed's default process group (:meth:`join_process_group`) when a state is loaded under
+        one outside a Lightning fit, so that the collectives over the sharded rows run over it."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and self._strategy is None:
+            self.join_process_group()
 
     def _record(self, module: torch.nn.Module, x: Tensor, y: Tensor, ids: Tensor, outputs: Any) -> None:
         raise NotImplementedError

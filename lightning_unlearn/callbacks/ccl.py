@@ -218,6 +218,11 @@ class CCLHessianRecorder(CCLRecorder):
     data. It warns when a task was not solved exactly (``stationarity`` above ``tolerance``). The forms' costs, the
     estimates of L and M, and the DDP sums: ``docs/methods/ccl.md``, "Recording".
 
+    **Under DDP the per-sample rows are sharded** (``docs/scale.md``): each rank keeps the factor rows
+    (``"factored"``) and the stored gradients of the samples it computed (about ``n/R``); every product with ``F`` and
+    a request's gradient sum is this rank's sum all-reduced, so every rank runs the same solve and holds the same
+    model. :meth:`state_dict` gathers every row on rank 0; loading keeps the rows ``i % R == rank``.
+
     Args:
         hessian: ``"auto"``, ``"exact"``, ``"factored"``, ``"diagonal"`` or ``"lowrank"``.
         max_exact_dim: largest ``d`` for which ``"auto"`` stores the dense Hessian.
@@ -319,18 +324,14 @@ class CCLHessianRecorder(CCLRecorder):
             kind = self.hessian if self.hessian != "auto" else "exact" if d <= self.max_exact_dim else "diagonal"
             kind = "factored" if factor is not None else kind
             status(f"CCLHessianRecorder: task {self._fit_experience}: {kind} Hessian over {n} samples, {d} parameters")
-            if factor is not None:
-                F = self.gather_over_ranks(factor)  # every rank's rows: F^T F sums their Gauss-Newton terms
-
-                def apply_factored(v: Tensor) -> Tensor:
-                    return torch.addmv(v, F.T, F @ v, beta=float(l2))
-
+            if factor is not None:  # this rank's rows only: F^T F v is their product summed over the ranks
+                apply_factored = ccl.gauss_newton_operator(factor, float(l2), self.shards)
                 # the top of the spectrum by Lanczos (a lower bound, converging much faster than the
                 # power iteration: LANCZOS_STEPS products instead of POWER_ITERS)
                 values, _ = ccl.lanczos(apply_factored, d, min(LANCZOS_STEPS, d), theta.dtype, g, theta.device)
                 top = float(values.max())
                 f64 = torch.float64  # the scalars exactly (float32 would round l2 = 0.05)
-                H = {"factor": F, "ridge": torch.tensor(float(l2), dtype=f64), "top": torch.tensor(top, dtype=f64)}
+                H = {"factor": factor, "ridge": torch.tensor(float(l2), dtype=f64), "top": torch.tensor(top, dtype=f64)}
             elif kind == "exact":
                 # the mean over this rank's rows, by the Gauss-Newton product when the module is affine in theta
                 # (NewtonRecorder's; ~7x fewer flops than d HVPs for a linear softmax), else by HVPs
@@ -364,10 +365,8 @@ class CCLHessianRecorder(CCLRecorder):
                     grad_rows.append(gb.to(self._device(module)))
         grad_sum, grad_max = self.sum_over_ranks(grad_sum), self.max_over_ranks(grad_max)
         grads: dict[int, Tensor] = {}
-        if self.store_sample_gradients:
-            ids = self.gather_over_ranks(torch.cat(self._shard_ids) if self._shard_ids else empty.long().cpu())
-            rows = self.gather_over_ranks(torch.cat(grad_rows) if grad_rows else theta.new_zeros(0, d))
-            grads = {int(i): gi for i, gi in zip(ids.tolist(), rows.to(self._device(module)))}
+        if self.store_sample_gradients and grad_rows:  # this rank's samples only
+            grads = dict(zip(torch.cat(self._shard_ids).tolist(), torch.cat(grad_rows)))
         anchor = reg.anchor_vector(module).to(theta)
         stationarity = float((grad_sum / n + lam * (theta - anchor)).norm())
         if stationarity > self.tolerance:
@@ -422,24 +421,87 @@ class CCLHessianRecorder(CCLRecorder):
         if len(self.hessians) != len(self.ends):
             raise ValueError("CCLHessianRecorder has task deltas without Hessians")
 
+    # -- the rows this rank holds ---------------------------------------------------------------------
+    @property
+    def shards(self) -> ccl.Shards:
+        """The collectives over the factor rows the ranks hold (:meth:`sum_over_ranks`, :meth:`gather_over_ranks`;
+        in one process every row is here), for :func:`ccl.inverse_solver`."""
+        return ccl.Shards(self.sum_over_ranks, self.gather_over_ranks)
+
+    def missing_sample_gradients(self, ids: Tensor) -> list[int]:
+        """The ``ids`` whose gradient no rank stores (one all-reduce of a count per id: every rank calls it).
+
+        Raises:
+            ValueError: some ids' gradients are stored by more than one rank (the rows and the catalog disagree).
+        """
+        held = [float(u in self.sample_grads) for u in ids.tolist()]
+        counts = self.sum_over_ranks(torch.tensor(held, dtype=torch.float64)).round().long()
+        twice = ids[counts > 1].tolist()
+        if twice:
+            raise ValueError(
+                f"CCLHessianRecorder holds the gradients of samples {twice[:10]} on more than one rank: its rows and "
+                "its catalog disagree"
+            )
+        return ids[counts == 0].tolist()
+
+    def sample_gradient_sum(self, ids: Tensor) -> Tensor:
+        """``sum_{u in ids} grad l(end_i; u)`` of the stored gradients: each rank adds those it holds, one all-reduce
+        adds the ranks' sums (every rank calls it; :meth:`missing_sample_gradients` checks that each is held once)."""
+        held = [self.sample_grads[u] for u in ids.tolist() if u in self.sample_grads]
+        return self.sum_over_ranks(torch.stack(held).sum(0) if held else torch.zeros_like(self.ends[-1]))
+
+    # -- state ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        ids = sorted(self.sample_grads)
+        """The recorded tasks, with every rank's factor rows and stored gradients: under DDP they are gathered on
+        rank 0 (a collective: Lightning builds the checkpoint on every rank and writes rank 0's); another rank's state
+        holds its own only, marked ``row_shard = [rank, R]``, and is not loadable alone."""
+        hessians = [_clone(H) for H in self.hessians]
+        ids = torch.tensor(sorted(self.sample_grads), dtype=torch.long)
+        d = self.ends[-1].numel() if self.ends else 0
+        grads = torch.stack([self.sample_grads[i] for i in ids.tolist()]) if len(ids) else None
+        shard = [0, 1]
+        if self._strategy is not None and self.ends:  # the ranks commit their tasks together
+            for H in hessians:
+                if isinstance(H, dict) and "factor" in H:
+                    H["factor"] = self.gather_to_rank0(H["factor"])
+            ids = self.gather_to_rank0(ids)
+            rows = self.gather_to_rank0(grads if grads is not None else self.ends[-1].new_zeros(0, d))
+            order = ids.argsort()
+            ids, grads = ids[order], (rows[order] if len(ids) else None)
+            shard = self._row_shard()
         return {
             **super().state_dict(),
-            "hessians": [_clone(H) for H in self.hessians],
+            "hessians": hessians,
             "stationarity": torch.tensor(self.stationarity, dtype=torch.float64),
             "lipschitz": self.lipschitz,
             "smoothness": self.smoothness,
-            "sample_grad_ids": torch.tensor(ids, dtype=torch.long),
-            "sample_grads": torch.stack([self.sample_grads[i] for i in ids]) if ids else None,
+            "sample_grad_ids": ids,
+            "sample_grads": grads,
+            "row_shard": shard,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the recorded tasks. The state holds every factor row and stored gradient; under torch.distributed
+        (a DDP fit restoring a checkpoint, or a process group of a script) each process keeps the rows and gradients
+        ``i % R == rank`` and joins the group (:meth:`join_process_group`), whatever the number of processes that
+        saved it.
+
+        Raises:
+            ValueError: the state lacks a Hessian per task, or is another rank's part of a DDP state. Nothing is
+                changed.
+        """
         if state_dict.get("hessians") is None or len(state_dict["hessians"]) != len(state_dict.get("ends") or []):
             raise ValueError("CCLHessianRecorder state lacks recorded Hessians (one per experience)")
+        self._refuse_row_shard(state_dict)
         super().load_state_dict(state_dict)
+        self._join_loaded_group()
         self.hessians = [_clone(H) for H in state_dict["hessians"]]
+        for H in self.hessians:
+            if isinstance(H, dict) and "factor" in H:
+                H["factor"] = H["factor"][self._share(len(H["factor"]))]
         self.stationarity = state_dict["stationarity"].tolist()
         self.lipschitz, self.smoothness = float(state_dict["lipschitz"]), float(state_dict["smoothness"])
-        grads = state_dict.get("sample_grads")
-        self.sample_grads = {} if grads is None else dict(zip(state_dict["sample_grad_ids"].tolist(), grads.clone()))
+        grads, self.sample_grads = state_dict.get("sample_grads"), {}
+        if grads is not None:
+            mine = self._share(len(grads))
+            self.sample_grads = dict(zip(state_dict["sample_grad_ids"][mine].tolist(), grads[mine]))

@@ -278,14 +278,6 @@ class SoftmaxHeadRecorder(FrozenFeatureRecorder):
             ]
         super()._load_staged_state(state)
 
-    def _share(self, n: int) -> Tensor:
-        """This process's share ``i % R == rank`` of ``n`` rows of a state that holds every rank's (``R``: the
-        processes of the running fit, or of torch.distributed's default group, else 1)."""
-        rank, world = self.global_rank, self.world_size
-        if self.trainer is None and torch.distributed.is_available() and torch.distributed.is_initialized():
-            rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        return torch.arange(n) % world == rank
-
     @property
     def solved_head(self) -> Tensor:
         """The noise-free head ``W`` (``(p, K)``); ``ValueError`` before any fit."""
@@ -412,7 +404,7 @@ class SoftmaxHeadRecorder(FrozenFeatureRecorder):
         if self._strategy is not None and self.feature_rows is not None:
             for k in ("feature_rows", "labels", "row_ids"):
                 rows[k] = self.gather_to_rank0(cast(Tensor, rows[k]))
-            shard = [self.global_rank, self.world_size] if self.global_rank else shard
+            shard = self._row_shard()
         return {
             **state,
             "l2": self.l2,
@@ -441,12 +433,7 @@ class SoftmaxHeadRecorder(FrozenFeatureRecorder):
                 raise ValueError(
                     f"checkpoint was recorded with {key}={state_dict[key]}, this recorder has {getattr(self, key)}"
                 )
-        rank, world = state_dict.get("row_shard") or (0, 1)
-        if world > 1:
-            raise ValueError(
-                f"refusing SoftmaxHeadRecorder state: it is rank {rank}'s part of a {world}-process state (its own "
-                "rows only); load the state rank 0 saved (the checkpoint Lightning writes), which holds every row"
-            )
+        self._refuse_row_shard(state_dict)
         perturbation = state_dict.get("perturbation")
         values = _checked_rows(state_dict) if state_dict.get("W") is not None else None
         if values is not None:
@@ -461,8 +448,7 @@ class SoftmaxHeadRecorder(FrozenFeatureRecorder):
                     f"l2 * radius = {self.tolerance:.3g} (a tampered or corrupted state)"
                 )
         super().load_state_dict(state_dict)
-        if torch.distributed.is_available() and torch.distributed.is_initialized() and self._strategy is None:
-            self.join_process_group()
+        self._join_loaded_group()
         if values is not None:
             mine = self._share(len(values["row_ids"]))
             values.update({k: values[k][mine] for k in ("feature_rows", "labels", "row_ids")})

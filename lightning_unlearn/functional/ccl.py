@@ -228,22 +228,62 @@ def is_exact(H: Tensor | dict[str, Tensor]) -> bool:
 FACTORED_CG_ITERATIONS = 300
 
 
-def factored_solver(factor: Tensor, ridge: float, top: float, lam: float) -> Callable[[Tensor], Tensor]:
-    """``v -> (F^T F + c I)^{-1} v``, ``c = ridge + lambda``, for a Hessian stored factored, ``H = F^T F + ridge I``
-    (``F``: ``r x d``, :func:`~lightning_unlearn.functional.newton.gauss_newton_factor` scaled by ``1/sqrt(n)``).
+def _local(t: Tensor) -> Tensor:
+    return t
 
-    Conjugate gradients on ``v -> F^T (F v) + c v`` (two ``O(r d)`` products per iteration), from 0, to
+
+@dataclass(frozen=True)
+class Shards:
+    """How the rows of a factor ``F`` sharded over processes (each holds some rows, ``F^T F`` is the sum of their
+    ``F_r^T F_r``) are summed and gathered; the default is one process holding every row.
+
+    Args:
+        all_reduce: a tensor summed over the processes (a collective: every process calls it with a tensor of the same
+            shape, in the same order; e.g. ``trainer.strategy.reduce(t, reduce_op="sum")``).
+        gather: every process's rows concatenated along dim 0, in rank order (a collective).
+    """
+
+    all_reduce: Callable[[Tensor], Tensor] = _local
+    gather: Callable[[Tensor], Tensor] = _local
+
+
+#: one process holding every row
+ONE_PROCESS = Shards()
+
+
+def gauss_newton_operator(factor: Tensor, shift: float, shards: Shards = ONE_PROCESS) -> Callable[[Tensor], Tensor]:
+    """``v -> F^T (F v) + shift v`` for ``F`` (``r x d``) whose rows are sharded over ``shards`` (this process's
+    ``F_r^T (F_r v)``, then one all-reduce of ``d`` numbers)."""
+
+    def apply(v: Tensor) -> Tensor:
+        F = factor.to(v)
+        return shards.all_reduce(F.T @ (F @ v)).add_(v, alpha=shift)
+
+    return apply
+
+
+def factored_solver(
+    factor: Tensor, ridge: float, top: float, lam: float, shards: Shards = ONE_PROCESS
+) -> Callable[[Tensor], Tensor]:
+    """``v -> (F^T F + c I)^{-1} v``, ``c = ridge + lambda``, for a Hessian stored factored, ``H = F^T F + ridge I``
+    (``F``: ``r x d``, :func:`~lightning_unlearn.functional.newton.gauss_newton_factor` scaled by ``1/sqrt(n)``; its
+    rows possibly sharded over processes, ``shards``).
+
+    Conjugate gradients on ``v -> F^T (F v) + c v`` (:func:`gauss_newton_operator`: two ``O(r d)`` products per
+    iteration, one all-reduce under sharding), from 0, to
     :func:`~lightning_unlearn.functional.newton.conjugate_gradients`' stopping rule ``||b - A x|| <= sqrt(d) eps
     ||A|| ||x||`` (the accuracy of a dense solve; ``||A|| <= top + lambda``, ``top`` the largest eigenvalue of ``H``);
-    the condition number is at most ``(top + lambda) / c``, so few iterations. If CG has not met the rule in
-    :data:`FACTORED_CG_ITERATIONS`, the Woodbury identity ``(1/c) (v - F^T (c I + F F^T)^{-1} F v)`` with a Cholesky
-    factor of the ``r x r`` matrix (``O(r^2 d)``, once per solver). [derived]
+    the condition number is at most ``(top + lambda) / c``, so few iterations. Sharded, every process runs the same
+    iterations: each product is all-reduced, so every vector and scalar of the iteration is the same on every
+    process (``v`` must be). If CG has not met the rule in :data:`FACTORED_CG_ITERATIONS`, the Woodbury identity
+    ``(1/c) (v - F^T (c I + F F^T)^{-1} F v)`` with a Cholesky factor of the ``r x r`` matrix (``O(r^2 d)``, once per
+    solver); sharded, it gathers every row on every process for each such solve (rare; ``docs/scale.md``). [derived]
     """
     c = ridge + lam
     cache: list[Tensor] = []
 
     def woodbury(v: Tensor) -> Tensor:
-        F = factor.to(v)
+        F = shards.gather(factor).to(v)
         if not cache:
             gram = F @ F.T
             gram.diagonal().add_(c)
@@ -252,27 +292,24 @@ def factored_solver(factor: Tensor, ridge: float, top: float, lam: float) -> Cal
         return (v - F.T @ inner) / c
 
     def solve(v: Tensor) -> Tensor:
-        F = factor.to(v)
+        apply = gauss_newton_operator(factor, c, shards)
         x, _, converged = conjugate_gradients(
-            lambda u: torch.addmv(u, F.T, F @ u, beta=c),
-            v,
-            lambda r: r / c,
-            torch.zeros_like(v),
-            top + lam,
-            FACTORED_CG_ITERATIONS,
+            apply, v, lambda r: r / c, torch.zeros_like(v), top + lam, FACTORED_CG_ITERATIONS
         )
         return x if converged else woodbury(v)
 
     return solve
 
 
-def inverse_solver(H: Tensor | dict[str, Tensor], floor: float, lam: float) -> Callable[[Tensor], Tensor]:
+def inverse_solver(
+    H: Tensor | dict[str, Tensor], floor: float, lam: float, shards: Shards = ONE_PROCESS
+) -> Callable[[Tensor], Tensor]:
     """A function applying ``(H + lambda I)^{-1}`` (the operator of Eq. (13)) for a recorded Hessian:
     Cholesky for a dense ``(d, d)`` matrix, elementwise for a diagonal ``(d,)``, :func:`factored_solver` for
-    ``{"factor", "ridge", "top"}`` and :func:`lowrank_inverse` for ``{"values", "vectors"}`` (complement curvature
-    ``floor``)."""
+    ``{"factor", "ridge", "top"}`` (the factor's rows sharded over ``shards``) and :func:`lowrank_inverse` for
+    ``{"values", "vectors"}`` (complement curvature ``floor``)."""
     if isinstance(H, dict) and "factor" in H:
-        return factored_solver(H["factor"], float(H["ridge"]), float(H["top"]), lam)
+        return factored_solver(H["factor"], float(H["ridge"]), float(H["top"]), lam, shards)
     if isinstance(H, dict):
         return lowrank_inverse(H["values"], H["vectors"], floor, lam)
     if H.ndim == 1:

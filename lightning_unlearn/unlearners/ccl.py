@@ -413,7 +413,7 @@ class CCLHessianUnlearner(_ContinualCertified):
         H, key = self.recorder.hessians[i], (c.strong_convexity, c.reg_lambda)
         cached = self._solvers.get(i)
         if cached is None or cached[0] is not H or cached[1] != key:
-            self._solvers[i] = cached = (H, key, ccl.inverse_solver(H, *key))
+            self._solvers[i] = cached = (H, key, ccl.inverse_solver(H, *key, self.recorder.shards))
         return cached[2]
 
     def _paper_bounds(self, status: list[ccl.TaskStatus], c: ccl.CLConstants) -> dict[str, float]:
@@ -442,7 +442,9 @@ class CCLHessianUnlearner(_ContinualCertified):
         return newton_chain(*self._chain(status), c, float(rec.reg_lambda or 0.0), self.tolerance())
 
     def _gradient_sums(self, ids: Tensor, data: ForgetData, status: list[ccl.TaskStatus]) -> list[Tensor | None]:
-        """Running ``sum grad l(end_i; u)`` per partially deleted task, including ``ids``."""
+        """Running ``sum grad l(end_i; u)`` per partially deleted task, including ``ids``: from the stored gradients
+        when the ranks hold each of ``ids`` (each rank adds its own, :meth:`CCLHessianRecorder.sample_gradient_sum`),
+        else from ``data``."""
         rec = self.recorder
         sums: list[Tensor | None] = list(rec.forgotten_grad_sums)
         exps = self.catalog.experiences_of(ids)
@@ -451,19 +453,20 @@ class CCLHessianUnlearner(_ContinualCertified):
         ]
         if not partial:
             return sums
-        if all(int(u) in rec.sample_grads for u in ids.tolist()):
+        missing = rec.missing_sample_gradients(ids)
+        if not missing:
             samples = None
         elif data is None:
             raise ValueError(
                 "sample-level Hessian unlearning needs the samples to forget (data=...) or "
-                "CCLHessianRecorder(store_sample_gradients=True)"
+                f"CCLHessianRecorder(store_sample_gradients=True): no rank stores the gradients of ids {missing[:10]}"
             )
         else:
             samples = self.forget_samples(ids, data)
         for i in partial:
             mine = exps == rec.experience_ids[i]
             if samples is None:
-                g = torch.stack([rec.sample_grads[int(u)] for u in ids[mine].tolist()]).sum(0)
+                g = rec.sample_gradient_sum(ids[mine])
             else:
                 x, y = samples
                 theta = rec.ends[i].to(autodiff.flat_params(self.module))
