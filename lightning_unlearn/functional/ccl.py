@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from lightning_unlearn.functional import autodiff
-from lightning_unlearn.functional.newton import conjugate_gradients
+from lightning_unlearn.functional.newton import cholesky_solve, conjugate_gradients
 
 
 # -- notes shared by the noise-adding strategies ------------------------------------------------
@@ -248,7 +248,7 @@ def factored_solver(factor: Tensor, ridge: float, top: float, lam: float) -> Cal
             gram = F @ F.T
             gram.diagonal().add_(c)
             cache.append(torch.linalg.cholesky(gram))
-        inner = torch.cholesky_solve((F @ v).reshape(-1, 1), cache[0]).reshape(-1)
+        inner = cholesky_solve(cache[0], (F @ v).reshape(-1, 1)).reshape(-1)
         return (v - F.T @ inner) / c
 
     def solve(v: Tensor) -> Tensor:
@@ -280,7 +280,7 @@ def inverse_solver(H: Tensor | dict[str, Tensor], floor: float, lam: float) -> C
     damped = H.clone()  # H + lambda I without the d x d identity and its product (same values)
     damped.diagonal().add_(lam)
     chol = torch.linalg.cholesky(damped)
-    return lambda v: torch.cholesky_solve(v.reshape(-1, 1).to(chol), chol).reshape(-1).to(v)
+    return lambda v: cholesky_solve(chol, v.reshape(-1, 1).to(chol)).reshape(-1).to(v)
 
 
 # -- low-rank Hessian approximation (not in the paper) ------------------------------------------------
