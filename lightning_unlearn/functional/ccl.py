@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from lightning_unlearn.functional import autodiff
-from lightning_unlearn.functional.newton import conjugate_gradients
+from lightning_unlearn.functional.newton import cholesky_solve, conjugate_gradients
 
 
 # -- notes shared by the noise-adding strategies ------------------------------------------------
@@ -40,21 +40,14 @@ def retained_after(status: Sequence[TaskStatus], a: int) -> int:
     return sum(1 for s in status[a + 1 :] if s.kind != "deleted")
 
 
-def transport(solve: Callable[[Tensor], Tensor], lam: float, v: Tensor) -> Tensor:
-    """``P_i v = (H_i + lambda I)^{-1} lambda v`` (the operator of Eq. (13)); ``solve`` applies
-    ``(H_i + lambda I)^{-1}``."""
-    return lam * solve(v)
+def partial_rhs(lam: float, n: int, m: int, grad_sum: Tensor, delta_i: Tensor) -> Tensor:
+    """[derived] The right-hand side of the linearised change of a task's solution when ``m`` of its ``n`` samples go,
+    ``delta_i = (H_i + lambda I)^{-1} r_i`` with
 
-
-def partial_step(
-    solve: Callable[[Tensor], Tensor], lam: float, n: int, m: int, grad_sum: Tensor, delta_i: Tensor
-) -> Tensor:
-    """[derived] Linearised change of a task's solution when ``m`` of its ``n`` samples go:
-
-    ``delta_i = (H_i + lambda I)^{-1} [ (1/(n-m)) sum_{u in U} grad l(w_i; u) - (m/(n-m)) lambda Delta_i ]``
+    ``r_i = (1/(n-m)) sum_{u in U} grad l(w_i; u) - (m/(n-m)) lambda Delta_i``
     (``H_i^{-U}`` approximated by ``H_i``).
     """
-    return solve(grad_sum / (n - m) - (m / (n - m)) * lam * delta_i)
+    return grad_sum / (n - m) - (m / (n - m)) * lam * delta_i
 
 
 def hessian_correction(
@@ -70,7 +63,9 @@ def hessian_correction(
 
     Runs the linearised error recursion ``e_i = retrain_i - end_i`` over all tasks:
     a kept task maps ``e <- P_i (e - D_{i-1})``, a deleted task ``e <- e - D_{i-1} + Delta_i``, and
-    a partially deleted one ``e <- P_i (e - D_{i-1}) + delta_i`` ([derived]), where
+    a partially deleted one ``e <- P_i (e - D_{i-1}) + delta_i`` ([derived]; one solve,
+    ``(H_i + lambda I)^{-1} (lambda (e - D_{i-1}) + r_i)``, :func:`partial_rhs`), where
+    ``P_i = (H_i + lambda I)^{-1} lambda`` (the operator of Eq. (13)),
     ``D_{i-1} = start_i - end_{i-1}`` is what was actually done to the model between tasks (the
     previous unlearning updates ``Delta-bar_tau`` of Eq. (13), measured from the recorded chain
     rather than stored, so it stays exact whatever was published) and ``Delta_i = start_i - end_i``.
@@ -86,12 +81,13 @@ def hessian_correction(
             solve = solves[i]
             if solve is None:
                 raise ValueError(f"task {i} is {s.kind} but has no Hessian solve")
-            e = transport(solve, lam, e)
+            rhs = lam * e  # the transport P_i e = (H_i + lambda I)^{-1} lambda e
             if s.kind == "partial":
                 grad_sum = grad_sums[i]
                 if grad_sum is None:
                     raise ValueError(f"task {i} is partially deleted but has no sum of its forgotten gradients")
-                e = e + partial_step(solve, lam, s.n, s.m, grad_sum, starts[i] - ends[i])
+                rhs += partial_rhs(lam, s.n, s.m, grad_sum, starts[i] - ends[i])  # P_i e + delta_i: one solve
+            e = solve(rhs)
         prev_end = ends[i]
     return e - (current - prev_end)
 
@@ -288,7 +284,7 @@ def factored_solver(
             gram = F @ F.T
             gram.diagonal().add_(c)
             cache.append(torch.linalg.cholesky(gram))
-        inner = torch.cholesky_solve((F @ v).reshape(-1, 1), cache[0]).reshape(-1)
+        inner = cholesky_solve(cache[0], (F @ v).reshape(-1, 1)).reshape(-1)
         return (v - F.T @ inner) / c
 
     def solve(v: Tensor) -> Tensor:
@@ -317,7 +313,7 @@ def inverse_solver(
     damped = H.clone()  # H + lambda I without the d x d identity and its product (same values)
     damped.diagonal().add_(lam)
     chol = torch.linalg.cholesky(damped)
-    return lambda v: torch.cholesky_solve(v.reshape(-1, 1).to(chol), chol).reshape(-1).to(v)
+    return lambda v: cholesky_solve(chol, v.reshape(-1, 1).to(chol)).reshape(-1).to(v)
 
 
 # -- low-rank Hessian approximation (not in the paper) ------------------------------------------------
