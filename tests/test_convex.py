@@ -96,6 +96,33 @@ def test_gradient_error_bound_covers_float32_rounding():
         assert bound < 1e-2 * float(convex.gradient(W, p64).norm())  # and it is not vacuous here
 
 
+def test_a_masked_problem_sums_its_kept_rows_only():
+    # a request's problem masks its rows: blocks keeping most rows are weighted 0/1 in place, blocks keeping few are
+    # copied; either way every sum is the one over the kept rows, and the float32 rounding bound still covers it
+    p64 = random_problem(n=3 * convex.BLOCK_ROWS, p=20, k=5, seed=3)
+    keep = torch.ones(len(p64.labels), dtype=torch.bool)
+    keep[[1, 5000, 9000]] = False  # weighted blocks
+    keep[2 * convex.BLOCK_ROWS + 10 :] = False  # a block keeping 10 rows: copied
+    masked, copied = p64.restricted(keep), convex.SoftmaxProblem(p64.features[keep], p64.labels[keep], 5, p64.l2)
+    W = torch.randn(p64.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 0.3
+    V = torch.randn(p64.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    scale = float(p64.features.abs().sum())  # the sums' magnitude: float64 rounding of a reordered sum is below this u
+    tol = 1e2 * torch.finfo(torch.float64).eps * scale / masked.count
+    assert masked.count == copied.count == int(keep.sum())
+    a, b = convex.HeadSums.at(W, masked), convex.HeadSums.at(W, copied)
+    assert a.count == b.count and torch.allclose(a.abs_sum, b.abs_sum, rtol=1e-13, atol=0)
+    assert float((a.gradient(masked) - b.gradient(copied)).norm()) <= tol
+    assert float((a.class_sum - b.class_sum).norm()) <= 1e-13 * masked.count
+    hv = convex.hessian_vector_product(W, masked, V) - convex.hessian_vector_product(W, copied, V)
+    assert float(hv.norm()) <= tol * float(V.norm())
+    assert convex.objective(W, masked) == pytest.approx(convex.objective(W, copied), rel=1e-13)
+    ca, cb = convex.FeatureCurvature.at(W, masked), convex.FeatureCurvature.at(W, copied)
+    assert torch.allclose(ca.weighted_sum, cb.weighted_sum, rtol=1e-12, atol=0)
+    p32 = convex.SoftmaxProblem(p64.features.float(), p64.labels, 5, p64.l2).restricted(keep)
+    err = float((convex.gradient(W.float(), p32).double() - convex.gradient(W, copied)).norm())
+    assert err <= convex.gradient_error_bound(W.float(), p32)
+
+
 def test_distance_to_optimum_is_below_gradient_norm_over_l2():
     problem = random_problem()
     optimum = convex.solve(problem, torch.zeros(problem.shape, dtype=torch.float64), 1e-13).W

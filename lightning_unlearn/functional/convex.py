@@ -163,16 +163,27 @@ class SoftmaxProblem:
         """The features and labels of the problem's rows on this process (a copy if it is restricted)."""
         return (self.features, self.labels) if self.rows is None else (self.features[self.rows], self.labels[self.rows])
 
-    def blocks(self, rows: Tensor | None = None) -> Iterator[tuple[Tensor, Tensor]]:
-        """``(features, labels)`` of the problem's rows on this process (those also in ``rows``: a mask or indices
-        of the rows of ``features``), in blocks of :data:`BLOCK_ROWS` of ``features``, in the compute dtype."""
+    def blocks(self, rows: Tensor | None = None) -> Iterator[tuple[Tensor, Tensor, Tensor | None]]:
+        """``(features, labels, weights)`` of the problem's rows on this process (those also in ``rows``: a mask or
+        indices of the rows of ``features``), in blocks of :data:`BLOCK_ROWS` of ``features``, in the compute dtype.
+
+        A block that keeps at least half of its rows is yielded whole with 0/1 ``weights`` (``None``: every row kept),
+        which the caller multiplies into each row's term: a masked copy of the block would cost more than the block's
+        products (a request's problem masks one row in thousands). Zero terms add nothing and no rounding to a sum, so
+        the sums and their rounding bound (:func:`gradient_error_bound`, over the kept rows) are those of the kept
+        rows. A block that keeps fewer is copied (e.g. a request's removed rows)."""
         F, y, mask = self.features, self.labels, self.mask(rows)
         for start in range(0, len(F), BLOCK_ROWS):
             A, b = F[start : start + BLOCK_ROWS], y[start : start + BLOCK_ROWS]
+            weights = None
             if mask is not None:
                 part = mask[start : start + BLOCK_ROWS].to(A.device)
-                A, b = A[part], b[part]
-            yield A.to(self.compute_dtype), b
+                kept = int(part.sum())
+                if 2 * kept < len(part):
+                    A, b = A[part], b[part]
+                elif kept < len(part):
+                    weights = part.to(self.compute_dtype).unsqueeze(1)
+            yield A.to(self.compute_dtype), b, weights
 
 
 def _sweep(problem: SoftmaxProblem) -> None:
@@ -205,9 +216,10 @@ def objective(W: Tensor, problem: SoftmaxProblem) -> float:
     """``F(W)`` of (1) (one pass)."""
     _sweep(problem)
     ce = W.new_zeros(())
-    for A, y in problem.blocks():
+    for A, y, weights in problem.blocks():
         Z = A @ W
-        ce += (torch.logsumexp(Z, dim=1) - Z.gather(1, y.view(-1, 1)).squeeze(1)).sum()
+        terms = torch.logsumexp(Z, dim=1) - Z.gather(1, y.view(-1, 1)).squeeze(1)
+        ce += (terms if weights is None else terms * weights.squeeze(1)).sum()
     value = float(problem.sum(ce)) / problem.count + 0.5 * problem.l2 * float((W * W).sum())
     if problem.perturbation is not None:
         value += float((problem.perturbation * W).sum()) / problem.count
@@ -241,12 +253,14 @@ class HeadSums:
         K = problem.num_classes
         G, S, absum = W.new_zeros(W.shape), W.new_zeros(K, K), W.new_zeros(W.shape[0])
         count = W.new_zeros(1)
-        for A, y in problem.blocks(rows):
+        for A, y, weights in problem.blocks(rows):
             P, R = _residuals(A, y, W)
+            if weights is not None:  # 0/1: P P^T of a kept row is weighted once
+                P, R = P * weights, R * weights
             G.addmm_(A.T, R)
             S += torch.diag(P.sum(dim=0)) - P.T @ P
-            absum += A.abs().sum(dim=0)
-            count += len(A)
+            absum += A.abs().sum(dim=0) if weights is None else A.abs().T @ weights.squeeze(1)
+            count += len(A) if weights is None else weights.sum()
         G, S, absum, count = _summed(problem, [G, S, absum, count])
         return cls(W, G, S, absum, int(count))
 
@@ -283,11 +297,13 @@ def hessian_vector_product(W: Tensor, problem: SoftmaxProblem, V: Tensor) -> Ten
     K = problem.num_classes
     out = V.new_zeros(V.shape)
     WV = torch.cat([W, V], dim=1)
-    for A, _ in problem.blocks():
+    for A, _, weights in problem.blocks():
         Z = A @ WV
         P, Zv = torch.softmax(Z[:, :K], dim=1), Z[:, K:]
         S = P * Zv
         S -= P * S.sum(dim=1, keepdim=True)
+        if weights is not None:
+            S *= weights
         out.addmm_(A.T, S)
     return problem.sum(out) / problem.count + problem.l2 * V
 
@@ -366,9 +382,11 @@ class FeatureCurvature:
         if rows is None:
             _sweep(problem)
         C, total = W.new_zeros(W.shape[0], W.shape[0]), W.new_zeros(())
-        for A, _ in problem.blocks(rows):
+        for A, _, weights in problem.blocks(rows):
             P = torch.softmax(A @ W, dim=1)
             s = (P * (1 - P)).sum(dim=1, keepdim=True)
+            if weights is not None:
+                s *= weights
             C.addmm_((A * s).T, A)
             total += s.sum()
         C, total = _summed(problem, [C, total])
