@@ -123,6 +123,22 @@ def test_a_masked_problem_sums_its_kept_rows_only():
     assert err <= convex.gradient_error_bound(W.float(), p32)
 
 
+def test_the_preconditioner_basis_is_kept_across_small_downdates_only():
+    problem = random_problem(n=400)
+    W = torch.randn(problem.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 0.3
+    curvature = convex.FeatureCurvature.at(W, problem)
+    basis = curvature.eigh()
+    keep = torch.ones(400, dtype=torch.bool)
+    keep[:3] = False  # well under STALE_BASIS of the weight: the same eigendecomposition
+    assert curvature.restricted(problem, keep).eigh() is basis
+    keep[: int(400 * 2 * convex.STALE_BASIS)] = False  # past it: recomputed, the downdated matrix's own
+    smaller = curvature.restricted(problem, keep)
+    values, vectors = smaller.eigh()
+    C = smaller.weighted_sum / smaller.weight_sum
+    assert values is not basis[0]
+    assert torch.allclose(vectors @ torch.diag(values) @ vectors.T, C, rtol=0, atol=1e-12 * float(C.abs().max()))
+
+
 def test_distance_to_optimum_is_below_gradient_norm_over_l2():
     problem = random_problem()
     optimum = convex.solve(problem, torch.zeros(problem.shape, dtype=torch.float64), 1e-13).W

@@ -44,6 +44,8 @@ from torch import Tensor
 _EPS = torch.finfo(torch.float64).eps
 #: the share of the tolerance (less the rounding bound) a Newton step's CG residual is brought to (:func:`cg_target`)
 CG_MARGIN = 0.9
+#: the share of the curvature's weight that rows removed since its eigendecomposition may hold before it is recomputed
+STALE_BASIS = 0.05
 #: rows per block of a sweep: bounds the ``(rows, K)`` temporaries and a float32 block's promoted copy
 BLOCK_ROWS = 4096
 
@@ -362,8 +364,9 @@ class FeatureCurvature:
 
     The weights ``s_i = tr(diag(p_i) - p_i p_i^T)`` are taken at one head ``W`` (e.g. the solution of an
     experience), so removing rows is an exact rank-``m`` downdate (:meth:`restricted`, which recomputes the removed
-    rows' weights at ``W``) and the eigendecomposition (``O(p^3)``) is the only per-request cost. Nothing per row
-    is kept.
+    rows' weights at ``W``). The eigendecomposition (``O(p^3)``) is kept across downdates until the weight removed
+    since it was computed exceeds :data:`STALE_BASIS` of its total (:meth:`eigh`): one sample in thousands does not
+    change a preconditioner, and the certificate never rests on it. Nothing per row is kept.
 
     Args:
         W: the head the weights are taken at.
@@ -374,6 +377,9 @@ class FeatureCurvature:
     W: Tensor
     weighted_sum: Tensor
     weight_sum: Tensor
+    #: the eigendecomposition last computed and the weight sum it was computed at (:meth:`eigh`)
+    basis: tuple[Tensor, Tensor] | None = field(default=None, compare=False, repr=False)
+    basis_weight: float = field(default=0.0, compare=False, repr=False)
 
     @classmethod
     def at(cls, W: Tensor, problem: SoftmaxProblem, rows: Tensor | None = None) -> FeatureCurvature:
@@ -396,13 +402,25 @@ class FeatureCurvature:
         """The curvature of the rows ``keep`` (a boolean mask over ``problem.features``' rows here; every process
         calls it): the others' contributions, recomputed at ``W``, subtracted."""
         removed = FeatureCurvature.at(self.W, problem, ~keep)
-        return FeatureCurvature(self.W, self.weighted_sum - removed.weighted_sum, self.weight_sum - removed.weight_sum)
+        return FeatureCurvature(
+            self.W,
+            self.weighted_sum - removed.weighted_sum,
+            self.weight_sum - removed.weight_sum,
+            self.basis,
+            self.basis_weight,
+        )
 
     def eigh(self) -> tuple[Tensor, Tensor]:
-        """Eigenvalues and eigenvectors of ``C``."""
+        """Eigenvalues and eigenvectors of ``C``: those of an earlier ``C`` this one was downdated from while the
+        weight removed since is at most :data:`STALE_BASIS` of that one's (the same on every process: the sums are
+        all-reduced)."""
         total = max(float(self.weight_sum), torch.finfo(self.weighted_sum.dtype).tiny)
+        if self.basis is not None and total >= (1 - STALE_BASIS) * self.basis_weight:
+            return self.basis
         values, vectors = torch.linalg.eigh(self.weighted_sum / total)
-        return values.clamp_min(0), vectors
+        object.__setattr__(self, "basis", (values.clamp_min(0), vectors))
+        object.__setattr__(self, "basis_weight", total)
+        return self.basis  # type: ignore[return-value]
 
 
 class KroneckerPreconditioner:
