@@ -20,6 +20,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from lightning_unlearn.functional.newton import cholesky_solve
+
 
 class WoodburyUpdate(NamedTuple):
     """A forget request in factored form: ``T_new = T + FT^T S`` and the new head ``W``.
@@ -103,7 +105,7 @@ def forget_factors(T: Tensor, W: Tensor, F: Tensor, Y: Tensor) -> WoodburyUpdate
         raise ValueError(
             "I - F T F^T is not positive definite: the features to forget were not all learned, or were already removed"
         )
-    S = torch.linalg.solve_triangular(L.mT, torch.linalg.solve_triangular(L, FT, upper=False), upper=True)
+    S = cholesky_solve(L, FT)
     return WoodburyUpdate(FT, S, torch.addmm(W, S.T, F @ W - Y))
 
 
